@@ -1,0 +1,177 @@
+//! Which backend runs a GDN prefill, and why.
+//!
+//! Rule: the FlashInfer SM90 kernel runs where it is eligible (a compute
+//! capability 9.0 GPU, head dim 128, `Hv = r * Hqk` with `r` among the ratios
+//! the bundle was built and validated for). Anything else runs the portable
+//! kernel. An explicit request for FlashInfer on an ineligible setup is an
+//! error, never a silent fallback; so is an eligible setup whose linked
+//! launcher speaks another ABI version.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::bundle_embed::{FLASHINFER_GVA_RATIOS, PORTABLE_CUBINS};
+use crate::oracle::GdnGeometry;
+use crate::HEAD_DIM;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendRequest {
+    Auto,
+    FlashInfer,
+    Portable,
+}
+
+impl FromStr for BackendRequest {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(BackendRequest::Auto),
+            "flashinfer" => Ok(BackendRequest::FlashInfer),
+            "portable" => Ok(BackendRequest::Portable),
+            other => Err(format!("unknown GDN backend {other:?}; expected auto, flashinfer or portable")),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// FlashInfer 0.6.13's CUTLASS SM90 kernel, through the bundle's C ABI.
+    FlashInfer,
+    /// Our own recurrent kernel, one cubin per architecture.
+    Portable,
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::FlashInfer => "flashinfer",
+            Backend::Portable => "portable",
+        })
+    }
+}
+
+/// What was asked, what runs, and the reason, for logs and tests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DispatchDecision {
+    pub requested: BackendRequest,
+    pub resolved: Backend,
+    pub reason: String,
+}
+
+/// `Ok(())` if the FlashInfer kernel can run this GPU and geometry, else why not.
+pub fn flashinfer_eligibility(compute_capability: (i32, i32), g: &GdnGeometry) -> Result<(), String> {
+    if compute_capability != (9, 0) {
+        return Err(format!(
+            "the FlashInfer kernel is built for sm_90a only; this GPU is sm_{}{}",
+            compute_capability.0, compute_capability.1
+        ));
+    }
+    if g.head_dim != HEAD_DIM {
+        return Err(format!("head dim {} (the bundle supports {HEAD_DIM})", g.head_dim));
+    }
+    if g.num_qk_heads == 0 || g.num_v_heads % g.num_qk_heads != 0 {
+        return Err(format!("Hv={} is not a multiple of Hqk={}", g.num_v_heads, g.num_qk_heads));
+    }
+    let ratio = (g.num_v_heads / g.num_qk_heads) as u32;
+    if !FLASHINFER_GVA_RATIOS.contains(&ratio) {
+        return Err(format!("GVA ratio {ratio} is not among the bundle's validated ratios {FLASHINFER_GVA_RATIOS:?}"));
+    }
+    Ok(())
+}
+
+/// Resolves a request; `Err` names the backend and the reason it cannot run.
+pub fn resolve(
+    request: BackendRequest,
+    compute_capability: (i32, i32),
+    g: &GdnGeometry,
+) -> Result<DispatchDecision, (&'static str, String)> {
+    let eligible = flashinfer_eligibility(compute_capability, g);
+    let (resolved, reason) = match (request, eligible) {
+        (BackendRequest::Auto, Ok(())) => (Backend::FlashInfer, "eligible for the FlashInfer SM90 kernel".to_string()),
+        (BackendRequest::Auto, Err(why)) => (Backend::Portable, format!("fallback: {why}")),
+        (BackendRequest::FlashInfer, Ok(())) => (Backend::FlashInfer, "requested".to_string()),
+        (BackendRequest::FlashInfer, Err(why)) => return Err(("flashinfer", why)),
+        (BackendRequest::Portable, _) => (Backend::Portable, "requested".to_string()),
+    };
+    if resolved == Backend::Portable {
+        portable_cubin(compute_capability).map_err(|why| ("portable", why))?;
+    }
+    Ok(DispatchDecision { requested: request, resolved, reason })
+}
+
+/// The portable cubin for a GPU: the newest one of the same major version not
+/// newer than the GPU (cubins run on later minors of their major). No PTX is
+/// shipped, so an architecture without a cubin is refused, not JIT-compiled.
+pub fn portable_cubin(compute_capability: (i32, i32)) -> Result<(u32, &'static [u8]), String> {
+    let (major, minor) = (compute_capability.0 as u32, compute_capability.1 as u32);
+    PORTABLE_CUBINS
+        .iter()
+        .filter(|(sm, _)| sm / 10 == major && sm % 10 <= minor)
+        .max_by_key(|(sm, _)| *sm)
+        .map(|(sm, bytes)| (*sm, *bytes))
+        .ok_or_else(|| {
+            let have: Vec<String> = PORTABLE_CUBINS.iter().map(|(sm, _)| format!("sm_{sm}")).collect();
+            format!("no portable cubin for sm_{major}{minor} (the bundle has {}); PTX JIT is not used", have.join(", "))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const QWEN35_4B: GdnGeometry = GdnGeometry { num_qk_heads: 16, num_v_heads: 32, head_dim: 128 };
+
+    #[test]
+    fn auto_on_hopper_picks_flashinfer_for_every_validated_ratio() {
+        for hv in [16, 32, 48] {
+            let g = GdnGeometry { num_v_heads: hv, ..QWEN35_4B };
+            let d = resolve(BackendRequest::Auto, (9, 0), &g).unwrap();
+            assert_eq!(d.resolved, Backend::FlashInfer, "Hv={hv}: {}", d.reason);
+        }
+    }
+
+    #[test]
+    fn auto_elsewhere_falls_back_to_portable_and_says_why() {
+        for cc in [(8, 0), (8, 6), (8, 9), (10, 0), (12, 0)] {
+            let d = resolve(BackendRequest::Auto, cc, &QWEN35_4B).unwrap();
+            assert_eq!(d.resolved, Backend::Portable);
+            assert!(d.reason.contains("sm_90a"), "{}", d.reason);
+        }
+        let g = GdnGeometry { num_v_heads: 64, ..QWEN35_4B }; // ratio 4
+        let d = resolve(BackendRequest::Auto, (9, 0), &g).unwrap();
+        assert_eq!(d.resolved, Backend::Portable);
+        assert!(d.reason.contains("ratio 4"), "{}", d.reason);
+    }
+
+    #[test]
+    fn explicit_flashinfer_on_ineligible_gpu_is_an_error() {
+        let (backend, why) = resolve(BackendRequest::FlashInfer, (8, 9), &QWEN35_4B).unwrap_err();
+        assert_eq!(backend, "flashinfer");
+        assert!(why.contains("sm_89"), "{why}");
+        let g = GdnGeometry { head_dim: 64, ..QWEN35_4B };
+        assert!(resolve(BackendRequest::FlashInfer, (9, 0), &g).unwrap_err().1.contains("head dim 64"));
+    }
+
+    #[test]
+    fn portable_cubin_selection_never_needs_jit() {
+        assert_eq!(portable_cubin((8, 7)).unwrap().0, 86);
+        assert_eq!(portable_cubin((8, 9)).unwrap().0, 89);
+        assert_eq!(portable_cubin((9, 0)).unwrap().0, 90);
+        assert_eq!(portable_cubin((12, 1)).unwrap().0, 120);
+        let err = portable_cubin((7, 5)).unwrap_err();
+        assert!(err.contains("sm_75") && err.contains("sm_80"), "{err}");
+        // Every embedded cubin is an ELF image, not PTX text.
+        for (sm, bytes) in PORTABLE_CUBINS {
+            assert_eq!(&bytes[..4], b"\x7fELF", "sm_{sm}");
+        }
+        assert!(resolve(BackendRequest::Portable, (7, 5), &QWEN35_4B).is_err());
+    }
+
+    #[test]
+    fn backend_request_parses() {
+        assert_eq!("auto".parse::<BackendRequest>().unwrap(), BackendRequest::Auto);
+        assert_eq!("flashinfer".parse::<BackendRequest>().unwrap(), BackendRequest::FlashInfer);
+        assert_eq!("portable".parse::<BackendRequest>().unwrap(), BackendRequest::Portable);
+        assert!("triton".parse::<BackendRequest>().unwrap_err().contains("triton"));
+    }
+}

@@ -1,0 +1,130 @@
+//! Bindings to `gdn_abi.h`, the bundle's C ABI. Hand-written; the layout test
+//! below compares every field offset with the C compiler's own `offsetof`,
+//! exported by the launcher as `gdn_prefill_args_layout`.
+
+use std::ffi::{c_char, c_void};
+
+pub const GDN_ABI_VERSION: u32 = 1;
+pub const GDN_OK: i32 = 0;
+
+/// Mirrors `gdn_prefill_args`. Every pointer is a device pointer except `stream`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GdnPrefillArgs {
+    pub abi_version: u32,
+    pub struct_size: u32,
+    /// bf16 [T, Hv, 128]
+    pub output: *mut c_void,
+    /// f32 [N, Hv, 128, 128]
+    pub output_state: *mut f32,
+    /// bf16 [T, Hqk, 128]
+    pub q: *const c_void,
+    /// bf16 [T, Hqk, 128]
+    pub k: *const c_void,
+    /// bf16 [T, Hv, 128]
+    pub v: *const c_void,
+    /// f32 [N, Hv, 128, 128] or null
+    pub input_state: *const f32,
+    /// f32 [T, Hv]
+    pub alpha: *const f32,
+    /// f32 [T, Hv]
+    pub beta: *const f32,
+    /// i64 [N + 1]
+    pub cu_seqlens: *const i64,
+    pub workspace: *mut c_void,
+    pub workspace_bytes: u64,
+    pub total_tokens: i64,
+    pub num_seqs: i32,
+    pub num_qk_heads: i32,
+    pub num_v_heads: i32,
+    pub sm_count: i32,
+    pub scale: f32,
+    pub reserved: u32,
+    /// cudaStream_t (== CUstream)
+    pub stream: *mut c_void,
+}
+
+extern "C" {
+    pub fn gdn_abi_version() -> u32;
+    pub fn gdn_prefill_sm90_workspace_bytes(sm_count: i32) -> u64;
+    pub fn gdn_prefill_sm90(args: *const GdnPrefillArgs) -> i32;
+    pub fn gdn_last_error() -> *const c_char;
+    // Read only by the layout test.
+    #[allow(dead_code)]
+    pub static gdn_prefill_args_layout: [u64; 22];
+}
+
+/// The launcher's last error detail on this thread.
+pub fn last_error() -> String {
+    // SAFETY: gdn_last_error returns a pointer to a NUL-terminated thread-local buffer, never NULL.
+    unsafe { std::ffi::CStr::from_ptr(gdn_last_error()) }.to_string_lossy().into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    #[test]
+    fn field_offsets_match_the_c_header() {
+        let rust = [
+            offset_of!(GdnPrefillArgs, abi_version),
+            offset_of!(GdnPrefillArgs, struct_size),
+            offset_of!(GdnPrefillArgs, output),
+            offset_of!(GdnPrefillArgs, output_state),
+            offset_of!(GdnPrefillArgs, q),
+            offset_of!(GdnPrefillArgs, k),
+            offset_of!(GdnPrefillArgs, v),
+            offset_of!(GdnPrefillArgs, input_state),
+            offset_of!(GdnPrefillArgs, alpha),
+            offset_of!(GdnPrefillArgs, beta),
+            offset_of!(GdnPrefillArgs, cu_seqlens),
+            offset_of!(GdnPrefillArgs, workspace),
+            offset_of!(GdnPrefillArgs, workspace_bytes),
+            offset_of!(GdnPrefillArgs, total_tokens),
+            offset_of!(GdnPrefillArgs, num_seqs),
+            offset_of!(GdnPrefillArgs, num_qk_heads),
+            offset_of!(GdnPrefillArgs, num_v_heads),
+            offset_of!(GdnPrefillArgs, sm_count),
+            offset_of!(GdnPrefillArgs, scale),
+            offset_of!(GdnPrefillArgs, reserved),
+            offset_of!(GdnPrefillArgs, stream),
+            size_of::<GdnPrefillArgs>(),
+        ];
+        // SAFETY: a plain immutable array defined by the linked launcher.
+        let c = unsafe { gdn_prefill_args_layout };
+        for (i, (r, c)) in rust.iter().zip(c.iter()).enumerate() {
+            assert_eq!(*r as u64, *c, "field #{i} of gdn_prefill_args: Rust offset {r}, C offset {c}");
+        }
+    }
+
+    #[test]
+    fn linked_launcher_speaks_our_abi_version() {
+        // SAFETY: no arguments, returns a constant.
+        assert_eq!(unsafe { gdn_abi_version() }, GDN_ABI_VERSION);
+    }
+
+    #[test]
+    fn launcher_rejects_bad_struct_headers_without_a_gpu() {
+        // These checks run before any CUDA call, so they work on CI machines.
+        let mut args: GdnPrefillArgs = unsafe { std::mem::zeroed() };
+        // SAFETY: args is a valid struct; the launcher only reads it.
+        assert_eq!(unsafe { gdn_prefill_sm90(std::ptr::null()) }, 3);
+        args.abi_version = GDN_ABI_VERSION + 1;
+        args.struct_size = size_of::<GdnPrefillArgs>() as u32;
+        assert_eq!(unsafe { gdn_prefill_sm90(&args) }, 1, "{}", last_error());
+        args.abi_version = GDN_ABI_VERSION;
+        args.struct_size -= 8;
+        assert_eq!(unsafe { gdn_prefill_sm90(&args) }, 2, "{}", last_error());
+        args.struct_size += 8;
+        assert_eq!(unsafe { gdn_prefill_sm90(&args) }, 3, "null pointers: {}", last_error());
+        assert!(last_error().contains("NULL"));
+    }
+
+    #[test]
+    fn workspace_is_one_tma_descriptor_per_sm() {
+        // SAFETY: pure function of its argument.
+        assert_eq!(unsafe { gdn_prefill_sm90_workspace_bytes(132) }, 132 * 128);
+        assert_eq!(unsafe { gdn_prefill_sm90_workspace_bytes(0) }, 0);
+    }
+}

@@ -1,0 +1,40 @@
+//! Gated DeltaNet (GDN) chunked prefill on the GPU, from the verified bundle.
+//!
+//! This crate is the only place that knows the bundle: generated symbols, the
+//! C ABI of the FlashInfer launcher, cubin names and the state layout the
+//! kernels use. Callers see [`GdnPrefill`], a semantic op over typed cudarc
+//! buffers, and [`Backend`], the dispatch decision it made.
+//!
+//! Layouts (packed varlen batch of `N` sequences, `T` tokens in all, head dim 128):
+//! - `q`, `k`: bf16 `[T, Hqk, 128]`, already L2-normalised by the caller
+//!   (scale is applied by the op); `v`, `output`: bf16 `[T, Hv, 128]`
+//! - `alpha` (linear decay `exp(g)`), `beta`: f32 `[T, Hv]`
+//! - `cu_seqlens`: `[N + 1]` token offsets, on the host
+//! - recurrent state: f32 `[N, Hv, 128 (v), 128 (k)]`, k contiguous
+//! - `Hv = r * Hqk`; value head `h` reads q/k head `h / r`.
+
+mod dispatch;
+mod error;
+mod ffi;
+pub mod oracle;
+mod prefill;
+
+mod bundle_embed {
+    include!(concat!(env!("OUT_DIR"), "/bundle_embed.rs"));
+}
+
+pub use dispatch::{Backend, BackendRequest, DispatchDecision};
+pub use error::GdnError;
+pub use oracle::GdnGeometry;
+pub use prefill::{GdnPrefill, PrefillBuffers};
+
+/// Head dimension every backend supports.
+pub const HEAD_DIM: usize = 128;
+
+/// The C ABI version these bindings speak; checked against the linked launcher.
+pub const ABI_VERSION: u32 = ffi::GDN_ABI_VERSION;
+
+/// `path=sha256` of the locked FlashInfer cubins linked into this build.
+pub fn flashinfer_cubin_identity() -> &'static str {
+    bundle_embed::FLASHINFER_CUBINS
+}

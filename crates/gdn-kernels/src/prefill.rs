@@ -1,0 +1,252 @@
+//! The semantic GDN prefill op: validated typed buffers in, one kernel launch
+//! on the resolved backend out.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+use half::bf16;
+
+use crate::dispatch::{portable_cubin, resolve, Backend, BackendRequest, DispatchDecision};
+use crate::error::{invalid, GdnError};
+use crate::ffi;
+use crate::oracle::GdnGeometry;
+use crate::HEAD_DIM;
+
+/// Threads per block of `gdn_portable_prefill_bf16` (GDN_PORTABLE_BLOCK_THREADS).
+const PORTABLE_BLOCK_THREADS: u32 = 512;
+const PORTABLE_KERNEL: &str = "gdn_portable_prefill_bf16";
+
+/// The buffers of one prefill call. Shapes are in the crate docs; the op
+/// checks every length against `cu_seqlens` and the geometry before launching.
+pub struct PrefillBuffers<'a> {
+    pub q: &'a CudaSlice<bf16>,
+    pub k: &'a CudaSlice<bf16>,
+    pub v: &'a CudaSlice<bf16>,
+    pub alpha: &'a CudaSlice<f32>,
+    pub beta: &'a CudaSlice<f32>,
+    /// Token offsets of the sequences, `[N + 1]`, on the host.
+    pub cu_seqlens: &'a [i64],
+    /// `None` starts every sequence from a zero state.
+    pub initial_state: Option<&'a CudaSlice<f32>>,
+    pub final_state: &'a mut CudaSlice<f32>,
+    pub output: &'a mut CudaSlice<bf16>,
+}
+
+enum Kernel {
+    FlashInfer { sm_count: i32, workspace: CudaSlice<u8> },
+    Portable { function: CudaFunction },
+}
+
+/// A GDN prefill op bound to one stream and one geometry.
+pub struct GdnPrefill {
+    stream: Arc<CudaStream>,
+    geometry: GdnGeometry,
+    decision: DispatchDecision,
+    kernel: Kernel,
+    cu_seqlens_dev: CudaSlice<i64>,
+}
+
+impl GdnPrefill {
+    /// Resolves the backend for this GPU and geometry and loads it. Logs the decision.
+    pub fn new(stream: Arc<CudaStream>, geometry: GdnGeometry, request: BackendRequest) -> Result<Self, GdnError> {
+        if geometry.head_dim != HEAD_DIM {
+            return Err(invalid("geometry.head_dim", format!("must be {HEAD_DIM}, got {}", geometry.head_dim)));
+        }
+        if geometry.num_qk_heads == 0 || geometry.num_v_heads % geometry.num_qk_heads != 0 {
+            return Err(invalid(
+                "geometry",
+                format!("Hv={} must be a positive multiple of Hqk={}", geometry.num_v_heads, geometry.num_qk_heads),
+            ));
+        }
+        let ctx = stream.context().clone();
+        let cc = ctx.compute_capability()?;
+        let decision = resolve(request, cc, &geometry)
+            .map_err(|(backend, reason)| GdnError::Unsupported { backend, reason })?;
+        let kernel = match decision.resolved {
+            Backend::FlashInfer => {
+                // SAFETY: no arguments; returns the launcher's compiled-in constant.
+                let actual = unsafe { ffi::gdn_abi_version() };
+                if actual != ffi::GDN_ABI_VERSION {
+                    return Err(GdnError::AbiMismatch { expected: ffi::GDN_ABI_VERSION, actual });
+                }
+                let sm_count = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+                // SAFETY: pure function of its argument.
+                let bytes = unsafe { ffi::gdn_prefill_sm90_workspace_bytes(sm_count) } as usize;
+                Kernel::FlashInfer { sm_count, workspace: stream.alloc_zeros::<u8>(bytes.max(1))? }
+            }
+            Backend::Portable => {
+                let (_, cubin) = portable_cubin(cc).map_err(|reason| GdnError::Unsupported { backend: "portable", reason })?;
+                let module = ctx.load_module(Ptx::from_binary(cubin.to_vec()))?;
+                Kernel::Portable { function: module.load_function(PORTABLE_KERNEL)? }
+            }
+        };
+        log::info!(
+            "gdn_prefill: requested {:?}, running {} ({}) on sm_{}{}",
+            decision.requested, decision.resolved, decision.reason, cc.0, cc.1
+        );
+        Ok(GdnPrefill { cu_seqlens_dev: stream.alloc_zeros::<i64>(2)?, stream, geometry, decision, kernel })
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.decision.resolved
+    }
+
+    pub fn decision(&self) -> &DispatchDecision {
+        &self.decision
+    }
+
+    /// Device memory the op holds besides the caller's buffers (FlashInfer's
+    /// TMA-descriptor workspace), so callers can budget memory.
+    pub fn workspace_bytes(&self) -> usize {
+        match &self.kernel {
+            Kernel::FlashInfer { workspace, .. } => workspace.len(),
+            Kernel::Portable { .. } => 0,
+        }
+    }
+
+    /// Enqueues the prefill on the op's stream. `scale` multiplies q (usually 1/sqrt(128)).
+    pub fn run(&mut self, b: PrefillBuffers<'_>, scale: f32) -> Result<(), GdnError> {
+        let (num_seqs, total_tokens) = validate(&self.geometry, &b, self.decision.resolved)?;
+        if !scale.is_finite() {
+            return Err(invalid("scale", format!("must be finite, got {scale}")));
+        }
+        if self.cu_seqlens_dev.len() < b.cu_seqlens.len() {
+            self.cu_seqlens_dev = self.stream.alloc_zeros::<i64>(b.cu_seqlens.len())?;
+        }
+        let mut cu_view = self.cu_seqlens_dev.slice_mut(..b.cu_seqlens.len());
+        self.stream.memcpy_htod(b.cu_seqlens, &mut cu_view)?;
+        if total_tokens == 0 {
+            // Nothing to scan: the final state is the initial one (or zeros).
+            return copy_state(&self.stream, b.initial_state, b.final_state);
+        }
+        let g = self.geometry;
+        let s = &self.stream;
+        let (q, _q) = b.q.device_ptr(s);
+        let (k, _k) = b.k.device_ptr(s);
+        let (v, _v) = b.v.device_ptr(s);
+        let (alpha, _a) = b.alpha.device_ptr(s);
+        let (beta, _b) = b.beta.device_ptr(s);
+        let (cu, _c) = self.cu_seqlens_dev.device_ptr(s);
+        let init = b.initial_state.map(|st| st.device_ptr(s));
+        let init_ptr = init.as_ref().map(|(p, _)| *p).unwrap_or(0);
+        let (state_out, _so) = b.final_state.device_ptr_mut(s);
+        let (out, _o) = b.output.device_ptr_mut(s);
+        match &mut self.kernel {
+            Kernel::FlashInfer { sm_count, workspace } => {
+                let workspace_bytes = workspace.len() as u64;
+                let (ws, _w) = workspace.device_ptr_mut(s);
+                let args = ffi::GdnPrefillArgs {
+                    abi_version: ffi::GDN_ABI_VERSION,
+                    struct_size: std::mem::size_of::<ffi::GdnPrefillArgs>() as u32,
+                    output: out as *mut c_void,
+                    output_state: state_out as *mut f32,
+                    q: q as *const c_void,
+                    k: k as *const c_void,
+                    v: v as *const c_void,
+                    input_state: init_ptr as *const f32,
+                    alpha: alpha as *const f32,
+                    beta: beta as *const f32,
+                    cu_seqlens: cu as *const i64,
+                    workspace: ws as *mut c_void,
+                    workspace_bytes,
+                    total_tokens: total_tokens as i64,
+                    num_seqs: num_seqs as i32,
+                    num_qk_heads: g.num_qk_heads as i32,
+                    num_v_heads: g.num_v_heads as i32,
+                    sm_count: *sm_count,
+                    scale,
+                    reserved: 0,
+                    stream: s.cu_stream() as *mut c_void,
+                };
+                s.context().bind_to_thread()?;
+                // SAFETY: every pointer is a live device allocation of this
+                // context whose length `validate` checked against the shapes in
+                // gdn_abi.h; initial and final state are distinct allocations
+                // (Rust borrows); the guards above keep them alive and ordered on
+                // `s` until the launch is enqueued.
+                let status = unsafe { ffi::gdn_prefill_sm90(&args) };
+                if status != ffi::GDN_OK {
+                    return Err(GdnError::Launcher { status, detail: ffi::last_error() });
+                }
+            }
+            Kernel::Portable { function } => {
+                let cfg = LaunchConfig {
+                    grid_dim: (g.num_v_heads as u32, num_seqs as u32, 1),
+                    block_dim: (PORTABLE_BLOCK_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let (hqk, hv) = (g.num_qk_heads as i32, g.num_v_heads as i32);
+                let mut launch = s.launch_builder(function);
+                launch.arg(&out).arg(&state_out).arg(&q).arg(&k).arg(&v).arg(&init_ptr);
+                launch.arg(&alpha).arg(&beta).arg(&cu).arg(&hqk).arg(&hv).arg(&scale);
+                // SAFETY: the argument list matches gdn_portable_prefill_bf16's
+                // signature in gdn_portable.cu (pointers as u64 device addresses);
+                // buffer lengths were validated; grid = (Hv, N), block = 512.
+                unsafe { launch.launch(cfg) }?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn copy_state(stream: &Arc<CudaStream>, init: Option<&CudaSlice<f32>>, out: &mut CudaSlice<f32>) -> Result<(), GdnError> {
+    match init {
+        Some(i) => stream.memcpy_dtod(i, out)?,
+        None => stream.memset_zeros(out)?,
+    }
+    Ok(())
+}
+
+fn expect_len(arg: &'static str, actual: usize, expected: usize, shape: String) -> Result<(), GdnError> {
+    if actual == expected {
+        Ok(())
+    } else {
+        Err(invalid(arg, format!("expected {expected} elements ({shape}), got {actual}")))
+    }
+}
+
+/// Checks every buffer against `cu_seqlens` and the geometry; returns (N, T).
+fn validate(g: &GdnGeometry, b: &PrefillBuffers<'_>, backend: Backend) -> Result<(usize, usize), GdnError> {
+    let cu = b.cu_seqlens;
+    if cu.len() < 2 {
+        return Err(invalid("cu_seqlens", format!("needs at least 2 entries (one sequence), got {}", cu.len())));
+    }
+    if cu[0] != 0 {
+        return Err(invalid("cu_seqlens", format!("must start at 0, starts at {}", cu[0])));
+    }
+    for (i, w) in cu.windows(2).enumerate() {
+        if w[1] < w[0] {
+            return Err(invalid("cu_seqlens", format!("decreases at index {}: {} -> {}", i + 1, w[0], w[1])));
+        }
+        if w[1] == w[0] && backend == Backend::FlashInfer {
+            return Err(invalid(
+                "cu_seqlens",
+                format!("sequence {i} is empty; FlashInfer 0.6.13 does not accept zero-length sequences (drop it from the batch)"),
+            ));
+        }
+    }
+    let n = cu.len() - 1;
+    let t = *cu.last().expect("len >= 2") as usize;
+    if n > i32::MAX as usize / g.num_v_heads.max(1) || t > i32::MAX as usize {
+        return Err(invalid("cu_seqlens", format!("{n} sequences / {t} tokens exceed the 32-bit launch limits")));
+    }
+    let (hq, hv, d) = (g.num_qk_heads, g.num_v_heads, g.head_dim);
+    expect_len("q", b.q.len(), t * hq * d, format!("[T={t}, Hqk={hq}, D={d}]"))?;
+    expect_len("k", b.k.len(), t * hq * d, format!("[T={t}, Hqk={hq}, D={d}]"))?;
+    expect_len("v", b.v.len(), t * hv * d, format!("[T={t}, Hv={hv}, D={d}]"))?;
+    expect_len("output", b.output.len(), t * hv * d, format!("[T={t}, Hv={hv}, D={d}]"))?;
+    expect_len("alpha", b.alpha.len(), t * hv, format!("[T={t}, Hv={hv}]"))?;
+    expect_len("beta", b.beta.len(), t * hv, format!("[T={t}, Hv={hv}]"))?;
+    let state = n * hv * d * d;
+    let shape = format!("[N={n}, Hv={hv}, {d}, {d}]");
+    expect_len("final_state", b.final_state.len(), state, shape.clone())?;
+    if let Some(init) = b.initial_state {
+        expect_len("initial_state", init.len(), state, shape)?;
+    }
+    Ok((n, t))
+}

@@ -1,0 +1,70 @@
+//! The contract between the GDN bundle generator, the lock file and every
+//! consumer of the bundle (the kernels crate's build.rs, `gdn-gen check`, Nix).
+//!
+//! Three documents, three owners:
+//! - [`ArtifactTable`] (`generator/artifacts.json`, edited by hand): what to build,
+//!   with which compiler, sources, flags and targets.
+//! - [`Lock`] (`gdn-bundle.lock.json`, written only by `gdn-gen lock`): the pinned
+//!   inputs with their hashes and the hashes of the device code they produce.
+//! - [`Manifest`] (`manifest.json` inside a bundle, written by `gdn-gen build`):
+//!   what a particular bundle holds.
+//!
+//! This crate does no network or process I/O; it reads files only to hash and
+//! verify them.
+
+mod digest;
+mod error;
+mod lock;
+mod manifest;
+mod table;
+mod verify;
+
+pub use digest::{Digests, Sha256Hex};
+pub use error::{Error, Result};
+pub use lock::{HostArtifacts, Lock, LockedInput, VariantStatus};
+pub use manifest::{ArtifactKind, Manifest, ManifestArtifact, ToolchainIdentity};
+pub use table::{
+    ArtifactTable, Compiler, Geometry, InputRole, InputSpec, Specialization, Unit, UnitOutput,
+};
+pub use verify::{check_lock_matches_table, check_relative_path, verify_bundle, VerifiedBundle};
+
+/// Schema version of all three documents. A reader refuses any other value.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Name of the manifest file at the root of a bundle.
+pub const MANIFEST_FILE: &str = "manifest.json";
+
+/// Name of the lock file at the repository root.
+pub const LOCK_FILE: &str = "gdn-bundle.lock.json";
+
+/// Path of the artifact table relative to the repository root.
+pub const TABLE_FILE: &str = "generator/artifacts.json";
+
+/// Documents larger than this are refused before parsing (a corrupt or hostile
+/// file should not make us allocate without bound).
+pub const MAX_DOCUMENT_BYTES: u64 = 4 << 20;
+
+/// Reads and parses a JSON document with a size cap, naming the file on error.
+pub fn read_document<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T> {
+    let meta = std::fs::metadata(path)
+        .map_err(|source| Error::Io { path: path.to_owned(), action: "read", source })?;
+    if meta.len() > MAX_DOCUMENT_BYTES {
+        return Err(Error::TooLarge {
+            path: path.to_owned(),
+            limit: MAX_DOCUMENT_BYTES,
+            actual: meta.len(),
+        });
+    }
+    let bytes = std::fs::read(path)
+        .map_err(|source| Error::Io { path: path.to_owned(), action: "read", source })?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| Error::Parse { path: path.to_owned(), message: e.to_string() })
+}
+
+/// Serializes a document the one canonical way (pretty, trailing newline), so
+/// that the same content always gives the same bytes.
+pub fn to_canonical_json<T: serde::Serialize>(doc: &T) -> String {
+    let mut s = serde_json::to_string_pretty(doc).expect("documents always serialize");
+    s.push('\n');
+    s
+}

@@ -1,0 +1,83 @@
+//! The lock: pinned inputs and the device code they must produce.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::digest::{Digests, Sha256Hex};
+use crate::error::{Error, Result};
+use crate::table::InputRole;
+use crate::{read_document, SCHEMA_VERSION};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lock {
+    pub schema_version: u32,
+    /// sha256 of `generator/artifacts.json` when the lock was written: a table
+    /// edited since then makes the lock stale.
+    pub table_sha256: Sha256Hex,
+    pub abi_version: u32,
+    pub nvcc_version: String,
+    pub inputs: Vec<LockedInput>,
+    /// Our own sources and patches, by repository-relative path.
+    pub sources: BTreeMap<String, Sha256Hex>,
+    /// The cross-machine identity: raw cubins, by bundle-relative path.
+    pub device_artifacts: BTreeMap<String, Digests>,
+    /// Host code as built by the recording machine. Host objects are only
+    /// reproducible for the same host compiler and toolkit, so a bundle built
+    /// with another is checked against these only when its identity matches.
+    pub host_artifacts: HostArtifacts,
+    /// Toolchain variants and whether their outputs are recorded here.
+    pub variants: BTreeMap<String, VariantStatus>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LockedInput {
+    pub name: String,
+    pub version: String,
+    pub role: InputRole,
+    pub filename: String,
+    pub url: String,
+    pub sha256: Sha256Hex,
+    pub size: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git_revision: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostArtifacts {
+    pub host_compiler: String,
+    pub toolkit: String,
+    pub artifacts: BTreeMap<String, Digests>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VariantStatus {
+    /// `recorded`: the lock's device artifacts are this variant's bytes.
+    /// `unrecorded`: nobody has built it on a machine with that toolkit yet.
+    pub status: String,
+    pub nvcc_version: String,
+    pub note: String,
+}
+
+impl Lock {
+    pub fn load(path: &Path) -> Result<Self> {
+        let lock: Lock = read_document(path)?;
+        if lock.schema_version != SCHEMA_VERSION {
+            return Err(Error::SchemaVersion {
+                path: path.to_owned(),
+                expected: SCHEMA_VERSION,
+                actual: lock.schema_version,
+            });
+        }
+        Ok(lock)
+    }
+
+    pub fn input(&self, filename: &str) -> Option<&LockedInput> {
+        self.inputs.iter().find(|i| i.filename == filename)
+    }
+}

@@ -1,0 +1,68 @@
+//! The manifest a bundle carries about itself.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::digest::{Digests, Sha256Hex};
+use crate::error::{Error, Result};
+use crate::table::Geometry;
+use crate::{read_document, SCHEMA_VERSION};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub schema_version: u32,
+    pub abi_version: u32,
+    pub geometry: Geometry,
+    pub toolchain: ToolchainIdentity,
+    /// Every input by filename (wheels) or repository path (our sources), with its sha256.
+    pub inputs: BTreeMap<String, Sha256Hex>,
+    pub artifacts: BTreeMap<String, ManifestArtifact>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolchainIdentity {
+    /// `V13.0.88`
+    pub nvcc_version: String,
+    /// The `Build ...` line of `nvcc --version`.
+    pub nvcc_build: String,
+    /// `pypi-wheels` or `external-root` (the path itself is not recorded: it
+    /// would make the manifest depend on where the toolkit lives).
+    pub toolkit: String,
+    /// First line of `c++ --version` (the host compiler nvcc used).
+    pub host_compiler: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ArtifactKind {
+    DeviceCubin,
+    HostObject,
+    HostLibrary,
+    Header,
+}
+
+// No deny_unknown_fields here: serde does not support it together with flatten.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestArtifact {
+    pub kind: ArtifactKind,
+    #[serde(flatten)]
+    pub digests: Digests,
+}
+
+impl Manifest {
+    pub fn load(path: &Path) -> Result<Self> {
+        let m: Manifest = read_document(path)?;
+        if m.schema_version != SCHEMA_VERSION {
+            return Err(Error::SchemaVersion {
+                path: path.to_owned(),
+                expected: SCHEMA_VERSION,
+                actual: m.schema_version,
+            });
+        }
+        Ok(m)
+    }
+}

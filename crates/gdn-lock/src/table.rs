@@ -1,0 +1,189 @@
+//! The artifact table: the one declarative description of what the bundle holds
+//! and how each piece is compiled. The generator executes it; build.rs and
+//! `gdn-gen check` read it to know which artifacts must exist.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::{read_document, SCHEMA_VERSION};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArtifactTable {
+    pub schema_version: u32,
+    /// Version of the C ABI in `gdn_abi.h`; the kernels crate refuses any other.
+    pub abi_version: u32,
+    /// The exact nvcc release the lock pins, as `nvcc --version` prints it (`V13.0.88`).
+    pub nvcc_version: String,
+    /// Downloaded inputs (PyPI wheels), resolved to hashes by `gdn-gen lock`.
+    pub inputs: Vec<InputSpec>,
+    /// Members of the kernel-source wheel that are staged for compilation.
+    pub kernel_source_members: Vec<String>,
+    /// Patches applied in order to the staged kernel sources (`patch -p1` semantics).
+    pub patches: Vec<String>,
+    /// Files of ours that are compiled or shipped (hashed into the lock).
+    pub sources: Vec<String>,
+    /// Header shipped in the bundle as the C ABI of the host launcher.
+    pub abi_header: String,
+    /// Static libraries copied from the toolkit into the bundle's `lib/` (the
+    /// launcher needs cudart; linking the bundle's copy keeps build.rs free of
+    /// any toolkit).
+    pub toolkit_libraries: Vec<String>,
+    /// Geometry and specializations the FlashInfer path supports.
+    pub geometry: Geometry,
+    pub units: Vec<Unit>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputSpec {
+    pub name: String,
+    pub version: String,
+    pub role: InputRole,
+    pub filename: String,
+    pub url: String,
+    /// Upstream git revision the artifact was built from, where it records one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git_revision: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InputRole {
+    /// Part of the CUDA toolchain; unused when an existing toolkit root is given.
+    Toolchain,
+    /// Kernel sources (FlashInfer); always needed.
+    KernelSource,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Geometry {
+    pub target_arch: String,
+    pub head_dim: u32,
+    pub qkv_dtype: String,
+    pub state_dtype: String,
+    /// Supported Hv / Hqk ratios; 1 means Hv == Hqk.
+    pub gva_ratios: Vec<u32>,
+    pub specializations: Vec<Specialization>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Specialization {
+    pub is_gva: bool,
+    pub initial_state: bool,
+    pub alpha: bool,
+    pub beta: bool,
+    pub checkpointing: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Compiler {
+    Nvcc,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UnitOutput {
+    /// `nvcc -c`: a host object with an uncompressed fatbin, plus the raw cubin
+    /// of every target (kept from nvcc's intermediate files).
+    HostObject,
+    /// `nvcc -cubin` once per target: device code loaded at run time.
+    Cubin,
+}
+
+/// One compilation unit: one source, one compiler invocation per unit
+/// (`HostObject`) or per target (`Cubin`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Unit {
+    pub name: String,
+    pub compiler: Compiler,
+    pub output: UnitOutput,
+    pub source: String,
+    /// `sm_90a`, `sm_80`, ...
+    pub targets: Vec<String>,
+    /// Include directories, relative to the staged kernel-source root (`-I`, before the toolkit).
+    #[serde(default)]
+    pub includes: Vec<String>,
+    /// Include directories relative to the staged kernel-source root (`-isystem`).
+    #[serde(default)]
+    pub system_includes: Vec<String>,
+    pub flags: Vec<String>,
+    /// Rough peak memory of one compile, used to decide how many run at once.
+    pub peak_memory_mib: u64,
+    /// Why this unit exists (free text for reviewers).
+    pub why: String,
+}
+
+impl Unit {
+    /// Bundle-relative path of the raw cubin for `target`.
+    pub fn cubin_path(&self, target: &str) -> String {
+        format!("cubin/{}.{target}.cubin", self.name)
+    }
+    /// Bundle-relative path of the host object (only for `HostObject` units).
+    pub fn object_path(&self) -> String {
+        format!("obj/{}.o", self.name)
+    }
+}
+
+impl ArtifactTable {
+    pub fn load(path: &Path) -> Result<Self> {
+        let table: ArtifactTable = read_document(path)?;
+        if table.schema_version != SCHEMA_VERSION {
+            return Err(Error::SchemaVersion {
+                path: path.to_owned(),
+                expected: SCHEMA_VERSION,
+                actual: table.schema_version,
+            });
+        }
+        table.validate().map_err(|message| Error::Parse { path: path.to_owned(), message })?;
+        Ok(table)
+    }
+
+    /// Structural rules that serde cannot express.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        let mut names = BTreeMap::new();
+        for unit in &self.units {
+            if names.insert(unit.name.as_str(), ()).is_some() {
+                return Err(format!("unit name {:?} appears twice", unit.name));
+            }
+            if unit.targets.is_empty() && unit.output == UnitOutput::Cubin {
+                return Err(format!("unit {:?} has no targets", unit.name));
+            }
+            if !unit.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+                return Err(format!("unit name {:?} must be [A-Za-z0-9_]", unit.name));
+            }
+            for t in &unit.targets {
+                if !t.starts_with("sm_") || t.len() < 5 {
+                    return Err(format!("unit {:?}: target {t:?} is not of the form sm_XY", unit.name));
+                }
+            }
+        }
+        if self.inputs.iter().filter(|i| i.role == InputRole::KernelSource).count() != 1 {
+            return Err("exactly one input must have role kernel-source".into());
+        }
+        Ok(())
+    }
+
+    pub fn kernel_source(&self) -> &InputSpec {
+        // validate() guarantees exactly one.
+        self.inputs
+            .iter()
+            .find(|i| i.role == InputRole::KernelSource)
+            .expect("validated table has a kernel-source input")
+    }
+
+    /// Every bundle-relative path of device code the table produces.
+    pub fn device_artifact_paths(&self) -> Vec<String> {
+        self.units
+            .iter()
+            .flat_map(|u| u.targets.iter().map(move |t| u.cubin_path(t)))
+            .collect()
+    }
+}

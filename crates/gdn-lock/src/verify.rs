@@ -1,0 +1,292 @@
+//! Verification of a bundle directory against the table and the lock. Used by
+//! the kernels crate's build.rs (fail closed) and by `gdn-gen check`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Component, Path, PathBuf};
+
+use crate::digest::{Digests, Sha256Hex};
+use crate::error::{Error, Result, REMEDY_REBUILD, REMEDY_RELOCK};
+use crate::lock::Lock;
+use crate::manifest::{ArtifactKind, Manifest};
+use crate::table::{ArtifactTable, InputRole, UnitOutput};
+use crate::MANIFEST_FILE;
+
+/// A bundle whose every file was hashed and matched.
+#[derive(Debug)]
+pub struct VerifiedBundle {
+    pub root: PathBuf,
+    pub manifest: Manifest,
+    /// Whether the host objects were built by the same host compiler and
+    /// toolkit as the lock's and therefore checked byte for byte against it.
+    pub host_matches_lock: bool,
+}
+
+impl VerifiedBundle {
+    pub fn path_of(&self, artifact: &str) -> PathBuf {
+        self.root.join(artifact)
+    }
+}
+
+/// Rejects absolute paths, `..`, `.`, empty components and backslashes, so a
+/// manifest cannot name a file outside the bundle.
+pub fn check_relative_path(path: &str) -> Result<()> {
+    let unsafe_path = |reason| Err(Error::UnsafePath { path: path.to_owned(), reason });
+    if path.is_empty() {
+        return unsafe_path("empty path");
+    }
+    if path.contains('\\') || path.contains('\0') {
+        return unsafe_path("backslash or NUL in path");
+    }
+    if path.split('/').any(|c| c.is_empty()) {
+        return unsafe_path("empty path component");
+    }
+    for c in Path::new(path).components() {
+        match c {
+            Component::Normal(_) => {}
+            Component::ParentDir => return unsafe_path("path escapes the bundle with `..`"),
+            Component::RootDir | Component::Prefix(_) => return unsafe_path("absolute path"),
+            Component::CurDir => return unsafe_path("`.` component"),
+        }
+    }
+    Ok(())
+}
+
+/// Hashes the file at `root/rel` after checking that no component on the way
+/// is a symbolic link (a link could point out of the bundle).
+fn digest_inside(root: &Path, rel: &str) -> Result<Digests> {
+    check_relative_path(rel)?;
+    let mut cur = root.to_path_buf();
+    for part in rel.split('/') {
+        cur.push(part);
+        let meta = std::fs::symlink_metadata(&cur).map_err(|source| Error::Io {
+            path: cur.clone(),
+            action: "stat",
+            source,
+        })?;
+        if meta.file_type().is_symlink() {
+            return Err(Error::UnsafePath {
+                path: rel.to_owned(),
+                reason: "a component is a symbolic link; bundles hold only regular files",
+            });
+        }
+    }
+    if !std::fs::symlink_metadata(&cur).map(|m| m.is_file()).unwrap_or(false) {
+        return Err(Error::UnsafePath { path: rel.to_owned(), reason: "not a regular file" });
+    }
+    Digests::of_file(&cur)
+}
+
+/// Lists every file under `root` (bundle-relative, `/`-separated).
+fn list_files(root: &Path) -> Result<BTreeSet<String>> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeSet<String>) -> Result<()> {
+        let rd = std::fs::read_dir(dir)
+            .map_err(|source| Error::Io { path: dir.to_owned(), action: "list", source })?;
+        for entry in rd {
+            let entry = entry
+                .map_err(|source| Error::Io { path: dir.to_owned(), action: "list", source })?;
+            let path = entry.path();
+            let ft = entry
+                .file_type()
+                .map_err(|source| Error::Io { path: path.clone(), action: "stat", source })?;
+            let rel = path
+                .strip_prefix(root)
+                .expect("walk stays under root")
+                .to_string_lossy()
+                .replace('\\', "/");
+            if ft.is_dir() {
+                walk(root, &path, out)?;
+            } else {
+                // Files and symlinks alike: a symlink anywhere is refused later.
+                out.insert(rel);
+            }
+        }
+        Ok(())
+    }
+    let mut out = BTreeSet::new();
+    walk(root, root, &mut out)?;
+    Ok(out)
+}
+
+fn expect_same<T: PartialEq + std::fmt::Debug>(what: &str, expected: &T, actual: &T) -> Result<()> {
+    if expected == actual {
+        Ok(())
+    } else {
+        Err(Error::mismatch(what, format!("{expected:?}"), format!("{actual:?}"), REMEDY_REBUILD))
+    }
+}
+
+/// Checks the lock was written for this table and agrees with it.
+pub fn check_lock_matches_table(table: &ArtifactTable, table_sha256: &Sha256Hex, lock: &Lock) -> Result<()> {
+    if &lock.table_sha256 != table_sha256 {
+        return Err(Error::mismatch(
+            "generator/artifacts.json (table_sha256 recorded in the lock)",
+            &lock.table_sha256,
+            table_sha256,
+            "the artifact table changed since the lock was written; \
+             run `cargo run --release -p gdn-gen -- lock` and review the diff",
+        ));
+    }
+    expect_same("lock abi_version", &table.abi_version, &lock.abi_version)?;
+    expect_same("lock nvcc_version", &table.nvcc_version, &lock.nvcc_version)?;
+    Ok(())
+}
+
+/// Verifies every file of the bundle at `root` against the table and lock.
+pub fn verify_bundle(root: &Path, table: &ArtifactTable, lock: &Lock) -> Result<VerifiedBundle> {
+    let manifest_path = root.join(MANIFEST_FILE);
+    if std::fs::symlink_metadata(&manifest_path).map(|m| m.file_type().is_symlink()).unwrap_or(false) {
+        return Err(Error::UnsafePath {
+            path: MANIFEST_FILE.into(),
+            reason: "the manifest is a symbolic link",
+        });
+    }
+    let manifest = Manifest::load(&manifest_path)?;
+
+    // 1. Identity of the bundle as a whole.
+    expect_same("manifest abi_version", &table.abi_version, &manifest.abi_version)?;
+    expect_same("manifest geometry", &table.geometry, &manifest.geometry)?;
+    expect_same("manifest toolchain.nvcc_version", &lock.nvcc_version, &manifest.toolchain.nvcc_version)?;
+
+    // 2. Inputs: kernel sources always, toolchain wheels when they were used.
+    let mut expected_inputs = BTreeMap::new();
+    for input in &lock.inputs {
+        if input.role == InputRole::KernelSource || manifest.toolchain.toolkit == "pypi-wheels" {
+            expected_inputs.insert(input.filename.clone(), input.sha256.clone());
+        }
+    }
+    for (path, sha) in &lock.sources {
+        expected_inputs.insert(path.clone(), sha.clone());
+    }
+    if expected_inputs != manifest.inputs {
+        for (name, sha) in &expected_inputs {
+            match manifest.inputs.get(name) {
+                None => {
+                    return Err(Error::Missing {
+                        what: format!("input {name} in the manifest"),
+                        remedy: REMEDY_REBUILD,
+                    })
+                }
+                Some(actual) if actual != sha => {
+                    return Err(Error::mismatch(format!("input {name} sha256"), sha, actual, REMEDY_REBUILD))
+                }
+                Some(_) => {}
+            }
+        }
+        let extra = manifest.inputs.keys().find(|k| !expected_inputs.contains_key(*k));
+        return Err(Error::Unexpected {
+            what: format!("manifest input {}", extra.map(String::as_str).unwrap_or("?")),
+            remedy: REMEDY_REBUILD,
+        });
+    }
+
+    // 3. Every file on disk is in the manifest, and every manifest entry matches its file.
+    let on_disk = list_files(root)?;
+    for file in &on_disk {
+        if file != MANIFEST_FILE && !manifest.artifacts.contains_key(file) {
+            return Err(Error::Unexpected {
+                what: format!("file {file} (not listed in the manifest)"),
+                remedy: REMEDY_REBUILD,
+            });
+        }
+    }
+    let mut actual = BTreeMap::new();
+    for (path, art) in &manifest.artifacts {
+        let digests = digest_inside(root, path)?;
+        art.digests.expect_eq(&format!("artifact {path}"), &digests, REMEDY_REBUILD)?;
+        actual.insert(path.clone(), digests);
+    }
+
+    // 4. Device code: exactly the locked cubins, byte for byte.
+    let table_device: BTreeSet<String> = table.device_artifact_paths().into_iter().collect();
+    let lock_device: BTreeSet<String> = lock.device_artifacts.keys().cloned().collect();
+    if table_device != lock_device {
+        return Err(Error::mismatch(
+            "device artifacts of the lock",
+            format!("{table_device:?} (from the table)"),
+            format!("{lock_device:?}"),
+            REMEDY_RELOCK,
+        ));
+    }
+    for (path, art) in &manifest.artifacts {
+        if art.kind == ArtifactKind::DeviceCubin && !lock.device_artifacts.contains_key(path) {
+            return Err(Error::Unexpected { what: format!("device artifact {path}"), remedy: REMEDY_REBUILD });
+        }
+    }
+    for (path, locked) in &lock.device_artifacts {
+        let art = manifest.artifacts.get(path).ok_or_else(|| Error::Missing {
+            what: format!("device artifact {path}"),
+            remedy: REMEDY_REBUILD,
+        })?;
+        expect_same(&format!("kind of {path}"), &ArtifactKind::DeviceCubin, &art.kind)?;
+        locked.expect_eq(&format!("device artifact {path} (against the lock)"), &actual[path], REMEDY_RELOCK)?;
+    }
+
+    // 5. Host objects embed exactly the locked cubins (uncompressed fatbin), so
+    //    the device code a consumer links is the pinned one whatever host
+    //    compiler built the object.
+    for unit in table.units.iter().filter(|u| u.output == UnitOutput::HostObject) {
+        let obj_path = unit.object_path();
+        let art = manifest.artifacts.get(&obj_path).ok_or_else(|| Error::Missing {
+            what: format!("host object {obj_path}"),
+            remedy: REMEDY_REBUILD,
+        })?;
+        expect_same(&format!("kind of {obj_path}"), &ArtifactKind::HostObject, &art.kind)?;
+        let obj = read_regular(root, &obj_path)?;
+        for target in &unit.targets {
+            let cubin = read_regular(root, &unit.cubin_path(target))?;
+            if find(&obj, &cubin).is_none() {
+                return Err(Error::mismatch(
+                    format!("host object {obj_path}"),
+                    format!("to embed {} verbatim", unit.cubin_path(target)),
+                    "no such byte sequence (other device code, or a compressed fatbin)",
+                    REMEDY_REBUILD,
+                ));
+            }
+        }
+    }
+
+    // 6. The ABI header is our pinned source, copied verbatim.
+    let header_rel = format!("include/{}", file_name(&table.abi_header));
+    let header = manifest.artifacts.get(&header_rel).ok_or_else(|| Error::Missing {
+        what: format!("ABI header {header_rel}"),
+        remedy: REMEDY_REBUILD,
+    })?;
+    let pinned = lock.sources.get(&table.abi_header).ok_or_else(|| Error::Missing {
+        what: format!("lock entry for source {}", table.abi_header),
+        remedy: REMEDY_RELOCK,
+    })?;
+    expect_same(&format!("sha256 of {header_rel}"), pinned, &header.digests.sha256)?;
+
+    // 7. Host artifacts: byte-identical to the lock when built by the same
+    //    host compiler and toolkit; otherwise only internally consistent.
+    let host_matches_lock = manifest.toolchain.host_compiler == lock.host_artifacts.host_compiler
+        && manifest.toolchain.toolkit == lock.host_artifacts.toolkit;
+    if host_matches_lock {
+        for (path, locked) in &lock.host_artifacts.artifacts {
+            let got = actual.get(path).ok_or_else(|| Error::Missing {
+                what: format!("host artifact {path}"),
+                remedy: REMEDY_REBUILD,
+            })?;
+            locked.expect_eq(&format!("host artifact {path} (against the lock)"), got, REMEDY_RELOCK)?;
+        }
+    }
+
+    Ok(VerifiedBundle { root: root.to_path_buf(), manifest, host_matches_lock })
+}
+
+fn read_regular(root: &Path, rel: &str) -> Result<Vec<u8>> {
+    digest_inside(root, rel)?; // refuses symlinks and escapes
+    let p = root.join(rel);
+    std::fs::read(&p).map_err(|source| Error::Io { path: p, action: "read", source })
+}
+
+fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() || needle.len() > haystack.len() {
+        return None;
+    }
+    haystack.windows(needle.len()).position(|w| w == needle)
+}

@@ -1,0 +1,388 @@
+//! The commands: build, verify, lock, check, plan.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use gdn_lock::{
+    check_lock_matches_table, to_canonical_json, verify_bundle, ArtifactKind, ArtifactTable, Digests,
+    HostArtifacts, InputRole, Lock, LockedInput, Manifest, ManifestArtifact, Sha256Hex, VariantStatus,
+    MANIFEST_FILE, SCHEMA_VERSION, TABLE_FILE,
+};
+
+use crate::cli::{BuildArgs, CheckArgs};
+use crate::fetch::ensure_input;
+use crate::plan::{compile_all, steps_for, unit_key};
+use crate::process::Result;
+use crate::stage;
+use crate::toolkit::{self, Toolkit};
+
+fn repo_root(lock_path: &Path) -> Result<PathBuf> {
+    let abs = std::fs::canonicalize(lock_path)
+        .map_err(|e| format!("lock {}: {e}; run from the repository root or pass --lock", lock_path.display()))?;
+    Ok(abs.parent().expect("a file has a parent").to_path_buf())
+}
+
+fn load_table(repo: &Path) -> Result<(ArtifactTable, Sha256Hex)> {
+    let path = repo.join(TABLE_FILE);
+    let table = ArtifactTable::load(&path).map_err(|e| e.to_string())?;
+    let bytes = std::fs::read(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
+    Ok((table, Sha256Hex::of_bytes(&bytes)))
+}
+
+/// Table, lock, and a check that our sources are the ones the lock pins.
+fn load_locked(lock_path: &Path) -> Result<(PathBuf, ArtifactTable, Lock)> {
+    let repo = repo_root(lock_path)?;
+    let (table, table_sha) = load_table(&repo)?;
+    let lock = Lock::load(lock_path).map_err(|e| e.to_string())?;
+    check_lock_matches_table(&table, &table_sha, &lock).map_err(|e| e.to_string())?;
+    let current = hash_sources(&repo, &table)?;
+    if current != lock.sources {
+        for (path, sha) in &current {
+            if lock.sources.get(path) != Some(sha) {
+                return Err(format!(
+                    "source {path}: the lock pins sha256 {}, the file has {sha}; if the change is intended, \
+                     run `cargo run --release -p gdn-gen -- lock` and review the diff",
+                    lock.sources.get(path).map(|s| s.as_str()).unwrap_or("(nothing)")
+                ));
+            }
+        }
+        return Err("the lock pins sources the table no longer lists; run `gdn-gen lock`".into());
+    }
+    Ok((repo, table, lock))
+}
+
+/// Our sources and patches, by repository path.
+fn hash_sources(repo: &Path, table: &ArtifactTable) -> Result<BTreeMap<String, Sha256Hex>> {
+    table
+        .sources
+        .iter()
+        .chain(&table.patches)
+        .map(|p| {
+            let bytes = std::fs::read(repo.join(p)).map_err(|e| format!("read source {p}: {e}"))?;
+            Ok((p.clone(), Sha256Hex::of_bytes(&bytes)))
+        })
+        .collect()
+}
+
+fn kernel_source_input(lock: &Lock) -> Result<&LockedInput> {
+    lock.inputs
+        .iter()
+        .find(|i| i.role == InputRole::KernelSource)
+        .ok_or_else(|| "the lock has no kernel-source input; run `gdn-gen lock`".to_string())
+}
+
+/// Stamp beside the bundle: the content key of the last successful build.
+fn stamp_path(out: &Path) -> PathBuf {
+    let mut s = out.as_os_str().to_owned();
+    s.push(".stamp");
+    PathBuf::from(s)
+}
+
+fn build_key(table: &ArtifactTable, lock: &Lock, tk: &Toolkit) -> Sha256Hex {
+    let doc = serde_json::json!({ "table": table, "lock": lock, "toolchain": tk.identity, "cxx": tk.host_cxx,
+                                  "generator": env!("CARGO_PKG_VERSION") });
+    Sha256Hex::of_bytes(doc.to_string().as_bytes())
+}
+
+/// Compiles everything and assembles a bundle in a fresh directory `dest`
+/// (which must not exist). Does not compare with the lock's outputs.
+fn assemble(args: &BuildArgs, repo: &Path, table: &ArtifactTable, lock: &Lock, tk: &Toolkit, dest: &Path) -> Result<()> {
+    let ks = kernel_source_input(lock)?;
+    let wheel = ensure_input(ks, &args.cache, args.inputs_dir.as_deref(), args.offline)?;
+    let sources: Vec<(String, Sha256Hex)> = lock.sources.clone().into_iter().collect();
+    let keys: Vec<Sha256Hex> = table.units.iter().map(|u| unit_key(u, &sources, &ks.sha256, tk)).collect();
+    let stage_dir = args.cache.join("stage").join(&ks.sha256.as_str()[..16]);
+    stage::prepare(table, repo, &wheel, &stage_dir)?;
+    let outputs = compile_all(table, &stage_dir, &args.cache, tk, &keys, args.jobs)?;
+
+    let mut files: Vec<(String, PathBuf, ArtifactKind)> = vec![];
+    for o in &outputs {
+        for t in &o.unit.targets {
+            files.push((o.unit.cubin_path(t), o.cubin(t), ArtifactKind::DeviceCubin));
+        }
+        if o.unit.output == gdn_lock::UnitOutput::HostObject {
+            files.push((o.unit.object_path(), o.object(), ArtifactKind::HostObject));
+        }
+    }
+    let header_name = table.abi_header.rsplit('/').next().unwrap_or(&table.abi_header);
+    files.push((format!("include/{header_name}"), repo.join(&table.abi_header), ArtifactKind::Header));
+    for lib in &table.toolkit_libraries {
+        files.push((format!("lib/{lib}"), tk.library(lib)?, ArtifactKind::HostLibrary));
+    }
+
+    let mut artifacts = BTreeMap::new();
+    for (rel, src, kind) in &files {
+        let to = dest.join(rel);
+        std::fs::create_dir_all(to.parent().expect("artifact paths have a parent")).map_err(|e| e.to_string())?;
+        let bytes = std::fs::read(src).map_err(|e| format!("read {}: {e}", src.display()))?;
+        write_file(&to, &bytes)?;
+        artifacts.insert(rel.clone(), ManifestArtifact { kind: *kind, digests: Digests::of_bytes(&bytes) });
+    }
+    let mut inputs = BTreeMap::new();
+    for i in &lock.inputs {
+        if i.role == InputRole::KernelSource || tk.identity.toolkit == "pypi-wheels" {
+            inputs.insert(i.filename.clone(), i.sha256.clone());
+        }
+    }
+    inputs.extend(lock.sources.clone());
+    let manifest = Manifest {
+        schema_version: SCHEMA_VERSION,
+        abi_version: table.abi_version,
+        geometry: table.geometry.clone(),
+        toolchain: tk.identity.clone(),
+        inputs,
+        artifacts,
+    };
+    write_file(&dest.join(MANIFEST_FILE), to_canonical_json(&manifest).as_bytes())
+}
+
+/// Files in a bundle are written with fixed permissions (umask-independent).
+fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    std::fs::write(path, bytes).map_err(|e| format!("write {}: {e}", path.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+            .map_err(|e| format!("chmod {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// A temporary sibling of `out`, so the final rename stays on one filesystem.
+fn temp_sibling(out: &Path, tag: &str) -> Result<tempfile::TempDir> {
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent).map_err(|e| format!("create {}: {e}", parent.display()))?;
+    tempfile::Builder::new()
+        .prefix(&format!(".{}.{tag}-", out.file_name().and_then(|s| s.to_str()).unwrap_or("bundle")))
+        .tempdir_in(&parent)
+        .map_err(|e| format!("temp dir beside {}: {e}", out.display()))
+}
+
+/// Replaces `out` with `new` by renames: readers see the old bundle or the new one.
+fn install(new: tempfile::TempDir, out: &Path) -> Result<()> {
+    let new = new.keep();
+    if out.exists() {
+        let old = temp_sibling(out, "old")?.keep();
+        std::fs::remove_dir(&old).ok();
+        std::fs::rename(out, &old).map_err(|e| format!("move old bundle aside: {e}"))?;
+        std::fs::rename(&new, out).map_err(|e| format!("install bundle at {}: {e}", out.display()))?;
+        std::fs::remove_dir_all(&old).ok();
+    } else {
+        std::fs::rename(&new, out).map_err(|e| format!("install bundle at {}: {e}", out.display()))?;
+    }
+    Ok(())
+}
+
+/// Compiles run in the staging directory, so every path handed to them must be absolute.
+fn absolute_cache(args: &BuildArgs) -> Result<BuildArgs> {
+    std::fs::create_dir_all(&args.cache).map_err(|e| format!("create {}: {e}", args.cache.display()))?;
+    let cache = std::fs::canonicalize(&args.cache).map_err(|e| e.to_string())?;
+    Ok(BuildArgs { cache, ..args.clone() })
+}
+
+pub fn build(args: &BuildArgs) -> Result<PathBuf> {
+    let args = &absolute_cache(args)?;
+    let (repo, table, lock) = load_locked(&args.lock)?;
+    let tk = toolkit::resolve(args, &table, &lock)?;
+    let key = build_key(&table, &lock, &tk);
+    let stamp = stamp_path(&args.out);
+    if std::fs::read_to_string(&stamp).ok().as_deref() == Some(key.as_str())
+        && verify_bundle(&args.out, &table, &lock).is_ok()
+    {
+        eprintln!("gdn-gen: bundle at {} is up to date", args.out.display());
+        return Ok(args.out.clone());
+    }
+    let _ = std::fs::remove_file(&stamp);
+    let tmp = temp_sibling(&args.out, "new")?;
+    assemble(args, &repo, &table, &lock, &tk, tmp.path())?;
+    let verified = verify_bundle(tmp.path(), &table, &lock).map_err(|e| {
+        format!("the built bundle does not match the lock: {e}\n(no bundle was written; `gdn-gen verify` lists every difference)")
+    })?;
+    install(tmp, &args.out)?;
+    std::fs::write(&stamp, key.as_str()).map_err(|e| e.to_string())?;
+    eprintln!(
+        "gdn-gen: bundle written to {} ({} artifacts; device code matches the lock; host objects {})",
+        args.out.display(),
+        verified.manifest.artifacts.len(),
+        if verified.host_matches_lock { "match the lock byte for byte" } else { "built by another host compiler than the lock's, checked to embed the locked cubins" }
+    );
+    Ok(args.out.clone())
+}
+
+pub fn verify(args: &BuildArgs) -> Result<()> {
+    let args = &absolute_cache(args)?;
+    let (repo, table, lock) = load_locked(&args.lock)?;
+    let tk = toolkit::resolve(args, &table, &lock)?;
+    let tmp = temp_sibling(&args.out, "verify")?;
+    assemble(args, &repo, &table, &lock, &tk, tmp.path())?;
+    let manifest = Manifest::load(&tmp.path().join(MANIFEST_FILE)).map_err(|e| e.to_string())?;
+    let mut differ = 0;
+    let mut compare = |path: &str, locked: &Digests| match manifest.artifacts.get(path) {
+        Some(a) if &a.digests == locked => eprintln!("  same     {path}  {}", locked.sha256),
+        Some(a) => {
+            differ += 1;
+            eprintln!("  DIFFERS  {path}\n           lock  {} ({} bytes)\n           built {} ({} bytes)", locked.sha256, locked.size, a.digests.sha256, a.digests.size);
+        }
+        None => {
+            differ += 1;
+            eprintln!("  MISSING  {path}  (lock {})", locked.sha256);
+        }
+    };
+    eprintln!("gdn-gen: device artifacts against the lock:");
+    for (path, locked) in &lock.device_artifacts {
+        compare(path, locked);
+    }
+    let host_same = manifest.toolchain.host_compiler == lock.host_artifacts.host_compiler
+        && manifest.toolchain.toolkit == lock.host_artifacts.toolkit;
+    if host_same {
+        eprintln!("gdn-gen: host artifacts (same host compiler and toolkit as the lock):");
+        for (path, locked) in &lock.host_artifacts.artifacts {
+            compare(path, locked);
+        }
+    } else {
+        eprintln!(
+            "gdn-gen: host artifacts not compared: built with {:?} / {}, the lock's are from {:?} / {}",
+            manifest.toolchain.host_compiler, manifest.toolchain.toolkit, lock.host_artifacts.host_compiler, lock.host_artifacts.toolkit
+        );
+    }
+    if differ > 0 {
+        return Err(format!(
+            "{differ} artifact(s) differ from the lock; if the change is intended, record it with \
+             `cargo run --release -p gdn-gen -- lock` and review the diff"
+        ));
+    }
+    verify_bundle(tmp.path(), &table, &lock).map_err(|e| e.to_string())?;
+    eprintln!("gdn-gen: verify: every device artifact is byte-identical to the lock");
+    Ok(())
+}
+
+pub fn lock(args: &BuildArgs) -> Result<()> {
+    let args = &absolute_cache(args)?;
+    let repo = repo_root(&args.lock).or_else(|_| {
+        // First lock: the file does not exist yet; its directory is the repo.
+        let parent = args.lock.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        std::fs::canonicalize(parent).map_err(|e| e.to_string())
+    })?;
+    let (table, table_sha) = load_table(&repo)?;
+    let old = Lock::load(&args.lock).ok();
+    let mut inputs = vec![];
+    for spec in &table.inputs {
+        // Resolve by downloading (or finding) the file and hashing it.
+        let probe = LockedInput {
+            name: spec.name.clone(),
+            version: spec.version.clone(),
+            role: spec.role,
+            filename: spec.filename.clone(),
+            url: spec.url.clone(),
+            sha256: Sha256Hex::of_bytes(b""),
+            size: 0,
+            git_revision: spec.git_revision.clone(),
+        };
+        let path = find_or_download(args, &probe)?;
+        let d = Digests::of_file(&path).map_err(|e| e.to_string())?;
+        inputs.push(LockedInput { sha256: d.sha256, size: d.size, ..probe });
+    }
+    let mut lock = Lock {
+        schema_version: SCHEMA_VERSION,
+        table_sha256: table_sha,
+        abi_version: table.abi_version,
+        nvcc_version: table.nvcc_version.clone(),
+        inputs,
+        sources: hash_sources(&repo, &table)?,
+        device_artifacts: BTreeMap::new(),
+        host_artifacts: HostArtifacts { host_compiler: String::new(), toolkit: String::new(), artifacts: BTreeMap::new() },
+        variants: old.as_ref().map(|l| l.variants.clone()).unwrap_or_else(default_variants),
+    };
+    let tk = toolkit::resolve(args, &table, &lock)?;
+    let tmp = temp_sibling(&args.out, "lock")?;
+    assemble(args, &repo, &table, &lock, &tk, tmp.path())?;
+    let manifest = Manifest::load(&tmp.path().join(MANIFEST_FILE)).map_err(|e| e.to_string())?;
+    for (path, art) in &manifest.artifacts {
+        match art.kind {
+            ArtifactKind::DeviceCubin => lock.device_artifacts.insert(path.clone(), art.digests.clone()),
+            _ => lock.host_artifacts.artifacts.insert(path.clone(), art.digests.clone()),
+        };
+    }
+    lock.host_artifacts.host_compiler = manifest.toolchain.host_compiler.clone();
+    lock.host_artifacts.toolkit = manifest.toolchain.toolkit.clone();
+    if let Some(old) = &old {
+        for (path, d) in &lock.device_artifacts {
+            if old.device_artifacts.get(path) != Some(d) {
+                eprintln!("gdn-gen: lock: {path} changes to {}", d.sha256);
+            }
+        }
+    }
+    let text = to_canonical_json(&lock);
+    let tmp_lock = args.lock.with_extension("json.tmp");
+    std::fs::write(&tmp_lock, &text).map_err(|e| e.to_string())?;
+    std::fs::rename(&tmp_lock, &args.lock).map_err(|e| e.to_string())?;
+    install(tmp, &args.out)?;
+    std::fs::write(stamp_path(&args.out), build_key(&table, &lock, &tk).as_str()).map_err(|e| e.to_string())?;
+    eprintln!("gdn-gen: wrote {} ({} device artifacts)", args.lock.display(), lock.device_artifacts.len());
+    Ok(())
+}
+
+fn default_variants() -> BTreeMap<String, VariantStatus> {
+    BTreeMap::from([
+        ("cuda-13.0".to_string(), VariantStatus {
+            status: "recorded".into(),
+            nvcc_version: "V13.0.88".into(),
+            note: "device_artifacts are this variant's bytes".into(),
+        }),
+        ("cuda-12.8".to_string(), VariantStatus {
+            status: "unrecorded".into(),
+            nvcc_version: "V12.8.x".into(),
+            note: "no CUDA 12.8 nvcc was reachable when the lock was written; see docs/nix.md".into(),
+        }),
+    ])
+}
+
+/// For `lock`: the hash is not known yet, so find the file by name or download it.
+fn find_or_download(args: &BuildArgs, input: &LockedInput) -> Result<PathBuf> {
+    if let Some(p) = args.inputs_dir.as_ref().map(|d| d.join(&input.filename)).filter(|p| p.exists()) {
+        return Ok(p);
+    }
+    let cached = args.cache.join("downloads").join(&input.filename);
+    if cached.exists() {
+        return Ok(cached);
+    }
+    if args.offline {
+        return Err(format!("{} is not available offline", input.filename));
+    }
+    crate::fetch::download(&input.url, &cached)?;
+    Ok(cached)
+}
+
+pub fn check(args: &CheckArgs) -> Result<()> {
+    let (_, table, lock) = load_locked(&args.lock)?;
+    let v = verify_bundle(&args.bundle, &table, &lock).map_err(|e| e.to_string())?;
+    eprintln!(
+        "gdn-gen: {} matches the lock ({} artifacts; host objects {})",
+        args.bundle.display(),
+        v.manifest.artifacts.len(),
+        if v.host_matches_lock { "identical to the lock's" } else { "from another host compiler, checked to embed the locked cubins" }
+    );
+    Ok(())
+}
+
+pub fn plan(args: &BuildArgs) -> Result<()> {
+    let (_, table, lock) = load_locked(&args.lock)?;
+    let ks = kernel_source_input(&lock)?;
+    println!("inputs:");
+    for i in &lock.inputs {
+        let used = i.role == InputRole::KernelSource || args.toolkit_root.is_none();
+        println!("  {} {} {} {}", if used { "fetch" } else { "skip " }, i.filename, i.sha256, i.size);
+    }
+    println!("stage: extract {:?} from {}; apply {} patch(es); copy {} source(s)", table.kernel_source_members, ks.filename, table.patches.len(), table.sources.len());
+    println!("compile (cwd = stage dir):");
+    for unit in &table.units {
+        for step in steps_for(unit, "<c++>", Path::new("<unit-cache>")) {
+            println!("  nvcc {}", step.args.join(" "));
+        }
+    }
+    println!("bundle: {} device artifact(s) pinned by the lock, manifest.json", lock.device_artifacts.len());
+    Ok(())
+}

@@ -1,0 +1,118 @@
+# packages.gdn-bundle (and its variants): the CUDA kernel bundle built by
+# `gdn-gen` from the inputs pinned in gdn-bundle.lock.json.
+#
+# Nothing is hashed here: URLs and sha256s are read from the lock, so the
+# lock stays the one place they are recorded.
+{ pkgs
+, lib
+, lock
+, src
+, generator
+, toolkit
+, # Key in lock.variants ("cuda-13.0", "cuda-12.8").
+  variant
+, # The lock's top-level `toolchain` describes the default variant only.
+  isDefaultVariant
+, # Non-null only for the second build of checks.bundle-deterministic: it
+  # changes the derivation hash (forcing an independent build) and nothing else.
+  rebuildSalt ? null
+}:
+let
+  variantStatus = (lock.variants.${variant} or { status = "missing"; }).status;
+  recorded = variantStatus == "recorded";
+
+  kernelInputs = builtins.filter (input: input.role == "kernel-source") lock.inputs;
+
+  # `--inputs-dir`: a directory of files named exactly by their lock filename.
+  inputEntries = map
+    (input: {
+      name = input.filename;
+      path = pkgs.fetchurl {
+        inherit (input) url sha256;
+        name = input.filename;
+      };
+    })
+    kernelInputs;
+  inputsDir = pkgs.linkFarm "gdn-bundle-inputs" inputEntries;
+
+  expectedNvcc = lock.toolchain.nvcc_version;
+  nvccMatches = !isDefaultVariant || toolkit.nvccVersion == expectedNvcc;
+
+  # Sources the generator resolves relative to the lock's directory.
+  bundleSource = lib.fileset.toSource {
+    root = src;
+    fileset = lib.fileset.unions [
+      (src + "/gdn-bundle.lock.json")
+      (src + "/generator/artifacts.json")
+      (src + "/crates/gdn-kernels/cuda")
+      (lib.fileset.maybeMissing (src + "/patches"))
+    ];
+  };
+
+  unrecordedBanner = ''
+    echo "################################################################" >&2
+    echo "## WARNING: variant ${variant} is '${variantStatus}' in gdn-bundle.lock.json." >&2
+    echo "## Its device outputs have never been recorded, so this build is" >&2
+    echo "## NOT compared with the lock (gdn-gen check is skipped)." >&2
+    echo "## Do not ship it; record the variant in the lock first." >&2
+    echo "################################################################" >&2
+  '';
+
+  drv = toolkit.stdenv.mkDerivation ({
+    name = "gdn-bundle-${variant}";
+    src = bundleSource;
+
+    nativeBuildInputs = [ generator ];
+
+    dontConfigure = true;
+
+    buildPhase = ''
+      runHook preBuild
+      ${if recorded then "" else unrecordedBanner}
+      # nvcc and the generator must not touch a real home directory.
+      export HOME="$TMPDIR/home"
+      mkdir -p "$HOME"
+      gdn-gen build \
+        --lock "$PWD/gdn-bundle.lock.json" \
+        --out "$out" \
+        --cache "$TMPDIR/gdn-cache" \
+        --toolkit-root ${toolkit.root} \
+        --inputs-dir ${inputsDir} \
+        --offline
+      runHook postBuild
+    '';
+
+    # Compare the fresh bundle with the recorded device outputs. Skipped only
+    # for variants the lock has not recorded (see the banner above).
+    doCheck = recorded;
+    checkPhase = ''
+      runHook preCheck
+      gdn-gen check --bundle "$out" --lock "$PWD/gdn-bundle.lock.json"
+      runHook postCheck
+    '';
+
+    dontInstall = true;
+    # Fixup would strip and patch ELF files: cubins must stay byte-identical.
+    dontFixup = true;
+
+    # No store path (toolkit, compiler, inputs) may leak into the bundle.
+    allowedReferences = [ ];
+
+    passthru = {
+      inherit variant recorded inputsDir toolkit;
+      kernelSources = map (entry: entry.path) inputEntries;
+    };
+
+    meta.description =
+      "GDN CUDA kernel bundle (${variant}, lock status: ${variantStatus})";
+  } // (if rebuildSalt == null then { } else { GDN_NIX_REBUILD_SALT = rebuildSalt; }));
+in
+if nvccMatches then
+  drv
+else
+  throw ''
+    gdn-bundle: the pinned nixpkgs gives nvcc ${toolkit.nvccVersion} for ${variant},
+    but gdn-bundle.lock.json records nvcc ${expectedNvcc}. Pin a nixpkgs revision in
+    flake.lock whose cudaPackages_13_0.cuda_nvcc is ${expectedNvcc}
+    (`nix flake lock --override-input nixpkgs github:NixOS/nixpkgs/<rev>`),
+    or record a new lock with `gdn-gen` for the new toolchain.''

@@ -1,0 +1,48 @@
+# Shared crane setup for the Cargo workspace: source, dependency artifacts
+# and the `gdn-gen` generator binary.
+{ pkgs, lib, crane, src, toolkitRoot }:
+let
+  craneLib = crane.mkLib pkgs;
+
+  # cleanCargoSource would drop the lock, the artifact list and the CUDA
+  # sources that gdn-kernels' build.rs and the generator read.
+  rustSource = lib.fileset.toSource {
+    root = src;
+    fileset = lib.fileset.unions [
+      (craneLib.fileset.commonCargoSources src)
+      (src + "/gdn-bundle.lock.json")
+      (src + "/generator/artifacts.json")
+      (src + "/crates/gdn-kernels/cuda")
+      (lib.fileset.maybeMissing (src + "/patches"))
+      # Test fixtures and snapshots (sample locks, manifests).
+      (lib.fileset.fileFilter (file: file.hasExt "json") (src + "/crates"))
+      (lib.fileset.fileFilter (file: file.hasExt "json") (src + "/generator"))
+    ];
+  };
+
+  workspace = craneLib.crateNameFromCargoToml { cargoToml = src + "/Cargo.toml"; };
+
+  commonArgs = {
+    src = rustSource;
+    pname = "gdn";
+    inherit (workspace) version;
+    strictDeps = true;
+    # Headers and libcudart_static.a for gdn-kernels' C ABI wrapper.
+    buildInputs = [ toolkitRoot ];
+  };
+
+  # crane swaps every build.rs for a dummy here, so no bundle is needed yet.
+  cargoArtifacts = craneLib.buildDepsOnly commonArgs;
+
+  generator = craneLib.buildPackage (commonArgs // {
+    inherit cargoArtifacts;
+    pname = "gdn-gen";
+    cargoExtraArgs = "--locked --package gdn-gen";
+    # Its tests run in checks.cargo-test with the rest of the workspace.
+    doCheck = false;
+    meta.mainProgram = "gdn-gen";
+  });
+in
+{
+  inherit craneLib rustSource commonArgs cargoArtifacts generator;
+}
