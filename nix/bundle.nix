@@ -35,8 +35,9 @@ let
     kernelInputs;
   inputsDir = pkgs.linkFarm "gdn-bundle-inputs" inputEntries;
 
-  expectedNvcc = lock.toolchain.nvcc_version;
-  nvccMatches = !isDefaultVariant || toolkit.nvccVersion == expectedNvcc;
+  # The lock records nvcc as `nvcc --version` prints it ("V13.0.88").
+  expectedNvcc = lock.nvcc_version;
+  nvccMatches = !isDefaultVariant || "V${toolkit.nvccVersion}" == expectedNvcc;
 
   # Sources the generator resolves relative to the lock's directory.
   bundleSource = lib.fileset.toSource {

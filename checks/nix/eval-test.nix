@@ -142,7 +142,7 @@ in
     (lock.variants."cuda-12.8".status or "missing" == "recorded"
       || (!bundle12.doCheck && hasInfix "WARNING: variant cuda-12.8" bundle12.buildPhase))
     "doCheck=${show bundle12.doCheck}")
-  (check "nvcc from nixpkgs != lock toolchain.nvcc_version -> evaluation refuses"
+  (check "nvcc from nixpkgs != lock nvcc_version -> evaluation refuses"
     (!mismatchEval.success) "bundle evaluated with a mismatched nvcc")
 
   (check "server: GDN_BUNDLE_DIR = \"\${bundle}\""

@@ -5,7 +5,9 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use gdn_lock::{verify_bundle, ArtifactKind, ArtifactTable, Digests, Lock, UnitOutput, LOCK_FILE, TABLE_FILE};
+use gdn_lock::{
+    verify_bundle, ArtifactKind, ArtifactTable, Digests, Lock, UnitOutput, LOCK_FILE, TABLE_FILE,
+};
 
 /// Environment variable naming the bundle directory (Nix sets it to the
 /// derivation's output path); otherwise the generator's default output.
@@ -29,19 +31,26 @@ fn main() {
 
 fn run() -> Result<(), String> {
     let crate_dir = PathBuf::from(env("CARGO_MANIFEST_DIR")?);
-    let repo = std::fs::canonicalize(crate_dir.join("../..")).map_err(|e| format!("repository root: {e}"))?;
+    let repo = std::fs::canonicalize(crate_dir.join("../.."))
+        .map_err(|e| format!("repository root: {e}"))?;
     let out = PathBuf::from(env("OUT_DIR")?);
     println!("cargo:rerun-if-env-changed={BUNDLE_ENV}");
     let (bundle, origin) = match std::env::var_os(BUNDLE_ENV) {
         Some(p) => (PathBuf::from(p), BUNDLE_ENV),
         None => (repo.join(DEFAULT_BUNDLE), "the generator's default output"),
     };
-    println!("cargo:warning=gdn-kernels: using the GDN bundle at {} ({origin})", bundle.display());
+    println!(
+        "cargo:warning=gdn-kernels: using the GDN bundle at {} ({origin})",
+        bundle.display()
+    );
     for f in [TABLE_FILE, LOCK_FILE] {
         println!("cargo:rerun-if-changed={}", repo.join(f).display());
     }
     if !bundle.join(gdn_lock::MANIFEST_FILE).exists() {
-        return Err(format!("no bundle at {} ({origin}); {REMEDY}", bundle.display()));
+        return Err(format!(
+            "no bundle at {} ({origin}); {REMEDY}",
+            bundle.display()
+        ));
     }
 
     // 1. Verify every file of the bundle against the table and the lock.
@@ -49,13 +58,22 @@ fn run() -> Result<(), String> {
     let table_sha = gdn_lock::Sha256Hex::of_bytes(&read(&repo.join(TABLE_FILE))?);
     let lock = Lock::load(&repo.join(LOCK_FILE)).map_err(|e| e.to_string())?;
     gdn_lock::check_lock_matches_table(&table, &table_sha, &lock).map_err(|e| e.to_string())?;
-    let verified = verify_bundle(&bundle, &table, &lock).map_err(|e| format!("{e} (bundle {})", bundle.display()))?;
+    let verified = verify_bundle(&bundle, &table, &lock)
+        .map_err(|e| format!("{e} (bundle {})", bundle.display()))?;
 
     // 2. The bundle must describe what these bindings were written for.
     let g = &verified.manifest.geometry;
-    expect("bundle abi_version", ABI_VERSION, verified.manifest.abi_version)?;
+    expect(
+        "bundle abi_version",
+        ABI_VERSION,
+        verified.manifest.abi_version,
+    )?;
     expect("bundle head_dim", HEAD_DIM, g.head_dim)?;
-    expect("bundle target_arch", FLASHINFER_ARCH, g.target_arch.as_str())?;
+    expect(
+        "bundle target_arch",
+        FLASHINFER_ARCH,
+        g.target_arch.as_str(),
+    )?;
 
     // 3. Copy what we link or embed into OUT_DIR and check the copies, so the
     //    bytes used are the bytes verified even if the bundle changes under us.
@@ -64,19 +82,30 @@ fn run() -> Result<(), String> {
     for (rel, art) in &verified.manifest.artifacts {
         println!("cargo:rerun-if-changed={}", bundle.join(rel).display());
         let to = out.join("bundle").join(rel);
-        std::fs::create_dir_all(to.parent().expect("artifact has a parent")).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(to.parent().expect("artifact has a parent"))
+            .map_err(|e| e.to_string())?;
         let bytes = read(&bundle.join(rel))?;
         art.digests
-            .expect_eq(&format!("artifact {rel} (copy)"), &Digests::of_bytes(&bytes), "the bundle changed during the build; rebuild")
+            .expect_eq(
+                &format!("artifact {rel} (copy)"),
+                &Digests::of_bytes(&bytes),
+                "the bundle changed during the build; rebuild",
+            )
             .map_err(|e| e.to_string())?;
         std::fs::write(&to, &bytes).map_err(|e| e.to_string())?;
         match art.kind {
             ArtifactKind::HostObject => objects.push(to),
-            ArtifactKind::DeviceCubin if rel.starts_with(&format!("cubin/{PORTABLE_UNIT}.")) => portable.push((rel.clone(), to)),
+            ArtifactKind::DeviceCubin if rel.starts_with(&format!("cubin/{PORTABLE_UNIT}.")) => {
+                portable.push((rel.clone(), to))
+            }
             _ => {}
         }
     }
-    let host_units = table.units.iter().filter(|u| u.output == UnitOutput::HostObject).count();
+    let host_units = table
+        .units
+        .iter()
+        .filter(|u| u.output == UnitOutput::HostObject)
+        .count();
     expect("host objects in the bundle", host_units, objects.len())?;
 
     // 4. Link: the launcher objects as one static library, the bundle's cudart.
@@ -84,25 +113,43 @@ fn run() -> Result<(), String> {
     for o in &objects {
         build.object(o);
     }
-    build.cargo_metadata(true).try_compile(LAUNCHER_LIB).map_err(|e| format!("archive the launcher: {e}"))?;
-    println!("cargo:rustc-link-search=native={}", out.join("bundle/lib").display());
+    build
+        .cargo_metadata(true)
+        .try_compile(LAUNCHER_LIB)
+        .map_err(|e| format!("archive the launcher: {e}"))?;
+    println!(
+        "cargo:rustc-link-search=native={}",
+        out.join("bundle/lib").display()
+    );
     println!("cargo:rustc-link-lib=static=cudart_static");
     for lib in ["stdc++", "dl", "pthread", "rt"] {
         println!("cargo:rustc-link-lib=dylib={lib}");
     }
 
     // 5. Embed the portable cubins, by SM version, and the bundle identity.
-    let mut src = String::from("/// Portable fallback cubins from the verified bundle: (SM version, bytes).\n");
+    let mut src = String::from(
+        "/// Portable fallback cubins from the verified bundle: (SM version, bytes).\n",
+    );
     src.push_str("pub(crate) static PORTABLE_CUBINS: &[(u32, &[u8])] = &[\n");
     for (rel, path) in &portable {
         let sm: u32 = rel
             .rsplit_once(".sm_")
             .and_then(|(_, rest)| rest.trim_end_matches(".cubin").parse().ok())
             .ok_or_else(|| format!("cannot read the SM version from {rel}"))?;
-        writeln!(src, "    ({sm}, include_bytes!({:?})),", path.display().to_string()).expect("write to String");
+        writeln!(
+            src,
+            "    ({sm}, include_bytes!({:?})),",
+            path.display().to_string()
+        )
+        .expect("write to String");
     }
     src.push_str("];\n");
-    let fi: Vec<String> = lock.device_artifacts.iter().filter(|(p, _)| p.contains(".sm_90a.")).map(|(p, d)| format!("{p}={}", d.sha256)).collect();
+    let fi: Vec<String> = lock
+        .device_artifacts
+        .iter()
+        .filter(|(p, _)| p.contains(".sm_90a."))
+        .map(|(p, d)| format!("{p}={}", d.sha256))
+        .collect();
     writeln!(src, "/// The locked FlashInfer cubins linked into this build.\npub(crate) const FLASHINFER_CUBINS: &str = {:?};", fi.join(" ")).expect("write to String");
     let ratios: Vec<String> = g.gva_ratios.iter().map(u32::to_string).collect();
     writeln!(src, "/// Hv/Hqk ratios the FlashInfer instantiations were built and validated for.\npub(crate) const FLASHINFER_GVA_RATIOS: &[u32] = &[{}];", ratios.join(", ")).expect("write to String");
@@ -118,10 +165,16 @@ fn read(p: &Path) -> Result<Vec<u8>, String> {
     std::fs::read(p).map_err(|e| format!("read {}: {e}", p.display()))
 }
 
-fn expect<T: PartialEq + std::fmt::Display>(what: &str, expected: T, actual: T) -> Result<(), String> {
+fn expect<T: PartialEq + std::fmt::Display>(
+    what: &str,
+    expected: T,
+    actual: T,
+) -> Result<(), String> {
     if expected == actual {
         Ok(())
     } else {
-        Err(format!("{what}: expected {expected}, found {actual}; {REMEDY}"))
+        Err(format!(
+            "{what}: expected {expected}, found {actual}; {REMEDY}"
+        ))
     }
 }

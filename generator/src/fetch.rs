@@ -49,7 +49,10 @@ pub fn ensure_input(
         if check(&dest, input).is_ok() {
             return Ok(dest);
         }
-        eprintln!("gdn-gen: cached {} does not match the lock; fetching again", input.filename);
+        eprintln!(
+            "gdn-gen: cached {} does not match the lock; fetching again",
+            input.filename
+        );
         std::fs::remove_file(&dest).map_err(|e| format!("remove {}: {e}", dest.display()))?;
     }
     if offline {
@@ -74,7 +77,10 @@ pub fn download(url: &str, dest: &Path) -> Result<()> {
     eprintln!("gdn-gen: downloading {url}");
     run(
         "download",
-        Command::new("curl").args(["-fsSL", "--retry", "3", "-o"]).arg(&part).arg(url),
+        Command::new("curl")
+            .args(["-fsSL", "--retry", "3", "-o"])
+            .arg(&part)
+            .arg(url),
     )?;
     std::fs::rename(&part, dest).map_err(|e| format!("rename {}: {e}", part.display()))
 }
@@ -101,7 +107,13 @@ mod tests {
     fn inputs_dir_copy_with_the_pinned_hash_is_used() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("x.whl"), b"payload").unwrap();
-        let p = ensure_input(&locked(b"payload"), &dir.path().join("cache"), Some(dir.path()), true).unwrap();
+        let p = ensure_input(
+            &locked(b"payload"),
+            &dir.path().join("cache"),
+            Some(dir.path()),
+            true,
+        )
+        .unwrap();
         assert_eq!(p, dir.path().join("x.whl"));
     }
 
@@ -110,17 +122,24 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("x.whl"), b"payloaX").unwrap();
         let input = locked(b"payload");
-        let err = ensure_input(&input, &dir.path().join("cache"), Some(dir.path()), true).unwrap_err();
+        let err =
+            ensure_input(&input, &dir.path().join("cache"), Some(dir.path()), true).unwrap_err();
         assert!(err.contains("x.whl"), "{err}");
         assert!(err.contains(input.sha256.as_str()), "{err}");
-        assert!(err.contains(Sha256Hex::of_bytes(b"payloaX").as_str()), "{err}");
+        assert!(
+            err.contains(Sha256Hex::of_bytes(b"payloaX").as_str()),
+            "{err}"
+        );
     }
 
     #[test]
     fn offline_without_a_copy_fails_and_names_the_url() {
         let dir = tempfile::tempdir().unwrap();
         let err = ensure_input(&locked(b"p"), &dir.path().join("cache"), None, true).unwrap_err();
-        assert!(err.contains("--offline") && err.contains("http://127.0.0.1:9/x.whl"), "{err}");
+        assert!(
+            err.contains("--offline") && err.contains("http://127.0.0.1:9/x.whl"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -130,6 +149,9 @@ mod tests {
         std::fs::create_dir_all(cache.join("downloads")).unwrap();
         std::fs::write(cache.join("downloads/x.whl"), b"bad").unwrap();
         assert!(ensure_input(&locked(b"good"), &cache, None, true).is_err());
-        assert!(!cache.join("downloads/x.whl").exists(), "the corrupt copy must be removed");
+        assert!(
+            !cache.join("downloads/x.whl").exists(),
+            "the corrupt copy must be removed"
+        );
     }
 }

@@ -75,8 +75,18 @@ pub fn steps_for(unit: &Unit, host_cxx: &str, out_dir: &Path) -> Vec<Step> {
             args.extend(unit.targets.iter().map(|t| gencode(t)));
             args.extend(determinism_flags(unit, &keep));
             args.extend(["-c".into(), src, "-o".into()]);
-            args.push(out_dir.join(format!("{}.o", unit.name)).display().to_string());
-            vec![Step { unit: unit.name.clone(), target: None, args, peak_memory_mib: unit.peak_memory_mib }]
+            args.push(
+                out_dir
+                    .join(format!("{}.o", unit.name))
+                    .display()
+                    .to_string(),
+            );
+            vec![Step {
+                unit: unit.name.clone(),
+                target: None,
+                args,
+                peak_memory_mib: unit.peak_memory_mib,
+            }]
         }
         UnitOutput::Cubin => unit
             .targets
@@ -84,9 +94,17 @@ pub fn steps_for(unit: &Unit, host_cxx: &str, out_dir: &Path) -> Vec<Step> {
             .map(|t| {
                 let mut args = common.clone();
                 args.push(gencode(t));
-                args.extend(["-Xcudafe".into(), format!("--orig_src_path_name={}.cu", unit.name)]);
+                args.extend([
+                    "-Xcudafe".into(),
+                    format!("--orig_src_path_name={}.cu", unit.name),
+                ]);
                 args.extend(["-cubin".into(), src.clone(), "-o".into()]);
-                args.push(out_dir.join(format!("{}.{t}.cubin", unit.name)).display().to_string());
+                args.push(
+                    out_dir
+                        .join(format!("{}.{t}.cubin", unit.name))
+                        .display()
+                        .to_string(),
+                );
                 Step {
                     unit: unit.name.clone(),
                     target: Some(t.clone()),
@@ -100,7 +118,12 @@ pub fn steps_for(unit: &Unit, host_cxx: &str, out_dir: &Path) -> Vec<Step> {
 
 /// Content key of a unit: the unit's description, every source of ours, the
 /// kernel-source and patch hashes, and the toolchain identity.
-pub fn unit_key(unit: &Unit, sources: &[(String, Sha256Hex)], kernel_source: &Sha256Hex, tk: &Toolkit) -> Sha256Hex {
+pub fn unit_key(
+    unit: &Unit,
+    sources: &[(String, Sha256Hex)],
+    kernel_source: &Sha256Hex,
+    tk: &Toolkit,
+) -> Sha256Hex {
     let doc = serde_json::json!({
         "unit": unit,
         "sources": sources,
@@ -124,15 +147,21 @@ pub fn compile_all(
     let mut outputs = vec![];
     let mut pending: Vec<(Step, PathBuf)> = vec![];
     for (unit, key) in table.units.iter().zip(keys) {
-        let dir = cache.join("units").join(format!("{}-{}", unit.name, &key.as_str()[..16]));
+        let dir = cache
+            .join("units")
+            .join(format!("{}-{}", unit.name, &key.as_str()[..16]));
         if !dir.join(".complete").exists() {
             let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(dir.join("keep")).map_err(|e| format!("create {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir.join("keep"))
+                .map_err(|e| format!("create {}: {e}", dir.display()))?;
             for step in steps_for(unit, &tk.host_cxx, &dir) {
                 pending.push((step, dir.clone()));
             }
         }
-        outputs.push(UnitOutputs { unit: unit.clone(), dir });
+        outputs.push(UnitOutputs {
+            unit: unit.clone(),
+            dir,
+        });
     }
     run_bounded(pending.clone(), stage_dir, tk, jobs)?;
     for (_, dir) in &pending {
@@ -151,7 +180,10 @@ fn collect_kept_cubin(o: &UnitOutputs) -> Result<()> {
         return Ok(());
     }
     if o.unit.targets.len() != 1 {
-        return Err(format!("host-object unit {} must have at most one target", o.unit.name));
+        return Err(format!(
+            "host-object unit {} must have at most one target",
+            o.unit.name
+        ));
     }
     let dest = o.cubin(&o.unit.targets[0]);
     if dest.exists() {
@@ -164,8 +196,15 @@ fn collect_kept_cubin(o: &UnitOutputs) -> Result<()> {
         .filter(|p| p.extension().is_some_and(|x| x == "cubin"))
         .collect();
     match cubins.as_slice() {
-        [one] => std::fs::copy(one, &dest).map(|_| ()).map_err(|e| format!("copy {}: {e}", one.display())),
-        _ => Err(format!("unit {}: expected one kept cubin in {}, found {}", o.unit.name, keep.display(), cubins.len())),
+        [one] => std::fs::copy(one, &dest)
+            .map(|_| ())
+            .map_err(|e| format!("copy {}: {e}", one.display())),
+        _ => Err(format!(
+            "unit {}: expected one kept cubin in {}, found {}",
+            o.unit.name,
+            keep.display(),
+            cubins.len()
+        )),
     }
 }
 
@@ -185,7 +224,12 @@ fn memory_budget_mib() -> u64 {
 
 /// Runs steps in waves: each wave holds at most `jobs` steps whose declared
 /// peak memory fits the budget (always at least one).
-fn run_bounded(mut steps: Vec<(Step, PathBuf)>, stage_dir: &Path, tk: &Toolkit, jobs: usize) -> Result<()> {
+fn run_bounded(
+    mut steps: Vec<(Step, PathBuf)>,
+    stage_dir: &Path,
+    tk: &Toolkit,
+    jobs: usize,
+) -> Result<()> {
     let total = steps.len();
     let budget = memory_budget_mib();
     steps.sort_by_key(|(s, _)| std::cmp::Reverse(s.peak_memory_mib));
@@ -211,14 +255,24 @@ fn run_bounded(mut steps: Vec<(Step, PathBuf)>, stage_dir: &Path, tk: &Toolkit, 
                     scope.spawn(move || run_step(step, dir, stage_dir, tk, n, total))
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().expect("compile thread panicked")).collect()
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("compile thread panicked"))
+                .collect()
         });
         results.into_iter().collect::<Result<Vec<()>>>()?;
     }
     Ok(())
 }
 
-fn run_step(step: &Step, dir: &Path, stage_dir: &Path, tk: &Toolkit, n: usize, total: usize) -> Result<()> {
+fn run_step(
+    step: &Step,
+    dir: &Path,
+    stage_dir: &Path,
+    tk: &Toolkit,
+    n: usize,
+    total: usize,
+) -> Result<()> {
     let what = match &step.target {
         Some(t) => format!("{} ({t})", step.unit),
         None => step.unit.clone(),
@@ -231,6 +285,9 @@ fn run_step(step: &Step, dir: &Path, stage_dir: &Path, tk: &Toolkit, n: usize, t
     hermetic(&mut cmd, &tmp);
     cmd.current_dir(stage_dir).args(&step.args);
     run(&format!("compile {what}"), &mut cmd)?;
-    eprintln!("gdn-gen: [{n}/{total}] {what} done in {:.1} s", start.elapsed().as_secs_f64());
+    eprintln!(
+        "gdn-gen: [{n}/{total}] {what} done in {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
     Ok(())
 }

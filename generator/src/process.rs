@@ -9,7 +9,9 @@ pub type Result<T> = std::result::Result<T, String>;
 /// the command line, the exit status and the tail of stderr.
 pub fn run(step: &str, cmd: &mut Command) -> Result<String> {
     let line = format!("{cmd:?}");
-    let out = cmd.output().map_err(|e| format!("{step}: cannot start {line}: {e}"))?;
+    let out = cmd
+        .output()
+        .map_err(|e| format!("{step}: cannot start {line}: {e}"))?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -25,8 +27,9 @@ pub fn run(step: &str, cmd: &mut Command) -> Result<String> {
 pub fn hermetic(cmd: &mut Command, tmp: &Path) {
     let path = std::env::var_os("PATH").unwrap_or_default();
     // Nix's compiler wrappers read NIX_* variables; nothing else is passed on.
-    let nix_vars: Vec<_> =
-        std::env::vars_os().filter(|(k, _)| k.to_string_lossy().starts_with("NIX_")).collect();
+    let nix_vars: Vec<_> = std::env::vars_os()
+        .filter(|(k, _)| k.to_string_lossy().starts_with("NIX_"))
+        .collect();
     cmd.env_clear()
         .envs(nix_vars)
         .env("PATH", path)

@@ -16,18 +16,19 @@ pub fn staged_source(repo_path: &str) -> String {
     format!("src/{}", repo_path.rsplit('/').next().unwrap_or(repo_path))
 }
 
-pub fn prepare(
-    table: &ArtifactTable,
-    repo: &Path,
-    kernel_wheel: &Path,
-    dir: &Path,
-) -> Result<()> {
+pub fn prepare(table: &ArtifactTable, repo: &Path, kernel_wheel: &Path, dir: &Path) -> Result<()> {
     let _ = std::fs::remove_dir_all(dir);
-    std::fs::create_dir_all(dir.join("src")).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(dir.join("src"))
+        .map_err(|e| format!("create {}: {e}", dir.display()))?;
     let members = &table.kernel_source_members;
-    let n = extract_zip(kernel_wheel, dir, |name| members.iter().any(|m| name.starts_with(m.as_str())))?;
+    let n = extract_zip(kernel_wheel, dir, |name| {
+        members.iter().any(|m| name.starts_with(m.as_str()))
+    })?;
     if n == 0 {
-        return Err(format!("no kernel-source members {members:?} in {}", kernel_wheel.display()));
+        return Err(format!(
+            "no kernel-source members {members:?} in {}",
+            kernel_wheel.display()
+        ));
     }
     for patch in &table.patches {
         apply_patch(&repo.join(patch), dir, patch)?;
@@ -50,7 +51,13 @@ pub fn apply_patch(patch_file: &Path, stage_dir: &Path, name: &str) -> Result<()
     run(
         &format!("apply patch {name} (it no longer applies to the pinned sources; refresh it)"),
         Command::new("patch")
-            .args(["-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-d"])
+            .args([
+                "-p1",
+                "--forward",
+                "--batch",
+                "--no-backup-if-mismatch",
+                "-d",
+            ])
             .arg(stage_dir)
             .arg("-i")
             .arg(patch_file),
@@ -73,9 +80,13 @@ mod tests {
             "--- a/a/f.txt\n+++ b/a/f.txt\n@@ -1,2 +1,2 @@\n-uno\n+ONE\n two\n",
         )
         .unwrap();
-        let err = apply_patch(&patch, &dir.path().join("stage"), "patches/0001-x.patch").unwrap_err();
+        let err =
+            apply_patch(&patch, &dir.path().join("stage"), "patches/0001-x.patch").unwrap_err();
         assert!(err.contains("patches/0001-x.patch"), "{err}");
-        assert_eq!(std::fs::read_to_string(dir.path().join("stage/a/f.txt")).unwrap(), "one\ntwo\n");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("stage/a/f.txt")).unwrap(),
+            "one\ntwo\n"
+        );
     }
 
     #[test]
@@ -84,8 +95,15 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("stage/a")).unwrap();
         std::fs::write(dir.path().join("stage/a/f.txt"), "one\ntwo\n").unwrap();
         let patch = dir.path().join("p.patch");
-        std::fs::write(&patch, "--- a/a/f.txt\n+++ b/a/f.txt\n@@ -1,2 +1,2 @@\n-one\n+ONE\n two\n").unwrap();
+        std::fs::write(
+            &patch,
+            "--- a/a/f.txt\n+++ b/a/f.txt\n@@ -1,2 +1,2 @@\n-one\n+ONE\n two\n",
+        )
+        .unwrap();
         apply_patch(&patch, &dir.path().join("stage"), "p").unwrap();
-        assert_eq!(std::fs::read_to_string(dir.path().join("stage/a/f.txt")).unwrap(), "ONE\ntwo\n");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("stage/a/f.txt")).unwrap(),
+            "ONE\ntwo\n"
+        );
     }
 }

@@ -28,7 +28,12 @@ impl Toolkit {
             .iter()
             .map(|d| self.root.join(d).join(name))
             .find(|p| p.is_file())
-            .ok_or_else(|| format!("{name} not found under {}/lib or lib64", self.root.display()))
+            .ok_or_else(|| {
+                format!(
+                    "{name} not found under {}/lib or lib64",
+                    self.root.display()
+                )
+            })
     }
 }
 
@@ -39,7 +44,10 @@ pub fn resolve(args: &BuildArgs, table: &ArtifactTable, lock: &Lock) -> Result<T
     };
     let nvcc = root.join("bin/nvcc");
     if !nvcc.is_file() {
-        return Err(format!("toolkit root {}: bin/nvcc does not exist", root.display()));
+        return Err(format!(
+            "toolkit root {}: bin/nvcc does not exist",
+            root.display()
+        ));
     }
     let version = run("nvcc --version", Command::new(&nvcc).arg("--version"))?;
     let (nvcc_version, nvcc_build) = parse_nvcc_version(&version)?;
@@ -56,8 +64,16 @@ pub fn resolve(args: &BuildArgs, table: &ArtifactTable, lock: &Lock) -> Result<T
         .clone()
         .or_else(|| std::env::var("CXX").ok())
         .unwrap_or_else(|| "g++".to_string());
-    let cxx_version = run("host compiler --version", Command::new(&host_cxx).arg("--version"))?;
-    let host_compiler = cxx_version.lines().next().unwrap_or_default().trim().to_string();
+    let cxx_version = run(
+        "host compiler --version",
+        Command::new(&host_cxx).arg("--version"),
+    )?;
+    let host_compiler = cxx_version
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_string();
     Ok(Toolkit {
         root,
         host_cxx,
@@ -77,7 +93,10 @@ pub fn parse_nvcc_version(text: &str) -> Result<(String, String)> {
         .find(|l| l.contains("Cuda compilation tools"))
         .and_then(|l| l.rsplit(", ").next())
         .map(|s| s.trim().to_string());
-    let build = text.lines().find(|l| l.starts_with("Build ")).map(|l| l.trim().to_string());
+    let build = text
+        .lines()
+        .find(|l| l.starts_with("Build "))
+        .map(|l| l.trim().to_string());
     match (release, build) {
         (Some(r), Some(b)) => Ok((r, b)),
         _ => Err(format!("cannot parse `nvcc --version` output:\n{text}")),
@@ -86,9 +105,18 @@ pub fn parse_nvcc_version(text: &str) -> Result<(String, String)> {
 
 /// Extracts the toolchain wheels into a directory named by their hashes, once.
 fn extract_pinned_wheels(args: &BuildArgs, lock: &Lock) -> Result<PathBuf> {
-    let wheels: Vec<_> = lock.inputs.iter().filter(|i| i.role == InputRole::Toolchain).collect();
+    let wheels: Vec<_> = lock
+        .inputs
+        .iter()
+        .filter(|i| i.role == InputRole::Toolchain)
+        .collect();
     let key = Sha256Hex::of_bytes(
-        wheels.iter().map(|w| w.sha256.as_str()).collect::<Vec<_>>().join(",").as_bytes(),
+        wheels
+            .iter()
+            .map(|w| w.sha256.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+            .as_bytes(),
     );
     let dir = args.cache.join("toolkit").join(&key.as_str()[..16]);
     let root = dir.join("nvidia/cu13");
@@ -128,7 +156,8 @@ pub fn extract_zip(zip_path: &Path, dest: &Path, keep: impl Fn(&str) -> bool) ->
         #[cfg(unix)]
         if entry.unix_mode().is_some_and(|m| m & 0o111 != 0) {
             use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o755)).map_err(|e| err(&e))?;
+            std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o755))
+                .map_err(|e| err(&e))?;
         }
         count += 1;
     }
@@ -160,7 +189,8 @@ mod tests {
         let zpath = dir.path().join("evil.zip");
         {
             let mut w = zip::ZipWriter::new(std::fs::File::create(&zpath).unwrap());
-            w.start_file("../escape.txt", zip::write::SimpleFileOptions::default()).unwrap();
+            w.start_file("../escape.txt", zip::write::SimpleFileOptions::default())
+                .unwrap();
             std::io::Write::write_all(&mut w, b"x").unwrap();
             w.finish().unwrap();
         }

@@ -4,9 +4,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use gdn_lock::{
-    check_lock_matches_table, to_canonical_json, verify_bundle, ArtifactKind, ArtifactTable, Digests,
-    HostArtifacts, InputRole, Lock, LockedInput, Manifest, ManifestArtifact, Sha256Hex, VariantStatus,
-    MANIFEST_FILE, SCHEMA_VERSION, TABLE_FILE,
+    check_lock_matches_table, to_canonical_json, verify_bundle, ArtifactKind, ArtifactTable,
+    Digests, HostArtifacts, InputRole, Lock, LockedInput, Manifest, ManifestArtifact, Sha256Hex,
+    VariantStatus, MANIFEST_FILE, SCHEMA_VERSION, TABLE_FILE,
 };
 
 use crate::cli::{BuildArgs, CheckArgs};
@@ -17,8 +17,12 @@ use crate::stage;
 use crate::toolkit::{self, Toolkit};
 
 fn repo_root(lock_path: &Path) -> Result<PathBuf> {
-    let abs = std::fs::canonicalize(lock_path)
-        .map_err(|e| format!("lock {}: {e}; run from the repository root or pass --lock", lock_path.display()))?;
+    let abs = std::fs::canonicalize(lock_path).map_err(|e| {
+        format!(
+            "lock {}: {e}; run from the repository root or pass --lock",
+            lock_path.display()
+        )
+    })?;
     Ok(abs.parent().expect("a file has a parent").to_path_buf())
 }
 
@@ -86,11 +90,22 @@ fn build_key(table: &ArtifactTable, lock: &Lock, tk: &Toolkit) -> Sha256Hex {
 
 /// Compiles everything and assembles a bundle in a fresh directory `dest`
 /// (which must not exist). Does not compare with the lock's outputs.
-fn assemble(args: &BuildArgs, repo: &Path, table: &ArtifactTable, lock: &Lock, tk: &Toolkit, dest: &Path) -> Result<()> {
+fn assemble(
+    args: &BuildArgs,
+    repo: &Path,
+    table: &ArtifactTable,
+    lock: &Lock,
+    tk: &Toolkit,
+    dest: &Path,
+) -> Result<()> {
     let ks = kernel_source_input(lock)?;
     let wheel = ensure_input(ks, &args.cache, args.inputs_dir.as_deref(), args.offline)?;
     let sources: Vec<(String, Sha256Hex)> = lock.sources.clone().into_iter().collect();
-    let keys: Vec<Sha256Hex> = table.units.iter().map(|u| unit_key(u, &sources, &ks.sha256, tk)).collect();
+    let keys: Vec<Sha256Hex> = table
+        .units
+        .iter()
+        .map(|u| unit_key(u, &sources, &ks.sha256, tk))
+        .collect();
     let stage_dir = args.cache.join("stage").join(&ks.sha256.as_str()[..16]);
     stage::prepare(table, repo, &wheel, &stage_dir)?;
     let outputs = compile_all(table, &stage_dir, &args.cache, tk, &keys, args.jobs)?;
@@ -104,19 +119,38 @@ fn assemble(args: &BuildArgs, repo: &Path, table: &ArtifactTable, lock: &Lock, t
             files.push((o.unit.object_path(), o.object(), ArtifactKind::HostObject));
         }
     }
-    let header_name = table.abi_header.rsplit('/').next().unwrap_or(&table.abi_header);
-    files.push((format!("include/{header_name}"), repo.join(&table.abi_header), ArtifactKind::Header));
+    let header_name = table
+        .abi_header
+        .rsplit('/')
+        .next()
+        .unwrap_or(&table.abi_header);
+    files.push((
+        format!("include/{header_name}"),
+        repo.join(&table.abi_header),
+        ArtifactKind::Header,
+    ));
     for lib in &table.toolkit_libraries {
-        files.push((format!("lib/{lib}"), tk.library(lib)?, ArtifactKind::HostLibrary));
+        files.push((
+            format!("lib/{lib}"),
+            tk.library(lib)?,
+            ArtifactKind::HostLibrary,
+        ));
     }
 
     let mut artifacts = BTreeMap::new();
     for (rel, src, kind) in &files {
         let to = dest.join(rel);
-        std::fs::create_dir_all(to.parent().expect("artifact paths have a parent")).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(to.parent().expect("artifact paths have a parent"))
+            .map_err(|e| e.to_string())?;
         let bytes = std::fs::read(src).map_err(|e| format!("read {}: {e}", src.display()))?;
         write_file(&to, &bytes)?;
-        artifacts.insert(rel.clone(), ManifestArtifact { kind: *kind, digests: Digests::of_bytes(&bytes) });
+        artifacts.insert(
+            rel.clone(),
+            ManifestArtifact {
+                kind: *kind,
+                digests: Digests::of_bytes(&bytes),
+            },
+        );
     }
     let mut inputs = BTreeMap::new();
     for i in &lock.inputs {
@@ -133,7 +167,10 @@ fn assemble(args: &BuildArgs, repo: &Path, table: &ArtifactTable, lock: &Lock, t
         inputs,
         artifacts,
     };
-    write_file(&dest.join(MANIFEST_FILE), to_canonical_json(&manifest).as_bytes())
+    write_file(
+        &dest.join(MANIFEST_FILE),
+        to_canonical_json(&manifest).as_bytes(),
+    )
 }
 
 /// Files in a bundle are written with fixed permissions (umask-independent).
@@ -156,7 +193,10 @@ fn temp_sibling(out: &Path, tag: &str) -> Result<tempfile::TempDir> {
     };
     std::fs::create_dir_all(&parent).map_err(|e| format!("create {}: {e}", parent.display()))?;
     tempfile::Builder::new()
-        .prefix(&format!(".{}.{tag}-", out.file_name().and_then(|s| s.to_str()).unwrap_or("bundle")))
+        .prefix(&format!(
+            ".{}.{tag}-",
+            out.file_name().and_then(|s| s.to_str()).unwrap_or("bundle")
+        ))
         .tempdir_in(&parent)
         .map_err(|e| format!("temp dir beside {}: {e}", out.display()))
 }
@@ -168,19 +208,25 @@ fn install(new: tempfile::TempDir, out: &Path) -> Result<()> {
         let old = temp_sibling(out, "old")?.keep();
         std::fs::remove_dir(&old).ok();
         std::fs::rename(out, &old).map_err(|e| format!("move old bundle aside: {e}"))?;
-        std::fs::rename(&new, out).map_err(|e| format!("install bundle at {}: {e}", out.display()))?;
+        std::fs::rename(&new, out)
+            .map_err(|e| format!("install bundle at {}: {e}", out.display()))?;
         std::fs::remove_dir_all(&old).ok();
     } else {
-        std::fs::rename(&new, out).map_err(|e| format!("install bundle at {}: {e}", out.display()))?;
+        std::fs::rename(&new, out)
+            .map_err(|e| format!("install bundle at {}: {e}", out.display()))?;
     }
     Ok(())
 }
 
 /// Compiles run in the staging directory, so every path handed to them must be absolute.
 fn absolute_cache(args: &BuildArgs) -> Result<BuildArgs> {
-    std::fs::create_dir_all(&args.cache).map_err(|e| format!("create {}: {e}", args.cache.display()))?;
+    std::fs::create_dir_all(&args.cache)
+        .map_err(|e| format!("create {}: {e}", args.cache.display()))?;
     let cache = std::fs::canonicalize(&args.cache).map_err(|e| e.to_string())?;
-    Ok(BuildArgs { cache, ..args.clone() })
+    Ok(BuildArgs {
+        cache,
+        ..args.clone()
+    })
 }
 
 pub fn build(args: &BuildArgs) -> Result<PathBuf> {
@@ -224,7 +270,10 @@ pub fn verify(args: &BuildArgs) -> Result<()> {
         Some(a) if &a.digests == locked => eprintln!("  same     {path}  {}", locked.sha256),
         Some(a) => {
             differ += 1;
-            eprintln!("  DIFFERS  {path}\n           lock  {} ({} bytes)\n           built {} ({} bytes)", locked.sha256, locked.size, a.digests.sha256, a.digests.size);
+            eprintln!(
+                "  DIFFERS  {path}\n           lock  {} ({} bytes)\n           built {} ({} bytes)",
+                locked.sha256, locked.size, a.digests.sha256, a.digests.size
+            );
         }
         None => {
             differ += 1;
@@ -263,7 +312,11 @@ pub fn lock(args: &BuildArgs) -> Result<()> {
     let args = &absolute_cache(args)?;
     let repo = repo_root(&args.lock).or_else(|_| {
         // First lock: the file does not exist yet; its directory is the repo.
-        let parent = args.lock.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let parent = args
+            .lock
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
         std::fs::canonicalize(parent).map_err(|e| e.to_string())
     })?;
     let (table, table_sha) = load_table(&repo)?;
@@ -283,7 +336,11 @@ pub fn lock(args: &BuildArgs) -> Result<()> {
         };
         let path = find_or_download(args, &probe)?;
         let d = Digests::of_file(&path).map_err(|e| e.to_string())?;
-        inputs.push(LockedInput { sha256: d.sha256, size: d.size, ..probe });
+        inputs.push(LockedInput {
+            sha256: d.sha256,
+            size: d.size,
+            ..probe
+        });
     }
     let mut lock = Lock {
         schema_version: SCHEMA_VERSION,
@@ -293,8 +350,15 @@ pub fn lock(args: &BuildArgs) -> Result<()> {
         inputs,
         sources: hash_sources(&repo, &table)?,
         device_artifacts: BTreeMap::new(),
-        host_artifacts: HostArtifacts { host_compiler: String::new(), toolkit: String::new(), artifacts: BTreeMap::new() },
-        variants: old.as_ref().map(|l| l.variants.clone()).unwrap_or_else(default_variants),
+        host_artifacts: HostArtifacts {
+            host_compiler: String::new(),
+            toolkit: String::new(),
+            artifacts: BTreeMap::new(),
+        },
+        variants: old
+            .as_ref()
+            .map(|l| l.variants.clone())
+            .unwrap_or_else(default_variants),
     };
     let tk = toolkit::resolve(args, &table, &lock)?;
     let tmp = temp_sibling(&args.out, "lock")?;
@@ -302,8 +366,13 @@ pub fn lock(args: &BuildArgs) -> Result<()> {
     let manifest = Manifest::load(&tmp.path().join(MANIFEST_FILE)).map_err(|e| e.to_string())?;
     for (path, art) in &manifest.artifacts {
         match art.kind {
-            ArtifactKind::DeviceCubin => lock.device_artifacts.insert(path.clone(), art.digests.clone()),
-            _ => lock.host_artifacts.artifacts.insert(path.clone(), art.digests.clone()),
+            ArtifactKind::DeviceCubin => lock
+                .device_artifacts
+                .insert(path.clone(), art.digests.clone()),
+            _ => lock
+                .host_artifacts
+                .artifacts
+                .insert(path.clone(), art.digests.clone()),
         };
     }
     lock.host_artifacts.host_compiler = manifest.toolchain.host_compiler.clone();
@@ -320,29 +389,49 @@ pub fn lock(args: &BuildArgs) -> Result<()> {
     std::fs::write(&tmp_lock, &text).map_err(|e| e.to_string())?;
     std::fs::rename(&tmp_lock, &args.lock).map_err(|e| e.to_string())?;
     install(tmp, &args.out)?;
-    std::fs::write(stamp_path(&args.out), build_key(&table, &lock, &tk).as_str()).map_err(|e| e.to_string())?;
-    eprintln!("gdn-gen: wrote {} ({} device artifacts)", args.lock.display(), lock.device_artifacts.len());
+    std::fs::write(
+        stamp_path(&args.out),
+        build_key(&table, &lock, &tk).as_str(),
+    )
+    .map_err(|e| e.to_string())?;
+    eprintln!(
+        "gdn-gen: wrote {} ({} device artifacts)",
+        args.lock.display(),
+        lock.device_artifacts.len()
+    );
     Ok(())
 }
 
 fn default_variants() -> BTreeMap<String, VariantStatus> {
     BTreeMap::from([
-        ("cuda-13.0".to_string(), VariantStatus {
-            status: "recorded".into(),
-            nvcc_version: "V13.0.88".into(),
-            note: "device_artifacts are this variant's bytes".into(),
-        }),
-        ("cuda-12.8".to_string(), VariantStatus {
-            status: "unrecorded".into(),
-            nvcc_version: "V12.8.x".into(),
-            note: "no CUDA 12.8 nvcc was reachable when the lock was written; see docs/nix.md".into(),
-        }),
+        (
+            "cuda-13.0".to_string(),
+            VariantStatus {
+                status: "recorded".into(),
+                nvcc_version: "V13.0.88".into(),
+                note: "device_artifacts are this variant's bytes".into(),
+            },
+        ),
+        (
+            "cuda-12.8".to_string(),
+            VariantStatus {
+                status: "unrecorded".into(),
+                nvcc_version: "V12.8.x".into(),
+                note: "no CUDA 12.8 nvcc was reachable when the lock was written; see docs/nix.md"
+                    .into(),
+            },
+        ),
     ])
 }
 
 /// For `lock`: the hash is not known yet, so find the file by name or download it.
 fn find_or_download(args: &BuildArgs, input: &LockedInput) -> Result<PathBuf> {
-    if let Some(p) = args.inputs_dir.as_ref().map(|d| d.join(&input.filename)).filter(|p| p.exists()) {
+    if let Some(p) = args
+        .inputs_dir
+        .as_ref()
+        .map(|d| d.join(&input.filename))
+        .filter(|p| p.exists())
+    {
         return Ok(p);
     }
     let cached = args.cache.join("downloads").join(&input.filename);
@@ -363,7 +452,11 @@ pub fn check(args: &CheckArgs) -> Result<()> {
         "gdn-gen: {} matches the lock ({} artifacts; host objects {})",
         args.bundle.display(),
         v.manifest.artifacts.len(),
-        if v.host_matches_lock { "identical to the lock's" } else { "from another host compiler, checked to embed the locked cubins" }
+        if v.host_matches_lock {
+            "identical to the lock's"
+        } else {
+            "from another host compiler, checked to embed the locked cubins"
+        }
     );
     Ok(())
 }
@@ -374,15 +467,30 @@ pub fn plan(args: &BuildArgs) -> Result<()> {
     println!("inputs:");
     for i in &lock.inputs {
         let used = i.role == InputRole::KernelSource || args.toolkit_root.is_none();
-        println!("  {} {} {} {}", if used { "fetch" } else { "skip " }, i.filename, i.sha256, i.size);
+        println!(
+            "  {} {} {} {}",
+            if used { "fetch" } else { "skip " },
+            i.filename,
+            i.sha256,
+            i.size
+        );
     }
-    println!("stage: extract {:?} from {}; apply {} patch(es); copy {} source(s)", table.kernel_source_members, ks.filename, table.patches.len(), table.sources.len());
+    println!(
+        "stage: extract {:?} from {}; apply {} patch(es); copy {} source(s)",
+        table.kernel_source_members,
+        ks.filename,
+        table.patches.len(),
+        table.sources.len()
+    );
     println!("compile (cwd = stage dir):");
     for unit in &table.units {
         for step in steps_for(unit, "<c++>", Path::new("<unit-cache>")) {
             println!("  nvcc {}", step.args.join(" "));
         }
     }
-    println!("bundle: {} device artifact(s) pinned by the lock, manifest.json", lock.device_artifacts.len());
+    println!(
+        "bundle: {} device artifact(s) pinned by the lock, manifest.json",
+        lock.device_artifacts.len()
+    );
     Ok(())
 }

@@ -12,6 +12,16 @@
 #error "GDN_IS_GVA must be defined to true or false"
 #endif
 
+// cudafe++ names this unit's module ID (which appears in the cubin's symbol
+// names) after its first non-template external symbol; a unit with none gets
+// its process ID instead, so two builds of the same source differ. This anchor
+// makes the module ID a function of the source alone (docs/reproducibility.md).
+#if GDN_IS_GVA
+extern "C" const char gdn_flashinfer_sm90_gva_module_anchor[] = "flashinfer 0.6.13 sm90 gdn prefill, gva";
+#else
+extern "C" const char gdn_flashinfer_sm90_mha_module_anchor[] = "flashinfer 0.6.13 sm90 gdn prefill, hv == hqk";
+#endif
+
 // gdn_abi.cpp sizes the workspace as 128 bytes per SM: FlashInfer's
 // CollectiveStoreO::get_workspace_size is sizeof(cute::TmaDescriptor) * sm_count.
 static_assert(sizeof(cute::TmaDescriptor) == 128, "workspace formula in gdn_abi.cpp is stale");

@@ -28,7 +28,9 @@ impl FromStr for BackendRequest {
             "auto" => Ok(BackendRequest::Auto),
             "flashinfer" => Ok(BackendRequest::FlashInfer),
             "portable" => Ok(BackendRequest::Portable),
-            other => Err(format!("unknown GDN backend {other:?}; expected auto, flashinfer or portable")),
+            other => Err(format!(
+                "unknown GDN backend {other:?}; expected auto, flashinfer or portable"
+            )),
         }
     }
 }
@@ -59,7 +61,10 @@ pub struct DispatchDecision {
 }
 
 /// `Ok(())` if the FlashInfer kernel can run this GPU and geometry, else why not.
-pub fn flashinfer_eligibility(compute_capability: (i32, i32), g: &GdnGeometry) -> Result<(), String> {
+pub fn flashinfer_eligibility(
+    compute_capability: (i32, i32),
+    g: &GdnGeometry,
+) -> Result<(), String> {
     if compute_capability != (9, 0) {
         return Err(format!(
             "the FlashInfer kernel is built for sm_90a only; this GPU is sm_{}{}",
@@ -67,10 +72,16 @@ pub fn flashinfer_eligibility(compute_capability: (i32, i32), g: &GdnGeometry) -
         ));
     }
     if g.head_dim != HEAD_DIM {
-        return Err(format!("head dim {} (the bundle supports {HEAD_DIM})", g.head_dim));
+        return Err(format!(
+            "head dim {} (the bundle supports {HEAD_DIM})",
+            g.head_dim
+        ));
     }
     if g.num_qk_heads == 0 || g.num_v_heads % g.num_qk_heads != 0 {
-        return Err(format!("Hv={} is not a multiple of Hqk={}", g.num_v_heads, g.num_qk_heads));
+        return Err(format!(
+            "Hv={} is not a multiple of Hqk={}",
+            g.num_v_heads, g.num_qk_heads
+        ));
     }
     let ratio = (g.num_v_heads / g.num_qk_heads) as u32;
     if !FLASHINFER_GVA_RATIOS.contains(&ratio) {
@@ -87,7 +98,10 @@ pub fn resolve(
 ) -> Result<DispatchDecision, (&'static str, String)> {
     let eligible = flashinfer_eligibility(compute_capability, g);
     let (resolved, reason) = match (request, eligible) {
-        (BackendRequest::Auto, Ok(())) => (Backend::FlashInfer, "eligible for the FlashInfer SM90 kernel".to_string()),
+        (BackendRequest::Auto, Ok(())) => (
+            Backend::FlashInfer,
+            "eligible for the FlashInfer SM90 kernel".to_string(),
+        ),
         (BackendRequest::Auto, Err(why)) => (Backend::Portable, format!("fallback: {why}")),
         (BackendRequest::FlashInfer, Ok(())) => (Backend::FlashInfer, "requested".to_string()),
         (BackendRequest::FlashInfer, Err(why)) => return Err(("flashinfer", why)),
@@ -96,7 +110,11 @@ pub fn resolve(
     if resolved == Backend::Portable {
         portable_cubin(compute_capability).map_err(|why| ("portable", why))?;
     }
-    Ok(DispatchDecision { requested: request, resolved, reason })
+    Ok(DispatchDecision {
+        requested: request,
+        resolved,
+        reason,
+    })
 }
 
 /// The portable cubin for a GPU: the newest one of the same major version not
@@ -110,8 +128,14 @@ pub fn portable_cubin(compute_capability: (i32, i32)) -> Result<(u32, &'static [
         .max_by_key(|(sm, _)| *sm)
         .map(|(sm, bytes)| (*sm, *bytes))
         .ok_or_else(|| {
-            let have: Vec<String> = PORTABLE_CUBINS.iter().map(|(sm, _)| format!("sm_{sm}")).collect();
-            format!("no portable cubin for sm_{major}{minor} (the bundle has {}); PTX JIT is not used", have.join(", "))
+            let have: Vec<String> = PORTABLE_CUBINS
+                .iter()
+                .map(|(sm, _)| format!("sm_{sm}"))
+                .collect();
+            format!(
+                "no portable cubin for sm_{major}{minor} (the bundle has {}); PTX JIT is not used",
+                have.join(", ")
+            )
         })
 }
 
@@ -119,12 +143,19 @@ pub fn portable_cubin(compute_capability: (i32, i32)) -> Result<(u32, &'static [
 mod tests {
     use super::*;
 
-    const QWEN35_4B: GdnGeometry = GdnGeometry { num_qk_heads: 16, num_v_heads: 32, head_dim: 128 };
+    const QWEN35_4B: GdnGeometry = GdnGeometry {
+        num_qk_heads: 16,
+        num_v_heads: 32,
+        head_dim: 128,
+    };
 
     #[test]
     fn auto_on_hopper_picks_flashinfer_for_every_validated_ratio() {
         for hv in [16, 32, 48] {
-            let g = GdnGeometry { num_v_heads: hv, ..QWEN35_4B };
+            let g = GdnGeometry {
+                num_v_heads: hv,
+                ..QWEN35_4B
+            };
             let d = resolve(BackendRequest::Auto, (9, 0), &g).unwrap();
             assert_eq!(d.resolved, Backend::FlashInfer, "Hv={hv}: {}", d.reason);
         }
@@ -137,7 +168,10 @@ mod tests {
             assert_eq!(d.resolved, Backend::Portable);
             assert!(d.reason.contains("sm_90a"), "{}", d.reason);
         }
-        let g = GdnGeometry { num_v_heads: 64, ..QWEN35_4B }; // ratio 4
+        let g = GdnGeometry {
+            num_v_heads: 64,
+            ..QWEN35_4B
+        }; // ratio 4
         let d = resolve(BackendRequest::Auto, (9, 0), &g).unwrap();
         assert_eq!(d.resolved, Backend::Portable);
         assert!(d.reason.contains("ratio 4"), "{}", d.reason);
@@ -148,8 +182,14 @@ mod tests {
         let (backend, why) = resolve(BackendRequest::FlashInfer, (8, 9), &QWEN35_4B).unwrap_err();
         assert_eq!(backend, "flashinfer");
         assert!(why.contains("sm_89"), "{why}");
-        let g = GdnGeometry { head_dim: 64, ..QWEN35_4B };
-        assert!(resolve(BackendRequest::FlashInfer, (9, 0), &g).unwrap_err().1.contains("head dim 64"));
+        let g = GdnGeometry {
+            head_dim: 64,
+            ..QWEN35_4B
+        };
+        assert!(resolve(BackendRequest::FlashInfer, (9, 0), &g)
+            .unwrap_err()
+            .1
+            .contains("head dim 64"));
     }
 
     #[test]
@@ -169,9 +209,21 @@ mod tests {
 
     #[test]
     fn backend_request_parses() {
-        assert_eq!("auto".parse::<BackendRequest>().unwrap(), BackendRequest::Auto);
-        assert_eq!("flashinfer".parse::<BackendRequest>().unwrap(), BackendRequest::FlashInfer);
-        assert_eq!("portable".parse::<BackendRequest>().unwrap(), BackendRequest::Portable);
-        assert!("triton".parse::<BackendRequest>().unwrap_err().contains("triton"));
+        assert_eq!(
+            "auto".parse::<BackendRequest>().unwrap(),
+            BackendRequest::Auto
+        );
+        assert_eq!(
+            "flashinfer".parse::<BackendRequest>().unwrap(),
+            BackendRequest::FlashInfer
+        );
+        assert_eq!(
+            "portable".parse::<BackendRequest>().unwrap(),
+            BackendRequest::Portable
+        );
+        assert!("triton"
+            .parse::<BackendRequest>()
+            .unwrap_err()
+            .contains("triton"));
     }
 }

@@ -7,7 +7,10 @@ pub enum GdnError {
     /// An argument violates the op's contract (shape, length, geometry).
     InvalidArgument { arg: &'static str, message: String },
     /// The requested backend cannot run this GPU/geometry.
-    Unsupported { backend: &'static str, reason: String },
+    Unsupported {
+        backend: &'static str,
+        reason: String,
+    },
     /// The linked launcher speaks another ABI version (a bad artifact).
     AbiMismatch { expected: u32, actual: u32 },
     /// The FlashInfer launcher returned a non-zero status.
@@ -40,5 +43,8 @@ impl From<cudarc::driver::DriverError> for GdnError {
 }
 
 pub(crate) fn invalid(arg: &'static str, message: impl Into<String>) -> GdnError {
-    GdnError::InvalidArgument { arg, message: message.into() }
+    GdnError::InvalidArgument {
+        arg,
+        message: message.into(),
+    }
 }

@@ -57,7 +57,9 @@ extern "C" {
 /// The launcher's last error detail on this thread.
 pub fn last_error() -> String {
     // SAFETY: gdn_last_error returns a pointer to a NUL-terminated thread-local buffer, never NULL.
-    unsafe { std::ffi::CStr::from_ptr(gdn_last_error()) }.to_string_lossy().into_owned()
+    unsafe { std::ffi::CStr::from_ptr(gdn_last_error()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 #[cfg(test)]
@@ -94,7 +96,10 @@ mod tests {
         // SAFETY: a plain immutable array defined by the linked launcher.
         let c = unsafe { gdn_prefill_args_layout };
         for (i, (r, c)) in rust.iter().zip(c.iter()).enumerate() {
-            assert_eq!(*r as u64, *c, "field #{i} of gdn_prefill_args: Rust offset {r}, C offset {c}");
+            assert_eq!(
+                *r as u64, *c,
+                "field #{i} of gdn_prefill_args: Rust offset {r}, C offset {c}"
+            );
         }
     }
 
@@ -117,7 +122,12 @@ mod tests {
         args.struct_size -= 8;
         assert_eq!(unsafe { gdn_prefill_sm90(&args) }, 2, "{}", last_error());
         args.struct_size += 8;
-        assert_eq!(unsafe { gdn_prefill_sm90(&args) }, 3, "null pointers: {}", last_error());
+        assert_eq!(
+            unsafe { gdn_prefill_sm90(&args) },
+            3,
+            "null pointers: {}",
+            last_error()
+        );
         assert!(last_error().contains("NULL"));
     }
 

@@ -18,6 +18,8 @@ mod error;
 mod ffi;
 pub mod oracle;
 mod prefill;
+#[doc(hidden)]
+pub mod testing;
 
 mod bundle_embed {
     include!(concat!(env!("OUT_DIR"), "/bundle_embed.rs"));

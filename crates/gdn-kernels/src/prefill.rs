@@ -38,8 +38,13 @@ pub struct PrefillBuffers<'a> {
 }
 
 enum Kernel {
-    FlashInfer { sm_count: i32, workspace: CudaSlice<u8> },
-    Portable { function: CudaFunction },
+    FlashInfer {
+        sm_count: i32,
+        workspace: CudaSlice<u8>,
+    },
+    Portable {
+        function: CudaFunction,
+    },
 }
 
 /// A GDN prefill op bound to one stream and one geometry.
@@ -53,14 +58,24 @@ pub struct GdnPrefill {
 
 impl GdnPrefill {
     /// Resolves the backend for this GPU and geometry and loads it. Logs the decision.
-    pub fn new(stream: Arc<CudaStream>, geometry: GdnGeometry, request: BackendRequest) -> Result<Self, GdnError> {
+    pub fn new(
+        stream: Arc<CudaStream>,
+        geometry: GdnGeometry,
+        request: BackendRequest,
+    ) -> Result<Self, GdnError> {
         if geometry.head_dim != HEAD_DIM {
-            return Err(invalid("geometry.head_dim", format!("must be {HEAD_DIM}, got {}", geometry.head_dim)));
+            return Err(invalid(
+                "geometry.head_dim",
+                format!("must be {HEAD_DIM}, got {}", geometry.head_dim),
+            ));
         }
         if geometry.num_qk_heads == 0 || geometry.num_v_heads % geometry.num_qk_heads != 0 {
             return Err(invalid(
                 "geometry",
-                format!("Hv={} must be a positive multiple of Hqk={}", geometry.num_v_heads, geometry.num_qk_heads),
+                format!(
+                    "Hv={} must be a positive multiple of Hqk={}",
+                    geometry.num_v_heads, geometry.num_qk_heads
+                ),
             ));
         }
         let ctx = stream.context().clone();
@@ -72,24 +87,46 @@ impl GdnPrefill {
                 // SAFETY: no arguments; returns the launcher's compiled-in constant.
                 let actual = unsafe { ffi::gdn_abi_version() };
                 if actual != ffi::GDN_ABI_VERSION {
-                    return Err(GdnError::AbiMismatch { expected: ffi::GDN_ABI_VERSION, actual });
+                    return Err(GdnError::AbiMismatch {
+                        expected: ffi::GDN_ABI_VERSION,
+                        actual,
+                    });
                 }
-                let sm_count = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+                let sm_count =
+                    ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
                 // SAFETY: pure function of its argument.
                 let bytes = unsafe { ffi::gdn_prefill_sm90_workspace_bytes(sm_count) } as usize;
-                Kernel::FlashInfer { sm_count, workspace: stream.alloc_zeros::<u8>(bytes.max(1))? }
+                Kernel::FlashInfer {
+                    sm_count,
+                    workspace: stream.alloc_zeros::<u8>(bytes.max(1))?,
+                }
             }
             Backend::Portable => {
-                let (_, cubin) = portable_cubin(cc).map_err(|reason| GdnError::Unsupported { backend: "portable", reason })?;
+                let (_, cubin) = portable_cubin(cc).map_err(|reason| GdnError::Unsupported {
+                    backend: "portable",
+                    reason,
+                })?;
                 let module = ctx.load_module(Ptx::from_binary(cubin.to_vec()))?;
-                Kernel::Portable { function: module.load_function(PORTABLE_KERNEL)? }
+                Kernel::Portable {
+                    function: module.load_function(PORTABLE_KERNEL)?,
+                }
             }
         };
         log::info!(
             "gdn_prefill: requested {:?}, running {} ({}) on sm_{}{}",
-            decision.requested, decision.resolved, decision.reason, cc.0, cc.1
+            decision.requested,
+            decision.resolved,
+            decision.reason,
+            cc.0,
+            cc.1
         );
-        Ok(GdnPrefill { cu_seqlens_dev: stream.alloc_zeros::<i64>(2)?, stream, geometry, decision, kernel })
+        Ok(GdnPrefill {
+            cu_seqlens_dev: stream.alloc_zeros::<i64>(2)?,
+            stream,
+            geometry,
+            decision,
+            kernel,
+        })
     }
 
     pub fn backend(&self) -> Backend {
@@ -137,7 +174,10 @@ impl GdnPrefill {
         let (state_out, _so) = b.final_state.device_ptr_mut(s);
         let (out, _o) = b.output.device_ptr_mut(s);
         match &mut self.kernel {
-            Kernel::FlashInfer { sm_count, workspace } => {
+            Kernel::FlashInfer {
+                sm_count,
+                workspace,
+            } => {
                 let workspace_bytes = workspace.len() as u64;
                 let (ws, _w) = workspace.device_ptr_mut(s);
                 let args = ffi::GdnPrefillArgs {
@@ -171,7 +211,10 @@ impl GdnPrefill {
                 // `s` until the launch is enqueued.
                 let status = unsafe { ffi::gdn_prefill_sm90(&args) };
                 if status != ffi::GDN_OK {
-                    return Err(GdnError::Launcher { status, detail: ffi::last_error() });
+                    return Err(GdnError::Launcher {
+                        status,
+                        detail: ffi::last_error(),
+                    });
                 }
             }
             Kernel::Portable { function } => {
@@ -182,8 +225,20 @@ impl GdnPrefill {
                 };
                 let (hqk, hv) = (g.num_qk_heads as i32, g.num_v_heads as i32);
                 let mut launch = s.launch_builder(function);
-                launch.arg(&out).arg(&state_out).arg(&q).arg(&k).arg(&v).arg(&init_ptr);
-                launch.arg(&alpha).arg(&beta).arg(&cu).arg(&hqk).arg(&hv).arg(&scale);
+                launch
+                    .arg(&out)
+                    .arg(&state_out)
+                    .arg(&q)
+                    .arg(&k)
+                    .arg(&v)
+                    .arg(&init_ptr);
+                launch
+                    .arg(&alpha)
+                    .arg(&beta)
+                    .arg(&cu)
+                    .arg(&hqk)
+                    .arg(&hv)
+                    .arg(&scale);
                 // SAFETY: the argument list matches gdn_portable_prefill_bf16's
                 // signature in gdn_portable.cu (pointers as u64 device addresses);
                 // buffer lengths were validated; grid = (Hv, N), block = 512.
@@ -194,7 +249,11 @@ impl GdnPrefill {
     }
 }
 
-fn copy_state(stream: &Arc<CudaStream>, init: Option<&CudaSlice<f32>>, out: &mut CudaSlice<f32>) -> Result<(), GdnError> {
+fn copy_state(
+    stream: &Arc<CudaStream>,
+    init: Option<&CudaSlice<f32>>,
+    out: &mut CudaSlice<f32>,
+) -> Result<(), GdnError> {
     match init {
         Some(i) => stream.memcpy_dtod(i, out)?,
         None => stream.memset_zeros(out)?,
@@ -202,26 +261,47 @@ fn copy_state(stream: &Arc<CudaStream>, init: Option<&CudaSlice<f32>>, out: &mut
     Ok(())
 }
 
-fn expect_len(arg: &'static str, actual: usize, expected: usize, shape: String) -> Result<(), GdnError> {
+fn expect_len(
+    arg: &'static str,
+    actual: usize,
+    expected: usize,
+    shape: String,
+) -> Result<(), GdnError> {
     if actual == expected {
         Ok(())
     } else {
-        Err(invalid(arg, format!("expected {expected} elements ({shape}), got {actual}")))
+        Err(invalid(
+            arg,
+            format!("expected {expected} elements ({shape}), got {actual}"),
+        ))
     }
 }
 
 /// Checks every buffer against `cu_seqlens` and the geometry; returns (N, T).
-fn validate(g: &GdnGeometry, b: &PrefillBuffers<'_>, backend: Backend) -> Result<(usize, usize), GdnError> {
+fn validate(
+    g: &GdnGeometry,
+    b: &PrefillBuffers<'_>,
+    backend: Backend,
+) -> Result<(usize, usize), GdnError> {
     let cu = b.cu_seqlens;
     if cu.len() < 2 {
-        return Err(invalid("cu_seqlens", format!("needs at least 2 entries (one sequence), got {}", cu.len())));
+        return Err(invalid(
+            "cu_seqlens",
+            format!("needs at least 2 entries (one sequence), got {}", cu.len()),
+        ));
     }
     if cu[0] != 0 {
-        return Err(invalid("cu_seqlens", format!("must start at 0, starts at {}", cu[0])));
+        return Err(invalid(
+            "cu_seqlens",
+            format!("must start at 0, starts at {}", cu[0]),
+        ));
     }
     for (i, w) in cu.windows(2).enumerate() {
         if w[1] < w[0] {
-            return Err(invalid("cu_seqlens", format!("decreases at index {}: {} -> {}", i + 1, w[0], w[1])));
+            return Err(invalid(
+                "cu_seqlens",
+                format!("decreases at index {}: {} -> {}", i + 1, w[0], w[1]),
+            ));
         }
         if w[1] == w[0] && backend == Backend::FlashInfer {
             return Err(invalid(
@@ -233,13 +313,36 @@ fn validate(g: &GdnGeometry, b: &PrefillBuffers<'_>, backend: Backend) -> Result
     let n = cu.len() - 1;
     let t = *cu.last().expect("len >= 2") as usize;
     if n > i32::MAX as usize / g.num_v_heads.max(1) || t > i32::MAX as usize {
-        return Err(invalid("cu_seqlens", format!("{n} sequences / {t} tokens exceed the 32-bit launch limits")));
+        return Err(invalid(
+            "cu_seqlens",
+            format!("{n} sequences / {t} tokens exceed the 32-bit launch limits"),
+        ));
     }
     let (hq, hv, d) = (g.num_qk_heads, g.num_v_heads, g.head_dim);
-    expect_len("q", b.q.len(), t * hq * d, format!("[T={t}, Hqk={hq}, D={d}]"))?;
-    expect_len("k", b.k.len(), t * hq * d, format!("[T={t}, Hqk={hq}, D={d}]"))?;
-    expect_len("v", b.v.len(), t * hv * d, format!("[T={t}, Hv={hv}, D={d}]"))?;
-    expect_len("output", b.output.len(), t * hv * d, format!("[T={t}, Hv={hv}, D={d}]"))?;
+    expect_len(
+        "q",
+        b.q.len(),
+        t * hq * d,
+        format!("[T={t}, Hqk={hq}, D={d}]"),
+    )?;
+    expect_len(
+        "k",
+        b.k.len(),
+        t * hq * d,
+        format!("[T={t}, Hqk={hq}, D={d}]"),
+    )?;
+    expect_len(
+        "v",
+        b.v.len(),
+        t * hv * d,
+        format!("[T={t}, Hv={hv}, D={d}]"),
+    )?;
+    expect_len(
+        "output",
+        b.output.len(),
+        t * hv * d,
+        format!("[T={t}, Hv={hv}, D={d}]"),
+    )?;
     expect_len("alpha", b.alpha.len(), t * hv, format!("[T={t}, Hv={hv}]"))?;
     expect_len("beta", b.beta.len(), t * hv, format!("[T={t}, Hv={hv}]"))?;
     let state = n * hv * d * d;

@@ -24,10 +24,15 @@ impl Sha256Hex {
 impl TryFrom<String> for Sha256Hex {
     type Error = String;
     fn try_from(s: String) -> std::result::Result<Self, String> {
-        if s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        if s.len() == 64
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
             Ok(Sha256Hex(s))
         } else {
-            Err(format!("{s:?} is not a lowercase hex sha256 (64 characters)"))
+            Err(format!(
+                "{s:?} is not a lowercase hex sha256 (64 characters)"
+            ))
         }
     }
 }
@@ -64,7 +69,11 @@ impl Digests {
 
     /// Streams the file once through both hashers.
     pub fn of_file(path: &Path) -> Result<Self> {
-        let io = |source| Error::Io { path: path.to_owned(), action: "read", source };
+        let io = |source| Error::Io {
+            path: path.to_owned(),
+            action: "read",
+            source,
+        };
         let mut file = std::fs::File::open(path).map_err(io)?;
         let mut sha = Sha256::new();
         let mut b3 = blake3::Hasher::new();
@@ -89,13 +98,28 @@ impl Digests {
     /// Compares field by field so the error says which property differs.
     pub fn expect_eq(&self, what: &str, actual: &Digests, remedy: &'static str) -> Result<()> {
         if self.size != actual.size {
-            return Err(Error::mismatch(format!("{what} size"), self.size, actual.size, remedy));
+            return Err(Error::mismatch(
+                format!("{what} size"),
+                self.size,
+                actual.size,
+                remedy,
+            ));
         }
         if self.sha256 != actual.sha256 {
-            return Err(Error::mismatch(format!("{what} sha256"), &self.sha256, &actual.sha256, remedy));
+            return Err(Error::mismatch(
+                format!("{what} sha256"),
+                &self.sha256,
+                &actual.sha256,
+                remedy,
+            ));
         }
         if self.blake3 != actual.blake3 {
-            return Err(Error::mismatch(format!("{what} blake3"), &self.blake3, &actual.blake3, remedy));
+            return Err(Error::mismatch(
+                format!("{what} blake3"),
+                &self.blake3,
+                &actual.blake3,
+                remedy,
+            ));
         }
         Ok(())
     }
@@ -103,10 +127,12 @@ impl Digests {
 
 fn hex(bytes: &[u8]) -> String {
     use fmt::Write;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 #[cfg(test)]

@@ -7,14 +7,43 @@ pub type Result<T> = std::result::Result<T, Error>;
 /// found, and says what to run to fix it.
 #[derive(Debug)]
 pub enum Error {
-    Io { path: PathBuf, action: &'static str, source: std::io::Error },
-    Parse { path: PathBuf, message: String },
-    TooLarge { path: PathBuf, limit: u64, actual: u64 },
-    SchemaVersion { path: PathBuf, expected: u32, actual: u32 },
-    Mismatch { what: String, expected: String, actual: String, remedy: &'static str },
-    Missing { what: String, remedy: &'static str },
-    Unexpected { what: String, remedy: &'static str },
-    UnsafePath { path: String, reason: &'static str },
+    Io {
+        path: PathBuf,
+        action: &'static str,
+        source: std::io::Error,
+    },
+    Parse {
+        path: PathBuf,
+        message: String,
+    },
+    TooLarge {
+        path: PathBuf,
+        limit: u64,
+        actual: u64,
+    },
+    SchemaVersion {
+        path: PathBuf,
+        expected: u32,
+        actual: u32,
+    },
+    Mismatch {
+        what: String,
+        expected: String,
+        actual: String,
+        remedy: &'static str,
+    },
+    Missing {
+        what: String,
+        remedy: &'static str,
+    },
+    Unexpected {
+        what: String,
+        remedy: &'static str,
+    },
+    UnsafePath {
+        path: String,
+        reason: &'static str,
+    },
 }
 
 impl Error {
@@ -34,33 +63,55 @@ impl Error {
 }
 
 /// Remedies shared by several checks.
-pub const REMEDY_REBUILD: &str = "rebuild the bundle with `cargo run --release -p gdn-gen -- build`";
+pub const REMEDY_REBUILD: &str =
+    "rebuild the bundle with `cargo run --release -p gdn-gen -- build`";
 pub const REMEDY_RELOCK: &str =
     "if the change is intended, record it with `cargo run --release -p gdn-gen -- lock` and review the diff";
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Io { path, action, source } => {
+            Error::Io {
+                path,
+                action,
+                source,
+            } => {
                 write!(f, "cannot {action} {}: {source}", path.display())
             }
-            Error::Parse { path, message } => write!(f, "{} is not valid: {message}", path.display()),
-            Error::TooLarge { path, limit, actual } => write!(
+            Error::Parse { path, message } => {
+                write!(f, "{} is not valid: {message}", path.display())
+            }
+            Error::TooLarge {
+                path,
+                limit,
+                actual,
+            } => write!(
                 f,
                 "{} is {actual} bytes, over the {limit}-byte limit for this document",
                 path.display()
             ),
-            Error::SchemaVersion { path, expected, actual } => write!(
+            Error::SchemaVersion {
+                path,
+                expected,
+                actual,
+            } => write!(
                 f,
                 "{}: schema_version {actual} is not supported (expected {expected}); \
                  use a gdn-gen that matches this checkout",
                 path.display()
             ),
-            Error::Mismatch { what, expected, actual, remedy } => {
+            Error::Mismatch {
+                what,
+                expected,
+                actual,
+                remedy,
+            } => {
                 write!(f, "{what}: expected {expected}, found {actual}; {remedy}")
             }
             Error::Missing { what, remedy } => write!(f, "{what} is missing; {remedy}"),
-            Error::Unexpected { what, remedy } => write!(f, "{what} is not expected here; {remedy}"),
+            Error::Unexpected { what, remedy } => {
+                write!(f, "{what} is not expected here; {remedy}")
+            }
             Error::UnsafePath { path, reason } => {
                 write!(f, "refusing artifact path {path:?}: {reason}")
             }

@@ -46,8 +46,11 @@ pub const MAX_DOCUMENT_BYTES: u64 = 4 << 20;
 
 /// Reads and parses a JSON document with a size cap, naming the file on error.
 pub fn read_document<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T> {
-    let meta = std::fs::metadata(path)
-        .map_err(|source| Error::Io { path: path.to_owned(), action: "read", source })?;
+    let meta = std::fs::metadata(path).map_err(|source| Error::Io {
+        path: path.to_owned(),
+        action: "read",
+        source,
+    })?;
     if meta.len() > MAX_DOCUMENT_BYTES {
         return Err(Error::TooLarge {
             path: path.to_owned(),
@@ -55,10 +58,15 @@ pub fn read_document<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> 
             actual: meta.len(),
         });
     }
-    let bytes = std::fs::read(path)
-        .map_err(|source| Error::Io { path: path.to_owned(), action: "read", source })?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| Error::Parse { path: path.to_owned(), message: e.to_string() })
+    let bytes = std::fs::read(path).map_err(|source| Error::Io {
+        path: path.to_owned(),
+        action: "read",
+        source,
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| Error::Parse {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })
 }
 
 /// Serializes a document the one canonical way (pretty, trailing newline), so

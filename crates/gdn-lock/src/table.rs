@@ -142,7 +142,10 @@ impl ArtifactTable {
                 actual: table.schema_version,
             });
         }
-        table.validate().map_err(|message| Error::Parse { path: path.to_owned(), message })?;
+        table.validate().map_err(|message| Error::Parse {
+            path: path.to_owned(),
+            message,
+        })?;
         Ok(table)
     }
 
@@ -156,16 +159,29 @@ impl ArtifactTable {
             if unit.targets.is_empty() && unit.output == UnitOutput::Cubin {
                 return Err(format!("unit {:?} has no targets", unit.name));
             }
-            if !unit.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            if !unit
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            {
                 return Err(format!("unit name {:?} must be [A-Za-z0-9_]", unit.name));
             }
             for t in &unit.targets {
                 if !t.starts_with("sm_") || t.len() < 5 {
-                    return Err(format!("unit {:?}: target {t:?} is not of the form sm_XY", unit.name));
+                    return Err(format!(
+                        "unit {:?}: target {t:?} is not of the form sm_XY",
+                        unit.name
+                    ));
                 }
             }
         }
-        if self.inputs.iter().filter(|i| i.role == InputRole::KernelSource).count() != 1 {
+        if self
+            .inputs
+            .iter()
+            .filter(|i| i.role == InputRole::KernelSource)
+            .count()
+            != 1
+        {
             return Err("exactly one input must have role kernel-source".into());
         }
         Ok(())

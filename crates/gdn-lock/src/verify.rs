@@ -30,9 +30,17 @@ impl VerifiedBundle {
 /// Rejects absolute paths, `..`, `.`, empty components and backslashes, so a
 /// manifest cannot name a file outside the bundle.
 pub fn check_relative_path(path: &str) -> Result<()> {
-    let unsafe_path = |reason| Err(Error::UnsafePath { path: path.to_owned(), reason });
+    let unsafe_path = |reason| {
+        Err(Error::UnsafePath {
+            path: path.to_owned(),
+            reason,
+        })
+    };
     if path.is_empty() {
         return unsafe_path("empty path");
+    }
+    if path.starts_with('/') {
+        return unsafe_path("absolute path");
     }
     if path.contains('\\') || path.contains('\0') {
         return unsafe_path("backslash or NUL in path");
@@ -70,8 +78,14 @@ fn digest_inside(root: &Path, rel: &str) -> Result<Digests> {
             });
         }
     }
-    if !std::fs::symlink_metadata(&cur).map(|m| m.is_file()).unwrap_or(false) {
-        return Err(Error::UnsafePath { path: rel.to_owned(), reason: "not a regular file" });
+    if !std::fs::symlink_metadata(&cur)
+        .map(|m| m.is_file())
+        .unwrap_or(false)
+    {
+        return Err(Error::UnsafePath {
+            path: rel.to_owned(),
+            reason: "not a regular file",
+        });
     }
     Digests::of_file(&cur)
 }
@@ -79,24 +93,36 @@ fn digest_inside(root: &Path, rel: &str) -> Result<Digests> {
 /// Lists every file under `root` (bundle-relative, `/`-separated).
 fn list_files(root: &Path) -> Result<BTreeSet<String>> {
     fn walk(root: &Path, dir: &Path, out: &mut BTreeSet<String>) -> Result<()> {
-        let rd = std::fs::read_dir(dir)
-            .map_err(|source| Error::Io { path: dir.to_owned(), action: "list", source })?;
+        let rd = std::fs::read_dir(dir).map_err(|source| Error::Io {
+            path: dir.to_owned(),
+            action: "list",
+            source,
+        })?;
         for entry in rd {
-            let entry = entry
-                .map_err(|source| Error::Io { path: dir.to_owned(), action: "list", source })?;
+            let entry = entry.map_err(|source| Error::Io {
+                path: dir.to_owned(),
+                action: "list",
+                source,
+            })?;
             let path = entry.path();
-            let ft = entry
-                .file_type()
-                .map_err(|source| Error::Io { path: path.clone(), action: "stat", source })?;
+            let ft = entry.file_type().map_err(|source| Error::Io {
+                path: path.clone(),
+                action: "stat",
+                source,
+            })?;
             let rel = path
                 .strip_prefix(root)
                 .expect("walk stays under root")
                 .to_string_lossy()
                 .replace('\\', "/");
-            if ft.is_dir() {
+            if ft.is_symlink() {
+                return Err(Error::UnsafePath {
+                    path: rel,
+                    reason: "a symbolic link in the bundle; bundles hold only regular files",
+                });
+            } else if ft.is_dir() {
                 walk(root, &path, out)?;
             } else {
-                // Files and symlinks alike: a symlink anywhere is refused later.
                 out.insert(rel);
             }
         }
@@ -111,12 +137,21 @@ fn expect_same<T: PartialEq + std::fmt::Debug>(what: &str, expected: &T, actual:
     if expected == actual {
         Ok(())
     } else {
-        Err(Error::mismatch(what, format!("{expected:?}"), format!("{actual:?}"), REMEDY_REBUILD))
+        Err(Error::mismatch(
+            what,
+            format!("{expected:?}"),
+            format!("{actual:?}"),
+            REMEDY_REBUILD,
+        ))
     }
 }
 
 /// Checks the lock was written for this table and agrees with it.
-pub fn check_lock_matches_table(table: &ArtifactTable, table_sha256: &Sha256Hex, lock: &Lock) -> Result<()> {
+pub fn check_lock_matches_table(
+    table: &ArtifactTable,
+    table_sha256: &Sha256Hex,
+    lock: &Lock,
+) -> Result<()> {
     if &lock.table_sha256 != table_sha256 {
         return Err(Error::mismatch(
             "generator/artifacts.json (table_sha256 recorded in the lock)",
@@ -134,7 +169,10 @@ pub fn check_lock_matches_table(table: &ArtifactTable, table_sha256: &Sha256Hex,
 /// Verifies every file of the bundle at `root` against the table and lock.
 pub fn verify_bundle(root: &Path, table: &ArtifactTable, lock: &Lock) -> Result<VerifiedBundle> {
     let manifest_path = root.join(MANIFEST_FILE);
-    if std::fs::symlink_metadata(&manifest_path).map(|m| m.file_type().is_symlink()).unwrap_or(false) {
+    if std::fs::symlink_metadata(&manifest_path)
+        .map(|m| m.file_type().is_symlink())
+        .unwrap_or(false)
+    {
         return Err(Error::UnsafePath {
             path: MANIFEST_FILE.into(),
             reason: "the manifest is a symbolic link",
@@ -143,9 +181,17 @@ pub fn verify_bundle(root: &Path, table: &ArtifactTable, lock: &Lock) -> Result<
     let manifest = Manifest::load(&manifest_path)?;
 
     // 1. Identity of the bundle as a whole.
-    expect_same("manifest abi_version", &table.abi_version, &manifest.abi_version)?;
+    expect_same(
+        "manifest abi_version",
+        &table.abi_version,
+        &manifest.abi_version,
+    )?;
     expect_same("manifest geometry", &table.geometry, &manifest.geometry)?;
-    expect_same("manifest toolchain.nvcc_version", &lock.nvcc_version, &manifest.toolchain.nvcc_version)?;
+    expect_same(
+        "manifest toolchain.nvcc_version",
+        &lock.nvcc_version,
+        &manifest.toolchain.nvcc_version,
+    )?;
 
     // 2. Inputs: kernel sources always, toolchain wheels when they were used.
     let mut expected_inputs = BTreeMap::new();
@@ -167,14 +213,25 @@ pub fn verify_bundle(root: &Path, table: &ArtifactTable, lock: &Lock) -> Result<
                     })
                 }
                 Some(actual) if actual != sha => {
-                    return Err(Error::mismatch(format!("input {name} sha256"), sha, actual, REMEDY_REBUILD))
+                    return Err(Error::mismatch(
+                        format!("input {name} sha256"),
+                        sha,
+                        actual,
+                        REMEDY_REBUILD,
+                    ))
                 }
                 Some(_) => {}
             }
         }
-        let extra = manifest.inputs.keys().find(|k| !expected_inputs.contains_key(*k));
+        let extra = manifest
+            .inputs
+            .keys()
+            .find(|k| !expected_inputs.contains_key(*k));
         return Err(Error::Unexpected {
-            what: format!("manifest input {}", extra.map(String::as_str).unwrap_or("?")),
+            what: format!(
+                "manifest input {}",
+                extra.map(String::as_str).unwrap_or("?")
+            ),
             remedy: REMEDY_REBUILD,
         });
     }
@@ -192,7 +249,8 @@ pub fn verify_bundle(root: &Path, table: &ArtifactTable, lock: &Lock) -> Result<
     let mut actual = BTreeMap::new();
     for (path, art) in &manifest.artifacts {
         let digests = digest_inside(root, path)?;
-        art.digests.expect_eq(&format!("artifact {path}"), &digests, REMEDY_REBUILD)?;
+        art.digests
+            .expect_eq(&format!("artifact {path}"), &digests, REMEDY_REBUILD)?;
         actual.insert(path.clone(), digests);
     }
 
@@ -209,7 +267,10 @@ pub fn verify_bundle(root: &Path, table: &ArtifactTable, lock: &Lock) -> Result<
     }
     for (path, art) in &manifest.artifacts {
         if art.kind == ArtifactKind::DeviceCubin && !lock.device_artifacts.contains_key(path) {
-            return Err(Error::Unexpected { what: format!("device artifact {path}"), remedy: REMEDY_REBUILD });
+            return Err(Error::Unexpected {
+                what: format!("device artifact {path}"),
+                remedy: REMEDY_REBUILD,
+            });
         }
     }
     for (path, locked) in &lock.device_artifacts {
@@ -217,20 +278,39 @@ pub fn verify_bundle(root: &Path, table: &ArtifactTable, lock: &Lock) -> Result<
             what: format!("device artifact {path}"),
             remedy: REMEDY_REBUILD,
         })?;
-        expect_same(&format!("kind of {path}"), &ArtifactKind::DeviceCubin, &art.kind)?;
-        locked.expect_eq(&format!("device artifact {path} (against the lock)"), &actual[path], REMEDY_RELOCK)?;
+        expect_same(
+            &format!("kind of {path}"),
+            &ArtifactKind::DeviceCubin,
+            &art.kind,
+        )?;
+        locked.expect_eq(
+            &format!("device artifact {path} (against the lock)"),
+            &actual[path],
+            REMEDY_RELOCK,
+        )?;
     }
 
     // 5. Host objects embed exactly the locked cubins (uncompressed fatbin), so
     //    the device code a consumer links is the pinned one whatever host
     //    compiler built the object.
-    for unit in table.units.iter().filter(|u| u.output == UnitOutput::HostObject) {
+    for unit in table
+        .units
+        .iter()
+        .filter(|u| u.output == UnitOutput::HostObject)
+    {
         let obj_path = unit.object_path();
-        let art = manifest.artifacts.get(&obj_path).ok_or_else(|| Error::Missing {
-            what: format!("host object {obj_path}"),
-            remedy: REMEDY_REBUILD,
-        })?;
-        expect_same(&format!("kind of {obj_path}"), &ArtifactKind::HostObject, &art.kind)?;
+        let art = manifest
+            .artifacts
+            .get(&obj_path)
+            .ok_or_else(|| Error::Missing {
+                what: format!("host object {obj_path}"),
+                remedy: REMEDY_REBUILD,
+            })?;
+        expect_same(
+            &format!("kind of {obj_path}"),
+            &ArtifactKind::HostObject,
+            &art.kind,
+        )?;
         let obj = read_regular(root, &obj_path)?;
         for target in &unit.targets {
             let cubin = read_regular(root, &unit.cubin_path(target))?;
@@ -247,15 +327,25 @@ pub fn verify_bundle(root: &Path, table: &ArtifactTable, lock: &Lock) -> Result<
 
     // 6. The ABI header is our pinned source, copied verbatim.
     let header_rel = format!("include/{}", file_name(&table.abi_header));
-    let header = manifest.artifacts.get(&header_rel).ok_or_else(|| Error::Missing {
-        what: format!("ABI header {header_rel}"),
-        remedy: REMEDY_REBUILD,
-    })?;
-    let pinned = lock.sources.get(&table.abi_header).ok_or_else(|| Error::Missing {
-        what: format!("lock entry for source {}", table.abi_header),
-        remedy: REMEDY_RELOCK,
-    })?;
-    expect_same(&format!("sha256 of {header_rel}"), pinned, &header.digests.sha256)?;
+    let header = manifest
+        .artifacts
+        .get(&header_rel)
+        .ok_or_else(|| Error::Missing {
+            what: format!("ABI header {header_rel}"),
+            remedy: REMEDY_REBUILD,
+        })?;
+    let pinned = lock
+        .sources
+        .get(&table.abi_header)
+        .ok_or_else(|| Error::Missing {
+            what: format!("lock entry for source {}", table.abi_header),
+            remedy: REMEDY_RELOCK,
+        })?;
+    expect_same(
+        &format!("sha256 of {header_rel}"),
+        pinned,
+        &header.digests.sha256,
+    )?;
 
     // 7. Host artifacts: byte-identical to the lock when built by the same
     //    host compiler and toolkit; otherwise only internally consistent.
@@ -267,17 +357,29 @@ pub fn verify_bundle(root: &Path, table: &ArtifactTable, lock: &Lock) -> Result<
                 what: format!("host artifact {path}"),
                 remedy: REMEDY_REBUILD,
             })?;
-            locked.expect_eq(&format!("host artifact {path} (against the lock)"), got, REMEDY_RELOCK)?;
+            locked.expect_eq(
+                &format!("host artifact {path} (against the lock)"),
+                got,
+                REMEDY_RELOCK,
+            )?;
         }
     }
 
-    Ok(VerifiedBundle { root: root.to_path_buf(), manifest, host_matches_lock })
+    Ok(VerifiedBundle {
+        root: root.to_path_buf(),
+        manifest,
+        host_matches_lock,
+    })
 }
 
 fn read_regular(root: &Path, rel: &str) -> Result<Vec<u8>> {
     digest_inside(root, rel)?; // refuses symlinks and escapes
     let p = root.join(rel);
-    std::fs::read(&p).map_err(|source| Error::Io { path: p, action: "read", source })
+    std::fs::read(&p).map_err(|source| Error::Io {
+        path: p,
+        action: "read",
+        source,
+    })
 }
 
 fn file_name(path: &str) -> &str {

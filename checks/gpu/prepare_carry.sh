@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds everything the H200 run needs on this (CPU-only) machine and puts it
+# under .carry/ (git-ignored), for the device tool's `carry`:
+#   .carry/bin: the GPU test binary, the benchmark, the dump tool, gdn-gen
+#   .carry/whl: fla-core (FLA Triton) and the pinned FlashInfer wheel (for the
+#               cross-machine reproducibility check with NVIDIA's toolkit there)
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+rm -rf .carry && mkdir -p .carry/bin .carry/whl
+cargo build --release -p gdn-gen -p gdn-kernels --examples
+cp target/release/gdn-gen target/release/examples/gdn_bench target/release/examples/gdn_dump .carry/bin/
+test_bin=$(cargo test --release -p gdn-kernels --test gpu_prefill --no-run --message-format=json 2>/dev/null \
+  | python3 -c 'import json,sys; print([j["executable"] for j in map(json.loads, sys.stdin) if j.get("executable")][-1])')
+cp "$test_bin" .carry/bin/gpu_prefill
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .carry/whl fla-core==0.6.0
+read -r fi_wheel fi_url fi_sha < <(python3 -c 'import json; i=[i for i in json.load(open("gdn-bundle.lock.json"))["inputs"] if i["role"]=="kernel-source"][0]; print(i["filename"], i["url"], i["sha256"])')
+curl -fsSL -o ".carry/whl/$fi_wheel" "$fi_url"
+echo "$fi_sha  .carry/whl/$fi_wheel" | sha256sum -c -
+du -sh .carry

@@ -1,0 +1,96 @@
+//! GDN prefill benchmark on the GPU: the FlashInfer bundle path and the
+//! portable fallback, through the same `GdnPrefill::run` the model uses.
+//! CUDA events around each call, warm-up first, median of the timed runs.
+//! Prints one JSON object per (shape, backend) on stdout.
+//!
+//! Run: `cargo run --release -p gdn-kernels --example gdn_bench`
+
+use gdn_kernels::testing::{gpu_stream, Problem};
+use gdn_kernels::{BackendRequest, GdnGeometry, GdnPrefill, PrefillBuffers};
+use half::bf16;
+
+/// (label, Hqk, Hv, sequence lengths)
+const SHAPES: &[(&str, usize, usize, &[usize])] = &[
+    ("4B 1x2048", 16, 32, &[2048]),
+    ("4B 1x8192", 16, 32, &[8192]),
+    ("4B 1x65536", 16, 32, &[65536]),
+    ("4B 4x2048", 16, 32, &[2048; 4]),
+    ("4B 8x8192", 16, 32, &[8192; 8]),
+    ("27B 1x8192", 16, 48, &[8192]),
+];
+
+fn median(mut v: Vec<f32>) -> f32 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let Some(stream) = gpu_stream() else {
+        return Ok(());
+    };
+    let ctx = stream.context().clone();
+    eprintln!(
+        "bundle FlashInfer cubins: {}",
+        gdn_kernels::flashinfer_cubin_identity()
+    );
+    for &(label, hq, hv, lens) in SHAPES {
+        let g = GdnGeometry {
+            num_qk_heads: hq,
+            num_v_heads: hv,
+            head_dim: 128,
+        };
+        let p = Problem::random(1, g, lens, false);
+        let (t, n) = (p.total_tokens(), p.num_seqs());
+        let q = stream.clone_htod(&p.q)?;
+        let k = stream.clone_htod(&p.k)?;
+        let v = stream.clone_htod(&p.v)?;
+        let alpha = stream.clone_htod(&p.alpha)?;
+        let beta = stream.clone_htod(&p.beta)?;
+        let mut out = stream.alloc_zeros::<bf16>(t * hv * 128)?;
+        let mut state = stream.alloc_zeros::<f32>(n * hv * 128 * 128)?;
+        for request in [BackendRequest::FlashInfer, BackendRequest::Portable] {
+            let mut op = GdnPrefill::new(stream.clone(), g, request)?;
+            let mut call = |op: &mut GdnPrefill| {
+                op.run(
+                    PrefillBuffers {
+                        q: &q,
+                        k: &k,
+                        v: &v,
+                        alpha: &alpha,
+                        beta: &beta,
+                        cu_seqlens: &p.cu_seqlens,
+                        initial_state: None,
+                        final_state: &mut state,
+                        output: &mut out,
+                    },
+                    p.scale,
+                )
+            };
+            for _ in 0..3 {
+                call(&mut op)?;
+            }
+            stream.synchronize()?;
+            let mut times = vec![];
+            let started = std::time::Instant::now();
+            while times.len() < 10 || (times.len() < 200 && started.elapsed().as_secs_f32() < 2.0) {
+                let a =
+                    ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+                let b =
+                    ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+                a.record(&stream)?;
+                call(&mut op)?;
+                b.record(&stream)?;
+                b.synchronize()?;
+                times.push(a.elapsed_ms(&b)?);
+            }
+            println!(
+                "{{\"shape\": \"{label}\", \"backend\": \"{}\", \"median_ms\": {:.4}, \"min_ms\": {:.4}, \"runs\": {}}}",
+                op.backend(),
+                median(times.clone()),
+                times.iter().cloned().fold(f32::INFINITY, f32::min),
+                times.len()
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,294 @@
+//! GPU gates for the GDN prefill op. They skip (pass with a note) where there
+//! is no GPU; `GDN_REQUIRE_GPU=1` turns a missing GPU into a failure. The one
+//! command that runs them is in the README (`checks/gpu/run.sh`).
+//!
+//! Every GPU result is compared with the f64 CPU oracle on the same bf16
+//! inputs, with FlashInfer's own test tolerances (output atol = rtol = 1e-2,
+//! state atol 5e-3 / rtol 1e-3), and every test asserts which backend ran.
+
+use gdn_kernels::testing::{compare, gpu_stream, Comparison, Problem};
+use gdn_kernels::{Backend, BackendRequest, GdnError, GdnGeometry, GdnPrefill};
+
+const OUT_TOL: (f64, f64) = (1e-2, 1e-2);
+const STATE_TOL: (f64, f64) = (5e-3, 1e-3);
+
+fn geometry(hq: usize, hv: usize) -> GdnGeometry {
+    GdnGeometry {
+        num_qk_heads: hq,
+        num_v_heads: hv,
+        head_dim: 128,
+    }
+}
+
+/// Qwen3.5 0.8B/2B (r=1), 4B/9B (r=2), 27B (r=3).
+const GEOMETRIES: [(usize, usize); 3] = [(16, 16), (16, 32), (16, 48)];
+const LENGTHS: [usize; 8] = [1, 2, 63, 64, 65, 127, 128, 2048];
+
+fn check(
+    case: &str,
+    backend: Backend,
+    got: &(Vec<f32>, Vec<f32>),
+    want: &gdn_kernels::oracle::ReferenceOutputs,
+) -> (Comparison, Comparison) {
+    let out = compare(&got.0, &want.output, OUT_TOL.0, OUT_TOL.1);
+    let state = compare(&got.1, &want.final_state, STATE_TOL.0, STATE_TOL.1);
+    println!(
+        "{case:<44} {backend:<10} out max|e| {:.2e} rel {:.2e} | state max|e| {:.2e} rel {:.2e}",
+        out.max_abs, out.rel_l2, state.max_abs, state.rel_l2
+    );
+    assert_eq!(
+        out.non_finite + state.non_finite,
+        0,
+        "{case} {backend}: unwritten or non-finite elements"
+    );
+    assert_eq!(
+        out.violations, 0,
+        "{case} {backend}: output outside tolerance: {out:?}"
+    );
+    assert_eq!(
+        state.violations, 0,
+        "{case} {backend}: state outside tolerance: {state:?}"
+    );
+    (out, state)
+}
+
+#[test]
+fn both_backends_match_the_oracle_over_lengths_ratios_and_initial_state() {
+    let Some(stream) = gpu_stream() else { return };
+    for (hq, hv) in GEOMETRIES {
+        let g = geometry(hq, hv);
+        let mut fi = GdnPrefill::new(stream.clone(), g, BackendRequest::FlashInfer)
+            .expect("H200 is eligible");
+        let mut portable = GdnPrefill::new(stream.clone(), g, BackendRequest::Portable).unwrap();
+        assert_eq!(fi.backend(), Backend::FlashInfer);
+        assert_eq!(portable.backend(), Backend::Portable);
+        for t in LENGTHS {
+            for init in [false, true] {
+                let p =
+                    Problem::random(1000 + t as u64 + hv as u64 * 7 + init as u64, g, &[t], init);
+                let want = p.reference();
+                let case = format!("Hqk/Hv={hq}/{hv} T={t} init={init}");
+                check(
+                    &case,
+                    Backend::FlashInfer,
+                    &p.run_on(&mut fi, &stream).unwrap(),
+                    &want,
+                );
+                check(
+                    &case,
+                    Backend::Portable,
+                    &p.run_on(&mut portable, &stream).unwrap(),
+                    &want,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn varlen_batches_with_mixed_lengths_match_the_oracle() {
+    let Some(stream) = gpu_stream() else { return };
+    let batches: [&[usize]; 3] = [
+        &[1, 64, 65, 127, 2048, 2, 63],
+        &[300, 17, 128],
+        &[4096, 1, 1, 1],
+    ];
+    for (hq, hv) in GEOMETRIES {
+        let g = geometry(hq, hv);
+        for (i, lens) in batches.iter().enumerate() {
+            for init in [false, true] {
+                let p = Problem::random(
+                    7000 + i as u64 * 13 + hv as u64 + init as u64,
+                    g,
+                    lens,
+                    init,
+                );
+                let want = p.reference();
+                let case = format!("Hv={hv} varlen {lens:?} init={init}");
+                for request in [BackendRequest::FlashInfer, BackendRequest::Portable] {
+                    let mut op = GdnPrefill::new(stream.clone(), g, request).unwrap();
+                    check(
+                        &case,
+                        op.backend(),
+                        &p.run_on(&mut op, &stream).unwrap(),
+                        &want,
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn zero_length_sequences_run_on_portable_and_are_refused_by_flashinfer() {
+    let Some(stream) = gpu_stream() else { return };
+    let g = geometry(16, 32);
+    let p = Problem::random(55, g, &[5, 0, 70, 0], true);
+    let want = p.reference();
+    let mut portable = GdnPrefill::new(stream.clone(), g, BackendRequest::Portable).unwrap();
+    check(
+        "zero-length sequences",
+        Backend::Portable,
+        &p.run_on(&mut portable, &stream).unwrap(),
+        &want,
+    );
+    let mut fi = GdnPrefill::new(stream.clone(), g, BackendRequest::FlashInfer).unwrap();
+    match p.run_on(&mut fi, &stream) {
+        Err(GdnError::InvalidArgument {
+            arg: "cu_seqlens",
+            message,
+        }) => assert!(message.contains("empty"), "{message}"),
+        other => panic!("expected a cu_seqlens error, got {:?}", other.map(|_| ())),
+    }
+}
+
+#[test]
+fn continuation_128_equals_64_plus_64_with_carried_state() {
+    let Some(stream) = gpu_stream() else { return };
+    for (hq, hv) in GEOMETRIES {
+        let g = geometry(hq, hv);
+        let whole = Problem::random(31 + hv as u64, g, &[128], true);
+        let want = whole.reference();
+        for request in [BackendRequest::FlashInfer, BackendRequest::Portable] {
+            let mut op = GdnPrefill::new(stream.clone(), g, request).unwrap();
+            let (out_whole, state_whole) = whole.run_on(&mut op, &stream).unwrap();
+            // Split the same tokens into two calls, carrying the state.
+            let split = |lo: usize, hi: usize, init: Vec<f32>| {
+                let (qd, vd) = (hq * 128, hv * 128);
+                Problem {
+                    geometry: g,
+                    cu_seqlens: vec![0, (hi - lo) as i64],
+                    q: whole.q[lo * qd..hi * qd].to_vec(),
+                    k: whole.k[lo * qd..hi * qd].to_vec(),
+                    v: whole.v[lo * vd..hi * vd].to_vec(),
+                    alpha: whole.alpha[lo * hv..hi * hv].to_vec(),
+                    beta: whole.beta[lo * hv..hi * hv].to_vec(),
+                    initial_state: Some(init),
+                    scale: whole.scale,
+                }
+            };
+            let (out_a, state_a) = split(0, 64, whole.initial_state.clone().unwrap())
+                .run_on(&mut op, &stream)
+                .unwrap();
+            let (out_b, state_b) = split(64, 128, state_a).run_on(&mut op, &stream).unwrap();
+            let out_split: Vec<f32> = out_a.into_iter().chain(out_b).collect();
+            let case = format!("continuation Hv={hv} 128 vs 64+64");
+            check(
+                &format!("{case} (split)"),
+                op.backend(),
+                &(out_split.clone(), state_b.clone()),
+                &want,
+            );
+            check(
+                &format!("{case} (whole)"),
+                op.backend(),
+                &(out_whole.clone(), state_whole.clone()),
+                &want,
+            );
+            let o = compare(&out_split, &out_whole, OUT_TOL.0, OUT_TOL.1);
+            let s = compare(&state_b, &state_whole, STATE_TOL.0, STATE_TOL.1);
+            assert_eq!(
+                (o.violations, s.violations),
+                (0, 0),
+                "{case}: split differs from whole: {o:?} {s:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn flashinfer_is_bitwise_deterministic_run_to_run() {
+    let Some(stream) = gpu_stream() else { return };
+    let g = geometry(16, 32);
+    let p = Problem::random(99, g, &[2048, 1, 777, 64], true);
+    let mut op = GdnPrefill::new(stream.clone(), g, BackendRequest::FlashInfer).unwrap();
+    let first = p.run_on(&mut op, &stream).unwrap();
+    for run in 1..5 {
+        let again = p.run_on(&mut op, &stream).unwrap();
+        let same_out = first
+            .0
+            .iter()
+            .zip(&again.0)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        let same_state = first
+            .1
+            .iter()
+            .zip(&again.1)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(
+            same_out && same_state,
+            "run {run} differs bitwise from run 0"
+        );
+    }
+}
+
+#[test]
+fn auto_dispatch_on_hopper_resolves_flashinfer_and_falls_back_for_unbuilt_ratios() {
+    let Some(stream) = gpu_stream() else { return };
+    let cc = stream.context().compute_capability().unwrap();
+    for (hq, hv) in GEOMETRIES {
+        let op = GdnPrefill::new(stream.clone(), geometry(hq, hv), BackendRequest::Auto).unwrap();
+        let expected = if cc == (9, 0) {
+            Backend::FlashInfer
+        } else {
+            Backend::Portable
+        };
+        assert_eq!(op.backend(), expected, "{:?}", op.decision());
+        if expected == Backend::FlashInfer {
+            assert_eq!(op.workspace_bytes(), 128 * stream.context().attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap() as usize);
+        }
+    }
+    // Ratio 4 is not built into the bundle: Auto falls back, explicit FlashInfer is refused.
+    let g = geometry(8, 32);
+    let mut op = GdnPrefill::new(stream.clone(), g, BackendRequest::Auto).unwrap();
+    assert_eq!(op.backend(), Backend::Portable);
+    assert!(
+        op.decision().reason.contains("ratio 4"),
+        "{:?}",
+        op.decision()
+    );
+    let p = Problem::random(4, g, &[65, 3], true);
+    check(
+        "ratio 4 via auto fallback",
+        Backend::Portable,
+        &p.run_on(&mut op, &stream).unwrap(),
+        &p.reference(),
+    );
+    assert!(matches!(
+        GdnPrefill::new(stream.clone(), g, BackendRequest::FlashInfer),
+        Err(GdnError::Unsupported {
+            backend: "flashinfer",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn bad_buffers_are_refused_before_any_launch() {
+    let Some(stream) = gpu_stream() else { return };
+    let g = geometry(16, 32);
+    let mut op = GdnPrefill::new(stream.clone(), g, BackendRequest::Auto).unwrap();
+    let mut p = Problem::random(5, g, &[10], false);
+    p.v.pop();
+    match p.run_on(&mut op, &stream) {
+        Err(GdnError::InvalidArgument { arg: "v", message }) => {
+            assert!(message.contains("T=10"), "{message}")
+        }
+        other => panic!("expected a v length error, got {:?}", other.map(|_| ())),
+    }
+    let mut p = Problem::random(5, g, &[10], false);
+    p.cu_seqlens = vec![0, 6, 4, 10];
+    assert!(matches!(
+        p.run_on(&mut op, &stream),
+        Err(GdnError::InvalidArgument {
+            arg: "cu_seqlens",
+            ..
+        })
+    ));
+    let bad_dim = GdnGeometry { head_dim: 64, ..g };
+    assert!(matches!(
+        GdnPrefill::new(stream.clone(), bad_dim, BackendRequest::Auto),
+        Err(GdnError::InvalidArgument { .. })
+    ));
+}

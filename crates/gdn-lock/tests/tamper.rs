@@ -1,0 +1,293 @@
+//! The tamper suite: the real bundle built by `gdn-gen build` (the README's
+//! test command builds it first), copied and damaged in every way a bundle
+//! can go wrong, must be refused with an error that names the artifact.
+
+use std::path::{Path, PathBuf};
+
+use gdn_lock::{
+    check_lock_matches_table, to_canonical_json, verify_bundle, ArtifactTable, Digests, Error,
+    Lock, Manifest, Sha256Hex, LOCK_FILE, MANIFEST_FILE, TABLE_FILE,
+};
+
+const GVA: &str = "cubin/flashinfer_sm90_gva.sm_90a.cubin";
+const MHA: &str = "cubin/flashinfer_sm90_mha.sm_90a.cubin";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+fn table_and_lock() -> (ArtifactTable, Lock) {
+    let r = repo();
+    (
+        ArtifactTable::load(&r.join(TABLE_FILE)).unwrap(),
+        Lock::load(&r.join(LOCK_FILE)).unwrap(),
+    )
+}
+
+fn real_bundle() -> PathBuf {
+    let p = std::env::var_os("GDN_BUNDLE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("target/gdn-bundle"));
+    assert!(
+        p.join(MANIFEST_FILE).exists(),
+        "no bundle at {}: run `cargo run --release -p gdn-gen -- build` first",
+        p.display()
+    );
+    p
+}
+
+/// A private copy of the real bundle.
+fn copy() -> tempfile::TempDir {
+    fn cp(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                cp(&e.path(), &to.join(e.file_name()));
+            } else {
+                std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    cp(&real_bundle(), dir.path());
+    dir
+}
+
+fn manifest(dir: &Path) -> Manifest {
+    Manifest::load(&dir.join(MANIFEST_FILE)).unwrap()
+}
+
+fn save(dir: &Path, m: &Manifest) {
+    std::fs::write(dir.join(MANIFEST_FILE), to_canonical_json(m)).unwrap();
+}
+
+/// Rewrites the manifest entry of `rel` to match the file, as a careful attacker would.
+fn rehash(dir: &Path, rel: &str) {
+    let mut m = manifest(dir);
+    m.artifacts.get_mut(rel).unwrap().digests = Digests::of_file(&dir.join(rel)).unwrap();
+    save(dir, &m);
+}
+
+fn refused(dir: &Path) -> String {
+    let (t, l) = table_and_lock();
+    let err = verify_bundle(dir, &t, &l).expect_err("a tampered bundle must be refused");
+    err.to_string()
+}
+
+#[test]
+fn untampered_copy_verifies() {
+    let d = copy();
+    let (t, l) = table_and_lock();
+    let v = verify_bundle(d.path(), &t, &l).unwrap();
+    assert_eq!(
+        v.manifest.artifacts.len(),
+        std::fs::read_dir(d.path().join("cubin")).unwrap().count() + 5
+    );
+}
+
+#[test]
+fn one_byte_flipped() {
+    let d = copy();
+    let p = d.path().join(GVA);
+    let mut b = std::fs::read(&p).unwrap();
+    let mid = b.len() / 2;
+    b[mid] ^= 1;
+    std::fs::write(&p, b).unwrap();
+    let e = refused(d.path());
+    assert!(e.contains(GVA) && e.contains("sha256"), "{e}");
+}
+
+#[test]
+fn one_byte_appended() {
+    let d = copy();
+    let p = d.path().join(MHA);
+    let mut b = std::fs::read(&p).unwrap();
+    b.push(0);
+    std::fs::write(&p, b).unwrap();
+    let e = refused(d.path());
+    assert!(e.contains(MHA) && e.contains("size"), "{e}");
+}
+
+#[test]
+fn truncated_artifact() {
+    let d = copy();
+    let p = d.path().join("obj/gdn_abi.o");
+    let b = std::fs::read(&p).unwrap();
+    std::fs::write(&p, &b[..b.len() - 100]).unwrap();
+    let e = refused(d.path());
+    assert!(e.contains("obj/gdn_abi.o") && e.contains("size"), "{e}");
+}
+
+#[test]
+fn artifacts_swapped_even_with_a_consistent_manifest() {
+    let d = copy();
+    let (a, b) = (d.path().join(GVA), d.path().join(MHA));
+    let (ba, bb) = (std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+    std::fs::write(&a, bb).unwrap();
+    std::fs::write(&b, ba).unwrap();
+    rehash(d.path(), GVA);
+    rehash(d.path(), MHA);
+    let e = refused(d.path());
+    assert!(
+        e.contains("against the lock") && (e.contains(GVA) || e.contains(MHA)),
+        "{e}"
+    );
+}
+
+#[test]
+fn wrong_abi_version() {
+    let d = copy();
+    let mut m = manifest(d.path());
+    m.abi_version += 1;
+    save(d.path(), &m);
+    assert!(refused(d.path()).contains("abi_version"));
+}
+
+#[test]
+fn wrong_arch() {
+    let d = copy();
+    let mut m = manifest(d.path());
+    m.geometry.target_arch = "sm_100a".into();
+    save(d.path(), &m);
+    let e = refused(d.path());
+    assert!(e.contains("geometry") && e.contains("sm_100a"), "{e}");
+}
+
+#[test]
+fn wrong_geometry() {
+    let d = copy();
+    let mut m = manifest(d.path());
+    m.geometry.gva_ratios.push(4);
+    save(d.path(), &m);
+    assert!(refused(d.path()).contains("geometry"));
+    let d = copy();
+    let mut m = manifest(d.path());
+    m.geometry.head_dim = 256;
+    save(d.path(), &m);
+    assert!(refused(d.path()).contains("256"));
+}
+
+#[test]
+fn manifest_path_escaping_the_bundle() {
+    let d = copy();
+    let mut m = manifest(d.path());
+    let mut art = m.artifacts[GVA].clone();
+    art.digests = Digests::of_bytes(b"outside");
+    m.artifacts
+        .insert("../outside-gdn-test".into(), art.clone());
+    save(d.path(), &m);
+    let e = refused(d.path());
+    assert!(e.contains("..") && e.contains("escapes"), "{e}");
+    let mut m = manifest(d.path());
+    m.artifacts.remove("../outside-gdn-test");
+    m.artifacts.insert("/etc/passwd".into(), art);
+    save(d.path(), &m);
+    assert!(refused(d.path()).contains("absolute"));
+}
+
+#[cfg(unix)]
+#[test]
+fn symlink_out_of_the_bundle_even_to_identical_bytes() {
+    let d = copy();
+    let outside = tempfile::tempdir().unwrap();
+    let target = outside.path().join("same.cubin");
+    std::fs::copy(d.path().join(GVA), &target).unwrap();
+    std::fs::remove_file(d.path().join(GVA)).unwrap();
+    std::os::unix::fs::symlink(&target, d.path().join(GVA)).unwrap();
+    let e = refused(d.path());
+    assert!(e.contains("symbolic link"), "{e}");
+    // A linked directory is refused too.
+    let d = copy();
+    std::fs::rename(d.path().join("cubin"), outside.path().join("cubin")).unwrap();
+    std::os::unix::fs::symlink(outside.path().join("cubin"), d.path().join("cubin")).unwrap();
+    assert!(refused(d.path()).contains("symbolic link"));
+}
+
+#[test]
+fn unlisted_extra_file() {
+    let d = copy();
+    std::fs::write(d.path().join("cubin/extra.cubin"), b"\x7fELF").unwrap();
+    let e = refused(d.path());
+    assert!(
+        e.contains("cubin/extra.cubin") && e.contains("not listed"),
+        "{e}"
+    );
+}
+
+#[test]
+fn missing_artifact() {
+    let d = copy();
+    std::fs::remove_file(d.path().join("lib/libcudart_static.a")).unwrap();
+    assert!(refused(d.path()).contains("libcudart_static.a"));
+}
+
+#[test]
+fn host_object_embedding_other_device_code() {
+    // Damage the cubin copy inside the host object and fix up the manifest:
+    // the object no longer carries the locked device code.
+    let d = copy();
+    let obj = d.path().join("obj/flashinfer_sm90_gva.o");
+    let cubin = std::fs::read(d.path().join(GVA)).unwrap();
+    let mut b = std::fs::read(&obj).unwrap();
+    let at = b
+        .windows(cubin.len())
+        .position(|w| w == cubin.as_slice())
+        .expect("cubin embedded verbatim");
+    b[at + cubin.len() / 2] ^= 0xff;
+    std::fs::write(&obj, b).unwrap();
+    rehash(d.path(), "obj/flashinfer_sm90_gva.o");
+    let e = refused(d.path());
+    assert!(e.contains("obj/flashinfer_sm90_gva.o"), "{e}");
+}
+
+#[test]
+fn unknown_schema_version_and_corrupt_manifest() {
+    let d = copy();
+    let text = std::fs::read_to_string(d.path().join(MANIFEST_FILE)).unwrap();
+    std::fs::write(
+        d.path().join(MANIFEST_FILE),
+        text.replacen("\"schema_version\": 1", "\"schema_version\": 2", 1),
+    )
+    .unwrap();
+    let (t, l) = table_and_lock();
+    assert!(matches!(
+        verify_bundle(d.path(), &t, &l),
+        Err(Error::SchemaVersion { actual: 2, .. })
+    ));
+    std::fs::write(d.path().join(MANIFEST_FILE), &text[..text.len() / 2]).unwrap();
+    let e = refused(d.path());
+    assert!(
+        e.contains("manifest.json") && e.contains("not valid"),
+        "{e}"
+    );
+}
+
+#[test]
+fn stale_lock_is_refused_with_the_remedy() {
+    let (t, l) = table_and_lock();
+    let other = Sha256Hex::of_bytes(b"edited table");
+    let e = check_lock_matches_table(&t, &other, &l)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("artifacts.json") && e.contains("gdn-gen -- lock"),
+        "{e}"
+    );
+    let real = Sha256Hex::of_bytes(&std::fs::read(repo().join(TABLE_FILE)).unwrap());
+    check_lock_matches_table(&t, &real, &l).unwrap();
+}
+
+#[test]
+fn missing_or_corrupt_lock_names_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join(LOCK_FILE);
+    let e = Lock::load(&p).unwrap_err().to_string();
+    assert!(e.contains(LOCK_FILE), "{e}");
+    std::fs::write(&p, "{\"schema_version\": 1").unwrap();
+    let e = Lock::load(&p).unwrap_err().to_string();
+    assert!(e.contains(LOCK_FILE) && e.contains("not valid"), "{e}");
+}
