@@ -1,32 +1,36 @@
 #!/usr/bin/env bash
 # Runs on the H200 (through the device tool) with .carry/ from prepare_carry.sh.
-# Writes logs under $OUT. Stages: tests (twice: plain and CUDA_DISABLE_PTX_JIT=1),
-# FLA cross-check, benchmark, reproducibility with the machine's own nvcc.
+# Stages (comma-separated first argument, default all):
+#   tests      the GPU gates, twice: plain and with CUDA_DISABLE_PTX_JIT=1
+#   crosscheck our backends against FLA's Triton kernel on shared inputs
+#   bench      our two backends and FLA, side by side
+#   repro      `gdn-gen verify` with the machine's own nvcc under /usr/local/cuda
+# Writes at most 7 files under $OUT (the device tool returns 8).
 set -uo pipefail
 OUT=${OUT:-/tmp/gdn-out}; mkdir -p "$OUT"
 stages=${1:-tests,crosscheck,bench,repro}
-{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; nvcc --version | tail -2; gcc --version | head -1; ldd --version | head -1; } > "$OUT/machine.txt" 2>&1
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; nvcc --version | tail -2; gcc --version | head -1; ldd --version | head -1
+  echo "commit: ${GDN_COMMIT:-unknown}"; } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .carry/whl/fla_core-*.whl && export PYTHONPATH=/tmp/site
 rc=0
 if [[ $stages == *tests* ]]; then
-  GDN_REQUIRE_GPU=1 RUST_LOG=info .carry/bin/gpu_prefill --test-threads=1 --nocapture > "$OUT/tests.log" 2>&1 || rc=1
-  tail -3 "$OUT/tests.log"
-  GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 .carry/bin/gpu_prefill --test-threads=1 > "$OUT/tests_no_ptx_jit.log" 2>&1 || rc=1
-  tail -3 "$OUT/tests_no_ptx_jit.log"
+  { echo "### GDN_REQUIRE_GPU=1 gpu_prefill"; GDN_REQUIRE_GPU=1 .carry/bin/gpu_prefill --test-threads=1 --nocapture; } > "$OUT/tests.log" 2>&1 || rc=1
+  { echo "### GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 gpu_prefill"; GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 .carry/bin/gpu_prefill --test-threads=1; } >> "$OUT/tests.log" 2>&1 || rc=1
+  grep -E "^test result|^### " "$OUT/tests.log"
 fi
 if [[ $stages == *crosscheck* ]]; then
-  .carry/bin/gdn_dump /tmp/dump && python3 checks/gpu/fla_crosscheck.py /tmp/dump > "$OUT/fla_crosscheck.log" 2>&1 || rc=1
-  tail -20 "$OUT/fla_crosscheck.log"
+  { .carry/bin/gdn_dump /tmp/dump && python3 checks/gpu/fla_crosscheck.py /tmp/dump; } > "$OUT/crosscheck.log" 2>&1 || rc=1
+  tail -1 "$OUT/crosscheck.log"
 fi
 if [[ $stages == *bench* ]]; then
-  .carry/bin/gdn_bench > "$OUT/bench_ours.jsonl" 2> "$OUT/bench_ours.err" || rc=1
-  python3 checks/gpu/fla_bench.py > "$OUT/bench_fla.jsonl" 2> "$OUT/bench_fla.err" || rc=1
-  cat "$OUT/bench_ours.jsonl" "$OUT/bench_fla.jsonl"
+  { .carry/bin/gdn_bench && python3 checks/gpu/fla_bench.py; } > "$OUT/bench.jsonl" 2> "$OUT/bench.err" || rc=1
+  cat "$OUT/bench.jsonl"
 fi
 if [[ $stages == *repro* ]]; then
   ( time .carry/bin/gdn-gen verify --toolkit-root /usr/local/cuda --inputs-dir .carry/whl --offline \
       --cache /tmp/gdn-cache --out /tmp/gdn-bundle --jobs 2 ) > "$OUT/repro.log" 2>&1 || rc=1
-  tail -25 "$OUT/repro.log"
+  tar -cf "$OUT/repro_artifacts.tar" -C /tmp/gdn-cache units 2>/dev/null --exclude='*.ii' --exclude='*.cpp' --exclude='*.c' --exclude='*.ptx' --exclude='*.gpu' --exclude='tmp'
+  grep -E "same|DIFFERS|MISSING|host artifacts|error|verify:|real" "$OUT/repro.log"
 fi
 exit $rc
