@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The project's test command (README "Test"). Needs no GPU: GPU tests skip
+# themselves; checks/gpu/ runs them on a GPU machine.
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+step() { echo; echo "==== $* ($(date -u +%H:%M:%S))"; }
+
+step "format"
+cargo fmt --all -- --check
+
+step "bundle from scratch, verified against the lock (the cross-machine proof)"
+/usr/bin/time -v cargo run --release -p gdn-gen -- build 2> >(tee target/gdn-build.log >&2)
+grep -E "Maximum resident|Elapsed" target/gdn-build.log || true
+
+step "warm rebuild is a no-op"
+start=$(date +%s%N)
+cargo run -q --release -p gdn-gen -- build 2>&1 | tee /dev/stderr | grep -q "up to date"
+echo "warm rebuild: $(( ($(date +%s%N) - start) / 1000000 )) ms"
+
+step "clippy"
+cargo clippy --all-targets -- -D warnings
+
+step "build.rs fails closed"
+checks/build_rs_fails_closed.sh
+
+step "reproducibility under varied conditions"
+checks/reproducibility.sh
+
+step "nix static checks"
+checks/nix/run.sh
+
+step "cargo test (GPU tests skip without a GPU)"
+cargo test --workspace
