@@ -11,7 +11,7 @@
 , toolkit
 , # Key in lock.variants ("cuda-13.0", "cuda-12.8").
   variant
-, # The lock's top-level `toolchain` describes the default variant only.
+, # The lock's top-level `nvcc_version` describes the default variant only.
   isDefaultVariant
 , # Non-null only for the second build of checks.bundle-deterministic: it
   # changes the derivation hash (forcing an independent build) and nothing else.
@@ -79,6 +79,7 @@ let
         --cache "$TMPDIR/gdn-cache" \
         --toolkit-root ${toolkit.root} \
         --inputs-dir ${inputsDir} \
+        --variant ${variant} \
         --offline
       runHook postBuild
     '';

@@ -47,6 +47,10 @@ pub struct BuildArgs {
     /// Maximum compile jobs at once (also bounded by memory); default: 2.
     #[arg(long, default_value_t = 2)]
     pub jobs: usize,
+    /// Toolchain variant, a key of the lock's `variants`. An `unrecorded`
+    /// variant builds with a warning and is not compared with the lock.
+    #[arg(long, default_value = "cuda-13.0")]
+    pub variant: String,
     /// Host C++ compiler nvcc uses (`-ccbin`); default: $CXX or g++.
     #[arg(long)]
     pub host_cxx: Option<String>,

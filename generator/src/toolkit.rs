@@ -5,7 +5,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use gdn_lock::{ArtifactTable, InputRole, Lock, Sha256Hex, ToolchainIdentity};
+use gdn_lock::{InputRole, Lock, Sha256Hex, ToolchainIdentity};
 
 use crate::cli::BuildArgs;
 use crate::fetch::ensure_input;
@@ -37,7 +37,9 @@ impl Toolkit {
     }
 }
 
-pub fn resolve(args: &BuildArgs, table: &ArtifactTable, lock: &Lock) -> Result<Toolkit> {
+/// `expected_nvcc` is the exact version (`V13.0.88`) or, for an unrecorded
+/// variant, a release pattern ending in `.x` (`V12.8.x`).
+pub fn resolve(args: &BuildArgs, expected_nvcc: &str, lock: &Lock) -> Result<Toolkit> {
     let (root, kind) = match &args.toolkit_root {
         Some(root) => (root.clone(), "external-root"),
         None => (extract_pinned_wheels(args, lock)?, "pypi-wheels"),
@@ -51,12 +53,11 @@ pub fn resolve(args: &BuildArgs, table: &ArtifactTable, lock: &Lock) -> Result<T
     }
     let version = run("nvcc --version", Command::new(&nvcc).arg("--version"))?;
     let (nvcc_version, nvcc_build) = parse_nvcc_version(&version)?;
-    if nvcc_version != table.nvcc_version {
+    if !nvcc_matches(&nvcc_version, expected_nvcc) {
         return Err(format!(
-            "toolkit {}: nvcc is {nvcc_version}, the lock pins {}; use a toolkit of that version \
+            "toolkit {}: nvcc is {nvcc_version}, the lock pins {expected_nvcc}; use a toolkit of that version \
              or drop --toolkit-root to use the pinned wheels",
             root.display(),
-            table.nvcc_version
         ));
     }
     let host_cxx = args
@@ -84,6 +85,14 @@ pub fn resolve(args: &BuildArgs, table: &ArtifactTable, lock: &Lock) -> Result<T
             host_compiler,
         },
     })
+}
+
+/// Exact match, or a `V12.8.x`-style pattern for unrecorded variants.
+pub fn nvcc_matches(actual: &str, expected: &str) -> bool {
+    match expected.strip_suffix('x') {
+        Some(prefix) => actual.starts_with(prefix),
+        None => actual == expected,
+    }
 }
 
 /// `Cuda compilation tools, release 13.0, V13.0.88` and `Build cuda_13.0.r13.0/compiler.36424714_0`.
@@ -176,6 +185,15 @@ mod tests {
         let (v, b) = parse_nvcc_version(text).unwrap();
         assert_eq!(v, "V13.0.88");
         assert_eq!(b, "Build cuda_13.0.r13.0/compiler.36424714_0");
+    }
+
+    #[test]
+    fn nvcc_version_matching() {
+        assert!(nvcc_matches("V13.0.88", "V13.0.88"));
+        assert!(!nvcc_matches("V13.0.48", "V13.0.88"));
+        assert!(!nvcc_matches("V13.0.880", "V13.0.88"));
+        assert!(nvcc_matches("V12.8.93", "V12.8.x"));
+        assert!(!nvcc_matches("V12.9.41", "V12.8.x"));
     }
 
     #[test]

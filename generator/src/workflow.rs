@@ -229,10 +229,54 @@ fn absolute_cache(args: &BuildArgs) -> Result<BuildArgs> {
     })
 }
 
+/// The nvcc version a variant must use and whether the lock records its bytes.
+fn variant_of(args: &BuildArgs, lock: &Lock) -> Result<(String, bool)> {
+    let v = lock.variants.get(&args.variant).ok_or_else(|| {
+        let known: Vec<&str> = lock.variants.keys().map(String::as_str).collect();
+        format!(
+            "unknown --variant {:?}; the lock knows {known:?}",
+            args.variant
+        )
+    })?;
+    match v.status.as_str() {
+        "recorded" if v.nvcc_version == lock.nvcc_version => Ok((lock.nvcc_version.clone(), true)),
+        "unrecorded" if args.toolkit_root.is_some() => Ok((v.nvcc_version.clone(), false)),
+        "unrecorded" => Err(format!(
+            "variant {} is unrecorded and has no pinned toolkit wheels; pass --toolkit-root <CUDA {} toolkit>",
+            args.variant, v.nvcc_version
+        )),
+        other => Err(format!(
+            "variant {} has status {other:?} with nvcc {}: schema 1 records device bytes for the default variant only",
+            args.variant, v.nvcc_version
+        )),
+    }
+}
+
+const UNRECORDED_BANNER: &str = "\
+################################################################
+## WARNING: this variant is UNRECORDED in gdn-bundle.lock.json.
+## Its device code has never been pinned: the bundle is built but
+## NOT compared with the lock, and the kernels crate will refuse it.
+## Do not ship it. docs/nix.md says how a maintainer records it.
+################################################################";
+
 pub fn build(args: &BuildArgs) -> Result<PathBuf> {
     let args = &absolute_cache(args)?;
     let (repo, table, lock) = load_locked(&args.lock)?;
-    let tk = toolkit::resolve(args, &table, &lock)?;
+    let (expected_nvcc, recorded) = variant_of(args, &lock)?;
+    let tk = toolkit::resolve(args, &expected_nvcc, &lock)?;
+    if !recorded {
+        eprintln!("{UNRECORDED_BANNER}");
+        let tmp = temp_sibling(&args.out, "new")?;
+        assemble(args, &repo, &table, &lock, &tk, tmp.path())?;
+        install(tmp, &args.out)?;
+        eprintln!(
+            "{UNRECORDED_BANNER}\ngdn-gen: unrecorded {} bundle written to {}",
+            args.variant,
+            args.out.display()
+        );
+        return Ok(args.out.clone());
+    }
     let key = build_key(&table, &lock, &tk);
     let stamp = stamp_path(&args.out);
     if std::fs::read_to_string(&stamp).ok().as_deref() == Some(key.as_str())
@@ -261,7 +305,14 @@ pub fn build(args: &BuildArgs) -> Result<PathBuf> {
 pub fn verify(args: &BuildArgs) -> Result<()> {
     let args = &absolute_cache(args)?;
     let (repo, table, lock) = load_locked(&args.lock)?;
-    let tk = toolkit::resolve(args, &table, &lock)?;
+    let (expected_nvcc, recorded) = variant_of(args, &lock)?;
+    if !recorded {
+        return Err(format!(
+            "variant {} is unrecorded: there are no locked bytes to verify against",
+            args.variant
+        ));
+    }
+    let tk = toolkit::resolve(args, &expected_nvcc, &lock)?;
     let tmp = temp_sibling(&args.out, "verify")?;
     assemble(args, &repo, &table, &lock, &tk, tmp.path())?;
     let manifest = Manifest::load(&tmp.path().join(MANIFEST_FILE)).map_err(|e| e.to_string())?;
@@ -360,7 +411,14 @@ pub fn lock(args: &BuildArgs) -> Result<()> {
             .map(|l| l.variants.clone())
             .unwrap_or_else(default_variants),
     };
-    let tk = toolkit::resolve(args, &table, &lock)?;
+    if args.variant != "cuda-13.0" {
+        return Err(format!(
+            "recording variant {} needs per-variant device artifacts in the lock (schema 2); \
+             schema 1 records the default variant only",
+            args.variant
+        ));
+    }
+    let tk = toolkit::resolve(args, &table.nvcc_version, &lock)?;
     let tmp = temp_sibling(&args.out, "lock")?;
     assemble(args, &repo, &table, &lock, &tk, tmp.path())?;
     let manifest = Manifest::load(&tmp.path().join(MANIFEST_FILE)).map_err(|e| e.to_string())?;

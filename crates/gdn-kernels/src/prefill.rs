@@ -278,12 +278,44 @@ fn expect_len(
 }
 
 /// Checks every buffer against `cu_seqlens` and the geometry; returns (N, T).
+/// Element counts of the buffers of one call; validation works on these so it
+/// is testable without a GPU.
+#[derive(Clone, Copy, Debug)]
+struct BufferLens {
+    q: usize,
+    k: usize,
+    v: usize,
+    alpha: usize,
+    beta: usize,
+    initial_state: Option<usize>,
+    final_state: usize,
+    output: usize,
+}
+
 fn validate(
     g: &GdnGeometry,
     b: &PrefillBuffers<'_>,
     backend: Backend,
 ) -> Result<(usize, usize), GdnError> {
-    let cu = b.cu_seqlens;
+    let lens = BufferLens {
+        q: b.q.len(),
+        k: b.k.len(),
+        v: b.v.len(),
+        alpha: b.alpha.len(),
+        beta: b.beta.len(),
+        initial_state: b.initial_state.map(|s| s.len()),
+        final_state: b.final_state.len(),
+        output: b.output.len(),
+    };
+    validate_lengths(g, b.cu_seqlens, lens, backend)
+}
+
+fn validate_lengths(
+    g: &GdnGeometry,
+    cu: &[i64],
+    b: BufferLens,
+    backend: Backend,
+) -> Result<(usize, usize), GdnError> {
     if cu.len() < 2 {
         return Err(invalid(
             "cu_seqlens",
@@ -319,37 +351,156 @@ fn validate(
         ));
     }
     let (hq, hv, d) = (g.num_qk_heads, g.num_v_heads, g.head_dim);
-    expect_len(
-        "q",
-        b.q.len(),
-        t * hq * d,
-        format!("[T={t}, Hqk={hq}, D={d}]"),
-    )?;
-    expect_len(
-        "k",
-        b.k.len(),
-        t * hq * d,
-        format!("[T={t}, Hqk={hq}, D={d}]"),
-    )?;
-    expect_len(
-        "v",
-        b.v.len(),
-        t * hv * d,
-        format!("[T={t}, Hv={hv}, D={d}]"),
-    )?;
+    expect_len("q", b.q, t * hq * d, format!("[T={t}, Hqk={hq}, D={d}]"))?;
+    expect_len("k", b.k, t * hq * d, format!("[T={t}, Hqk={hq}, D={d}]"))?;
+    expect_len("v", b.v, t * hv * d, format!("[T={t}, Hv={hv}, D={d}]"))?;
     expect_len(
         "output",
-        b.output.len(),
+        b.output,
         t * hv * d,
         format!("[T={t}, Hv={hv}, D={d}]"),
     )?;
-    expect_len("alpha", b.alpha.len(), t * hv, format!("[T={t}, Hv={hv}]"))?;
-    expect_len("beta", b.beta.len(), t * hv, format!("[T={t}, Hv={hv}]"))?;
+    expect_len("alpha", b.alpha, t * hv, format!("[T={t}, Hv={hv}]"))?;
+    expect_len("beta", b.beta, t * hv, format!("[T={t}, Hv={hv}]"))?;
     let state = n * hv * d * d;
     let shape = format!("[N={n}, Hv={hv}, {d}, {d}]");
-    expect_len("final_state", b.final_state.len(), state, shape.clone())?;
+    expect_len("final_state", b.final_state, state, shape.clone())?;
     if let Some(init) = b.initial_state {
-        expect_len("initial_state", init.len(), state, shape)?;
+        expect_len("initial_state", init, state, shape)?;
     }
     Ok((n, t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const G: GdnGeometry = GdnGeometry {
+        num_qk_heads: 2,
+        num_v_heads: 4,
+        head_dim: 128,
+    };
+
+    /// Correct lengths for `cu` under `G`.
+    fn lens(cu: &[i64], init: bool) -> BufferLens {
+        let (t, n) = (*cu.last().unwrap() as usize, cu.len() - 1);
+        BufferLens {
+            q: t * 2 * 128,
+            k: t * 2 * 128,
+            v: t * 4 * 128,
+            alpha: t * 4,
+            beta: t * 4,
+            initial_state: init.then_some(n * 4 * 128 * 128),
+            final_state: n * 4 * 128 * 128,
+            output: t * 4 * 128,
+        }
+    }
+
+    fn err(r: Result<(usize, usize), GdnError>) -> (&'static str, String) {
+        match r {
+            Err(GdnError::InvalidArgument { arg, message }) => (arg, message),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn correct_buffers_pass_and_report_n_and_t() {
+        let cu = [0, 3, 10, 10];
+        assert_eq!(
+            validate_lengths(&G, &cu, lens(&cu, true), Backend::Portable).unwrap(),
+            (3, 10)
+        );
+    }
+
+    #[test]
+    fn each_wrong_length_names_its_argument_and_shape() {
+        let cu = [0, 3, 10];
+        let good = lens(&cu, true);
+        let cases: [(&str, BufferLens); 8] = [
+            (
+                "q",
+                BufferLens {
+                    q: good.q - 1,
+                    ..good
+                },
+            ),
+            (
+                "k",
+                BufferLens {
+                    k: good.k + 128,
+                    ..good
+                },
+            ),
+            ("v", BufferLens { v: good.q, ..good }),
+            ("alpha", BufferLens { alpha: 0, ..good }),
+            (
+                "beta",
+                BufferLens {
+                    beta: good.beta * 2,
+                    ..good
+                },
+            ),
+            (
+                "initial_state",
+                BufferLens {
+                    initial_state: Some(1),
+                    ..good
+                },
+            ),
+            (
+                "final_state",
+                BufferLens {
+                    final_state: good.final_state / 2,
+                    ..good
+                },
+            ),
+            (
+                "output",
+                BufferLens {
+                    output: good.v + 1,
+                    ..good
+                },
+            ),
+        ];
+        for (arg, bad) in cases {
+            let (got, message) = err(validate_lengths(&G, &cu, bad, Backend::Portable));
+            assert_eq!(got, arg);
+            assert!(
+                message.contains("T=10") || message.contains("N=2"),
+                "{arg}: {message}"
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_cu_seqlens_are_refused() {
+        for (cu, needle) in [
+            (&[0i64][..], "at least 2"),
+            (&[1, 4][..], "start at 0"),
+            (&[0, 5, 3][..], "decreases at index 2"),
+        ] {
+            let (arg, message) = err(validate_lengths(
+                &G,
+                cu,
+                lens(&[0, 1], false),
+                Backend::Portable,
+            ));
+            assert_eq!(arg, "cu_seqlens");
+            assert!(message.contains(needle), "{cu:?}: {message}");
+        }
+    }
+
+    #[test]
+    fn empty_sequences_only_on_the_portable_backend() {
+        let cu = [0, 4, 4, 9];
+        assert!(validate_lengths(&G, &cu, lens(&cu, false), Backend::Portable).is_ok());
+        let (arg, message) = err(validate_lengths(
+            &G,
+            &cu,
+            lens(&cu, false),
+            Backend::FlashInfer,
+        ));
+        assert_eq!(arg, "cu_seqlens");
+        assert!(message.contains("sequence 1 is empty"), "{message}");
+    }
 }
