@@ -6,8 +6,7 @@
 //! Run: `cargo run --release -p gdn-kernels --example gdn_bench`
 
 use gdn_kernels::testing::{gpu_stream, Problem};
-use gdn_kernels::{BackendRequest, GdnGeometry, GdnPrefill, PrefillBuffers};
-use half::bf16;
+use gdn_kernels::{BackendRequest, GdnGeometry, GdnPrefill};
 
 /// (label, Hqk, Hv, sequence lengths)
 const SHAPES: &[(&str, usize, usize, &[usize])] = &[
@@ -40,32 +39,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             head_dim: 128,
         };
         let p = Problem::random(1, g, lens, false);
-        let (t, n) = (p.total_tokens(), p.num_seqs());
-        let q = stream.clone_htod(&p.q)?;
-        let k = stream.clone_htod(&p.k)?;
-        let v = stream.clone_htod(&p.v)?;
-        let alpha = stream.clone_htod(&p.alpha)?;
-        let beta = stream.clone_htod(&p.beta)?;
-        let mut out = stream.alloc_zeros::<bf16>(t * hv * 128)?;
-        let mut state = stream.alloc_zeros::<f32>(n * hv * 128 * 128)?;
+        let mut d = p.upload(&stream)?;
         for request in [BackendRequest::FlashInfer, BackendRequest::Portable] {
             let mut op = GdnPrefill::new(stream.clone(), g, request)?;
-            let mut call = |op: &mut GdnPrefill| {
-                op.run(
-                    PrefillBuffers {
-                        q: &q,
-                        k: &k,
-                        v: &v,
-                        alpha: &alpha,
-                        beta: &beta,
-                        cu_seqlens: &p.cu_seqlens,
-                        initial_state: None,
-                        final_state: &mut state,
-                        output: &mut out,
-                    },
-                    p.scale,
-                )
-            };
+            let mut call = |op: &mut GdnPrefill| d.run(op);
             for _ in 0..3 {
                 call(&mut op)?;
             }

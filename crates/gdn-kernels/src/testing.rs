@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use half::bf16;
 
 use crate::oracle::{gated_delta_rule_reference, GdnGeometry, ReferenceInputs, ReferenceOutputs};
@@ -156,53 +156,90 @@ impl Problem {
         out
     }
 
+    /// Copies the inputs to the GPU; outputs start poisoned with NaN so an
+    /// element the kernel never writes shows up.
+    pub fn upload(&self, stream: &Arc<CudaStream>) -> Result<DeviceProblem, GdnError> {
+        let g = self.geometry;
+        Ok(DeviceProblem {
+            q: stream.clone_htod(&self.q)?,
+            k: stream.clone_htod(&self.k)?,
+            v: stream.clone_htod(&self.v)?,
+            alpha: stream.clone_htod(&self.alpha)?,
+            beta: stream.clone_htod(&self.beta)?,
+            initial_state: self
+                .initial_state
+                .as_ref()
+                .map(|s| stream.clone_htod(s))
+                .transpose()?,
+            output: stream.clone_htod(&vec![
+                bf16::NAN;
+                self.total_tokens() * g.num_v_heads * HEAD_DIM
+            ])?,
+            final_state: stream.clone_htod(&vec![
+                f32::NAN;
+                self.num_seqs()
+                    * g.num_v_heads
+                    * HEAD_DIM
+                    * HEAD_DIM
+            ])?,
+            cu_seqlens: self.cu_seqlens.clone(),
+            scale: self.scale,
+        })
+    }
+
     /// Uploads, runs `op`, downloads (output as f32, final state).
     pub fn run_on(
         &self,
         op: &mut GdnPrefill,
         stream: &Arc<CudaStream>,
     ) -> Result<(Vec<f32>, Vec<f32>), GdnError> {
-        let g = self.geometry;
-        let q = stream.clone_htod(&self.q)?;
-        let k = stream.clone_htod(&self.k)?;
-        let v = stream.clone_htod(&self.v)?;
-        let alpha = stream.clone_htod(&self.alpha)?;
-        let beta = stream.clone_htod(&self.beta)?;
-        let init = self
-            .initial_state
-            .as_ref()
-            .map(|s| stream.clone_htod(s))
-            .transpose()?;
-        // Poison the outputs so an element the kernel never writes shows up.
-        let mut output = stream.clone_htod(&vec![
-            bf16::NAN;
-            self.total_tokens() * g.num_v_heads * HEAD_DIM
-        ])?;
-        let mut final_state =
-            stream.clone_htod(&vec![
-                f32::NAN;
-                self.num_seqs() * g.num_v_heads * HEAD_DIM * HEAD_DIM
-            ])?;
+        let mut d = self.upload(stream)?;
+        d.run(op)?;
+        d.download(stream)
+    }
+}
+
+/// A problem's buffers on the GPU.
+pub struct DeviceProblem {
+    pub q: CudaSlice<bf16>,
+    pub k: CudaSlice<bf16>,
+    pub v: CudaSlice<bf16>,
+    pub alpha: CudaSlice<f32>,
+    pub beta: CudaSlice<f32>,
+    pub initial_state: Option<CudaSlice<f32>>,
+    pub output: CudaSlice<bf16>,
+    pub final_state: CudaSlice<f32>,
+    pub cu_seqlens: Vec<i64>,
+    pub scale: f32,
+}
+
+impl DeviceProblem {
+    /// Enqueues one prefill of this problem on `op`'s stream.
+    pub fn run(&mut self, op: &mut GdnPrefill) -> Result<(), GdnError> {
         op.run(
             PrefillBuffers {
-                q: &q,
-                k: &k,
-                v: &v,
-                alpha: &alpha,
-                beta: &beta,
+                q: &self.q,
+                k: &self.k,
+                v: &self.v,
+                alpha: &self.alpha,
+                beta: &self.beta,
                 cu_seqlens: &self.cu_seqlens,
-                initial_state: init.as_ref(),
-                final_state: &mut final_state,
-                output: &mut output,
+                initial_state: self.initial_state.as_ref(),
+                final_state: &mut self.final_state,
+                output: &mut self.output,
             },
             self.scale,
-        )?;
+        )
+    }
+
+    /// (output as f32, final state), after the stream has finished.
+    pub fn download(&self, stream: &Arc<CudaStream>) -> Result<(Vec<f32>, Vec<f32>), GdnError> {
         let out: Vec<f32> = stream
-            .clone_dtoh(&output)?
+            .clone_dtoh(&self.output)?
             .iter()
             .map(|x| x.to_f32())
             .collect();
-        let state = stream.clone_dtoh(&final_state)?;
+        let state = stream.clone_dtoh(&self.final_state)?;
         stream.synchronize()?;
         Ok((out, state))
     }

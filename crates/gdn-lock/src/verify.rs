@@ -7,7 +7,7 @@ use std::path::{Component, Path, PathBuf};
 use crate::digest::{Digests, Sha256Hex};
 use crate::error::{Error, Result, REMEDY_REBUILD, REMEDY_RELOCK};
 use crate::lock::Lock;
-use crate::manifest::{ArtifactKind, Manifest};
+use crate::manifest::{ArtifactKind, Manifest, ManifestArtifact};
 use crate::table::{ArtifactTable, InputRole, UnitOutput};
 use crate::MANIFEST_FILE;
 
@@ -274,15 +274,7 @@ pub fn verify_bundle(root: &Path, table: &ArtifactTable, lock: &Lock) -> Result<
         }
     }
     for (path, locked) in &lock.device_artifacts {
-        let art = manifest.artifacts.get(path).ok_or_else(|| Error::Missing {
-            what: format!("device artifact {path}"),
-            remedy: REMEDY_REBUILD,
-        })?;
-        expect_same(
-            &format!("kind of {path}"),
-            &ArtifactKind::DeviceCubin,
-            &art.kind,
-        )?;
+        entry(&manifest, path, ArtifactKind::DeviceCubin)?;
         locked.expect_eq(
             &format!("device artifact {path} (against the lock)"),
             &actual[path],
@@ -299,18 +291,7 @@ pub fn verify_bundle(root: &Path, table: &ArtifactTable, lock: &Lock) -> Result<
         .filter(|u| u.output == UnitOutput::HostObject)
     {
         let obj_path = unit.object_path();
-        let art = manifest
-            .artifacts
-            .get(&obj_path)
-            .ok_or_else(|| Error::Missing {
-                what: format!("host object {obj_path}"),
-                remedy: REMEDY_REBUILD,
-            })?;
-        expect_same(
-            &format!("kind of {obj_path}"),
-            &ArtifactKind::HostObject,
-            &art.kind,
-        )?;
+        entry(&manifest, &obj_path, ArtifactKind::HostObject)?;
         let obj = read_regular(root, &obj_path)?;
         for target in &unit.targets {
             let cubin = read_regular(root, &unit.cubin_path(target))?;
@@ -327,13 +308,7 @@ pub fn verify_bundle(root: &Path, table: &ArtifactTable, lock: &Lock) -> Result<
 
     // 6. The ABI header is our pinned source, copied verbatim.
     let header_rel = format!("include/{}", file_name(&table.abi_header));
-    let header = manifest
-        .artifacts
-        .get(&header_rel)
-        .ok_or_else(|| Error::Missing {
-            what: format!("ABI header {header_rel}"),
-            remedy: REMEDY_REBUILD,
-        })?;
+    let header = entry(&manifest, &header_rel, ArtifactKind::Header)?;
     let pinned = lock
         .sources
         .get(&table.abi_header)
@@ -370,6 +345,20 @@ pub fn verify_bundle(root: &Path, table: &ArtifactTable, lock: &Lock) -> Result<
         manifest,
         host_matches_lock,
     })
+}
+
+/// The manifest entry for `rel`, which must exist and be of `kind`.
+fn entry<'m>(
+    manifest: &'m Manifest,
+    rel: &str,
+    kind: ArtifactKind,
+) -> Result<&'m ManifestArtifact> {
+    let art = manifest.artifacts.get(rel).ok_or_else(|| Error::Missing {
+        what: format!("{kind:?} artifact {rel} in the manifest"),
+        remedy: REMEDY_REBUILD,
+    })?;
+    expect_same(&format!("kind of {rel}"), &kind, &art.kind)?;
+    Ok(art)
 }
 
 fn read_regular(root: &Path, rel: &str) -> Result<Vec<u8>> {
