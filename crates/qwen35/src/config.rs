@@ -1,0 +1,366 @@
+//! `config.json` of a Qwen3.5 dense checkpoint, in either layout:
+//! `qwen3_5` (vision-language, text settings under `text_config`) or
+//! `qwen3_5_text` (flat). Field names are HF's; anything this runtime does not
+//! implement is refused here with the reason.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerType {
+    /// Gated DeltaNet.
+    Linear,
+    /// Gated softmax attention.
+    Full,
+}
+
+/// The text model's settings, validated and with defaults resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub linear_num_key_heads: usize,
+    pub linear_num_value_heads: usize,
+    pub linear_key_head_dim: usize,
+    pub linear_value_head_dim: usize,
+    pub linear_conv_kernel_dim: usize,
+    pub rms_norm_eps: f32,
+    pub rope_theta: f64,
+    pub partial_rotary_factor: f64,
+    pub tie_word_embeddings: bool,
+    pub layer_types: Vec<LayerType>,
+    /// True for the `qwen3_5` layout: weights live under `model.language_model.`.
+    pub vision_language: bool,
+}
+
+#[derive(Deserialize)]
+struct RopeParameters {
+    rope_theta: Option<f64>,
+    partial_rotary_factor: Option<f64>,
+    rope_type: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RawText {
+    model_type: Option<String>,
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: usize,
+    head_dim: Option<usize>,
+    #[serde(default = "d16")]
+    linear_num_key_heads: usize,
+    #[serde(default = "d32")]
+    linear_num_value_heads: usize,
+    #[serde(default = "d128")]
+    linear_key_head_dim: usize,
+    #[serde(default = "d128")]
+    linear_value_head_dim: usize,
+    #[serde(default = "d4")]
+    linear_conv_kernel_dim: usize,
+    #[serde(default = "eps")]
+    rms_norm_eps: f32,
+    rope_parameters: Option<RopeParameters>,
+    /// Legacy top-level RoPE fields.
+    rope_theta: Option<f64>,
+    partial_rotary_factor: Option<f64>,
+    tie_word_embeddings: Option<bool>,
+    layer_types: Option<Vec<String>>,
+    full_attention_interval: Option<usize>,
+    hidden_act: Option<String>,
+    attention_bias: Option<bool>,
+    num_experts: Option<usize>,
+}
+
+fn d4() -> usize {
+    4
+}
+fn d16() -> usize {
+    16
+}
+fn d32() -> usize {
+    32
+}
+fn d128() -> usize {
+    128
+}
+fn eps() -> f32 {
+    1e-6
+}
+
+#[derive(Deserialize)]
+struct RawTop {
+    model_type: Option<String>,
+    text_config: Option<serde_json::Value>,
+    tie_word_embeddings: Option<bool>,
+}
+
+fn unsupported(what: String) -> Error {
+    Error::UnsupportedConfig(what)
+}
+
+impl Config {
+    pub fn from_file(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Config::from_json(&text).map_err(|e| match e {
+            Error::Json(m) => Error::Json(format!("{}: {m}", path.display())),
+            other => other,
+        })
+    }
+
+    pub fn from_json(text: &str) -> Result<Config> {
+        let top: RawTop = serde_json::from_str(text).map_err(|e| Error::Json(e.to_string()))?;
+        let model_type = top.model_type.clone().unwrap_or_default();
+        let (raw, vision_language, top_tie): (RawText, bool, Option<bool>) =
+            match model_type.as_str() {
+                "qwen3_5" => {
+                    let tc = top.text_config.ok_or_else(|| {
+                        unsupported("model_type qwen3_5 without text_config".into())
+                    })?;
+                    (
+                        serde_json::from_value(tc)
+                            .map_err(|e| Error::Json(format!("text_config: {e}")))?,
+                        true,
+                        top.tie_word_embeddings,
+                    )
+                }
+                "qwen3_5_text" => (
+                    serde_json::from_str(text).map_err(|e| Error::Json(e.to_string()))?,
+                    false,
+                    None,
+                ),
+                "qwen3_5_moe" | "qwen3_5_moe_text" => {
+                    return Err(unsupported(format!(
+                        "model_type {model_type}: mixture-of-experts models are not supported"
+                    )))
+                }
+                other => {
+                    return Err(unsupported(format!(
+                        "model_type {other:?}: expected qwen3_5 or qwen3_5_text"
+                    )))
+                }
+            };
+        if let Some(mt) = &raw.model_type {
+            if vision_language && mt != "qwen3_5_text" {
+                return Err(unsupported(format!(
+                    "text_config.model_type {mt:?}: expected qwen3_5_text"
+                )));
+            }
+        }
+        if raw.num_experts.unwrap_or(0) > 0 {
+            return Err(unsupported(
+                "num_experts > 0: mixture-of-experts models are not supported".into(),
+            ));
+        }
+        if let Some(act) = &raw.hidden_act {
+            if act != "silu" {
+                return Err(unsupported(format!(
+                    "hidden_act {act:?}: only silu is implemented"
+                )));
+            }
+        }
+        if raw.attention_bias == Some(true) {
+            return Err(unsupported(
+                "attention_bias = true: Qwen3.5 attention has no biases".into(),
+            ));
+        }
+        let rope = raw.rope_parameters.as_ref();
+        if let Some(t) = rope.and_then(|r| r.rope_type.as_deref()) {
+            if t != "default" {
+                return Err(unsupported(format!(
+                    "rope_type {t:?}: only default RoPE is implemented"
+                )));
+            }
+        }
+        let rope_theta = rope
+            .and_then(|r| r.rope_theta)
+            .or(raw.rope_theta)
+            .unwrap_or(10_000_000.0);
+        let partial_rotary_factor = rope
+            .and_then(|r| r.partial_rotary_factor)
+            .or(raw.partial_rotary_factor)
+            .unwrap_or(0.25);
+        let head_dim = raw
+            .head_dim
+            .unwrap_or(raw.hidden_size / raw.num_attention_heads.max(1));
+        let layer_types = match (&raw.layer_types, raw.full_attention_interval) {
+            (Some(types), _) => types
+                .iter()
+                .enumerate()
+                .map(|(i, t)| match t.as_str() {
+                    "linear_attention" => Ok(LayerType::Linear),
+                    "full_attention" => Ok(LayerType::Full),
+                    other => Err(unsupported(format!("layer_types[{i}] = {other:?}"))),
+                })
+                .collect::<Result<Vec<_>>>()?,
+            (None, interval) => {
+                let interval = interval.unwrap_or(4).max(1);
+                (0..raw.num_hidden_layers)
+                    .map(|i| {
+                        if (i + 1) % interval == 0 {
+                            LayerType::Full
+                        } else {
+                            LayerType::Linear
+                        }
+                    })
+                    .collect()
+            }
+        };
+        let c = Config {
+            vocab_size: raw.vocab_size,
+            hidden_size: raw.hidden_size,
+            intermediate_size: raw.intermediate_size,
+            num_hidden_layers: raw.num_hidden_layers,
+            num_attention_heads: raw.num_attention_heads,
+            num_key_value_heads: raw.num_key_value_heads,
+            head_dim,
+            linear_num_key_heads: raw.linear_num_key_heads,
+            linear_num_value_heads: raw.linear_num_value_heads,
+            linear_key_head_dim: raw.linear_key_head_dim,
+            linear_value_head_dim: raw.linear_value_head_dim,
+            linear_conv_kernel_dim: raw.linear_conv_kernel_dim,
+            rms_norm_eps: raw.rms_norm_eps,
+            rope_theta,
+            partial_rotary_factor,
+            tie_word_embeddings: top_tie.or(raw.tie_word_embeddings).unwrap_or(false),
+            layer_types,
+            vision_language,
+        };
+        c.validate()?;
+        Ok(c)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let rule = |ok: bool, what: String| if ok { Ok(()) } else { Err(unsupported(what)) };
+        rule(
+            self.layer_types.len() == self.num_hidden_layers,
+            format!(
+                "layer_types has {} entries for num_hidden_layers = {}",
+                self.layer_types.len(),
+                self.num_hidden_layers
+            ),
+        )?;
+        for (name, v) in [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+            ("linear_num_key_heads", self.linear_num_key_heads),
+            ("linear_key_head_dim", self.linear_key_head_dim),
+            ("linear_value_head_dim", self.linear_value_head_dim),
+            ("linear_conv_kernel_dim", self.linear_conv_kernel_dim),
+        ] {
+            rule(v > 0, format!("{name} must be positive, got {v}"))?;
+        }
+        rule(
+            self.num_attention_heads % self.num_key_value_heads == 0,
+            format!(
+                "num_attention_heads {} is not a multiple of num_key_value_heads {}",
+                self.num_attention_heads, self.num_key_value_heads
+            ),
+        )?;
+        rule(
+            self.linear_num_value_heads % self.linear_num_key_heads == 0,
+            format!(
+                "linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
+                self.linear_num_value_heads, self.linear_num_key_heads
+            ),
+        )?;
+        let rot = self.rotary_dim();
+        rule(rot % 2 == 0 && rot <= self.head_dim, format!(
+            "rotary dim {rot} (head_dim {} x partial_rotary_factor {}) must be even and <= head_dim", self.head_dim, self.partial_rotary_factor))
+    }
+
+    /// Dimensions of each attention head that RoPE rotates.
+    pub fn rotary_dim(&self) -> usize {
+        (self.head_dim as f64 * self.partial_rotary_factor) as usize
+    }
+
+    /// Channels of the Gated DeltaNet causal convolution: [q | k | v].
+    pub fn linear_conv_dim(&self) -> usize {
+        2 * self.linear_num_key_heads * self.linear_key_head_dim
+            + self.linear_num_value_heads * self.linear_value_head_dim
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = r#"{"model_type": "qwen3_5_text", "vocab_size": 320, "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}}"#;
+
+    #[test]
+    fn interval_gives_every_fourth_layer_full() {
+        let c = Config::from_json(TEXT).unwrap();
+        let full: Vec<usize> = (0..8)
+            .filter(|&i| c.layer_types[i] == LayerType::Full)
+            .collect();
+        assert_eq!(full, vec![3, 7]);
+        assert_eq!(c.rotary_dim(), 8);
+        assert_eq!(c.linear_conv_dim(), 2 * 2 * 32 + 4 * 32);
+        assert!(!c.vision_language);
+    }
+
+    #[test]
+    fn vl_layout_reads_text_config_and_top_level_tie() {
+        let text: serde_json::Value = serde_json::from_str(TEXT).unwrap();
+        let vl = serde_json::json!({"model_type": "qwen3_5", "text_config": text, "tie_word_embeddings": true});
+        let c = Config::from_json(&vl.to_string()).unwrap();
+        assert!(c.vision_language && c.tie_word_embeddings);
+    }
+
+    #[test]
+    fn legacy_rope_fields_are_read() {
+        let mut v: serde_json::Value = serde_json::from_str(TEXT).unwrap();
+        v.as_object_mut().unwrap().remove("rope_parameters");
+        v["rope_theta"] = 5e5.into();
+        v["partial_rotary_factor"] = 0.5.into();
+        let c = Config::from_json(&v.to_string()).unwrap();
+        assert_eq!((c.rope_theta, c.rotary_dim()), (5e5, 16));
+    }
+
+    #[test]
+    fn unsupported_configs_are_refused_with_the_reason() {
+        let mut v: serde_json::Value = serde_json::from_str(TEXT).unwrap();
+        for (key, value, needle) in [
+            (
+                "model_type",
+                serde_json::json!("qwen3_5_moe"),
+                "mixture-of-experts",
+            ),
+            ("model_type", serde_json::json!("llama"), "\"llama\""),
+            ("num_experts", serde_json::json!(8), "mixture-of-experts"),
+            ("hidden_act", serde_json::json!("gelu"), "gelu"),
+            (
+                "layer_types",
+                serde_json::json!(["linear_attention"]),
+                "layer_types has 1",
+            ),
+            (
+                "num_key_value_heads",
+                serde_json::json!(3),
+                "not a multiple",
+            ),
+        ] {
+            let saved = v[key].clone();
+            v[key] = value;
+            let err = Config::from_json(&v.to_string()).unwrap_err().to_string();
+            assert!(err.contains(needle), "{key}: {err}");
+            v[key] = saved;
+        }
+    }
+}

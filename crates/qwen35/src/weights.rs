@@ -1,0 +1,140 @@
+//! Memory-mapped safetensors checkpoints: one file or a sharded index.
+//! Names are normalised to the text layout (`model.language_model.X` →
+//! `model.X`); vision (`model.visual.*`) and multi-token-prediction (`mtp.*`)
+//! tensors are ignored. Every access checks presence, shape and dtype.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+
+use crate::error::{Error, Result};
+
+const INDEX_FILE: &str = "model.safetensors.index.json";
+const SINGLE_FILE: &str = "model.safetensors";
+
+pub struct Weights {
+    shards: Vec<Mmap>,
+    /// normalised name -> (shard, name in the file)
+    names: HashMap<String, (usize, String)>,
+}
+
+fn normalise(name: &str) -> Option<String> {
+    if name.starts_with("model.visual.")
+        || name.starts_with("mtp.")
+        || name.starts_with("model.mtp.")
+    {
+        return None;
+    }
+    Some(match name.strip_prefix("model.language_model.") {
+        Some(rest) => format!("model.{rest}"),
+        None => name.to_string(),
+    })
+}
+
+impl Weights {
+    /// Opens `dir/model.safetensors.index.json` or else `dir/model.safetensors`.
+    pub fn open(dir: &Path) -> Result<Weights> {
+        let files: Vec<PathBuf> = if dir.join(INDEX_FILE).exists() {
+            let p = dir.join(INDEX_FILE);
+            let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| Error::Json(format!("{}: {e}", p.display())))?;
+            let map = v["weight_map"]
+                .as_object()
+                .ok_or_else(|| Error::Json(format!("{}: no weight_map object", p.display())))?;
+            let set: std::collections::BTreeSet<&str> =
+                map.values().filter_map(|f| f.as_str()).collect();
+            set.into_iter().map(|f| dir.join(f)).collect()
+        } else {
+            vec![dir.join(SINGLE_FILE)]
+        };
+        let mut shards = vec![];
+        let mut names = HashMap::new();
+        for (i, f) in files.iter().enumerate() {
+            let file = std::fs::File::open(f).map_err(|e| Error::io(f, e))?;
+            // SAFETY: the checkpoint is opened read-only and must not be
+            // modified while loaded (the usual contract of mmapped weights).
+            let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(f, e))?;
+            let st = SafeTensors::deserialize(&mmap)
+                .map_err(|e| Error::Safetensors(format!("{}: {e}", f.display())))?;
+            for name in st.names() {
+                if let Some(n) = normalise(name) {
+                    names.insert(n, (i, name.to_string()));
+                }
+            }
+            shards.push(mmap);
+        }
+        Ok(Weights { shards, names })
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.names.contains_key(name)
+    }
+
+    /// The tensor `name` as f32, checked against `shape`.
+    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let (shard, file_name) = self
+            .names
+            .get(name)
+            .ok_or_else(|| Error::MissingTensor(name.to_string()))?;
+        let st = SafeTensors::deserialize(&self.shards[*shard])
+            .map_err(|e| Error::Safetensors(e.to_string()))?;
+        let view = st
+            .tensor(file_name)
+            .map_err(|e| Error::Safetensors(format!("{name}: {e}")))?;
+        if view.shape() != shape {
+            return Err(Error::WrongShape {
+                tensor: name.to_string(),
+                expected: shape.to_vec(),
+                actual: view.shape().to_vec(),
+            });
+        }
+        let bytes = view.data();
+        let out = match view.dtype() {
+            Dtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            Dtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            other => {
+                return Err(Error::WrongDtype {
+                    tensor: name.to_string(),
+                    actual: format!("{other:?}"),
+                })
+            }
+        };
+        Ok(out)
+    }
+
+    /// Normalised names, sorted (for diagnostics).
+    pub fn names(&self) -> Vec<String> {
+        let sorted: BTreeMap<&String, ()> = self.names.keys().map(|k| (k, ())).collect();
+        sorted.into_keys().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::normalise;
+
+    #[test]
+    fn names_are_normalised_to_the_text_layout() {
+        assert_eq!(
+            normalise("model.language_model.layers.0.mlp.up_proj.weight").unwrap(),
+            "model.layers.0.mlp.up_proj.weight"
+        );
+        assert_eq!(normalise("model.norm.weight").unwrap(), "model.norm.weight");
+        assert_eq!(normalise("lm_head.weight").unwrap(), "lm_head.weight");
+        assert!(normalise("model.visual.blocks.0.attn.qkv.weight").is_none());
+        assert!(normalise("mtp.layers.0.mlp.up_proj.weight").is_none());
+    }
+}
