@@ -5,6 +5,7 @@
 pub mod config;
 pub mod cpu;
 mod error;
+pub mod gate;
 pub mod tokenizer;
 pub mod weights;
 
