@@ -118,13 +118,21 @@ mod tests {
         let (ids, lps) = topk(&hf, 64);
         // Sharpen ours: same argmax, log-probs off by more than 0.06 on average.
         let sharper: Vec<f32> = hf.iter().map(|x| x * 1.5).collect();
-        let s = compare(&[sharper], &[ids.clone()], &[lps.clone()]);
+        let s = compare(
+            &[sharper],
+            std::slice::from_ref(&ids),
+            std::slice::from_ref(&lps),
+        );
         assert_eq!(s.argmax_mismatches, 0);
         assert!(s.mean_abs > MAX_MEAN_ABS && !s.passes(), "{s:?}");
         // Make ours pick HF's 40th token: regret is the log-prob gap.
         let mut wrong = hf.clone();
         wrong[ids[40] as usize] = 100.0;
-        let s = compare(&[wrong], &[ids.clone()], &[lps.clone()]);
+        let s = compare(
+            &[wrong],
+            std::slice::from_ref(&ids),
+            std::slice::from_ref(&lps),
+        );
         assert_eq!(s.argmax_mismatches, 1);
         assert!(
             (s.max_regret - (lps[0] - lps[40])).abs() < 1e-6 && !s.passes(),
