@@ -44,6 +44,24 @@ pub const TABLE_FILE: &str = "generator/artifacts.json";
 /// file should not make us allocate without bound).
 pub const MAX_DOCUMENT_BYTES: u64 = 4 << 20;
 
+/// Reads a document of ours: the schema version is checked first, so a
+/// document from a newer generator is reported as such, not as a parse error.
+pub(crate) fn read_versioned<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T> {
+    #[derive(serde::Deserialize)]
+    struct Versioned {
+        schema_version: u32,
+    }
+    let v: Versioned = read_document(path)?;
+    if v.schema_version != SCHEMA_VERSION {
+        return Err(Error::SchemaVersion {
+            path: path.to_owned(),
+            expected: SCHEMA_VERSION,
+            actual: v.schema_version,
+        });
+    }
+    read_document(path)
+}
+
 /// Reads and parses a JSON document with a size cap, naming the file on error.
 pub fn read_document<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T> {
     let meta = std::fs::metadata(path).map_err(|source| Error::Io {

@@ -6,9 +6,9 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::digest::{Digests, Sha256Hex};
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::read_versioned;
 use crate::table::InputRole;
-use crate::{read_document, SCHEMA_VERSION};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -66,14 +66,7 @@ pub struct VariantStatus {
 
 impl Lock {
     pub fn load(path: &Path) -> Result<Self> {
-        let lock: Lock = read_document(path)?;
-        if lock.schema_version != SCHEMA_VERSION {
-            return Err(Error::SchemaVersion {
-                path: path.to_owned(),
-                expected: SCHEMA_VERSION,
-                actual: lock.schema_version,
-            });
-        }
+        let lock: Lock = read_versioned(path)?;
         Ok(lock)
     }
 

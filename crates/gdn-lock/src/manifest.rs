@@ -6,9 +6,9 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::digest::{Digests, Sha256Hex};
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::read_versioned;
 use crate::table::Geometry;
-use crate::{read_document, SCHEMA_VERSION};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -55,14 +55,7 @@ pub struct ManifestArtifact {
 
 impl Manifest {
     pub fn load(path: &Path) -> Result<Self> {
-        let m: Manifest = read_document(path)?;
-        if m.schema_version != SCHEMA_VERSION {
-            return Err(Error::SchemaVersion {
-                path: path.to_owned(),
-                expected: SCHEMA_VERSION,
-                actual: m.schema_version,
-            });
-        }
+        let m: Manifest = read_versioned(path)?;
         Ok(m)
     }
 }

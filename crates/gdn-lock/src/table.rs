@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::{read_document, SCHEMA_VERSION};
+use crate::read_versioned;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -134,14 +134,7 @@ impl Unit {
 
 impl ArtifactTable {
     pub fn load(path: &Path) -> Result<Self> {
-        let table: ArtifactTable = read_document(path)?;
-        if table.schema_version != SCHEMA_VERSION {
-            return Err(Error::SchemaVersion {
-                path: path.to_owned(),
-                expected: SCHEMA_VERSION,
-                actual: table.schema_version,
-            });
-        }
+        let table: ArtifactTable = read_versioned(path)?;
         table.validate().map_err(|message| Error::Parse {
             path: path.to_owned(),
             message,
