@@ -381,3 +381,31 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     }
     haystack.windows(needle.len()).position(|w| w == needle)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::check_relative_path;
+
+    #[test]
+    fn only_plain_relative_paths_are_accepted() {
+        for ok in [
+            "manifest.json",
+            "cubin/a.sm_90a.cubin",
+            "lib/libcudart_static.a",
+        ] {
+            assert!(check_relative_path(ok).is_ok(), "{ok}");
+        }
+        for (bad, why) in [
+            ("", "empty"),
+            ("/etc/passwd", "absolute"),
+            ("../x", "escapes"),
+            ("cubin/../../x", "escapes"),
+            ("./x", "`.`"),
+            ("cubin//x", "empty path component"),
+            ("cubin\\x", "backslash"),
+        ] {
+            let err = check_relative_path(bad).unwrap_err().to_string();
+            assert!(err.contains(why), "{bad:?}: {err}");
+        }
+    }
+}

@@ -250,7 +250,11 @@ fn unknown_schema_version_and_corrupt_manifest() {
     let text = std::fs::read_to_string(d.path().join(MANIFEST_FILE)).unwrap();
     std::fs::write(
         d.path().join(MANIFEST_FILE),
-        text.replacen("\"schema_version\": 1", "\"schema_version\": 2, \"field_from_the_future\": true", 1),
+        text.replacen(
+            "\"schema_version\": 1",
+            "\"schema_version\": 2, \"field_from_the_future\": true",
+            1,
+        ),
     )
     .unwrap();
     let (t, l) = table_and_lock();
