@@ -107,7 +107,7 @@ in
       && hasInfix "--inputs-dir ${bundle.inputsDir}" buildPhase)
     "buildPhase: ${buildPhase}")
   (check "bundle is checked against the lock after building (gdn-gen check)"
-    (bundle.doCheck && hasInfix "gdn-gen check --bundle \"$out\" --lock" bundle.checkPhase)
+    (bundle.doCheck && hasInfix "gdn-gen check --allow-foreign-host-compiler --bundle \"$out\" --lock" bundle.checkPhase)
     "doCheck=${show bundle.doCheck} checkPhase=${bundle.checkPhase}")
   (check "bundle: allowedReferences == [ ]"
     (bundle ? allowedReferences && bundle.allowedReferences == [ ])
@@ -158,7 +158,7 @@ in
     (all (map (c: (c.GDN_BUNDLE_DIR or "") == "${bundle}") [ checks.cargo-clippy checks.cargo-doc checks.cargo-test ]))
     "a cargo check lacks GDN_BUNDLE_DIR")
   (check "checks: bundle-matches-lock runs gdn-gen check on the bundle"
-    (hasInfix "gdn-gen check --bundle ${bundle}" checks.bundle-matches-lock.buildCommand)
+    (hasInfix "gdn-gen check --allow-foreign-host-compiler --bundle ${bundle}" checks.bundle-matches-lock.buildCommand)
     "buildCommand ${checks.bundle-matches-lock.buildCommand}")
   (check "checks: bundle-deterministic compares two distinct builds"
     (builtins.length deterministicPaths == 2

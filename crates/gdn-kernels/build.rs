@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use gdn_lock::{
-    verify_bundle, ArtifactKind, ArtifactTable, Digests, Lock, UnitOutput, LOCK_FILE, TABLE_FILE,
+    verify_bundle, ArtifactKind, ArtifactTable, HostPolicy, Lock, UnitOutput, LOCK_FILE, TABLE_FILE,
 };
 
 /// Environment variable naming the bundle directory (Nix sets it to the
@@ -19,6 +19,9 @@ const HEAD_DIM: u32 = 128;
 const FLASHINFER_ARCH: &str = "sm_90a";
 const PORTABLE_UNIT: &str = "gdn_portable";
 const LAUNCHER_LIB: &str = "gdn_flashinfer_sm90";
+/// Set to 1 to accept host objects built by another host compiler than the
+/// lock's (Nix, other distributions); device code is still the locked cubins.
+const FOREIGN_HOST_ENV: &str = "GDN_ALLOW_FOREIGN_HOST_OBJECTS";
 const REMEDY: &str = "build the bundle with `cargo run --release -p gdn-gen -- build` (or point GDN_BUNDLE_DIR at one)";
 
 fn main() {
@@ -58,8 +61,21 @@ fn run() -> Result<(), String> {
     let table_sha = gdn_lock::Sha256Hex::of_bytes(&read(&repo.join(TABLE_FILE))?);
     let lock = Lock::load(&repo.join(LOCK_FILE)).map_err(|e| e.to_string())?;
     gdn_lock::check_lock_matches_table(&table, &table_sha, &lock).map_err(|e| e.to_string())?;
-    let verified = verify_bundle(&bundle, &table, &lock)
+    println!("cargo:rerun-if-env-changed={FOREIGN_HOST_ENV}");
+    let policy = if std::env::var(FOREIGN_HOST_ENV).is_ok_and(|v| v == "1") {
+        HostPolicy::AllowForeignHostCompiler
+    } else {
+        HostPolicy::Locked
+    };
+    let verified = verify_bundle(&bundle, &table, &lock, policy)
         .map_err(|e| format!("{e} (bundle {})", bundle.display()))?;
+    if !verified.host_matches_lock {
+        println!(
+            "cargo:warning=gdn-kernels: {FOREIGN_HOST_ENV}=1: linking host objects built by {:?}, not the lock's {:?} \
+             (device code checked to be the locked cubins)",
+            verified.manifest.toolchain.host_compiler, lock.host_artifacts.host_compiler
+        );
+    }
 
     // 2. The bundle must describe what these bindings were written for.
     let g = &verified.manifest.geometry;
@@ -75,24 +91,18 @@ fn run() -> Result<(), String> {
         g.target_arch.as_str(),
     )?;
 
-    // 3. Copy what we link or embed into OUT_DIR and check the copies, so the
-    //    bytes used are the bytes verified even if the bundle changes under us.
+    // 3. Write the verified bytes (read once by the verifier, never re-read
+    //    from the bundle) into a fresh OUT_DIR copy, and use only those.
+    let copy = out.join("bundle");
+    let _ = std::fs::remove_dir_all(&copy);
     let mut objects = vec![];
     let mut portable = vec![];
     for (rel, art) in &verified.manifest.artifacts {
         println!("cargo:rerun-if-changed={}", bundle.join(rel).display());
-        let to = out.join("bundle").join(rel);
+        let to = copy.join(rel);
         std::fs::create_dir_all(to.parent().expect("artifact has a parent"))
             .map_err(|e| e.to_string())?;
-        let bytes = read(&bundle.join(rel))?;
-        art.digests
-            .expect_eq(
-                &format!("artifact {rel} (copy)"),
-                &Digests::of_bytes(&bytes),
-                "the bundle changed during the build; rebuild",
-            )
-            .map_err(|e| e.to_string())?;
-        std::fs::write(&to, &bytes).map_err(|e| e.to_string())?;
+        std::fs::write(&to, &verified.files[rel]).map_err(|e| e.to_string())?;
         match art.kind {
             ArtifactKind::HostObject => objects.push(to),
             ArtifactKind::DeviceCubin if rel.starts_with(&format!("cubin/{PORTABLE_UNIT}.")) => {
@@ -117,10 +127,16 @@ fn run() -> Result<(), String> {
         .cargo_metadata(true)
         .try_compile(LAUNCHER_LIB)
         .map_err(|e| format!("archive the launcher: {e}"))?;
-    println!(
-        "cargo:rustc-link-search=native={}",
-        out.join("bundle/lib").display()
-    );
+    // cudart gets a search directory of its own, holding only that file.
+    let cudart_dir = out.join("cudart");
+    let _ = std::fs::remove_dir_all(&cudart_dir);
+    std::fs::create_dir_all(&cudart_dir).map_err(|e| e.to_string())?;
+    std::fs::copy(
+        copy.join("lib/libcudart_static.a"),
+        cudart_dir.join("libcudart_static.a"),
+    )
+    .map_err(|e| format!("copy cudart: {e}"))?;
+    println!("cargo:rustc-link-search=native={}", cudart_dir.display());
     println!("cargo:rustc-link-lib=static=cudart_static");
     for lib in ["stdc++", "dl", "pthread", "rt"] {
         println!("cargo:rustc-link-lib=dylib={lib}");

@@ -29,7 +29,7 @@ pub struct BuildArgs {
     /// The lock file; the repository root is its directory.
     #[arg(long, default_value = gdn_lock::LOCK_FILE)]
     pub lock: PathBuf,
-    /// Where the bundle is written (replaced atomically).
+    /// Where the bundle is written (replaced by renames, never left partial).
     #[arg(long, default_value = "target/gdn-bundle")]
     pub out: PathBuf,
     /// Content-addressed cache of downloads, the extracted toolkit and compiled units.
@@ -63,4 +63,8 @@ pub struct CheckArgs {
     pub bundle: PathBuf,
     #[arg(long, default_value = gdn_lock::LOCK_FILE)]
     pub lock: PathBuf,
+    /// Accept host objects built by another host compiler than the lock's
+    /// (their device code is still checked to be the locked cubins).
+    #[arg(long)]
+    pub allow_foreign_host_compiler: bool,
 }

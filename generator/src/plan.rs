@@ -116,16 +116,20 @@ pub fn steps_for(unit: &Unit, host_cxx: &str, out_dir: &Path) -> Vec<Step> {
     }
 }
 
-/// Content key of a unit: the unit's description, every source of ours, the
-/// kernel-source and patch hashes, and the toolchain identity.
+/// Content key of a unit: the unit's description, what is staged (members,
+/// patches and the hashes of every source and patch of ours), the
+/// kernel-source hash, and the toolchain identity.
 pub fn unit_key(
     unit: &Unit,
+    table: &ArtifactTable,
     sources: &[(String, Sha256Hex)],
     kernel_source: &Sha256Hex,
     tk: &Toolkit,
 ) -> Sha256Hex {
     let doc = serde_json::json!({
         "unit": unit,
+        "kernel_source_members": table.kernel_source_members,
+        "patches": table.patches,
         "sources": sources,
         "kernel_source": kernel_source,
         "toolchain": tk.identity,

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use gdn_lock::{
     check_lock_matches_table, to_canonical_json, verify_bundle, ArtifactKind, ArtifactTable,
-    Digests, HostArtifacts, InputRole, Lock, LockedInput, Manifest, ManifestArtifact, Sha256Hex,
-    VariantStatus, MANIFEST_FILE, SCHEMA_VERSION, TABLE_FILE,
+    Digests, HostArtifacts, HostPolicy, InputRole, Lock, LockedInput, Manifest, ManifestArtifact,
+    Sha256Hex, VariantStatus, MANIFEST_FILE, SCHEMA_VERSION, TABLE_FILE,
 };
 
 use crate::cli::{BuildArgs, CheckArgs};
@@ -104,9 +104,14 @@ fn assemble(
     let keys: Vec<Sha256Hex> = table
         .units
         .iter()
-        .map(|u| unit_key(u, &sources, &ks.sha256, tk))
+        .map(|u| unit_key(u, table, &sources, &ks.sha256, tk))
         .collect();
-    let stage_dir = args.cache.join("stage").join(&ks.sha256.as_str()[..16]);
+    // A private staging tree per build: builds sharing a cache never touch
+    // each other's sources (paths do not reach the outputs; see plan.rs).
+    std::fs::create_dir_all(args.cache.join("stage")).map_err(|e| e.to_string())?;
+    let stage_tmp =
+        tempfile::tempdir_in(args.cache.join("stage")).map_err(|e| format!("staging dir: {e}"))?;
+    let stage_dir = stage_tmp.path().join("src-root");
     stage::prepare(table, repo, &wheel, &stage_dir)?;
     let outputs = compile_all(table, &stage_dir, &args.cache, tk, &keys, args.jobs)?;
 
@@ -201,15 +206,29 @@ fn temp_sibling(out: &Path, tag: &str) -> Result<tempfile::TempDir> {
         .map_err(|e| format!("temp dir beside {}: {e}", out.display()))
 }
 
-/// Replaces `out` with `new` by renames: readers see the old bundle or the new one.
+/// Replaces `out` with the complete bundle in `new` by two renames (old aside,
+/// new in). `out` never holds a partial bundle: it is the old one, the new
+/// one, or, between the two renames, absent. If the second rename fails the
+/// old bundle is put back.
 fn install(new: tempfile::TempDir, out: &Path) -> Result<()> {
     let new = new.keep();
     if out.exists() {
         let old = temp_sibling(out, "old")?.keep();
         std::fs::remove_dir(&old).ok();
         std::fs::rename(out, &old).map_err(|e| format!("move old bundle aside: {e}"))?;
-        std::fs::rename(&new, out)
-            .map_err(|e| format!("install bundle at {}: {e}", out.display()))?;
+        if let Err(e) = std::fs::rename(&new, out) {
+            let restored = std::fs::rename(&old, out).is_ok();
+            std::fs::remove_dir_all(&new).ok();
+            return Err(format!(
+                "install bundle at {}: {e}; {}",
+                out.display(),
+                if restored {
+                    "the previous bundle was restored".to_string()
+                } else {
+                    format!("the previous bundle is at {}", old.display())
+                }
+            ));
+        }
         std::fs::remove_dir_all(&old).ok();
     } else {
         std::fs::rename(&new, out)
@@ -280,7 +299,13 @@ pub fn build(args: &BuildArgs) -> Result<PathBuf> {
     let key = build_key(&table, &lock, &tk);
     let stamp = stamp_path(&args.out);
     if std::fs::read_to_string(&stamp).ok().as_deref() == Some(key.as_str())
-        && verify_bundle(&args.out, &table, &lock).is_ok()
+        && verify_bundle(
+            &args.out,
+            &table,
+            &lock,
+            HostPolicy::AllowForeignHostCompiler,
+        )
+        .is_ok()
     {
         eprintln!("gdn-gen: bundle at {} is up to date", args.out.display());
         return Ok(args.out.clone());
@@ -288,7 +313,7 @@ pub fn build(args: &BuildArgs) -> Result<PathBuf> {
     let _ = std::fs::remove_file(&stamp);
     let tmp = temp_sibling(&args.out, "new")?;
     assemble(args, &repo, &table, &lock, &tk, tmp.path())?;
-    let verified = verify_bundle(tmp.path(), &table, &lock).map_err(|e| {
+    let verified = verify_bundle(tmp.path(), &table, &lock, HostPolicy::AllowForeignHostCompiler).map_err(|e| {
         format!("the built bundle does not match the lock: {e}\n(no bundle was written; `gdn-gen verify` lists every difference)")
     })?;
     install(tmp, &args.out)?;
@@ -354,7 +379,13 @@ pub fn verify(args: &BuildArgs) -> Result<()> {
              `cargo run --release -p gdn-gen -- lock` and review the diff"
         ));
     }
-    verify_bundle(tmp.path(), &table, &lock).map_err(|e| e.to_string())?;
+    verify_bundle(
+        tmp.path(),
+        &table,
+        &lock,
+        HostPolicy::AllowForeignHostCompiler,
+    )
+    .map_err(|e| e.to_string())?;
     eprintln!("gdn-gen: verify: every device artifact is byte-identical to the lock");
     Ok(())
 }
@@ -372,6 +403,7 @@ pub fn lock(args: &BuildArgs) -> Result<()> {
     })?;
     let (table, table_sha) = load_table(&repo)?;
     let old = Lock::load(&args.lock).ok();
+    let fetched = tempfile::tempdir().map_err(|e| e.to_string())?;
     let mut inputs = vec![];
     for spec in &table.inputs {
         // Resolve by downloading (or finding) the file and hashing it.
@@ -385,7 +417,7 @@ pub fn lock(args: &BuildArgs) -> Result<()> {
             size: 0,
             git_revision: spec.git_revision.clone(),
         };
-        let path = find_or_download(args, &probe)?;
+        let path = fetch_for_lock(args, &probe, fetched.path())?;
         let d = Digests::of_file(&path).map_err(|e| e.to_string())?;
         inputs.push(LockedInput {
             sha256: d.sha256,
@@ -482,30 +514,29 @@ fn default_variants() -> BTreeMap<String, VariantStatus> {
     ])
 }
 
-/// For `lock`: the hash is not known yet, so find the file by name or download it.
-fn find_or_download(args: &BuildArgs, input: &LockedInput) -> Result<PathBuf> {
-    if let Some(p) = args
-        .inputs_dir
-        .as_ref()
-        .map(|d| d.join(&input.filename))
-        .filter(|p| p.exists())
-    {
-        return Ok(p);
-    }
-    let cached = args.cache.join("downloads").join(&input.filename);
-    if cached.exists() {
-        return Ok(cached);
-    }
+/// For `lock`: the hash is not known yet, so the file is fetched from its URL
+/// (never taken from a local copy, which could be stale or foreign) into a
+/// fresh directory, and then hashed.
+fn fetch_for_lock(args: &BuildArgs, input: &LockedInput, dir: &Path) -> Result<PathBuf> {
     if args.offline {
-        return Err(format!("{} is not available offline", input.filename));
+        return Err(format!(
+            "`gdn-gen lock` pins what {} serves and needs the network; drop --offline",
+            input.url
+        ));
     }
-    crate::fetch::download(&input.url, &cached)?;
-    Ok(cached)
+    let dest = dir.join(&input.filename);
+    crate::fetch::download(&input.url, &dest)?;
+    Ok(dest)
 }
 
 pub fn check(args: &CheckArgs) -> Result<()> {
     let (_, table, lock) = load_locked(&args.lock)?;
-    let v = verify_bundle(&args.bundle, &table, &lock).map_err(|e| e.to_string())?;
+    let policy = if args.allow_foreign_host_compiler {
+        HostPolicy::AllowForeignHostCompiler
+    } else {
+        HostPolicy::Locked
+    };
+    let v = verify_bundle(&args.bundle, &table, &lock, policy).map_err(|e| e.to_string())?;
     eprintln!(
         "gdn-gen: {} matches the lock ({} artifacts; host objects {})",
         args.bundle.display(),

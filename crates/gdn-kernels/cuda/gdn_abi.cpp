@@ -42,6 +42,12 @@ int32_t fail(int32_t status, const char* detail) {
 
 constexpr uint64_t kTmaDescriptorBytes = 128;  // static_assert'ed in flashinfer_sm90_inst.cu
 
+// Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+bool overlaps(const void* a, uint64_t a_bytes, const void* b, uint64_t b_bytes) {
+  const uintptr_t x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return a != nullptr && b != nullptr && x < y + b_bytes && y < x + a_bytes;
+}
+
 template <bool IsGVA, bool InitState>
 void launch(const gdn_prefill_args& a) {
   flat::launch_delta_rule_prefill_kernel_gbai<IsGVA, true, true, InitState, false,
@@ -95,8 +101,18 @@ int32_t gdn_prefill_sm90(const gdn_prefill_args* args) {
       a.num_v_heads % a.num_qk_heads != 0 || a.total_tokens < 0 || a.sm_count <= 0 ||
       a.reserved != 0)
     return fail(GDN_ERR_GEOMETRY, "num_seqs, head counts, total_tokens or sm_count out of range");
-  if (a.input_state != nullptr && a.input_state == a.output_state)
-    return fail(GDN_ERR_GEOMETRY, "input_state must not alias output_state");
+  const uint64_t state_bytes = static_cast<uint64_t>(a.num_seqs) * a.num_v_heads * GDN_HEAD_DIM *
+                               GDN_HEAD_DIM * sizeof(float);
+  const uint64_t out_bytes =
+      static_cast<uint64_t>(a.total_tokens) * a.num_v_heads * GDN_HEAD_DIM * sizeof(uint16_t);
+  const uint64_t qk_bytes =
+      static_cast<uint64_t>(a.total_tokens) * a.num_qk_heads * GDN_HEAD_DIM * sizeof(uint16_t);
+  if (overlaps(a.input_state, state_bytes, a.output_state, state_bytes))
+    return fail(GDN_ERR_GEOMETRY, "input_state overlaps output_state");
+  if (overlaps(a.output, out_bytes, a.q, qk_bytes) || overlaps(a.output, out_bytes, a.k, qk_bytes) ||
+      overlaps(a.output, out_bytes, a.v, out_bytes) ||
+      overlaps(a.output, out_bytes, a.output_state, state_bytes))
+    return fail(GDN_ERR_GEOMETRY, "output overlaps an input or the output state");
   if (a.workspace_bytes < gdn_prefill_sm90_workspace_bytes(a.sm_count))
     return fail(GDN_ERR_WORKSPACE, "workspace smaller than gdn_prefill_sm90_workspace_bytes()");
   const bool gva = a.num_v_heads > a.num_qk_heads;

@@ -14,7 +14,8 @@
  *   alpha, beta fp32  [total_tokens, num_v_heads]          (alpha = exp(g), linear decay)
  *   cu_seqlens  int64 [num_seqs + 1]
  *   input_state fp32  [num_seqs, num_v_heads, 128 (v), 128 (k)] or NULL for zeros
- *   output_state fp32 same shape as input_state; must not alias input_state
+ *   output_state fp32 same shape as input_state; must not overlap input_state
+ *   output must not overlap q, k, v or output_state (checked by byte ranges)
  *   workspace   gdn_prefill_sm90_workspace_bytes(sm_count) bytes, private to one stream
  * Geometry: num_v_heads = r * num_qk_heads with r >= 1.
  */

@@ -132,6 +132,44 @@ mod tests {
     }
 
     #[test]
+    fn launcher_refuses_overlapping_buffers_before_launching() {
+        // Fake, never dereferenced addresses: the overlap checks run first.
+        let base = 0x7000_0000_0000usize;
+        let (t, n, hq, hv) = (10i64, 1i32, 2i32, 4i32);
+        let state_bytes = n as usize * hv as usize * 128 * 128 * 4;
+        let mut args: GdnPrefillArgs = unsafe { std::mem::zeroed() };
+        args.abi_version = GDN_ABI_VERSION;
+        args.struct_size = size_of::<GdnPrefillArgs>() as u32;
+        args.q = base as *const c_void;
+        args.k = (base + 0x10_0000) as *const c_void;
+        args.v = (base + 0x20_0000) as *const c_void;
+        args.output = (base + 0x30_0000) as *mut c_void;
+        args.output_state = (base + 0x40_0000) as *mut f32;
+        args.alpha = (base + 0x80_0000) as *const f32;
+        args.beta = (base + 0x90_0000) as *const f32;
+        args.cu_seqlens = (base + 0xA0_0000) as *const i64;
+        args.workspace = (base + 0xB0_0000) as *mut c_void;
+        args.workspace_bytes = 1 << 20;
+        (
+            args.total_tokens,
+            args.num_seqs,
+            args.num_qk_heads,
+            args.num_v_heads,
+            args.sm_count,
+        ) = (t, n, hq, hv, 132);
+        // Initial state starting inside the output state.
+        args.input_state = (base + 0x40_0000 + state_bytes / 2) as *const f32;
+        // SAFETY: the launcher only reads the struct before refusing it.
+        assert_eq!(unsafe { gdn_prefill_sm90(&args) }, 4, "{}", last_error());
+        assert!(last_error().contains("input_state overlaps"));
+        // Output overlapping v.
+        args.input_state = std::ptr::null();
+        args.output = (base + 0x20_0000 + 256) as *mut c_void;
+        assert_eq!(unsafe { gdn_prefill_sm90(&args) }, 4, "{}", last_error());
+        assert!(last_error().contains("output overlaps"));
+    }
+
+    #[test]
     fn workspace_is_one_tma_descriptor_per_sm() {
         // SAFETY: pure function of its argument.
         assert_eq!(unsafe { gdn_prefill_sm90_workspace_bytes(132) }, 132 * 128);

@@ -344,6 +344,13 @@ fn validate_lengths(
     }
     let n = cu.len() - 1;
     let t = *cu.last().expect("len >= 2") as usize;
+    // The portable kernel's grid has one block row per sequence (grid.y <= 65535).
+    if backend == Backend::Portable && n > 65_535 {
+        return Err(invalid(
+            "cu_seqlens",
+            format!("{n} sequences exceed the portable kernel's 65535 per call; split the batch"),
+        ));
+    }
     if n > i32::MAX as usize / g.num_v_heads.max(1) || t > i32::MAX as usize {
         return Err(invalid(
             "cu_seqlens",
@@ -488,6 +495,20 @@ mod tests {
             assert_eq!(arg, "cu_seqlens");
             assert!(message.contains(needle), "{cu:?}: {message}");
         }
+    }
+
+    #[test]
+    fn portable_batches_are_limited_by_the_grid() {
+        let cu: Vec<i64> = (0..=65_536).collect();
+        let (arg, message) = err(validate_lengths(
+            &G,
+            &cu,
+            lens(&cu, false),
+            Backend::Portable,
+        ));
+        assert_eq!(arg, "cu_seqlens");
+        assert!(message.contains("65536 sequences"), "{message}");
+        assert!(validate_lengths(&G, &cu, lens(&cu, false), Backend::FlashInfer).is_ok());
     }
 
     #[test]

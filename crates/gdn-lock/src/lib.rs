@@ -26,7 +26,9 @@ pub use manifest::{ArtifactKind, Manifest, ManifestArtifact, ToolchainIdentity};
 pub use table::{
     ArtifactTable, Compiler, Geometry, InputRole, InputSpec, Specialization, Unit, UnitOutput,
 };
-pub use verify::{check_lock_matches_table, check_relative_path, verify_bundle, VerifiedBundle};
+pub use verify::{
+    check_lock_matches_table, check_relative_path, verify_bundle, HostPolicy, VerifiedBundle,
+};
 
 /// Schema version of all three documents. A reader refuses any other value.
 pub const SCHEMA_VERSION: u32 = 1;

@@ -159,8 +159,18 @@ impl ArtifactTable {
             {
                 return Err(format!("unit name {:?} must be [A-Za-z0-9_]", unit.name));
             }
+            if unit.output == UnitOutput::HostObject && unit.targets.len() > 1 {
+                return Err(format!(
+                    "host-object unit {:?} may have at most one target",
+                    unit.name
+                ));
+            }
             for t in &unit.targets {
-                if !t.starts_with("sm_") || t.len() < 5 {
+                let digits = t
+                    .strip_prefix("sm_")
+                    .map(|r| r.strip_suffix('a').unwrap_or(r))
+                    .unwrap_or("");
+                if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
                     return Err(format!(
                         "unit {:?}: target {t:?} is not of the form sm_XY",
                         unit.name
@@ -194,5 +204,47 @@ impl ArtifactTable {
             .iter()
             .flat_map(|u| u.targets.iter().map(move |t| u.cubin_path(t)))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> ArtifactTable {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .join(crate::TABLE_FILE);
+        ArtifactTable::load(&p).unwrap()
+    }
+
+    #[test]
+    fn the_repository_table_is_valid() {
+        assert!(table().validate().is_ok());
+    }
+
+    #[test]
+    fn target_names_cannot_smuggle_paths_or_junk() {
+        for bad in ["sm_90/../x", "sm_", "sm_a", "compute_90", "sm_9x0"] {
+            let mut t = table();
+            t.units[3].targets = vec![bad.to_string()];
+            let err = t.validate().unwrap_err();
+            assert!(err.contains(bad), "{bad}: {err}");
+        }
+        let mut t = table();
+        t.units[3].targets = vec!["sm_90a".into(), "sm_100".into()];
+        assert!(t.validate().is_ok());
+    }
+
+    #[test]
+    fn host_object_units_have_at_most_one_target() {
+        let mut t = table();
+        let i = t
+            .units
+            .iter()
+            .position(|u| u.output == UnitOutput::HostObject)
+            .unwrap();
+        t.units[i].targets = vec!["sm_90a".into(), "sm_100a".into()];
+        assert!(t.validate().unwrap_err().contains("at most one target"));
     }
 }

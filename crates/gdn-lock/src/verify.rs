@@ -11,20 +11,31 @@ use crate::manifest::{ArtifactKind, Manifest, ManifestArtifact};
 use crate::table::{ArtifactTable, InputRole, UnitOutput};
 use crate::MANIFEST_FILE;
 
-/// A bundle whose every file was hashed and matched.
+/// A bundle whose every file was read once, hashed and matched. `files`
+/// holds those very bytes: consumers write or link these, never re-read the
+/// directory (which could have changed since).
 #[derive(Debug)]
 pub struct VerifiedBundle {
     pub root: PathBuf,
     pub manifest: Manifest,
-    /// Whether the host objects were built by the same host compiler and
-    /// toolkit as the lock's and therefore checked byte for byte against it.
+    pub files: BTreeMap<String, Vec<u8>>,
+    /// Whether the host code was built by the same host compiler and toolkit
+    /// as the lock's and therefore checked byte for byte against it.
     pub host_matches_lock: bool,
 }
 
-impl VerifiedBundle {
-    pub fn path_of(&self, artifact: &str) -> PathBuf {
-        self.root.join(artifact)
-    }
+/// How strict to be about host code (device code is always pinned).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HostPolicy {
+    /// Host objects and libraries must be the lock's bytes (same host
+    /// compiler and toolkit as the machine that recorded the lock).
+    #[default]
+    Locked,
+    /// Host objects built by another host compiler are accepted if they embed
+    /// the locked cubins; a toolkit library must still match the lock when the
+    /// toolkit kind is the lock's. For builders that compiled the bundle
+    /// themselves from the pinned sources (gdn-gen, Nix).
+    AllowForeignHostCompiler,
 }
 
 /// Rejects absolute paths, `..`, `.`, empty components and backslashes, so a
@@ -59,9 +70,10 @@ pub fn check_relative_path(path: &str) -> Result<()> {
     Ok(())
 }
 
-/// Hashes the file at `root/rel` after checking that no component on the way
-/// is a symbolic link (a link could point out of the bundle).
-fn digest_inside(root: &Path, rel: &str) -> Result<Digests> {
+/// Reads the file at `root/rel` once, after checking that no component on
+/// the way is a symbolic link (a link could point out of the bundle), and
+/// that the opened file is the regular file the path names.
+fn read_inside(root: &Path, rel: &str) -> Result<Vec<u8>> {
     check_relative_path(rel)?;
     let mut cur = root.to_path_buf();
     for part in rel.split('/') {
@@ -78,16 +90,34 @@ fn digest_inside(root: &Path, rel: &str) -> Result<Digests> {
             });
         }
     }
-    if !std::fs::symlink_metadata(&cur)
-        .map(|m| m.is_file())
-        .unwrap_or(false)
-    {
+    let io = |source| Error::Io {
+        path: cur.clone(),
+        action: "read",
+        source,
+    };
+    let mut file = std::fs::File::open(&cur).map_err(io)?;
+    let opened = file.metadata().map_err(io)?;
+    let named = std::fs::symlink_metadata(&cur).map_err(io)?;
+    if !opened.is_file() || !named.is_file() || !same_file(&opened, &named) {
         return Err(Error::UnsafePath {
             path: rel.to_owned(),
-            reason: "not a regular file",
+            reason: "not a regular file (or replaced while being read)",
         });
     }
-    Digests::of_file(&cur)
+    let mut bytes = Vec::with_capacity(opened.len() as usize);
+    std::io::Read::read_to_end(&mut file, &mut bytes).map_err(io)?;
+    Ok(bytes)
+}
+
+#[cfg(unix)]
+fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    a.dev() == b.dev() && a.ino() == b.ino()
+}
+
+#[cfg(not(unix))]
+fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
+    a.len() == b.len()
 }
 
 /// Lists every file under `root` (bundle-relative, `/`-separated).
@@ -167,7 +197,12 @@ pub fn check_lock_matches_table(
 }
 
 /// Verifies every file of the bundle at `root` against the table and lock.
-pub fn verify_bundle(root: &Path, table: &ArtifactTable, lock: &Lock) -> Result<VerifiedBundle> {
+pub fn verify_bundle(
+    root: &Path,
+    table: &ArtifactTable,
+    lock: &Lock,
+    host: HostPolicy,
+) -> Result<VerifiedBundle> {
     let manifest_path = root.join(MANIFEST_FILE);
     if std::fs::symlink_metadata(&manifest_path)
         .map(|m| m.file_type().is_symlink())
@@ -246,12 +281,35 @@ pub fn verify_bundle(root: &Path, table: &ArtifactTable, lock: &Lock) -> Result<
             });
         }
     }
+    // Unsafe names are reported as such before anything else.
+    for path in manifest.artifacts.keys() {
+        check_relative_path(path)?;
+    }
+    // The manifest lists exactly what the table produces: nothing else can
+    // ride along into a consumer's link line.
+    let expected: BTreeSet<String> = expected_artifacts(table);
+    let listed: BTreeSet<String> = manifest.artifacts.keys().cloned().collect();
+    if let Some(extra) = listed.difference(&expected).next() {
+        return Err(Error::Unexpected {
+            what: format!("artifact {extra} (not produced by the artifact table)"),
+            remedy: REMEDY_REBUILD,
+        });
+    }
+    if let Some(missing) = expected.difference(&listed).next() {
+        return Err(Error::Missing {
+            what: format!("artifact {missing} in the manifest"),
+            remedy: REMEDY_REBUILD,
+        });
+    }
+    let mut files = BTreeMap::new();
     let mut actual = BTreeMap::new();
     for (path, art) in &manifest.artifacts {
-        let digests = digest_inside(root, path)?;
+        let bytes = read_inside(root, path)?;
+        let digests = Digests::of_bytes(&bytes);
         art.digests
             .expect_eq(&format!("artifact {path}"), &digests, REMEDY_REBUILD)?;
         actual.insert(path.clone(), digests);
+        files.insert(path.clone(), bytes);
     }
 
     // 4. Device code: exactly the locked cubins, byte for byte.
@@ -292,10 +350,10 @@ pub fn verify_bundle(root: &Path, table: &ArtifactTable, lock: &Lock) -> Result<
     {
         let obj_path = unit.object_path();
         entry(&manifest, &obj_path, ArtifactKind::HostObject)?;
-        let obj = read_regular(root, &obj_path)?;
+        let obj = &files[&obj_path];
         for target in &unit.targets {
-            let cubin = read_regular(root, &unit.cubin_path(target))?;
-            if find(&obj, &cubin).is_none() {
+            let cubin = &files[&unit.cubin_path(target)];
+            if find(obj, cubin).is_none() {
                 return Err(Error::mismatch(
                     format!("host object {obj_path}"),
                     format!("to embed {} verbatim", unit.cubin_path(target)),
@@ -322,12 +380,22 @@ pub fn verify_bundle(root: &Path, table: &ArtifactTable, lock: &Lock) -> Result<
         &header.digests.sha256,
     )?;
 
-    // 7. Host artifacts: byte-identical to the lock when built by the same
-    //    host compiler and toolkit; otherwise only internally consistent.
-    let host_matches_lock = manifest.toolchain.host_compiler == lock.host_artifacts.host_compiler
-        && manifest.toolchain.toolkit == lock.host_artifacts.toolkit;
-    if host_matches_lock {
-        for (path, locked) in &lock.host_artifacts.artifacts {
+    for lib in &table.toolkit_libraries {
+        entry(&manifest, &format!("lib/{lib}"), ArtifactKind::HostLibrary)?;
+    }
+
+    // 7. Host code. Byte-identical to the lock when built by the lock's host
+    //    compiler and toolkit. Otherwise only under AllowForeignHostCompiler,
+    //    and even then a toolkit library copied from a toolkit of the lock's
+    //    kind (the pinned wheels) must be the lock's bytes.
+    let same_compiler = manifest.toolchain.host_compiler == lock.host_artifacts.host_compiler;
+    let same_toolkit = manifest.toolchain.toolkit == lock.host_artifacts.toolkit;
+    let host_matches_lock = same_compiler && same_toolkit;
+    for (path, locked) in &lock.host_artifacts.artifacts {
+        let kind = manifest.artifacts.get(path).map(|a| a.kind);
+        let must_match =
+            host_matches_lock || (same_toolkit && kind == Some(ArtifactKind::HostLibrary));
+        if must_match {
             let got = actual.get(path).ok_or_else(|| Error::Missing {
                 what: format!("host artifact {path}"),
                 remedy: REMEDY_REBUILD,
@@ -339,12 +407,40 @@ pub fn verify_bundle(root: &Path, table: &ArtifactTable, lock: &Lock) -> Result<
             )?;
         }
     }
+    if !host_matches_lock && host == HostPolicy::Locked {
+        return Err(Error::mismatch(
+            "host compiler / toolkit of the bundle's host objects",
+            format!("{:?} / {} (the lock's)", lock.host_artifacts.host_compiler, lock.host_artifacts.toolkit),
+            format!("{:?} / {}", manifest.toolchain.host_compiler, manifest.toolchain.toolkit),
+            "host objects are only reproducible per host compiler; use a bundle built by the lock's compiler, \
+             or accept this one explicitly (GDN_ALLOW_FOREIGN_HOST_OBJECTS=1 for build.rs, \
+             --allow-foreign-host-compiler for gdn-gen check): its device code is still the locked cubins",
+        ));
+    }
 
     Ok(VerifiedBundle {
         root: root.to_path_buf(),
         manifest,
+        files,
         host_matches_lock,
     })
+}
+
+/// Every bundle-relative path the table produces (the manifest aside).
+fn expected_artifacts(table: &ArtifactTable) -> BTreeSet<String> {
+    let mut out: BTreeSet<String> = table.device_artifact_paths().into_iter().collect();
+    for unit in table
+        .units
+        .iter()
+        .filter(|u| u.output == UnitOutput::HostObject)
+    {
+        out.insert(unit.object_path());
+    }
+    out.insert(format!("include/{}", file_name(&table.abi_header)));
+    for lib in &table.toolkit_libraries {
+        out.insert(format!("lib/{lib}"));
+    }
+    out
 }
 
 /// The manifest entry for `rel`, which must exist and be of `kind`.
@@ -359,16 +455,6 @@ fn entry<'m>(
     })?;
     expect_same(&format!("kind of {rel}"), &kind, &art.kind)?;
     Ok(art)
-}
-
-fn read_regular(root: &Path, rel: &str) -> Result<Vec<u8>> {
-    digest_inside(root, rel)?; // refuses symlinks and escapes
-    let p = root.join(rel);
-    std::fs::read(&p).map_err(|source| Error::Io {
-        path: p,
-        action: "read",
-        source,
-    })
 }
 
 fn file_name(path: &str) -> &str {

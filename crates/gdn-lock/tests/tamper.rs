@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use gdn_lock::{
     check_lock_matches_table, to_canonical_json, verify_bundle, ArtifactTable, Digests, Error,
-    Lock, Manifest, Sha256Hex, LOCK_FILE, MANIFEST_FILE, TABLE_FILE,
+    HostPolicy, Lock, Manifest, Sha256Hex, LOCK_FILE, MANIFEST_FILE, TABLE_FILE,
 };
 
 const GVA: &str = "cubin/flashinfer_sm90_gva.sm_90a.cubin";
@@ -74,7 +74,8 @@ fn rehash(dir: &Path, rel: &str) {
 
 fn refused(dir: &Path) -> String {
     let (t, l) = table_and_lock();
-    let err = verify_bundle(dir, &t, &l).expect_err("a tampered bundle must be refused");
+    let err = verify_bundle(dir, &t, &l, HostPolicy::Locked)
+        .expect_err("a tampered bundle must be refused");
     err.to_string()
 }
 
@@ -82,7 +83,7 @@ fn refused(dir: &Path) -> String {
 fn untampered_copy_verifies() {
     let d = copy();
     let (t, l) = table_and_lock();
-    let v = verify_bundle(d.path(), &t, &l).unwrap();
+    let v = verify_bundle(d.path(), &t, &l, HostPolicy::Locked).unwrap();
     assert_eq!(
         v.manifest.artifacts.len(),
         std::fs::read_dir(d.path().join("cubin")).unwrap().count() + 5
@@ -259,7 +260,7 @@ fn unknown_schema_version_and_corrupt_manifest() {
     .unwrap();
     let (t, l) = table_and_lock();
     assert!(matches!(
-        verify_bundle(d.path(), &t, &l),
+        verify_bundle(d.path(), &t, &l, HostPolicy::Locked),
         Err(Error::SchemaVersion { actual: 2, .. })
     ));
     std::fs::write(d.path().join(MANIFEST_FILE), &text[..text.len() / 2]).unwrap();
@@ -294,4 +295,71 @@ fn missing_or_corrupt_lock_names_the_file() {
     std::fs::write(&p, "{\"schema_version\": 1").unwrap();
     let e = Lock::load(&p).unwrap_err().to_string();
     assert!(e.contains(LOCK_FILE) && e.contains("not valid"), "{e}");
+}
+
+#[test]
+fn extra_library_listed_in_the_manifest_is_refused() {
+    // A consistent-looking extra static library would land on the link path.
+    let d = copy();
+    std::fs::write(d.path().join("lib/libdl.a"), b"!<arch>\n").unwrap();
+    let mut m = manifest(d.path());
+    let mut art = m.artifacts["lib/libcudart_static.a"].clone();
+    art.digests = Digests::of_bytes(b"!<arch>\n");
+    m.artifacts.insert("lib/libdl.a".into(), art);
+    save(d.path(), &m);
+    let e = refused(d.path());
+    assert!(
+        e.contains("lib/libdl.a") && e.contains("not produced by the artifact table"),
+        "{e}"
+    );
+}
+
+/// A copy whose manifest claims another host compiler, with `obj` appended to.
+fn foreign_host(append_to: &str) -> tempfile::TempDir {
+    let d = copy();
+    let mut m = manifest(d.path());
+    m.toolchain.host_compiler = "g++ (Other) 99.1".into();
+    save(d.path(), &m);
+    let p = d.path().join(append_to);
+    let mut b = std::fs::read(&p).unwrap();
+    b.extend_from_slice(b"\0extra host code");
+    std::fs::write(&p, b).unwrap();
+    rehash(d.path(), append_to);
+    d
+}
+
+#[test]
+fn foreign_host_objects_need_an_explicit_opt_in() {
+    let (t, l) = table_and_lock();
+    let d = foreign_host("obj/gdn_abi.o");
+    let e = verify_bundle(d.path(), &t, &l, HostPolicy::Locked)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("host compiler") && e.contains("Other"), "{e}");
+    // With the opt-in, other host code passes: its device code is still checked.
+    let v = verify_bundle(d.path(), &t, &l, HostPolicy::AllowForeignHostCompiler).unwrap();
+    assert!(!v.host_matches_lock);
+}
+
+#[test]
+fn pinned_toolkit_library_must_match_even_with_a_foreign_host_compiler() {
+    let (t, l) = table_and_lock();
+    let d = foreign_host("lib/libcudart_static.a");
+    let e = verify_bundle(d.path(), &t, &l, HostPolicy::AllowForeignHostCompiler)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("lib/libcudart_static.a") && e.contains("against the lock"),
+        "{e}"
+    );
+}
+
+#[test]
+fn verified_bytes_are_the_bytes_on_disk() {
+    let (t, l) = table_and_lock();
+    let d = copy();
+    let v = verify_bundle(d.path(), &t, &l, HostPolicy::Locked).unwrap();
+    for (rel, bytes) in &v.files {
+        assert_eq!(bytes, &std::fs::read(d.path().join(rel)).unwrap(), "{rel}");
+    }
 }

@@ -190,9 +190,8 @@ impl Config {
             .and_then(|r| r.partial_rotary_factor)
             .or(raw.partial_rotary_factor)
             .unwrap_or(0.25);
-        let head_dim = raw
-            .head_dim
-            .unwrap_or(raw.hidden_size / raw.num_attention_heads.max(1));
+        // HF's Qwen3_5TextConfig default.
+        let head_dim = raw.head_dim.unwrap_or(256);
         let layer_types = match (&raw.layer_types, raw.full_attention_interval) {
             (Some(types), _) => types
                 .iter()
@@ -253,6 +252,9 @@ impl Config {
         for (name, v) in [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("linear_num_value_heads", self.linear_num_value_heads),
             ("num_attention_heads", self.num_attention_heads),
             ("num_key_value_heads", self.num_key_value_heads),
             ("head_dim", self.head_dim),
@@ -276,6 +278,29 @@ impl Config {
                 "linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
                 self.linear_num_value_heads, self.linear_num_key_heads
             ),
+        )?;
+        // Every weight shape must be computable without overflow.
+        let products = [
+            self.vocab_size.checked_mul(self.hidden_size),
+            self.intermediate_size.checked_mul(self.hidden_size),
+            self.num_attention_heads
+                .checked_mul(self.head_dim)
+                .and_then(|x| x.checked_mul(2))
+                .and_then(|x| x.checked_mul(self.hidden_size)),
+            self.num_key_value_heads
+                .checked_mul(self.head_dim)
+                .and_then(|x| x.checked_mul(self.hidden_size)),
+            (2 * self.linear_num_key_heads as u128 * self.linear_key_head_dim as u128
+                + self.linear_num_value_heads as u128 * self.linear_value_head_dim as u128)
+                .checked_mul(self.hidden_size.max(self.linear_conv_kernel_dim) as u128)
+                .and_then(|x| usize::try_from(x).ok()),
+            self.linear_num_value_heads
+                .checked_mul(self.linear_key_head_dim)
+                .and_then(|x| x.checked_mul(self.linear_value_head_dim)),
+        ];
+        rule(
+            products.iter().all(Option::is_some),
+            "tensor sizes overflow usize".to_string(),
         )?;
         let rot = self.rotary_dim();
         rule(rot % 2 == 0 && rot <= self.head_dim, format!(
@@ -321,6 +346,36 @@ mod tests {
         let vl = serde_json::json!({"model_type": "qwen3_5", "text_config": text, "tie_word_embeddings": true});
         let c = Config::from_json(&vl.to_string()).unwrap();
         assert!(c.vision_language && c.tie_word_embeddings);
+    }
+
+    #[test]
+    fn head_dim_defaults_to_hf_256() {
+        let mut v: serde_json::Value = serde_json::from_str(TEXT).unwrap();
+        v.as_object_mut().unwrap().remove("head_dim");
+        assert_eq!(Config::from_json(&v.to_string()).unwrap().head_dim, 256);
+    }
+
+    #[test]
+    fn zero_sizes_and_overflowing_shapes_are_refused() {
+        let v: serde_json::Value = serde_json::from_str(TEXT).unwrap();
+        for (key, value, needle) in [
+            (
+                "intermediate_size",
+                serde_json::json!(0),
+                "intermediate_size must be positive",
+            ),
+            (
+                "linear_num_value_heads",
+                serde_json::json!(0),
+                "linear_num_value_heads must be positive",
+            ),
+            ("vocab_size", serde_json::json!(usize::MAX / 2), "overflow"),
+        ] {
+            let mut w = v.clone();
+            w[key] = value;
+            let err = Config::from_json(&w.to_string()).unwrap_err().to_string();
+            assert!(err.contains(needle), "{key}: {err}");
+        }
     }
 
     #[test]

@@ -235,6 +235,20 @@ impl CpuModel {
     /// Runs `tokens` after whatever `state` has seen; returns logits `[tokens.len()][vocab]`.
     pub fn forward(&self, tokens: &[u32], state: &mut CpuState) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
+        let kinds_match = state.layers.len() == self.layers.len()
+            && state.layers.iter().zip(&self.layers).all(|(s, l)| {
+                matches!(
+                    (s, &l.mixer),
+                    (LayerState::Linear { .. }, Mixer::Linear(_))
+                        | (LayerState::Full { .. }, Mixer::Full(_))
+                )
+            });
+        if !kinds_match {
+            return Err(Error::InvalidInput(
+                "the state was made by a model with other layers (use this model's new_state)"
+                    .into(),
+            ));
+        }
         let mut out = Vec::with_capacity(tokens.len());
         for &tok in tokens {
             let t = tok as usize;

@@ -46,6 +46,15 @@ impl Weights {
                 .ok_or_else(|| Error::Json(format!("{}: no weight_map object", p.display())))?;
             let set: std::collections::BTreeSet<&str> =
                 map.values().filter_map(|f| f.as_str()).collect();
+            // Shards must be plain file names inside the model directory.
+            if let Some(bad) = set.iter().find(|f| {
+                f.is_empty() || f.contains('/') || f.contains('\\') || **f == "." || **f == ".."
+            }) {
+                return Err(Error::Json(format!(
+                    "{}: shard name {bad:?} is not a plain file name",
+                    p.display()
+                )));
+            }
             set.into_iter().map(|f| dir.join(f)).collect()
         } else {
             vec![dir.join(SINGLE_FILE)]

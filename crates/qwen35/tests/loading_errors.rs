@@ -125,3 +125,27 @@ fn token_outside_the_vocabulary_is_an_error() {
     let err = m.forward(&[5, 320], &mut st).unwrap_err().to_string();
     assert!(err.contains("320") && err.contains("vocab_size"), "{err}");
 }
+
+#[test]
+fn state_of_another_model_is_refused() {
+    let a = load(&fixture("text_gva2")).unwrap();
+    let b = load(&fixture("text_gva3_untied")).unwrap();
+    let mut foreign = b.new_state();
+    let err = a.forward(&[5], &mut foreign).unwrap_err().to_string();
+    assert!(err.contains("other layers"), "{err}");
+}
+
+#[test]
+fn shard_names_must_stay_inside_the_model_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("model.safetensors.index.json"),
+        r#"{"weight_map": {"model.norm.weight": "../elsewhere.safetensors"}}"#,
+    )
+    .unwrap();
+    let err = Weights::open(dir.path()).err().unwrap().to_string();
+    assert!(
+        err.contains("../elsewhere.safetensors") && err.contains("plain file name"),
+        "{err}"
+    );
+}
