@@ -6,6 +6,7 @@
 
 mod cli;
 mod fetch;
+mod lockcmd;
 mod plan;
 mod process;
 mod stage;
@@ -22,7 +23,7 @@ fn main() -> ExitCode {
         cli::Command::Plan(args) => workflow::plan(&args),
         cli::Command::Build(args) => workflow::build(&args).map(|_| ()),
         cli::Command::Verify(args) => workflow::verify(&args),
-        cli::Command::Lock(args) => workflow::lock(&args),
+        cli::Command::Lock(args) => lockcmd::lock(&args),
         cli::Command::Check(args) => workflow::check(&args),
     };
     match result {

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use gdn_lock::{
     check_lock_matches_table, to_canonical_json, verify_bundle, ArtifactKind, ArtifactTable,
-    Digests, HostArtifacts, HostPolicy, InputRole, Lock, LockedInput, Manifest, ManifestArtifact,
-    Sha256Hex, VariantStatus, MANIFEST_FILE, SCHEMA_VERSION, TABLE_FILE,
+    Digests, HostPolicy, InputRole, Lock, LockedInput, Manifest, ManifestArtifact, Sha256Hex,
+    MANIFEST_FILE, SCHEMA_VERSION, TABLE_FILE,
 };
 
 use crate::cli::{BuildArgs, CheckArgs};
@@ -16,7 +16,7 @@ use crate::process::Result;
 use crate::stage;
 use crate::toolkit::{self, Toolkit};
 
-fn repo_root(lock_path: &Path) -> Result<PathBuf> {
+pub(crate) fn repo_root(lock_path: &Path) -> Result<PathBuf> {
     let abs = std::fs::canonicalize(lock_path).map_err(|e| {
         format!(
             "lock {}: {e}; run from the repository root or pass --lock",
@@ -26,7 +26,7 @@ fn repo_root(lock_path: &Path) -> Result<PathBuf> {
     Ok(abs.parent().expect("a file has a parent").to_path_buf())
 }
 
-fn load_table(repo: &Path) -> Result<(ArtifactTable, Sha256Hex)> {
+pub(crate) fn load_table(repo: &Path) -> Result<(ArtifactTable, Sha256Hex)> {
     let path = repo.join(TABLE_FILE);
     let table = ArtifactTable::load(&path).map_err(|e| e.to_string())?;
     let bytes = std::fs::read(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
@@ -56,7 +56,10 @@ fn load_locked(lock_path: &Path) -> Result<(PathBuf, ArtifactTable, Lock)> {
 }
 
 /// Our sources and patches, by repository path.
-fn hash_sources(repo: &Path, table: &ArtifactTable) -> Result<BTreeMap<String, Sha256Hex>> {
+pub(crate) fn hash_sources(
+    repo: &Path,
+    table: &ArtifactTable,
+) -> Result<BTreeMap<String, Sha256Hex>> {
     table
         .sources
         .iter()
@@ -76,13 +79,13 @@ fn kernel_source_input(lock: &Lock) -> Result<&LockedInput> {
 }
 
 /// Stamp beside the bundle: the content key of the last successful build.
-fn stamp_path(out: &Path) -> PathBuf {
+pub(crate) fn stamp_path(out: &Path) -> PathBuf {
     let mut s = out.as_os_str().to_owned();
     s.push(".stamp");
     PathBuf::from(s)
 }
 
-fn build_key(table: &ArtifactTable, lock: &Lock, tk: &Toolkit) -> Sha256Hex {
+pub(crate) fn build_key(table: &ArtifactTable, lock: &Lock, tk: &Toolkit) -> Sha256Hex {
     let doc = serde_json::json!({ "table": table, "lock": lock, "toolchain": tk.identity, "cxx": tk.host_cxx,
                                   "generator": env!("CARGO_PKG_VERSION") });
     Sha256Hex::of_bytes(doc.to_string().as_bytes())
@@ -90,7 +93,7 @@ fn build_key(table: &ArtifactTable, lock: &Lock, tk: &Toolkit) -> Sha256Hex {
 
 /// Compiles everything and assembles a bundle in a fresh directory `dest`
 /// (which must not exist). Does not compare with the lock's outputs.
-fn assemble(
+pub(crate) fn assemble(
     args: &BuildArgs,
     repo: &Path,
     table: &ArtifactTable,
@@ -191,7 +194,7 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// A temporary sibling of `out`, so the final rename stays on one filesystem.
-fn temp_sibling(out: &Path, tag: &str) -> Result<tempfile::TempDir> {
+pub(crate) fn temp_sibling(out: &Path, tag: &str) -> Result<tempfile::TempDir> {
     let parent = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -210,7 +213,7 @@ fn temp_sibling(out: &Path, tag: &str) -> Result<tempfile::TempDir> {
 /// new in). `out` never holds a partial bundle: it is the old one, the new
 /// one, or, between the two renames, absent. If the second rename fails the
 /// old bundle is put back.
-fn install(new: tempfile::TempDir, out: &Path) -> Result<()> {
+pub(crate) fn install(new: tempfile::TempDir, out: &Path) -> Result<()> {
     let new = new.keep();
     if out.exists() {
         let old = temp_sibling(out, "old")?.keep();
@@ -238,7 +241,7 @@ fn install(new: tempfile::TempDir, out: &Path) -> Result<()> {
 }
 
 /// Compiles run in the staging directory, so every path handed to them must be absolute.
-fn absolute_cache(args: &BuildArgs) -> Result<BuildArgs> {
+pub(crate) fn absolute_cache(args: &BuildArgs) -> Result<BuildArgs> {
     std::fs::create_dir_all(&args.cache)
         .map_err(|e| format!("create {}: {e}", args.cache.display()))?;
     let cache = std::fs::canonicalize(&args.cache).map_err(|e| e.to_string())?;
@@ -388,145 +391,6 @@ pub fn verify(args: &BuildArgs) -> Result<()> {
     .map_err(|e| e.to_string())?;
     eprintln!("gdn-gen: verify: every device artifact is byte-identical to the lock");
     Ok(())
-}
-
-pub fn lock(args: &BuildArgs) -> Result<()> {
-    let args = &absolute_cache(args)?;
-    let repo = repo_root(&args.lock).or_else(|_| {
-        // First lock: the file does not exist yet; its directory is the repo.
-        let parent = args
-            .lock
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        std::fs::canonicalize(parent).map_err(|e| e.to_string())
-    })?;
-    let (table, table_sha) = load_table(&repo)?;
-    let old = Lock::load(&args.lock).ok();
-    let fetched = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let mut inputs = vec![];
-    for spec in &table.inputs {
-        // Resolve by downloading (or finding) the file and hashing it.
-        let probe = LockedInput {
-            name: spec.name.clone(),
-            version: spec.version.clone(),
-            role: spec.role,
-            filename: spec.filename.clone(),
-            url: spec.url.clone(),
-            sha256: Sha256Hex::of_bytes(b""),
-            size: 0,
-            git_revision: spec.git_revision.clone(),
-        };
-        let path = fetch_for_lock(args, &probe, fetched.path())?;
-        let d = Digests::of_file(&path).map_err(|e| e.to_string())?;
-        inputs.push(LockedInput {
-            sha256: d.sha256,
-            size: d.size,
-            ..probe
-        });
-    }
-    let mut lock = Lock {
-        schema_version: SCHEMA_VERSION,
-        table_sha256: table_sha,
-        abi_version: table.abi_version,
-        nvcc_version: table.nvcc_version.clone(),
-        inputs,
-        sources: hash_sources(&repo, &table)?,
-        device_artifacts: BTreeMap::new(),
-        host_artifacts: HostArtifacts {
-            host_compiler: String::new(),
-            toolkit: String::new(),
-            artifacts: BTreeMap::new(),
-        },
-        variants: old
-            .as_ref()
-            .map(|l| l.variants.clone())
-            .unwrap_or_else(default_variants),
-    };
-    if args.variant != "cuda-13.0" {
-        return Err(format!(
-            "recording variant {} needs per-variant device artifacts in the lock (schema 2); \
-             schema 1 records the default variant only",
-            args.variant
-        ));
-    }
-    let tk = toolkit::resolve(args, &table.nvcc_version, &lock)?;
-    let tmp = temp_sibling(&args.out, "lock")?;
-    assemble(args, &repo, &table, &lock, &tk, tmp.path())?;
-    let manifest = Manifest::load(&tmp.path().join(MANIFEST_FILE)).map_err(|e| e.to_string())?;
-    for (path, art) in &manifest.artifacts {
-        match art.kind {
-            ArtifactKind::DeviceCubin => lock
-                .device_artifacts
-                .insert(path.clone(), art.digests.clone()),
-            _ => lock
-                .host_artifacts
-                .artifacts
-                .insert(path.clone(), art.digests.clone()),
-        };
-    }
-    lock.host_artifacts.host_compiler = manifest.toolchain.host_compiler.clone();
-    lock.host_artifacts.toolkit = manifest.toolchain.toolkit.clone();
-    if let Some(old) = &old {
-        for (path, d) in &lock.device_artifacts {
-            if old.device_artifacts.get(path) != Some(d) {
-                eprintln!("gdn-gen: lock: {path} changes to {}", d.sha256);
-            }
-        }
-    }
-    let text = to_canonical_json(&lock);
-    let tmp_lock = args.lock.with_extension("json.tmp");
-    std::fs::write(&tmp_lock, &text).map_err(|e| e.to_string())?;
-    std::fs::rename(&tmp_lock, &args.lock).map_err(|e| e.to_string())?;
-    install(tmp, &args.out)?;
-    std::fs::write(
-        stamp_path(&args.out),
-        build_key(&table, &lock, &tk).as_str(),
-    )
-    .map_err(|e| e.to_string())?;
-    eprintln!(
-        "gdn-gen: wrote {} ({} device artifacts)",
-        args.lock.display(),
-        lock.device_artifacts.len()
-    );
-    Ok(())
-}
-
-fn default_variants() -> BTreeMap<String, VariantStatus> {
-    BTreeMap::from([
-        (
-            "cuda-13.0".to_string(),
-            VariantStatus {
-                status: "recorded".into(),
-                nvcc_version: "V13.0.88".into(),
-                note: "device_artifacts are this variant's bytes".into(),
-            },
-        ),
-        (
-            "cuda-12.8".to_string(),
-            VariantStatus {
-                status: "unrecorded".into(),
-                nvcc_version: "V12.8.x".into(),
-                note: "no CUDA 12.8 nvcc was reachable when the lock was written; see docs/nix.md"
-                    .into(),
-            },
-        ),
-    ])
-}
-
-/// For `lock`: the hash is not known yet, so the file is fetched from its URL
-/// (never taken from a local copy, which could be stale or foreign) into a
-/// fresh directory, and then hashed.
-fn fetch_for_lock(args: &BuildArgs, input: &LockedInput, dir: &Path) -> Result<PathBuf> {
-    if args.offline {
-        return Err(format!(
-            "`gdn-gen lock` pins what {} serves and needs the network; drop --offline",
-            input.url
-        ));
-    }
-    let dest = dir.join(&input.filename);
-    crate::fetch::download(&input.url, &dest)?;
-    Ok(dest)
 }
 
 pub fn check(args: &CheckArgs) -> Result<()> {
