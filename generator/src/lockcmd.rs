@@ -79,7 +79,7 @@ pub fn lock(args: &BuildArgs) -> Result<()> {
     }
     let tk = toolkit::resolve(args, &table.nvcc_version, &lock)?;
     let tmp = temp_sibling(&args.out, "lock")?;
-    assemble(args, &repo, &table, &lock, &tk, tmp.path())?;
+    assemble(args, &repo, &table, &lock, &tk, tmp.path(), &args.cache)?;
     let manifest = Manifest::load(&tmp.path().join(MANIFEST_FILE)).map_err(|e| e.to_string())?;
     for (path, art) in &manifest.artifacts {
         match art.kind {

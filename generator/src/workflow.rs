@@ -93,6 +93,9 @@ pub(crate) fn build_key(table: &ArtifactTable, lock: &Lock, tk: &Toolkit) -> Sha
 
 /// Compiles everything and assembles a bundle in a fresh directory `dest`
 /// (which must not exist). Does not compare with the lock's outputs.
+/// `unit_cache` holds compiled units by content key: the shared cache for
+/// build and lock, an empty directory for verify (which must recompile).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn assemble(
     args: &BuildArgs,
     repo: &Path,
@@ -100,6 +103,7 @@ pub(crate) fn assemble(
     lock: &Lock,
     tk: &Toolkit,
     dest: &Path,
+    unit_cache: &Path,
 ) -> Result<()> {
     let ks = kernel_source_input(lock)?;
     let wheel = ensure_input(ks, &args.cache, args.inputs_dir.as_deref(), args.offline)?;
@@ -116,7 +120,7 @@ pub(crate) fn assemble(
         tempfile::tempdir_in(args.cache.join("stage")).map_err(|e| format!("staging dir: {e}"))?;
     let stage_dir = stage_tmp.path().join("src-root");
     stage::prepare(table, repo, &wheel, &stage_dir)?;
-    let outputs = compile_all(table, &stage_dir, &args.cache, tk, &keys, args.jobs)?;
+    let outputs = compile_all(table, &stage_dir, unit_cache, tk, &keys, args.jobs)?;
 
     let mut files: Vec<(String, PathBuf, ArtifactKind)> = vec![];
     for o in &outputs {
@@ -290,7 +294,7 @@ pub fn build(args: &BuildArgs) -> Result<PathBuf> {
     if !recorded {
         eprintln!("{UNRECORDED_BANNER}");
         let tmp = temp_sibling(&args.out, "new")?;
-        assemble(args, &repo, &table, &lock, &tk, tmp.path())?;
+        assemble(args, &repo, &table, &lock, &tk, tmp.path(), &args.cache)?;
         install(tmp, &args.out)?;
         eprintln!(
             "{UNRECORDED_BANNER}\ngdn-gen: unrecorded {} bundle written to {}",
@@ -315,7 +319,7 @@ pub fn build(args: &BuildArgs) -> Result<PathBuf> {
     }
     let _ = std::fs::remove_file(&stamp);
     let tmp = temp_sibling(&args.out, "new")?;
-    assemble(args, &repo, &table, &lock, &tk, tmp.path())?;
+    assemble(args, &repo, &table, &lock, &tk, tmp.path(), &args.cache)?;
     let verified = verify_bundle(tmp.path(), &table, &lock, HostPolicy::AllowForeignHostCompiler).map_err(|e| {
         format!("the built bundle does not match the lock: {e}\n(no bundle was written; `gdn-gen verify` lists every difference)")
     })?;
@@ -342,7 +346,10 @@ pub fn verify(args: &BuildArgs) -> Result<()> {
     }
     let tk = toolkit::resolve(args, &expected_nvcc, &lock)?;
     let tmp = temp_sibling(&args.out, "verify")?;
-    assemble(args, &repo, &table, &lock, &tk, tmp.path())?;
+    // Recompile everything: the unit cache is the thing being checked.
+    let fresh =
+        tempfile::tempdir_in(&args.cache).map_err(|e| format!("temporary unit cache: {e}"))?;
+    assemble(args, &repo, &table, &lock, &tk, tmp.path(), fresh.path())?;
     let manifest = Manifest::load(&tmp.path().join(MANIFEST_FILE)).map_err(|e| e.to_string())?;
     let mut differ = 0;
     let mut compare = |path: &str, locked: &Digests| match manifest.artifacts.get(path) {
