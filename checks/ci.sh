@@ -33,4 +33,10 @@ step "nix static checks"
 checks/nix/run.sh
 
 step "cargo test (GPU tests skip without a GPU)"
-cargo test --workspace
+cargo test --workspace 2>&1 | tee target/cargo-test.log
+# Without a GPU the GPU tests pass by returning early; say how many did.
+echo "GPU tests that skipped (no GPU here): $(grep -c '^skipped: no usable GPU' target/cargo-test.log || true)"
+# One closing line for all test binaries together (cargo prints one per binary,
+# and the last ones are doc-test runs with nothing in them).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i == "passed;") p += $(i-1); if ($i == "failed;") f += $(i-1) } }
+     END { printf "%d passed, %d failed\n", p, f; exit (f > 0 || p == 0) }' target/cargo-test.log
