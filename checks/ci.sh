@@ -33,7 +33,7 @@ step "nix static checks"
 checks/nix/run.sh
 
 step "cargo test (GPU tests skip without a GPU)"
-cargo test --workspace 2>&1 | tee target/cargo-test.log
+cargo test --workspace -- --show-output 2>&1 | tee target/cargo-test.log
 # Without a GPU the GPU tests pass by returning early; say how many did.
 echo "GPU tests that skipped (no GPU here): $(grep -c '^skipped: no usable GPU' target/cargo-test.log || true)"
 # One closing line for all test binaries together (cargo prints one per binary,
