@@ -338,7 +338,7 @@ fn validate_lengths(
         if w[1] == w[0] && backend == Backend::FlashInfer {
             return Err(invalid(
                 "cu_seqlens",
-                format!("sequence {i} is empty; FlashInfer 0.6.13 does not accept zero-length sequences (drop it from the batch)"),
+                format!("sequence {i} is empty; zero-length sequences are supported by FlashInfer only from 0.6.14, the bundle has 0.6.13 (drop it from the batch)"),
             ));
         }
     }
