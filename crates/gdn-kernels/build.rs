@@ -3,11 +3,9 @@
 //! expected and the actual value. Needs no nvcc and no Python.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use gdn_lock::{
-    verify_bundle, ArtifactKind, ArtifactTable, HostPolicy, Lock, UnitOutput, LOCK_FILE, TABLE_FILE,
-};
+use gdn_lock::{verify_bundle, ArtifactKind, HostPolicy, UnitOutput, LOCK_FILE, TABLE_FILE};
 
 /// Environment variable naming the bundle directory (Nix sets it to the
 /// derivation's output path); otherwise the generator's default output.
@@ -19,6 +17,7 @@ const HEAD_DIM: u32 = 128;
 const FLASHINFER_ARCH: &str = "sm_90a";
 const PORTABLE_UNIT: &str = "gdn_portable";
 const LAUNCHER_LIB: &str = "gdn_flashinfer_sm90";
+const CUDART: &str = "lib/libcudart_static.a";
 /// Set to 1 to accept host objects built by another host compiler than the
 /// lock's (Nix, other distributions); device code is still the locked cubins.
 const FOREIGN_HOST_ENV: &str = "GDN_ALLOW_FOREIGN_HOST_OBJECTS";
@@ -57,10 +56,9 @@ fn run() -> Result<(), String> {
     }
 
     // 1. Verify every file of the bundle against the table and the lock.
-    let table = ArtifactTable::load(&repo.join(TABLE_FILE)).map_err(|e| e.to_string())?;
-    let table_sha = gdn_lock::Sha256Hex::of_bytes(&read(&repo.join(TABLE_FILE))?);
-    let lock = Lock::load(&repo.join(LOCK_FILE)).map_err(|e| e.to_string())?;
-    gdn_lock::check_lock_matches_table(&table, &table_sha, &lock).map_err(|e| e.to_string())?;
+    let (table, lock) =
+        gdn_lock::load_table_and_lock(&repo.join(TABLE_FILE), &repo.join(LOCK_FILE))
+            .map_err(|e| e.to_string())?;
     println!("cargo:rerun-if-env-changed={FOREIGN_HOST_ENV}");
     let policy = if std::env::var(FOREIGN_HOST_ENV).is_ok_and(|v| v == "1") {
         HostPolicy::AllowForeignHostCompiler
@@ -92,24 +90,41 @@ fn run() -> Result<(), String> {
     )?;
 
     // 3. Write the verified bytes (read once by the verifier, never re-read
-    //    from the bundle) into a fresh OUT_DIR copy, and use only those.
+    //    from the bundle) of what we link or embed into fresh OUT_DIR
+    //    directories, and use only those. cudart gets a search directory of
+    //    its own, holding only that file.
     let copy = out.join("bundle");
-    let _ = std::fs::remove_dir_all(&copy);
+    let cudart_dir = out.join("cudart");
+    for dir in [&copy, &cudart_dir] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
     let mut objects = vec![];
     let mut portable = vec![];
+    let mut cudart = false;
     for (rel, art) in &verified.manifest.artifacts {
         println!("cargo:rerun-if-changed={}", bundle.join(rel).display());
-        let to = copy.join(rel);
+        let to = match art.kind {
+            ArtifactKind::HostObject => copy.join(rel),
+            ArtifactKind::DeviceCubin if rel.starts_with(&format!("cubin/{PORTABLE_UNIT}.")) => {
+                copy.join(rel)
+            }
+            ArtifactKind::HostLibrary if rel == CUDART => {
+                cudart = true;
+                cudart_dir.join("libcudart_static.a")
+            }
+            _ => continue,
+        };
         std::fs::create_dir_all(to.parent().expect("artifact has a parent"))
             .map_err(|e| e.to_string())?;
         std::fs::write(&to, &verified.files[rel]).map_err(|e| e.to_string())?;
         match art.kind {
             ArtifactKind::HostObject => objects.push(to),
-            ArtifactKind::DeviceCubin if rel.starts_with(&format!("cubin/{PORTABLE_UNIT}.")) => {
-                portable.push((rel.clone(), to))
-            }
+            ArtifactKind::DeviceCubin => portable.push((rel.clone(), to)),
             _ => {}
         }
+    }
+    if !cudart {
+        return Err(format!("{CUDART} is not in the bundle; {REMEDY}"));
     }
     let host_units = table
         .units
@@ -127,15 +142,6 @@ fn run() -> Result<(), String> {
         .cargo_metadata(true)
         .try_compile(LAUNCHER_LIB)
         .map_err(|e| format!("archive the launcher: {e}"))?;
-    // cudart gets a search directory of its own, holding only that file.
-    let cudart_dir = out.join("cudart");
-    let _ = std::fs::remove_dir_all(&cudart_dir);
-    std::fs::create_dir_all(&cudart_dir).map_err(|e| e.to_string())?;
-    std::fs::copy(
-        copy.join("lib/libcudart_static.a"),
-        cudart_dir.join("libcudart_static.a"),
-    )
-    .map_err(|e| format!("copy cudart: {e}"))?;
     println!("cargo:rustc-link-search=native={}", cudart_dir.display());
     println!("cargo:rustc-link-lib=static=cudart_static");
     for lib in ["stdc++", "dl", "pthread", "rt"] {
@@ -175,10 +181,6 @@ fn run() -> Result<(), String> {
 
 fn env(name: &str) -> Result<String, String> {
     std::env::var(name).map_err(|_| format!("{name} is not set (build.rs runs under cargo)"))
-}
-
-fn read(p: &Path) -> Result<Vec<u8>, String> {
-    std::fs::read(p).map_err(|e| format!("read {}: {e}", p.display()))
 }
 
 fn expect<T: PartialEq + std::fmt::Display>(

@@ -4,9 +4,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use gdn_lock::{
-    check_lock_matches_table, to_canonical_json, verify_bundle, ArtifactKind, ArtifactTable,
-    Digests, HostPolicy, InputRole, Lock, LockedInput, Manifest, ManifestArtifact, Sha256Hex,
-    MANIFEST_FILE, SCHEMA_VERSION, TABLE_FILE,
+    to_canonical_json, verify_bundle, ArtifactKind, ArtifactTable, Digests, HostPolicy, InputRole,
+    Lock, LockedInput, Manifest, ManifestArtifact, Sha256Hex, MANIFEST_FILE, SCHEMA_VERSION,
+    TABLE_FILE,
 };
 
 use crate::cli::{BuildArgs, CheckArgs};
@@ -27,18 +27,14 @@ pub(crate) fn repo_root(lock_path: &Path) -> Result<PathBuf> {
 }
 
 pub(crate) fn load_table(repo: &Path) -> Result<(ArtifactTable, Sha256Hex)> {
-    let path = repo.join(TABLE_FILE);
-    let table = ArtifactTable::load(&path).map_err(|e| e.to_string())?;
-    let bytes = std::fs::read(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
-    Ok((table, Sha256Hex::of_bytes(&bytes)))
+    ArtifactTable::load_with_sha256(&repo.join(TABLE_FILE)).map_err(|e| e.to_string())
 }
 
 /// Table, lock, and a check that our sources are the ones the lock pins.
 fn load_locked(lock_path: &Path) -> Result<(PathBuf, ArtifactTable, Lock)> {
     let repo = repo_root(lock_path)?;
-    let (table, table_sha) = load_table(&repo)?;
-    let lock = Lock::load(lock_path).map_err(|e| e.to_string())?;
-    check_lock_matches_table(&table, &table_sha, &lock).map_err(|e| e.to_string())?;
+    let (table, lock) = gdn_lock::load_table_and_lock(&repo.join(TABLE_FILE), lock_path)
+        .map_err(|e| e.to_string())?;
     let current = hash_sources(&repo, &table)?;
     if current != lock.sources {
         for (path, sha) in &current {

@@ -277,7 +277,6 @@ fn expect_len(
     }
 }
 
-/// Checks every buffer against `cu_seqlens` and the geometry; returns (N, T).
 /// Element counts of the buffers of one call; validation works on these so it
 /// is testable without a GPU.
 #[derive(Clone, Copy, Debug)]
@@ -292,6 +291,7 @@ struct BufferLens {
     output: usize,
 }
 
+/// Checks every buffer against `cu_seqlens` and the geometry; returns (N, T).
 fn validate(
     g: &GdnGeometry,
     b: &PrefillBuffers<'_>,

@@ -49,11 +49,19 @@ pub const MAX_DOCUMENT_BYTES: u64 = 4 << 20;
 /// Reads a document of ours: the schema version is checked first, so a
 /// document from a newer generator is reported as such, not as a parse error.
 pub(crate) fn read_versioned<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T> {
+    parse_versioned(path, &read_capped(path)?)
+}
+
+/// [`read_versioned`] on bytes already read from `path`.
+pub(crate) fn parse_versioned<T: serde::de::DeserializeOwned>(
+    path: &std::path::Path,
+    bytes: &[u8],
+) -> Result<T> {
     #[derive(serde::Deserialize)]
     struct Versioned {
         schema_version: u32,
     }
-    let v: Versioned = read_document(path)?;
+    let v: Versioned = parse(path, bytes)?;
     if v.schema_version != SCHEMA_VERSION {
         return Err(Error::SchemaVersion {
             path: path.to_owned(),
@@ -61,16 +69,23 @@ pub(crate) fn read_versioned<T: serde::de::DeserializeOwned>(path: &std::path::P
             actual: v.schema_version,
         });
     }
-    read_document(path)
+    parse(path, bytes)
 }
 
 /// Reads and parses a JSON document with a size cap, naming the file on error.
 pub fn read_document<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T> {
-    let meta = std::fs::metadata(path).map_err(|source| Error::Io {
+    parse(path, &read_capped(path)?)
+}
+
+/// The file's bytes, refused before reading if over [`MAX_DOCUMENT_BYTES`] (a
+/// corrupt or hostile file should not make us allocate without bound).
+pub(crate) fn read_capped(path: &std::path::Path) -> Result<Vec<u8>> {
+    let io = |source| Error::Io {
         path: path.to_owned(),
         action: "read",
         source,
-    })?;
+    };
+    let meta = std::fs::metadata(path).map_err(io)?;
     if meta.len() > MAX_DOCUMENT_BYTES {
         return Err(Error::TooLarge {
             path: path.to_owned(),
@@ -78,15 +93,26 @@ pub fn read_document<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> 
             actual: meta.len(),
         });
     }
-    let bytes = std::fs::read(path).map_err(|source| Error::Io {
-        path: path.to_owned(),
-        action: "read",
-        source,
-    })?;
-    serde_json::from_slice(&bytes).map_err(|e| Error::Parse {
+    std::fs::read(path).map_err(io)
+}
+
+fn parse<T: serde::de::DeserializeOwned>(path: &std::path::Path, bytes: &[u8]) -> Result<T> {
+    serde_json::from_slice(bytes).map_err(|e| Error::Parse {
         path: path.to_owned(),
         message: e.to_string(),
     })
+}
+
+/// The artifact table and the lock, checked to belong together (the lock was
+/// written for this very table). What gdn-gen and build.rs both start from.
+pub fn load_table_and_lock(
+    table_path: &std::path::Path,
+    lock_path: &std::path::Path,
+) -> Result<(ArtifactTable, Lock)> {
+    let (table, table_sha256) = ArtifactTable::load_with_sha256(table_path)?;
+    let lock = Lock::load(lock_path)?;
+    check_lock_matches_table(&table, &table_sha256, &lock)?;
+    Ok((table, lock))
 }
 
 /// Serializes a document the one canonical way (pretty, trailing newline), so

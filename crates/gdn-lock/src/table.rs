@@ -7,8 +7,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::digest::Sha256Hex;
 use crate::error::{Error, Result};
-use crate::read_versioned;
+use crate::{parse_versioned, read_capped};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -134,12 +135,19 @@ impl Unit {
 
 impl ArtifactTable {
     pub fn load(path: &Path) -> Result<Self> {
-        let table: ArtifactTable = read_versioned(path)?;
+        Ok(Self::load_with_sha256(path)?.0)
+    }
+
+    /// The table and the sha256 of the very bytes it was parsed from (the lock
+    /// records that hash to detect a table edited since locking).
+    pub fn load_with_sha256(path: &Path) -> Result<(Self, Sha256Hex)> {
+        let bytes = read_capped(path)?;
+        let table: ArtifactTable = parse_versioned(path, &bytes)?;
         table.validate().map_err(|message| Error::Parse {
             path: path.to_owned(),
             message,
         })?;
-        Ok(table)
+        Ok((table, Sha256Hex::of_bytes(&bytes)))
     }
 
     /// Structural rules that serde cannot express.
