@@ -30,10 +30,9 @@ pub fn lock(args: &BuildArgs) -> Result<()> {
     })?;
     let (table, table_sha) = load_table(&repo)?;
     let old = Lock::load(&args.lock).ok();
-    let fetched = tempfile::tempdir().map_err(|e| e.to_string())?;
     let mut inputs = vec![];
     for spec in &table.inputs {
-        // Resolve by downloading (or finding) the file and hashing it.
+        // Resolve by downloading the file and hashing it.
         let probe = LockedInput {
             name: spec.name.clone(),
             version: spec.version.clone(),
@@ -44,7 +43,7 @@ pub fn lock(args: &BuildArgs) -> Result<()> {
             size: 0,
             git_revision: spec.git_revision.clone(),
         };
-        let path = fetch_for_lock(args, &probe, fetched.path())?;
+        let path = fetch_for_lock(args, &probe)?;
         let d = Digests::of_file(&path).map_err(|e| e.to_string())?;
         inputs.push(LockedInput {
             sha256: d.sha256,
@@ -142,16 +141,16 @@ fn default_variants() -> BTreeMap<String, VariantStatus> {
 }
 
 /// For `lock`: the hash is not known yet, so the file is fetched from its URL
-/// (never taken from a local copy, which could be stale or foreign) into a
-/// fresh directory, and then hashed.
-fn fetch_for_lock(args: &BuildArgs, input: &LockedInput, dir: &Path) -> Result<PathBuf> {
+/// (never taken from a local copy, which could be stale or foreign) and then
+/// hashed. It replaces the cache's copy, where the build that follows finds it.
+fn fetch_for_lock(args: &BuildArgs, input: &LockedInput) -> Result<PathBuf> {
     if args.offline {
         return Err(format!(
             "`gdn-gen lock` pins what {} serves and needs the network; drop --offline",
             input.url
         ));
     }
-    let dest = dir.join(&input.filename);
+    let dest = args.cache.join("downloads").join(&input.filename);
     crate::fetch::download(&input.url, &dest)?;
     Ok(dest)
 }
