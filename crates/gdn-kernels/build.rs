@@ -15,7 +15,8 @@ const DEFAULT_BUNDLE: &str = "target/gdn-bundle";
 const ABI_VERSION: u32 = 1;
 const HEAD_DIM: u32 = 128;
 const FLASHINFER_ARCH: &str = "sm_90a";
-const PORTABLE_UNIT: &str = "gdn_portable";
+/// Units whose cubins are embedded and loaded with cuModuleLoadData.
+const EMBEDDED_CUBIN_UNITS: [&str; 2] = ["gdn_portable", "model_kernels"];
 const LAUNCHER_LIB: &str = "gdn_flashinfer_sm90";
 const CUDART: &str = "lib/libcudart_static.a";
 /// Set to 1 to accept host objects built by another host compiler than the
@@ -99,13 +100,17 @@ fn run() -> Result<(), String> {
         let _ = std::fs::remove_dir_all(dir);
     }
     let mut objects = vec![];
-    let mut portable = vec![];
+    let mut cubins = vec![];
     let mut cudart = false;
     for (rel, art) in &verified.manifest.artifacts {
         println!("cargo:rerun-if-changed={}", bundle.join(rel).display());
         let to = match art.kind {
             ArtifactKind::HostObject => copy.join(rel),
-            ArtifactKind::DeviceCubin if rel.starts_with(&format!("cubin/{PORTABLE_UNIT}.")) => {
+            ArtifactKind::DeviceCubin
+                if EMBEDDED_CUBIN_UNITS
+                    .iter()
+                    .any(|u| rel.starts_with(&format!("cubin/{u}."))) =>
+            {
                 copy.join(rel)
             }
             ArtifactKind::HostLibrary if rel == CUDART => {
@@ -119,7 +124,7 @@ fn run() -> Result<(), String> {
         std::fs::write(&to, &verified.files[rel]).map_err(|e| e.to_string())?;
         match art.kind {
             ArtifactKind::HostObject => objects.push(to),
-            ArtifactKind::DeviceCubin => portable.push((rel.clone(), to)),
+            ArtifactKind::DeviceCubin => cubins.push((rel.clone(), to)),
             _ => {}
         }
     }
@@ -148,19 +153,21 @@ fn run() -> Result<(), String> {
         println!("cargo:rustc-link-lib=dylib={lib}");
     }
 
-    // 5. Embed the portable cubins, by SM version, and the bundle identity.
+    // 5. Embed our cubins, by unit and SM version, and the bundle identity.
     let mut src = String::from(
-        "/// Portable fallback cubins from the verified bundle: (SM version, bytes).\n",
+        "/// Our cubins from the verified bundle: (unit, SM version, bytes).\n",
     );
-    src.push_str("pub(crate) static PORTABLE_CUBINS: &[(u32, &[u8])] = &[\n");
-    for (rel, path) in &portable {
-        let sm: u32 = rel
-            .rsplit_once(".sm_")
-            .and_then(|(_, rest)| rest.trim_end_matches(".cubin").parse().ok())
-            .ok_or_else(|| format!("cannot read the SM version from {rel}"))?;
+    src.push_str("pub(crate) static CUBINS: &[(&str, u32, &[u8])] = &[\n");
+    for (rel, path) in &cubins {
+        let (unit, sm) = rel
+            .strip_prefix("cubin/")
+            .and_then(|r| r.strip_suffix(".cubin"))
+            .and_then(|r| r.rsplit_once(".sm_"))
+            .and_then(|(unit, sm)| Some((unit, sm.parse::<u32>().ok()?)))
+            .ok_or_else(|| format!("cannot read unit and SM version from {rel}"))?;
         writeln!(
             src,
-            "    ({sm}, include_bytes!({:?})),",
+            "    ({unit:?}, {sm}, include_bytes!({:?})),",
             path.display().to_string()
         )
         .expect("write to String");

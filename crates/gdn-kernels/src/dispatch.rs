@@ -10,7 +10,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::bundle_embed::{FLASHINFER_GVA_RATIOS, PORTABLE_CUBINS};
+use crate::bundle_embed::{CUBINS, FLASHINFER_GVA_RATIOS};
 use crate::oracle::GdnGeometry;
 use crate::HEAD_DIM;
 
@@ -117,23 +117,31 @@ pub fn resolve(
     })
 }
 
-/// The portable cubin for a GPU: the newest one of the same major version not
-/// newer than the GPU (cubins run on later minors of their major). No PTX is
-/// shipped, so an architecture without a cubin is refused, not JIT-compiled.
+/// The portable GDN cubin for a GPU (see [`cubin_for`]).
 pub fn portable_cubin(compute_capability: (i32, i32)) -> Result<(u32, &'static [u8]), String> {
+    cubin_for(PORTABLE_UNIT, compute_capability)
+}
+
+pub(crate) const PORTABLE_UNIT: &str = "gdn_portable";
+
+/// The cubin of one of our units for a GPU: the newest one of the same major
+/// version not newer than the GPU (cubins run on later minors of their
+/// major). No PTX is shipped, so an architecture without a cubin is refused,
+/// not JIT-compiled.
+pub(crate) fn cubin_for(
+    unit: &str,
+    compute_capability: (i32, i32),
+) -> Result<(u32, &'static [u8]), String> {
     let (major, minor) = (compute_capability.0 as u32, compute_capability.1 as u32);
-    PORTABLE_CUBINS
-        .iter()
-        .filter(|(sm, _)| sm / 10 == major && sm % 10 <= minor)
-        .max_by_key(|(sm, _)| *sm)
-        .map(|(sm, bytes)| (*sm, *bytes))
+    let of_unit = || CUBINS.iter().filter(move |(u, _, _)| *u == unit);
+    of_unit()
+        .filter(|(_, sm, _)| sm / 10 == major && sm % 10 <= minor)
+        .max_by_key(|(_, sm, _)| *sm)
+        .map(|(_, sm, bytes)| (*sm, *bytes))
         .ok_or_else(|| {
-            let have: Vec<String> = PORTABLE_CUBINS
-                .iter()
-                .map(|(sm, _)| format!("sm_{sm}"))
-                .collect();
+            let have: Vec<String> = of_unit().map(|(_, sm, _)| format!("sm_{sm}")).collect();
             format!(
-                "no portable cubin for sm_{major}{minor} (the bundle has {}); PTX JIT is not used",
+                "no {unit} cubin for sm_{major}{minor} (the bundle has {}); PTX JIT is not used",
                 have.join(", ")
             )
         })
@@ -201,8 +209,11 @@ mod tests {
         let err = portable_cubin((7, 5)).unwrap_err();
         assert!(err.contains("sm_75") && err.contains("sm_80"), "{err}");
         // Every embedded cubin is an ELF image, not PTX text.
-        for (sm, bytes) in PORTABLE_CUBINS {
-            assert_eq!(&bytes[..4], b"\x7fELF", "sm_{sm}");
+        for (unit, sm, bytes) in CUBINS {
+            assert_eq!(&bytes[..4], b"\x7fELF", "{unit} sm_{sm}");
+        }
+        for unit in [PORTABLE_UNIT, "model_kernels"] {
+            assert_eq!(cubin_for(unit, (9, 0)).unwrap().0, 90, "{unit}");
         }
         assert!(resolve(BackendRequest::Portable, (7, 5), &QWEN35_4B).is_err());
     }

@@ -17,6 +17,10 @@ pub enum GdnError {
     Launcher { status: i32, detail: String },
     /// A CUDA driver call failed.
     Cuda(cudarc::driver::DriverError),
+    /// A model op (norm, conv, attention, ...) refused its arguments.
+    Op { op: &'static str, message: String },
+    /// cuBLAS failed (or could not be loaded).
+    Blas(String),
 }
 
 impl fmt::Display for GdnError {
@@ -30,6 +34,8 @@ impl fmt::Display for GdnError {
             ),
             GdnError::Launcher { status, detail } => write!(f, "gdn_prefill: FlashInfer launcher failed with status {status}: {detail}"),
             GdnError::Cuda(e) => write!(f, "gdn_prefill: CUDA error: {e}"),
+            GdnError::Op { op, message } => write!(f, "{op}: {message}"),
+            GdnError::Blas(e) => write!(f, "cuBLAS: {e}"),
         }
     }
 }
@@ -45,6 +51,13 @@ impl From<cudarc::driver::DriverError> for GdnError {
 pub(crate) fn invalid(arg: &'static str, message: impl Into<String>) -> GdnError {
     GdnError::InvalidArgument {
         arg,
+        message: message.into(),
+    }
+}
+
+pub(crate) fn op_error(op: &'static str, message: impl Into<String>) -> GdnError {
+    GdnError::Op {
+        op,
         message: message.into(),
     }
 }

@@ -1,4 +1,7 @@
-//! Gated DeltaNet (GDN) chunked prefill on the GPU, from the verified bundle.
+//! The GPU kernels of the Qwen3.5 runtime, from the verified bundle: Gated
+//! DeltaNet (GDN) chunked prefill ([`GdnPrefill`]), our model kernels
+//! ([`ModelOps`]: norms, DeltaNet conv/decode step, paged attention, SwiGLU)
+//! and cuBLAS linear layers ([`Gemm`]).
 //!
 //! This crate is the only place that knows the bundle: generated symbols, the
 //! C ABI of the FlashInfer launcher, cubin names and the state layout the
@@ -13,9 +16,12 @@
 //! - recurrent state: f32 `[N, Hv, 128 (v), 128 (k)]`, k contiguous
 //! - `Hv = r * Hqk`; value head `h` reads q/k head `h / r`.
 
+mod batch;
 mod dispatch;
 mod error;
 mod ffi;
+mod gemm;
+mod model_ops;
 pub mod oracle;
 mod prefill;
 #[doc(hidden)]
@@ -25,7 +31,10 @@ mod bundle_embed {
     include!(concat!(env!("OUT_DIR"), "/bundle_embed.rs"));
 }
 
+pub use batch::{BatchLayout, DeviceBatch};
 pub use dispatch::{Backend, BackendRequest, DispatchDecision};
+pub use gemm::{Gemm, GemmOutput};
+pub use model_ops::{AttentionShape, DeltaNetInputs, DeltaNetShape, ModelOps};
 pub use error::GdnError;
 pub use oracle::GdnGeometry;
 pub use prefill::{GdnPrefill, PrefillBuffers};

@@ -22,6 +22,20 @@ pub enum Error {
     Safetensors(String),
     Tokenizer(String),
     InvalidInput(String),
+    /// A GPU op, cuBLAS or the CUDA driver failed (or refused an argument).
+    Gpu(String),
+}
+
+impl From<gdn_kernels::GdnError> for Error {
+    fn from(e: gdn_kernels::GdnError) -> Self {
+        Error::Gpu(e.to_string())
+    }
+}
+
+impl From<cudarc::driver::DriverError> for Error {
+    fn from(e: cudarc::driver::DriverError) -> Self {
+        Error::Gpu(format!("CUDA driver: {e}"))
+    }
 }
 
 impl Error {
@@ -56,6 +70,7 @@ impl fmt::Display for Error {
             Error::Safetensors(m) => write!(f, "safetensors: {m}"),
             Error::Tokenizer(m) => write!(f, "tokenizer: {m}"),
             Error::InvalidInput(m) => write!(f, "invalid input: {m}"),
+            Error::Gpu(m) => write!(f, "GPU: {m}"),
         }
     }
 }

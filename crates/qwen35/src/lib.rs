@@ -1,11 +1,12 @@
-//! Qwen3.5 dense models: config, checkpoint loading, tokenizer, and the f32
-//! CPU reference forward. The GPU runtime (which calls `gdn_kernels` for
-//! multi-token DeltaNet steps) builds on these types.
+//! Qwen3.5 dense models: config, checkpoint loading, tokenizer, the f32 CPU
+//! reference forward, and the bf16 GPU runtime (`gpu`), which runs on the
+//! semantic ops of `gdn_kernels`.
 
 pub mod config;
 pub mod cpu;
 mod error;
 pub mod gate;
+pub mod gpu;
 pub mod tokenizer;
 pub mod weights;
 

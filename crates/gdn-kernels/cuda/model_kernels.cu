@@ -1,0 +1,425 @@
+// The Qwen3.5 model kernels around the GEMMs and the GDN prefill: embedding,
+// norms, the DeltaNet conv/gate/decode steps, attention over a paged KV cache.
+// Compiled ahead of time into plain cubins (sm_80 .. sm_120, no PTX), loaded
+// with cuModuleLoadData and launched by name from src/model_ops.rs, which owns
+// every launch geometry and checks every buffer length before launching.
+//
+// Numerics follow Hugging Face's bf16 forward (transformers 5.17,
+// modeling_qwen3_5.py): activations are stored in bf16 wherever HF stores
+// them, arithmetic inside a kernel is fp32, recurrent state is fp32. No fast
+// math: RoPE angles of positions > 4096 need the precise sinf/cosf.
+//
+// Shared layouts (packed varlen batch of N sequences, T tokens):
+//   tok_seq[T]       batch index of each token's sequence
+//   cu_seqlens[N+1]  token offsets of the sequences in this batch (int32)
+//   seq_slot[N]      state slot of each sequence (recurrent + conv state)
+//   positions[T]     absolute position of each token in its sequence
+//   block_table[N, max_blocks]  KV-cache page of each page-sized run of positions
+//   conv state       bf16 [slots, kw-1, C], oldest input first
+//   recurrent state  f32 [slots, Hv, 128 (v), 128 (k)], k contiguous (FlashInfer's)
+//   KV cache         bf16 [pages, page_size, Hkv, D]
+
+#include <cuda_bf16.h>
+#include <cstdint>
+
+typedef __nv_bfloat16 bf16;
+
+namespace {
+
+constexpr int kGdnDim = 128;
+constexpr int kMaxConvTaps = 8;
+constexpr int kMaxGqa = 8;
+constexpr int kAttnWarps = 4;
+
+__device__ __forceinline__ float f(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ bf16 bf(float x) { return __float2bfloat16(x); }
+// Rounds through bf16, where HF materialises a bf16 tensor.
+__device__ __forceinline__ float rbf(float x) { return f(bf(x)); }
+__device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
+__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+
+__device__ __forceinline__ float warp_sum(float x) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+// Sum over the block; every thread gets the result. blockDim.x <= 1024.
+__device__ float block_sum(float x) {
+    __shared__ float partial[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    x = warp_sum(x);
+    __syncthreads();  // `partial` may still be read by a previous call
+    if (lane == 0) partial[warp] = x;
+    __syncthreads();
+    const int warps = (blockDim.x + 31) >> 5;
+    float t = lane < warps ? partial[lane] : 0.f;
+    return warp_sum(t);
+}
+
+}  // namespace
+
+// out[t] = table[ids[t]]; grid T, block any.
+extern "C" __global__ void embedding_bf16(bf16* __restrict__ out, const bf16* __restrict__ table,
+                                          const int32_t* __restrict__ ids, int hidden) {
+    const int64_t t = blockIdx.x;
+    const bf16* row = table + (int64_t)ids[t] * hidden;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[t * hidden + i] = row[i];
+}
+
+// Zero-centred RMSNorm with the residual add in front:
+//   if delta: residual = bf16(residual + delta)      (HF: hidden = residual + hidden)
+//   out = bf16(residual / rms(residual) * (1 + w))
+// grid T, block 256, dynamic shared memory hidden floats.
+extern "C" __global__ void add_rmsnorm_bf16(bf16* __restrict__ out, bf16* __restrict__ residual,
+                                            const bf16* __restrict__ delta,
+                                            const float* __restrict__ weight, int hidden,
+                                            float eps) {
+    extern __shared__ float xs[];
+    const int64_t base = (int64_t)blockIdx.x * hidden;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+        float x = f(residual[base + i]);
+        if (delta != nullptr) {
+            x = rbf(x + f(delta[base + i]));
+            residual[base + i] = bf(x);
+        }
+        xs[i] = x;
+        ss += x * x;
+    }
+    const float r = rsqrtf(block_sum(ss) / hidden + eps);
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x)
+        out[base + i] = bf(xs[i] * r * (1.f + weight[i]));
+}
+
+// DeltaNet input side for every token: causal depthwise conv1d over the
+// [q | k | v] channels (conv state supplies the inputs before the chunk),
+// SiLU, q/k L2 norm (eps 1e-6), and the gates
+//   beta = sigmoid(b)                          (bf16, as HF's b.sigmoid())
+//   alpha = exp(-exp(A_log) * softplus(a + dt_bias))   (fp32)
+// proj is the fused input projection [T, ld]: qkv at column 0, b at col_b,
+// a at col_a. grid T, block 256, dynamic shared memory C floats.
+extern "C" __global__ void gdn_conv_prep(
+    bf16* __restrict__ q_out, bf16* __restrict__ k_out, bf16* __restrict__ v_out,
+    float* __restrict__ alpha_out, float* __restrict__ beta_out,
+    const bf16* __restrict__ proj, int ld, int col_b, int col_a,
+    const float* __restrict__ conv_w,       // [C, kw]
+    const bf16* __restrict__ conv_state,    // [slots, kw-1, C]
+    const int32_t* __restrict__ tok_seq, const int32_t* __restrict__ cu_seqlens,
+    const int32_t* __restrict__ seq_slot,
+    const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+    int hk, int hv, int kw) {
+    extern __shared__ float xs[];
+    const int D = kGdnDim;
+    const int C = (2 * hk + hv) * D;
+    const int t = blockIdx.x;
+    const int s = tok_seq[t];
+    const int start = cu_seqlens[s];
+    const int i = t - start;  // index of the token within this chunk
+    const int64_t slot = seq_slot[s];
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float acc = 0.f;
+        for (int j = 0; j < kw; ++j) {
+            const int src = i - (kw - 1) + j;  // chunk index of the tap's input
+            const float x = src >= 0 ? f(proj[(int64_t)(start + src) * ld + c])
+                                     : f(conv_state[(slot * (kw - 1) + (kw - 1 + src)) * C + c]);
+            acc += conv_w[c * kw + j] * x;
+        }
+        xs[c] = rbf(silu(acc));
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    // q heads then k heads: one warp per head, 4 elements per lane.
+    for (int h = warp; h < 2 * hk; h += warps) {
+        const float* x = xs + h * D;
+        float ss = 0.f;
+        for (int e = lane; e < D; e += 32) ss += x[e] * x[e];
+        const float r = rsqrtf(warp_sum(ss) + 1e-6f);
+        bf16* dst = h < hk ? q_out + ((int64_t)t * hk + h) * D
+                           : k_out + ((int64_t)t * hk + (h - hk)) * D;
+        for (int e = lane; e < D; e += 32) dst[e] = bf(x[e] * r);
+    }
+    for (int e = threadIdx.x; e < hv * D; e += blockDim.x)
+        v_out[(int64_t)t * hv * D + e] = bf(xs[2 * hk * D + e]);
+    for (int h = threadIdx.x; h < hv; h += blockDim.x) {
+        const float b = f(proj[(int64_t)t * ld + col_b + h]);
+        const float a = f(proj[(int64_t)t * ld + col_a + h]) + dt_bias[h];
+        const float softplus = a > 20.f ? a : log1pf(expf(a));
+        beta_out[(int64_t)t * hv + h] = rbf(sigmoid(b));
+        alpha_out[(int64_t)t * hv + h] = expf(-expf(a_log[h]) * softplus);
+    }
+}
+
+// After gdn_conv_prep: each sequence's conv state becomes the last kw-1
+// inputs it has seen (older state fills in for chunks shorter than kw-1).
+// One thread per (sequence, channel) reads everything before writing, so the
+// update is in place. grid N, block 256.
+extern "C" __global__ void gdn_conv_state_update(bf16* __restrict__ conv_state,
+                                                 const bf16* __restrict__ proj, int ld,
+                                                 const int32_t* __restrict__ cu_seqlens,
+                                                 const int32_t* __restrict__ seq_slot, int C,
+                                                 int kw) {
+    const int s = blockIdx.x;
+    const int start = cu_seqlens[s], len = cu_seqlens[s + 1] - start;
+    const int64_t slot = seq_slot[s];
+    const int taps = kw - 1;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        bf16 keep[kMaxConvTaps];
+        for (int j = 0; j < taps; ++j) {
+            const int src = len - taps + j;
+            keep[j] = src >= 0 ? proj[(int64_t)(start + src) * ld + c]
+                               : conv_state[(slot * taps + (taps + src)) * C + c];
+        }
+        for (int j = 0; j < taps; ++j) conv_state[(slot * taps + j) * C + c] = keep[j];
+    }
+}
+
+// One recurrent gated-delta-rule step for a batch of single tokens, in place
+// on the state slots (same math as the GDN oracle):
+//   S = alpha S;  d = beta (v - S k);  S += d k^T;  out = scale S q
+// grid (Hv, N), block 256: one warp per value row, 4 k-columns per lane.
+extern "C" __global__ void gdn_decode_step(bf16* __restrict__ out, float* __restrict__ state,
+                                           const int32_t* __restrict__ seq_slot,
+                                           const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                           const bf16* __restrict__ v,
+                                           const float* __restrict__ alpha,
+                                           const float* __restrict__ beta, int hk, int hv,
+                                           float scale) {
+    const int D = kGdnDim;
+    const int h = blockIdx.x, n = blockIdx.y;
+    const int kh = h / (hv / hk);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    float* S = state + ((int64_t)seq_slot[n] * hv + h) * D * D;
+    float kk[4], qq[4];
+    for (int e = 0; e < 4; ++e) {
+        kk[e] = f(k[((int64_t)n * hk + kh) * D + lane * 4 + e]);
+        qq[e] = f(q[((int64_t)n * hk + kh) * D + lane * 4 + e]);
+    }
+    const float a = alpha[(int64_t)n * hv + h], b = beta[(int64_t)n * hv + h];
+    for (int row = warp; row < D; row += warps) {
+        float4* p = reinterpret_cast<float4*>(S + (int64_t)row * D + lane * 4);
+        float4 s = *p;
+        s.x *= a; s.y *= a; s.z *= a; s.w *= a;
+        const float pred = warp_sum(s.x * kk[0] + s.y * kk[1] + s.z * kk[2] + s.w * kk[3]);
+        const float d = b * (f(v[((int64_t)n * hv + h) * D + row]) - pred);
+        s.x += d * kk[0]; s.y += d * kk[1]; s.z += d * kk[2]; s.w += d * kk[3];
+        *p = s;
+        const float o = warp_sum(s.x * qq[0] + s.y * qq[1] + s.z * qq[2] + s.w * qq[3]);
+        if (lane == 0) out[((int64_t)n * hv + h) * D + row] = bf(o * scale);
+    }
+}
+
+// DeltaNet output norm (HF Qwen3_5RMSNormGated): per value head,
+//   out = bf16( bf16(w * bf16(o / rms(o))) * silu(z) )   (plain weight, not 1 + w)
+// z comes from the fused projection at col_z. grid ceil(rows / 8), block 256:
+// one warp per (token, head) row of 128.
+extern "C" __global__ void gated_rmsnorm_bf16(bf16* __restrict__ out, const bf16* __restrict__ o,
+                                              const bf16* __restrict__ proj, int ld, int col_z,
+                                              const float* __restrict__ weight, int rows, int hv,
+                                              float eps) {
+    const int D = kGdnDim;
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    const int64_t t = row / hv, h = row % hv;
+    float x[4], ss = 0.f;
+    for (int e = 0; e < 4; ++e) {
+        x[e] = f(o[(int64_t)row * D + lane * 4 + e]);
+        ss += x[e] * x[e];
+    }
+    const float r = rsqrtf(warp_sum(ss) / D + eps);
+    for (int e = 0; e < 4; ++e) {
+        const int c = lane * 4 + e;
+        const float z = f(proj[t * ld + col_z + h * D + c]);
+        out[(int64_t)row * D + c] = bf(rbf(weight[c] * rbf(x[e] * r)) * silu(z));
+    }
+}
+
+// Attention input side: q/k zero-centred RMSNorm per head, partial NeoX RoPE
+// on the first 2*rot_half dims (cos/sin rounded to bf16 like HF's), then q to
+// q_out and k, v into their KV-cache pages. proj is the fused [q|gate per
+// head, k, v] projection. grid (T, Hq + Hkv), block D (a multiple of 32).
+extern "C" __global__ void attn_prep(
+    bf16* __restrict__ q_out, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
+    const bf16* __restrict__ proj, int ld, const float* __restrict__ q_norm,
+    const float* __restrict__ k_norm, const float* __restrict__ inv_freq, int rot_half,
+    const int32_t* __restrict__ positions, const int32_t* __restrict__ tok_seq,
+    const int32_t* __restrict__ block_table, int max_blocks, int page, int hq, int hkv,
+    float eps) {
+    __shared__ float y[1024];
+    const int D = blockDim.x, d = threadIdx.x;
+    const int64_t t = blockIdx.x;
+    const int h = blockIdx.y;
+    const bool is_q = h < hq;
+    const int kh = h - hq;
+    const float x = f(proj[t * ld + (is_q ? h * 2 * D : hq * 2 * D + kh * D) + d]);
+    const float r = rsqrtf(block_sum(x * x) / D + eps);
+    y[d] = rbf(x * r * (1.f + (is_q ? q_norm : k_norm)[d]));
+    __syncthreads();
+    const int pos = positions[t];
+    float val = y[d];
+    if (d < 2 * rot_half) {
+        const int i = d < rot_half ? d : d - rot_half;
+        const float angle = (float)pos * inv_freq[i];
+        const float c = rbf(cosf(angle)), s = rbf(sinf(angle));
+        val = d < rot_half ? y[d] * c - y[d + rot_half] * s : y[d] * c + y[d - rot_half] * s;
+    }
+    if (is_q) {
+        q_out[(t * hq + h) * D + d] = bf(val);
+        return;
+    }
+    const int64_t page_id = block_table[(int64_t)tok_seq[t] * max_blocks + pos / page];
+    const int64_t at = ((page_id * page + pos % page) * hkv + kh) * D + d;
+    k_cache[at] = bf(val);
+    v_cache[at] = proj[t * ld + hq * 2 * D + hkv * D + kh * D + d];
+}
+
+// Causal attention of each token over its sequence's cached keys 0..pos
+// (GQA: the block serves the G = Hq/Hkv query heads of one KV head), online
+// softmax in fp32 per warp over an interleaved share of the keys, warps
+// merged at the end; the output is multiplied by sigmoid(gate) (Qwen3.5's
+// gated attention). grid (T, Hkv), block 128. DPL = head dim / 32.
+template <int DPL>
+__device__ void attention_impl(bf16* __restrict__ out, const bf16* __restrict__ q,
+                               const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+                               const bf16* __restrict__ proj, int ld,
+                               const int32_t* __restrict__ positions,
+                               const int32_t* __restrict__ tok_seq,
+                               const int32_t* __restrict__ block_table, int max_blocks, int page,
+                               int hq, int hkv, float scale) {
+    constexpr int D = DPL * 32;
+    __shared__ float sh_m[kAttnWarps][kMaxGqa], sh_l[kAttnWarps][kMaxGqa];
+    __shared__ float sh_acc[kAttnWarps][kMaxGqa][D];
+    const int64_t t = blockIdx.x;
+    const int kh = blockIdx.y;
+    const int G = hq / hkv;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float qr[kMaxGqa][DPL], acc[kMaxGqa][DPL], m[kMaxGqa], l[kMaxGqa];
+#pragma unroll
+    for (int g = 0; g < kMaxGqa; ++g) {
+        m[g] = -INFINITY;
+        l[g] = 0.f;
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) {
+            acc[g][e] = 0.f;
+            qr[g][e] = g < G ? f(q[(t * hq + kh * G + g) * D + lane * DPL + e]) : 0.f;
+        }
+    }
+    const int pos = positions[t];
+    const int32_t* pages = block_table + (int64_t)tok_seq[t] * max_blocks;
+    for (int j = warp; j <= pos; j += kAttnWarps) {
+        const int64_t at = (((int64_t)pages[j / page] * page + j % page) * hkv + kh) * D + lane * DPL;
+        float kr[DPL], vr[DPL];
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) {
+            kr[e] = f(k_cache[at + e]);
+            vr[e] = f(v_cache[at + e]);
+        }
+#pragma unroll
+        for (int g = 0; g < kMaxGqa; ++g) {
+            if (g >= G) break;
+            float dot = 0.f;
+#pragma unroll
+            for (int e = 0; e < DPL; ++e) dot += qr[g][e] * kr[e];
+            const float score = warp_sum(dot) * scale;
+            const float m_new = fmaxf(m[g], score);
+            const float corr = expf(m[g] - m_new);  // 0 on the first key (m = -inf)
+            const float p = expf(score - m_new);
+            l[g] = l[g] * corr + p;
+#pragma unroll
+            for (int e = 0; e < DPL; ++e) acc[g][e] = acc[g][e] * corr + p * vr[e];
+            m[g] = m_new;
+        }
+    }
+    for (int g = 0; g < G; ++g) {
+        if (lane == 0) {
+            sh_m[warp][g] = m[g];
+            sh_l[warp][g] = l[g];
+        }
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) sh_acc[warp][g][lane * DPL + e] = acc[g][e];
+    }
+    __syncthreads();
+    // Merge: thread d of the block combines dimension d of every head.
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+        const int g = idx / D, d = idx % D;
+        float mx = -INFINITY;
+        for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, sh_m[w][g]);
+        float num = 0.f, den = 0.f;
+        for (int w = 0; w < kAttnWarps; ++w) {
+            const float c = sh_m[w][g] == -INFINITY ? 0.f : expf(sh_m[w][g] - mx);
+            num += c * sh_acc[w][g][d];
+            den += c * sh_l[w][g];
+        }
+        const int h = kh * G + g;
+        const float gate = f(proj[t * ld + h * 2 * D + D + d]);
+        out[(t * hq + h) * D + d] = bf(rbf(num / den) * sigmoid(gate));
+    }
+}
+
+#define GDN_ATTENTION(DPL)                                                                   \
+    extern "C" __global__ void __launch_bounds__(kAttnWarps * 32) attention_d##DPL(          \
+        bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache, const bf16* proj, \
+        int ld, const int32_t* positions, const int32_t* tok_seq, const int32_t* block_table, \
+        int max_blocks, int page, int hq, int hkv, float scale) {                            \
+        attention_impl<DPL>(out, q, k_cache, v_cache, proj, ld, positions, tok_seq,          \
+                            block_table, max_blocks, page, hq, hkv, scale);                  \
+    }
+// Head dims 32, 64, 128 and 256 (Qwen3.5 uses 256; the test models 32).
+GDN_ATTENTION(1)
+GDN_ATTENTION(2)
+GDN_ATTENTION(4)
+GDN_ATTENTION(8)
+
+// SwiGLU: out = bf16(bf16(silu(gate)) * up), gate_up = [T, 2I] (gate | up).
+// grid ceil(T*I / 256), block 256.
+extern "C" __global__ void silu_mul_bf16(bf16* __restrict__ out, const bf16* __restrict__ gate_up,
+                                         int64_t rows, int inter) {
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= rows * inter) return;
+    const int64_t r = idx / inter, c = idx % inter;
+    const float g = f(gate_up[r * 2 * inter + c]), u = f(gate_up[r * 2 * inter + inter + c]);
+    out[idx] = bf(rbf(silu(g)) * u);
+}
+
+// dst[dst_rows[n] or n] = src[src_rows[n] or n], rows of `width` elements
+// (state slots to and from a packed batch, last tokens to the lm_head).
+// grid (N, ceil(width / 1024)), block 256.
+template <typename T>
+__device__ void copy_rows_impl(T* dst, const int32_t* dst_rows, const T* src,
+                               const int32_t* src_rows, int64_t width) {
+    const int n = blockIdx.x;
+    const int64_t d = dst_rows ? dst_rows[n] : n, s = src_rows ? src_rows[n] : n;
+    const int64_t begin = (int64_t)blockIdx.y * 1024;
+    for (int64_t e = begin + threadIdx.x; e < width && e < begin + 1024; e += blockDim.x)
+        dst[d * width + e] = src[s * width + e];
+}
+extern "C" __global__ void copy_rows_f32(float* dst, const int32_t* dst_rows, const float* src,
+                                         const int32_t* src_rows, int64_t width) {
+    copy_rows_impl(dst, dst_rows, src, src_rows, width);
+}
+extern "C" __global__ void copy_rows_bf16(bf16* dst, const int32_t* dst_rows, const bf16* src,
+                                          const int32_t* src_rows, int64_t width) {
+    copy_rows_impl(dst, dst_rows, src, src_rows, width);
+}
+
+// Deterministic pseudo-random fill (benchmarks with random weights): a hash of
+// (seed, index) mapped to uniform [-1, 1) times `scale`, plus `offset`.
+__device__ __forceinline__ float hash_uniform(uint64_t seed, uint64_t i) {
+    uint64_t z = seed + 0x9e3779b97f4a7c15ull * (i + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (float)(z >> 40) * (2.f / 16777216.f) - 1.f;
+}
+extern "C" __global__ void fill_uniform_bf16(bf16* out, int64_t n, uint64_t seed, float scale,
+                                             float offset) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = bf(offset + scale * hash_uniform(seed, i));
+}
+extern "C" __global__ void fill_uniform_f32(float* out, int64_t n, uint64_t seed, float scale,
+                                            float offset) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = offset + scale * hash_uniform(seed, i);
+}

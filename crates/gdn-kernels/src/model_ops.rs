@@ -1,0 +1,576 @@
+//! Semantic ops over our model kernels (`cuda/model_kernels.cu`, cubins from
+//! the verified bundle): callers pass typed buffers and shapes; this module
+//! alone knows kernel names, launch geometries and argument orders, and
+//! checks every buffer length and index range before launching.
+
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+use half::bf16;
+
+use crate::batch::DeviceBatch;
+use crate::dispatch::cubin_for;
+use crate::error::{op_error, GdnError};
+use crate::HEAD_DIM;
+
+const UNIT: &str = "model_kernels";
+const MAX_CONV_TAPS: usize = 8;
+const MAX_GQA: usize = 8;
+const ATTN_THREADS: u32 = 128;
+const MAX_STATIC_SHARED: usize = 48 * 1024;
+
+/// Shape of one Gated DeltaNet layer (head dim 128). Its fused input
+/// projection has the columns `[q | k | v | z | b | a]`
+/// (see [`DeltaNetShape::proj_width`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaNetShape {
+    pub qk_heads: usize,
+    pub v_heads: usize,
+    pub conv_kernel: usize,
+}
+
+impl DeltaNetShape {
+    /// Channels of the causal conv: `[q | k | v]`.
+    pub fn conv_dim(&self) -> usize {
+        (2 * self.qk_heads + self.v_heads) * HEAD_DIM
+    }
+    pub fn col_z(&self) -> usize {
+        self.conv_dim()
+    }
+    pub fn col_b(&self) -> usize {
+        self.col_z() + self.v_heads * HEAD_DIM
+    }
+    pub fn col_a(&self) -> usize {
+        self.col_b() + self.v_heads
+    }
+    pub fn proj_width(&self) -> usize {
+        self.col_a() + self.v_heads
+    }
+    /// Elements of one slot's conv state: `[kernel - 1, conv_dim]`.
+    pub fn conv_state_len(&self) -> usize {
+        (self.conv_kernel - 1) * self.conv_dim()
+    }
+    /// Elements of one slot's recurrent state: `[Hv, 128, 128]`.
+    pub fn recurrent_state_len(&self) -> usize {
+        self.v_heads * HEAD_DIM * HEAD_DIM
+    }
+    fn check(&self) -> Result<(), GdnError> {
+        let ok = self.qk_heads > 0
+            && self.v_heads % self.qk_heads == 0
+            && (2..=MAX_CONV_TAPS + 1).contains(&self.conv_kernel)
+            && self.conv_dim() * 4 <= MAX_STATIC_SHARED;
+        ok.then_some(()).ok_or_else(|| {
+            op_error("deltanet", format!("unsupported shape {self:?} (Hv a multiple of Hqk, conv kernel 2..=9, conv_dim <= 12288)"))
+        })
+    }
+}
+
+/// Shape of one gated attention layer. Its fused projection has the columns
+/// `[q_0 | gate_0 | q_1 | gate_1 | ... | k | v]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionShape {
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Leading dims of each head that get RoPE.
+    pub rotary_dim: usize,
+}
+
+impl AttentionShape {
+    pub fn col_k(&self) -> usize {
+        self.q_heads * 2 * self.head_dim
+    }
+    pub fn proj_width(&self) -> usize {
+        self.col_k() + 2 * self.kv_heads * self.head_dim
+    }
+    /// Elements of one KV-cache page for one of K or V: `[page, Hkv, D]`.
+    pub fn page_len(&self, page_size: usize) -> usize {
+        page_size * self.kv_heads * self.head_dim
+    }
+    fn check(&self) -> Result<(), GdnError> {
+        let ok = self.kv_heads > 0
+            && self.q_heads % self.kv_heads == 0
+            && self.q_heads / self.kv_heads <= MAX_GQA
+            && matches!(self.head_dim, 32 | 64 | 128 | 256)
+            && self.rotary_dim % 2 == 0
+            && self.rotary_dim <= self.head_dim;
+        ok.then_some(()).ok_or_else(|| {
+            op_error("attention", format!("unsupported shape {self:?} (head dim 32/64/128/256, GQA group <= 8, even rotary dim)"))
+        })
+    }
+}
+
+/// Exact length check: `what` must hold `want` elements.
+fn exact(op: &'static str, what: &str, have: usize, want: usize) -> Result<(), GdnError> {
+    if have == want {
+        Ok(())
+    } else {
+        Err(op_error(op, format!("{what}: expected {want} elements, got {have}")))
+    }
+}
+
+/// A pool of `per_slot`-sized slots must hold every slot the batch uses.
+fn pool(op: &'static str, what: &str, len: usize, per_slot: usize, max_id: usize) -> Result<(), GdnError> {
+    if per_slot == 0 || len % per_slot != 0 || len / per_slot <= max_id {
+        return Err(op_error(
+            op,
+            format!("{what}: {len} elements is not a whole number of {per_slot}-element slots covering id {max_id}"),
+        ));
+    }
+    Ok(())
+}
+
+fn i32_of(op: &'static str, x: usize) -> Result<i32, GdnError> {
+    i32::try_from(x).map_err(|_| op_error(op, format!("{x} exceeds i32")))
+}
+
+fn grid(x: usize, y: usize, threads: u32, shared: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (x as u32, y as u32, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: shared as u32,
+    }
+}
+
+struct Functions {
+    embedding: CudaFunction,
+    add_rmsnorm: CudaFunction,
+    conv_prep: CudaFunction,
+    conv_update: CudaFunction,
+    decode_step: CudaFunction,
+    gated_rmsnorm: CudaFunction,
+    attn_prep: CudaFunction,
+    /// By head dim 32, 64, 128, 256.
+    attention: [CudaFunction; 4],
+    silu_mul: CudaFunction,
+    copy_f32: CudaFunction,
+    copy_bf16: CudaFunction,
+    fill_bf16: CudaFunction,
+    fill_f32: CudaFunction,
+}
+
+/// The DeltaNet per-token inputs the conv step produces and the prefill /
+/// decode steps consume.
+pub struct DeltaNetInputs {
+    /// `[T, Hqk, 128]`, L2-normalised.
+    pub q: CudaSlice<bf16>,
+    pub k: CudaSlice<bf16>,
+    /// `[T, Hv, 128]`.
+    pub v: CudaSlice<bf16>,
+    /// `[T, Hv]`: linear decay `exp(g)` and write strength `sigmoid(b)`.
+    pub alpha: CudaSlice<f32>,
+    pub beta: CudaSlice<f32>,
+}
+
+/// Our model kernels, loaded for one stream's device.
+pub struct ModelOps {
+    stream: Arc<CudaStream>,
+    f: Functions,
+    _module: Arc<CudaModule>,
+    sm: u32,
+}
+
+impl ModelOps {
+    pub fn new(stream: Arc<CudaStream>) -> Result<Self, GdnError> {
+        let ctx = stream.context().clone();
+        let cc = ctx.compute_capability()?;
+        let (sm, cubin) = cubin_for(UNIT, cc).map_err(|reason| GdnError::Unsupported {
+            backend: UNIT,
+            reason,
+        })?;
+        let module = ctx.load_module(Ptx::from_binary(cubin.to_vec()))?;
+        let l = |name: &str| module.load_function(name);
+        let f = Functions {
+            embedding: l("embedding_bf16")?,
+            add_rmsnorm: l("add_rmsnorm_bf16")?,
+            conv_prep: l("gdn_conv_prep")?,
+            conv_update: l("gdn_conv_state_update")?,
+            decode_step: l("gdn_decode_step")?,
+            gated_rmsnorm: l("gated_rmsnorm_bf16")?,
+            attn_prep: l("attn_prep")?,
+            attention: [
+                l("attention_d1")?,
+                l("attention_d2")?,
+                l("attention_d4")?,
+                l("attention_d8")?,
+            ],
+            silu_mul: l("silu_mul_bf16")?,
+            copy_f32: l("copy_rows_f32")?,
+            copy_bf16: l("copy_rows_bf16")?,
+            fill_bf16: l("fill_uniform_bf16")?,
+            fill_f32: l("fill_uniform_f32")?,
+        };
+        Ok(ModelOps {
+            stream,
+            f,
+            _module: module,
+            sm,
+        })
+    }
+
+    /// The SM version of the cubin in use.
+    pub fn cubin_sm(&self) -> u32 {
+        self.sm
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// `out[t] = table[ids[t]]`; ids are checked against the table's rows.
+    pub fn embedding(
+        &self,
+        table: &CudaSlice<bf16>,
+        hidden: usize,
+        ids: &[u32],
+        out: &mut CudaSlice<bf16>,
+    ) -> Result<(), GdnError> {
+        const OP: &str = "embedding";
+        let vocab = table.len() / hidden.max(1);
+        if hidden == 0 || table.len() != vocab * hidden {
+            return Err(op_error(OP, format!("table of {} elements is not [V, {hidden}]", table.len())));
+        }
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(op_error(OP, format!("token id {bad} >= vocab size {vocab}")));
+        }
+        exact(OP, "out", out.len(), ids.len() * hidden)?;
+        let ids: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
+        let ids_dev = self.stream.clone_htod(&ids)?;
+        let h = i32_of(OP, hidden)?;
+        let mut b = self.stream.launch_builder(&self.f.embedding);
+        b.arg(out).arg(table).arg(&ids_dev).arg(&h);
+        // SAFETY: matches embedding_bf16(out, table, ids, hidden); ids < vocab.
+        unsafe { b.launch(grid(ids.len(), 1, 256, 0)) }?;
+        Ok(())
+    }
+
+    /// `residual += delta` (if any, rounded to bf16), then
+    /// `out = residual / rms * (1 + weight)` per row of `hidden`.
+    pub fn add_rmsnorm(
+        &self,
+        residual: &mut CudaSlice<bf16>,
+        delta: Option<&CudaSlice<bf16>>,
+        weight: &CudaSlice<f32>,
+        out: &mut CudaSlice<bf16>,
+        hidden: usize,
+        eps: f32,
+    ) -> Result<(), GdnError> {
+        const OP: &str = "add_rmsnorm";
+        exact(OP, "weight", weight.len(), hidden)?;
+        let rows = residual.len() / hidden.max(1);
+        exact(OP, "residual", residual.len(), rows * hidden)?;
+        exact(OP, "out", out.len(), rows * hidden)?;
+        if let Some(d) = delta {
+            exact(OP, "delta", d.len(), rows * hidden)?;
+        }
+        if hidden * 4 > MAX_STATIC_SHARED || rows == 0 {
+            return Err(op_error(OP, format!("hidden {hidden} / rows {rows} out of range")));
+        }
+        let (h, null) = (i32_of(OP, hidden)?, 0u64);
+        let mut b = self.stream.launch_builder(&self.f.add_rmsnorm);
+        b.arg(out).arg(residual);
+        match delta {
+            Some(d) => b.arg(d),
+            None => b.arg(&null),
+        };
+        b.arg(weight).arg(&h).arg(&eps);
+        // SAFETY: matches add_rmsnorm_bf16; lengths checked; hidden floats of shared memory.
+        unsafe { b.launch(grid(rows, 1, 256, hidden * 4)) }?;
+        Ok(())
+    }
+
+    /// DeltaNet conv + SiLU + q/k L2 norm + gates for every token of the
+    /// batch, reading inputs before each chunk from the slots' conv state;
+    /// then advances the conv state. `proj` is `[T, shape.proj_width()]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn deltanet_conv(
+        &self,
+        batch: &DeviceBatch,
+        shape: DeltaNetShape,
+        proj: &CudaSlice<bf16>,
+        conv_weight: &CudaSlice<f32>,
+        a_log: &CudaSlice<f32>,
+        dt_bias: &CudaSlice<f32>,
+        conv_state: &mut CudaSlice<bf16>,
+        out: &mut DeltaNetInputs,
+    ) -> Result<(), GdnError> {
+        const OP: &str = "deltanet_conv";
+        shape.check()?;
+        let (t, hk, hv) = (batch.num_tokens, shape.qk_heads, shape.v_heads);
+        let ld = shape.proj_width();
+        exact(OP, "proj", proj.len(), t * ld)?;
+        exact(OP, "conv_weight", conv_weight.len(), shape.conv_dim() * shape.conv_kernel)?;
+        exact(OP, "a_log", a_log.len(), hv)?;
+        exact(OP, "dt_bias", dt_bias.len(), hv)?;
+        pool(OP, "conv_state", conv_state.len(), shape.conv_state_len(), batch.max_slot)?;
+        exact(OP, "q", out.q.len(), t * hk * HEAD_DIM)?;
+        exact(OP, "k", out.k.len(), t * hk * HEAD_DIM)?;
+        exact(OP, "v", out.v.len(), t * hv * HEAD_DIM)?;
+        exact(OP, "alpha", out.alpha.len(), t * hv)?;
+        exact(OP, "beta", out.beta.len(), t * hv)?;
+        let [ld_, cb, ca, hk_, hv_, kw, c] = [
+            ld,
+            shape.col_b(),
+            shape.col_a(),
+            hk,
+            hv,
+            shape.conv_kernel,
+            shape.conv_dim(),
+        ]
+        .map(|x| x as i32);
+        i32_of(OP, t * ld)?;
+        let mut b = self.stream.launch_builder(&self.f.conv_prep);
+        b.arg(&mut out.q).arg(&mut out.k).arg(&mut out.v);
+        b.arg(&mut out.alpha).arg(&mut out.beta);
+        b.arg(proj).arg(&ld_).arg(&cb).arg(&ca).arg(conv_weight);
+        b.arg(&*conv_state).arg(&batch.tok_seq).arg(&batch.cu_seqlens);
+        b.arg(&batch.seq_slot).arg(a_log).arg(dt_bias);
+        b.arg(&hk_).arg(&hv_).arg(&kw);
+        // SAFETY: matches gdn_conv_prep; every length and slot id checked above.
+        unsafe { b.launch(grid(t, 1, 256, shape.conv_dim() * 4)) }?;
+        let mut b = self.stream.launch_builder(&self.f.conv_update);
+        b.arg(conv_state).arg(proj).arg(&ld_).arg(&batch.cu_seqlens);
+        b.arg(&batch.seq_slot).arg(&c).arg(&kw);
+        // SAFETY: matches gdn_conv_state_update; runs after gdn_conv_prep on the
+        // same stream, so the old state is read before it is replaced.
+        unsafe { b.launch(grid(batch.num_seqs, 1, 256, 0)) }?;
+        Ok(())
+    }
+
+    /// One recurrent step for a batch of single tokens, in place on the
+    /// recurrent state slots (`[slots, Hv, 128, 128]` f32).
+    pub fn deltanet_decode(
+        &self,
+        batch: &DeviceBatch,
+        shape: DeltaNetShape,
+        inputs: &DeltaNetInputs,
+        state: &mut CudaSlice<f32>,
+        out: &mut CudaSlice<bf16>,
+        scale: f32,
+    ) -> Result<(), GdnError> {
+        const OP: &str = "deltanet_decode";
+        shape.check()?;
+        if batch.num_tokens != batch.num_seqs {
+            return Err(op_error(OP, format!("needs one token per sequence, got {} tokens for {} sequences", batch.num_tokens, batch.num_seqs)));
+        }
+        let (n, hk, hv) = (batch.num_seqs, shape.qk_heads, shape.v_heads);
+        pool(OP, "state", state.len(), shape.recurrent_state_len(), batch.max_slot)?;
+        exact(OP, "q", inputs.q.len(), n * hk * HEAD_DIM)?;
+        exact(OP, "v", inputs.v.len(), n * hv * HEAD_DIM)?;
+        exact(OP, "alpha", inputs.alpha.len(), n * hv)?;
+        exact(OP, "out", out.len(), n * hv * HEAD_DIM)?;
+        let (hk_, hv_) = (hk as i32, hv as i32);
+        let mut b = self.stream.launch_builder(&self.f.decode_step);
+        b.arg(out).arg(state).arg(&batch.seq_slot);
+        b.arg(&inputs.q).arg(&inputs.k).arg(&inputs.v);
+        b.arg(&inputs.alpha).arg(&inputs.beta).arg(&hk_).arg(&hv_).arg(&scale);
+        // SAFETY: matches gdn_decode_step; lengths and slots checked.
+        unsafe { b.launch(grid(hv, n, 256, 0)) }?;
+        Ok(())
+    }
+
+    /// DeltaNet output norm: per value head `w * o / rms(o) * silu(z)`, z from `proj`.
+    pub fn deltanet_out_norm(
+        &self,
+        shape: DeltaNetShape,
+        o: &CudaSlice<bf16>,
+        proj: &CudaSlice<bf16>,
+        weight: &CudaSlice<f32>,
+        out: &mut CudaSlice<bf16>,
+        eps: f32,
+    ) -> Result<(), GdnError> {
+        const OP: &str = "deltanet_out_norm";
+        let hv = shape.v_heads;
+        let t = o.len() / (hv * HEAD_DIM).max(1);
+        exact(OP, "o", o.len(), t * hv * HEAD_DIM)?;
+        exact(OP, "proj", proj.len(), t * shape.proj_width())?;
+        exact(OP, "weight", weight.len(), HEAD_DIM)?;
+        exact(OP, "out", out.len(), o.len())?;
+        let rows = t * hv;
+        let [ld, cz, rows_, hv_] = [shape.proj_width(), shape.col_z(), rows, hv].map(|x| x as i32);
+        let mut b = self.stream.launch_builder(&self.f.gated_rmsnorm);
+        b.arg(out).arg(o).arg(proj).arg(&ld).arg(&cz).arg(weight);
+        b.arg(&rows_).arg(&hv_).arg(&eps);
+        // SAFETY: matches gated_rmsnorm_bf16; one warp per row, 8 rows per block.
+        unsafe { b.launch(grid(rows.div_ceil(8), 1, 256, 0)) }?;
+        Ok(())
+    }
+
+    /// q/k norm and RoPE for every token; q to `q_out` (`[T, Hq, D]`), k and v
+    /// into the KV-cache pages (`[pages, page_size, Hkv, D]` each).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_prep(
+        &self,
+        batch: &DeviceBatch,
+        shape: AttentionShape,
+        proj: &CudaSlice<bf16>,
+        q_norm: &CudaSlice<f32>,
+        k_norm: &CudaSlice<f32>,
+        inv_freq: &CudaSlice<f32>,
+        q_out: &mut CudaSlice<bf16>,
+        k_cache: &mut CudaSlice<bf16>,
+        v_cache: &mut CudaSlice<bf16>,
+        eps: f32,
+    ) -> Result<(), GdnError> {
+        const OP: &str = "attention_prep";
+        shape.check()?;
+        let (t, d) = (batch.num_tokens, shape.head_dim);
+        exact(OP, "proj", proj.len(), t * shape.proj_width())?;
+        exact(OP, "q_norm", q_norm.len(), d)?;
+        exact(OP, "k_norm", k_norm.len(), d)?;
+        exact(OP, "inv_freq", inv_freq.len(), shape.rotary_dim / 2)?;
+        exact(OP, "q_out", q_out.len(), t * shape.q_heads * d)?;
+        let page = shape.page_len(batch.page_size);
+        pool(OP, "k_cache", k_cache.len(), page, batch.max_page)?;
+        exact(OP, "v_cache", v_cache.len(), k_cache.len())?;
+        let [ld, rh, mb, ps, hq, hkv] = [
+            shape.proj_width(),
+            shape.rotary_dim / 2,
+            batch.max_blocks,
+            batch.page_size,
+            shape.q_heads,
+            shape.kv_heads,
+        ]
+        .map(|x| x as i32);
+        let mut b = self.stream.launch_builder(&self.f.attn_prep);
+        b.arg(q_out).arg(k_cache).arg(v_cache).arg(proj).arg(&ld);
+        b.arg(q_norm).arg(k_norm).arg(inv_freq).arg(&rh);
+        b.arg(&batch.positions).arg(&batch.tok_seq).arg(&batch.block_table);
+        b.arg(&mb).arg(&ps).arg(&hq).arg(&hkv).arg(&eps);
+        // SAFETY: matches attn_prep; pages and lengths checked; block = head dim.
+        unsafe { b.launch(grid(t, shape.q_heads + shape.kv_heads, d as u32, 0)) }?;
+        Ok(())
+    }
+
+    /// Causal attention of every token over its sequence's cached positions
+    /// `0..=position`, times `sigmoid(gate)` from `proj`; `out` is `[T, Hq * D]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention(
+        &self,
+        batch: &DeviceBatch,
+        shape: AttentionShape,
+        q: &CudaSlice<bf16>,
+        k_cache: &CudaSlice<bf16>,
+        v_cache: &CudaSlice<bf16>,
+        proj: &CudaSlice<bf16>,
+        out: &mut CudaSlice<bf16>,
+    ) -> Result<(), GdnError> {
+        const OP: &str = "attention";
+        shape.check()?;
+        let (t, d) = (batch.num_tokens, shape.head_dim);
+        exact(OP, "q", q.len(), t * shape.q_heads * d)?;
+        exact(OP, "proj", proj.len(), t * shape.proj_width())?;
+        exact(OP, "out", out.len(), t * shape.q_heads * d)?;
+        pool(OP, "k_cache", k_cache.len(), shape.page_len(batch.page_size), batch.max_page)?;
+        exact(OP, "v_cache", v_cache.len(), k_cache.len())?;
+        let func = &self.f.attention[(d / 32).trailing_zeros() as usize];
+        let scale = (d as f32).powf(-0.5);
+        let [ld, mb, ps, hq, hkv] = [
+            shape.proj_width(),
+            batch.max_blocks,
+            batch.page_size,
+            shape.q_heads,
+            shape.kv_heads,
+        ]
+        .map(|x| x as i32);
+        let mut b = self.stream.launch_builder(func);
+        b.arg(out).arg(q).arg(k_cache).arg(v_cache).arg(proj).arg(&ld);
+        b.arg(&batch.positions).arg(&batch.tok_seq).arg(&batch.block_table);
+        b.arg(&mb).arg(&ps).arg(&hq).arg(&hkv).arg(&scale);
+        // SAFETY: matches attention_d{D/32}; pages and lengths checked.
+        unsafe { b.launch(grid(t, shape.kv_heads, ATTN_THREADS, 0)) }?;
+        Ok(())
+    }
+
+    /// SwiGLU: `out[r] = silu(gate_up[r, :I]) * gate_up[r, I:]`.
+    pub fn silu_mul(
+        &self,
+        gate_up: &CudaSlice<bf16>,
+        out: &mut CudaSlice<bf16>,
+        inter: usize,
+    ) -> Result<(), GdnError> {
+        const OP: &str = "silu_mul";
+        let rows = out.len() / inter.max(1);
+        exact(OP, "out", out.len(), rows * inter)?;
+        exact(OP, "gate_up", gate_up.len(), rows * 2 * inter)?;
+        let (r, i) = (rows as i64, i32_of(OP, inter)?);
+        let mut b = self.stream.launch_builder(&self.f.silu_mul);
+        b.arg(out).arg(gate_up).arg(&r).arg(&i);
+        // SAFETY: matches silu_mul_bf16; one thread per output element.
+        unsafe { b.launch(grid((rows * inter).div_ceil(256), 1, 256, 0)) }?;
+        Ok(())
+    }
+
+    /// Copies each sequence's recurrent state slot into a packed
+    /// `[N, per_slot]` buffer (`to_packed`), or back.
+    pub fn move_state(
+        &self,
+        batch: &DeviceBatch,
+        pool_buf: &mut CudaSlice<f32>,
+        packed: &mut CudaSlice<f32>,
+        per_slot: usize,
+        to_packed: bool,
+    ) -> Result<(), GdnError> {
+        const OP: &str = "move_state";
+        pool(OP, "pool", pool_buf.len(), per_slot, batch.max_slot)?;
+        exact(OP, "packed", packed.len(), batch.num_seqs * per_slot)?;
+        let (w, null) = (per_slot as i64, 0u64);
+        let mut b = self.stream.launch_builder(&self.f.copy_f32);
+        if to_packed {
+            b.arg(packed).arg(&null).arg(&*pool_buf).arg(&batch.seq_slot);
+        } else {
+            b.arg(pool_buf).arg(&batch.seq_slot).arg(&*packed).arg(&null);
+        }
+        b.arg(&w);
+        // SAFETY: matches copy_rows_f32; slot ids checked against the pool.
+        unsafe { b.launch(grid(batch.num_seqs, per_slot.div_ceil(1024), 256, 0)) }?;
+        Ok(())
+    }
+
+    /// `out[i] = src[rows[i]]` for rows of `width` (last tokens to the lm_head).
+    pub fn gather_rows(
+        &self,
+        src: &CudaSlice<bf16>,
+        rows: &[i32],
+        width: usize,
+        out: &mut CudaSlice<bf16>,
+    ) -> Result<(), GdnError> {
+        const OP: &str = "gather_rows";
+        let n_src = src.len() / width.max(1);
+        if rows.iter().any(|&r| r < 0 || r as usize >= n_src) || rows.is_empty() {
+            return Err(op_error(OP, format!("rows {rows:?} outside 0..{n_src}")));
+        }
+        exact(OP, "out", out.len(), rows.len() * width)?;
+        let rows_dev = self.stream.clone_htod(rows)?;
+        let (w, null) = (width as i64, 0u64);
+        let mut b = self.stream.launch_builder(&self.f.copy_bf16);
+        b.arg(out).arg(&null).arg(src).arg(&rows_dev).arg(&w);
+        // SAFETY: matches copy_rows_bf16; rows checked.
+        unsafe { b.launch(grid(rows.len(), width.div_ceil(1024), 256, 0)) }?;
+        Ok(())
+    }
+
+    /// Fills with `offset + scale * u`, `u` uniform in [-1, 1) from a hash
+    /// of (seed, index): random weights for benchmarks.
+    pub fn fill_uniform_bf16(&self, buf: &mut CudaSlice<bf16>, seed: u64, scale: f32, offset: f32) -> Result<(), GdnError> {
+        let n = buf.len() as i64;
+        let mut b = self.stream.launch_builder(&self.f.fill_bf16);
+        b.arg(buf).arg(&n).arg(&seed).arg(&scale).arg(&offset);
+        // SAFETY: matches fill_uniform_bf16 (grid-stride loop over n).
+        unsafe { b.launch(grid(1024, 1, 256, 0)) }?;
+        Ok(())
+    }
+
+    /// [`ModelOps::fill_uniform_bf16`] for f32 buffers.
+    pub fn fill_uniform_f32(&self, buf: &mut CudaSlice<f32>, seed: u64, scale: f32, offset: f32) -> Result<(), GdnError> {
+        let n = buf.len() as i64;
+        let mut b = self.stream.launch_builder(&self.f.fill_f32);
+        b.arg(buf).arg(&n).arg(&seed).arg(&scale).arg(&offset);
+        // SAFETY: matches fill_uniform_f32 (grid-stride loop over n).
+        unsafe { b.launch(grid(1024, 1, 256, 0)) }?;
+        Ok(())
+    }
+}
