@@ -5,7 +5,10 @@
 #   crosscheck our backends against FLA's Triton kernel on shared inputs
 #   bench      our two backends and FLA, side by side
 #   repro      `gdn-gen verify` with the machine's own nvcc under /usr/local/cuda
-# Writes at most 7 files under $OUT (the device tool returns 8).
+#   fixtures   regenerate the Qwen3.5 fixtures with HF transformers (fixtures.tar)
+#   qwen35     the Qwen3.5 GPU gates (on the fixtures just made, else the committed ones)
+#   qbench     the Qwen3.5-4B random-weight benchmark
+# Writes at most 8 files under $OUT (the device tool returns 8).
 set -uo pipefail
 OUT=${OUT:-/tmp/gdn-out}; mkdir -p "$OUT"
 stages=${1:-tests,crosscheck,bench,repro}
@@ -32,5 +35,25 @@ if [[ $stages == *repro* ]]; then
       --cache /tmp/gdn-cache --out /tmp/gdn-bundle --jobs 2 ) > "$OUT/repro.log" 2>&1 || rc=1
   tar -cf "$OUT/repro_artifacts.tar" -C /tmp/gdn-cache units 2>/dev/null --exclude='*.ii' --exclude='*.cpp' --exclude='*.c' --exclude='*.ptx' --exclude='*.gpu' --exclude='tmp'
   grep -E "same|DIFFERS|MISSING|host artifacts|error|verify:|real" "$OUT/repro.log"
+fi
+if [[ $stages == *fixtures* ]]; then
+  PYTHONUNBUFFERED=1 python3 checks/fixtures/make_qwen35_fixtures.py /tmp/fixtures > /tmp/generation.log 2>&1 || rc=1
+  cp /tmp/generation.log /tmp/fixtures/ 2>/dev/null
+  tar -cf "$OUT/fixtures.tar" -C /tmp fixtures && tail -3 /tmp/generation.log
+  export QWEN35_FIXTURES=/tmp/fixtures
+fi
+# cuBLAS is loaded at run time (libcublas.so.13): the toolkit's or torch's copy.
+cublas=$(find /usr/local/cuda*/ /usr/lib /usr/local/lib $(python3 -c 'import site; print(*site.getsitepackages())') \
+  -name 'libcublas.so.13*' 2>/dev/null | head -1)
+export QWEN35_FIXTURES=${QWEN35_FIXTURES:-$PWD/crates/qwen35/tests/fixtures}
+[[ -n $cublas ]] && export LD_LIBRARY_PATH=$(dirname "$cublas")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+if [[ $stages == *qwen35* ]]; then
+  { echo "### GDN_REQUIRE_GPU=1 gpu_forward (fixtures: $QWEN35_FIXTURES, cuBLAS: ${cublas:-not found})"
+    GDN_REQUIRE_GPU=1 .carry/bin/gpu_forward --test-threads=1 --nocapture; } > "$OUT/qwen35.log" 2>&1 || rc=1
+  grep -E "^test |^test result|panicked" "$OUT/qwen35.log"
+fi
+if [[ $stages == *qbench* ]]; then
+  .carry/bin/qwen35_bench > "$OUT/qbench.jsonl" 2> "$OUT/qbench.err" || rc=1
+  cat "$OUT/qbench.jsonl"; tail -5 "$OUT/qbench.err"
 fi
 exit $rc

@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # Builds everything the H200 run needs on this (CPU-only) machine and puts it
 # under .carry/ (git-ignored), for the device tool's `carry`:
-#   .carry/bin: the GPU test binary, the benchmark, the dump tool, gdn-gen
+#   .carry/bin: the GPU test binaries (GDN op, Qwen3.5 forward), the benchmarks
+#               (GDN op, Qwen3.5-4B), the dump tool, gdn-gen
 #   .carry/whl: fla-core (FLA Triton) and the pinned FlashInfer wheel (for the
 #               cross-machine reproducibility check with NVIDIA's toolkit there)
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 rm -rf .carry && mkdir -p .carry/bin .carry/whl
-cargo build --release -p gdn-gen -p gdn-kernels --examples
-cp target/release/gdn-gen target/release/examples/gdn_bench target/release/examples/gdn_dump .carry/bin/
-test_bin=$(cargo test --release -p gdn-kernels --test gpu_prefill --no-run --message-format=json 2>/dev/null \
-  | python3 -c 'import json,sys; print([j["executable"] for j in map(json.loads, sys.stdin) if j.get("executable")][-1])')
-cp "$test_bin" .carry/bin/gpu_prefill
+cargo build --release -p gdn-gen -p gdn-kernels -p qwen35 --examples
+cp target/release/gdn-gen target/release/examples/{gdn_bench,gdn_dump,qwen35_bench} .carry/bin/
+test_binary() {  # crate, test target -> path of the built test executable
+  cargo test --release -p "$1" --test "$2" --no-run --message-format=json 2>/dev/null \
+    | python3 -c 'import json,sys; print([j["executable"] for j in map(json.loads, sys.stdin) if j.get("executable")][-1])'
+}
+cp "$(test_binary gdn-kernels gpu_prefill)" .carry/bin/gpu_prefill
+cp "$(test_binary qwen35 gpu_forward)" .carry/bin/gpu_forward
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .carry/whl fla-core==0.6.0
 read -r fi_wheel fi_url fi_sha < <(python3 -c 'import json; i=[i for i in json.load(open("gdn-bundle.lock.json"))["inputs"] if i["role"]=="kernel-source"][0]; print(i["filename"], i["url"], i["sha256"])')
 curl -fsSL -o ".carry/whl/$fi_wheel" "$fi_url"

@@ -330,13 +330,17 @@ __device__ void attention_impl(bf16* __restrict__ out, const bf16* __restrict__ 
             m[g] = m_new;
         }
     }
-    for (int g = 0; g < G; ++g) {
-        if (lane == 0) {
-            sh_m[warp][g] = m[g];
-            sh_l[warp][g] = l[g];
-        }
+    // Constant indices only (full unroll), so acc/m/l stay in registers.
 #pragma unroll
-        for (int e = 0; e < DPL; ++e) sh_acc[warp][g][lane * DPL + e] = acc[g][e];
+    for (int g = 0; g < kMaxGqa; ++g) {
+        if (g < G) {
+            if (lane == 0) {
+                sh_m[warp][g] = m[g];
+                sh_l[warp][g] = l[g];
+            }
+#pragma unroll
+            for (int e = 0; e < DPL; ++e) sh_acc[warp][g][lane * DPL + e] = acc[g][e];
+        }
     }
     __syncthreads();
     // Merge: thread d of the block combines dimension d of every head.

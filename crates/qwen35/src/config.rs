@@ -319,6 +319,18 @@ impl Config {
     }
 }
 
+/// Qwen3.5-4B's text config (the shapes of Hugging Face `Qwen/Qwen3.5-4B`,
+/// text part): benchmarks build a random-weight model of this size.
+pub const QWEN35_4B_TEXT: &str = r#"{
+  "model_type": "qwen3_5_text", "vocab_size": 248320, "hidden_size": 2560,
+  "intermediate_size": 9216, "num_hidden_layers": 32, "full_attention_interval": 4,
+  "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256,
+  "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+  "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+  "rms_norm_eps": 1e-6, "tie_word_embeddings": true, "hidden_act": "silu",
+  "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25}
+}"#;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -417,5 +429,15 @@ mod tests {
             assert!(err.contains(needle), "{key}: {err}");
             v[key] = saved;
         }
+    }
+
+    #[test]
+    fn the_4b_benchmark_config_has_the_published_shapes() {
+        let c = Config::from_json(QWEN35_4B_TEXT).unwrap();
+        let full = c.layer_types.iter().filter(|t| **t == LayerType::Full).count();
+        assert_eq!((c.layer_types.len(), full), (32, 8));
+        assert_eq!(c.layer_types[3], LayerType::Full);
+        assert_eq!((c.rotary_dim(), c.linear_conv_dim()), (64, 8192));
+        assert!(c.tie_word_embeddings);
     }
 }

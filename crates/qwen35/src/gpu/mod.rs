@@ -31,6 +31,9 @@ pub enum Logits {
     LastToken,
     /// Every token (teacher-forced evaluation).
     AllTokens,
+    /// The last token of each sequence, left on the device (benchmarks of
+    /// the forward without the host copy); `forward` returns no rows.
+    DeviceOnly,
 }
 
 /// Options of the GPU model.
@@ -372,7 +375,7 @@ impl GpuModel {
         )?;
         let rows = match which {
             Logits::AllTokens => normed,
-            Logits::LastToken => {
+            Logits::LastToken | Logits::DeviceOnly => {
                 let last = batch.last_token_rows();
                 let mut rows = s.alloc_zeros::<bf16>(last.len() * h)?;
                 self.ops.gather_rows(&normed, last, h, &mut rows)?;
@@ -384,10 +387,14 @@ impl GpuModel {
         let mut logits = s.alloc_zeros::<f32>(r * v)?;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         self.gemm.linear(&rows, head, &mut logits, r, v, h)?;
-        let host = s.clone_dtoh(&logits)?;
         for (id, toks) in step {
             cache.seqs.get_mut(id).expect("prepared").len += toks.len();
         }
+        if which == Logits::DeviceOnly {
+            s.synchronize()?;
+            return Ok(vec![]);
+        }
+        let host = s.clone_dtoh(&logits)?;
         Ok(host.chunks_exact(v).map(<[f32]>::to_vec).collect())
     }
 

@@ -1,0 +1,156 @@
+//! Benchmark (not a test) of the GPU runtime on a full-size Qwen3.5-4B with
+//! random weights generated on the device: prefill throughput at 1k and 8k
+//! tokens, decode step latency at batch 1, 16 and 64, peak GPU memory, next to
+//! the roofline from this GPU's measured copy bandwidth and bf16 GEMM rate.
+//! Prints one JSON object per line. Run on the GPU machine:
+//!
+//!     cargo run --release -p qwen35 --example qwen35_bench
+//!
+//! Decode steps run at a context of `CONTEXT` tokens per sequence. Logits stay
+//! on the device (`Logits::DeviceOnly`): sampling is not part of the forward.
+
+use std::time::Instant;
+
+use cudarc::driver::CudaSlice;
+use gdn_kernels::Gemm;
+use half::bf16;
+use qwen35::gpu::{GpuModel, GpuOptions, Logits};
+use qwen35::Config;
+
+const CONTEXT: usize = 1024;
+const PAGE: usize = 64;
+
+fn used_bytes() -> usize {
+    let (free, total) = cudarc::driver::result::mem_get_info().expect("mem_get_info");
+    total - free
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let stream = GpuModel::default_stream()?;
+    let ctx = stream.context().clone();
+    let name = ctx.name()?;
+    let base = used_bytes();
+    let mut peak = base;
+    let note = |p: &mut usize| *p = (*p).max(used_bytes());
+
+    // 1. Machine rates: device copy bandwidth and the bf16 GEMM rate.
+    let bytes = 4usize << 30;
+    let src = stream.alloc_zeros::<u8>(bytes)?;
+    let mut dst = stream.alloc_zeros::<u8>(bytes)?;
+    stream.memcpy_dtod(&src, &mut dst)?;
+    stream.synchronize()?;
+    let t0 = Instant::now();
+    for _ in 0..5 {
+        stream.memcpy_dtod(&src, &mut dst)?;
+    }
+    stream.synchronize()?;
+    // A copy reads and writes every byte.
+    let copy_bw = 5.0 * 2.0 * bytes as f64 / t0.elapsed().as_secs_f64();
+    drop((src, dst));
+    let gemm = Gemm::new(stream.clone())?;
+    let n = 8192;
+    let a: CudaSlice<bf16> = stream.alloc_zeros(n * n)?;
+    let w: CudaSlice<bf16> = stream.alloc_zeros(n * n)?;
+    let mut y: CudaSlice<bf16> = stream.alloc_zeros(n * n)?;
+    gemm.linear(&a, &w, &mut y, n, n, n)?;
+    stream.synchronize()?;
+    let t0 = Instant::now();
+    for _ in 0..10 {
+        gemm.linear(&a, &w, &mut y, n, n, n)?;
+    }
+    stream.synchronize()?;
+    let gemm_rate = 10.0 * 2.0 * (n as f64).powi(3) / t0.elapsed().as_secs_f64();
+    drop((a, w, y));
+    println!(
+        "{{\"gpu\": {name:?}, \"copy_bandwidth_gbs\": {:.0}, \"bf16_gemm_tflops\": {:.0}}}",
+        copy_bw / 1e9,
+        gemm_rate / 1e12
+    );
+
+    // 2. The model.
+    let config = Config::from_json(qwen35::config::QWEN35_4B_TEXT)?;
+    let c = config.clone();
+    let mut model = GpuModel::random(config, 7, stream.clone(), GpuOptions::default())?;
+    stream.synchronize()?;
+    note(&mut peak);
+    let weights = used_bytes() - base;
+    // Matrix parameters touched per token (all but the embedding table; the
+    // tied lm_head is counted once, for the one row that gets logits).
+    let (h, i, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
+    let dn_proj = (2 * 16 + 32) * 128 + 32 * 128 + 64;
+    let attn_proj = 16 * 256 * 2 + 2 * 4 * 256;
+    let per_layer_mlp = 3 * h * i;
+    let linear_layers = 24;
+    let full_layers = 8;
+    let params_per_token = linear_layers * (h * dn_proj + 32 * 128 * h)
+        + full_layers * (h * attn_proj + 16 * 256 * h)
+        + 32 * per_layer_mlp;
+    let weight_bytes_read = 2 * (params_per_token + v * h);
+    println!(
+        "{{\"model\": \"Qwen3.5-4B (random bf16 weights)\", \"gdn_backend\": \"{}\", \"weights_gib\": {:.2}, \"matrix_params_per_token\": {params_per_token}}}",
+        model.gdn_backend(),
+        weights as f64 / (1u64 << 30) as f64
+    );
+
+    // 3. Prefill: one sequence, logits for its last token.
+    for &len in &[1024usize, 8192] {
+        let tokens: Vec<u32> = (0..len as u32).map(|t| (t * 7919) % 200_000 + 10).collect();
+        let mut times = vec![];
+        for _ in 0..4 {
+            let mut cache = model.new_cache(1, len.div_ceil(PAGE) + 1, PAGE)?;
+            let id = cache.add_sequence()?;
+            stream.synchronize()?;
+            let t0 = Instant::now();
+            model.forward(&mut cache, &[(id, &tokens)], Logits::DeviceOnly)?;
+            times.push(t0.elapsed().as_secs_f64());
+            note(&mut peak);
+        }
+        let best = times[1..].iter().cloned().fold(f64::MAX, f64::min);
+        let flops = 2.0 * params_per_token as f64 * len as f64;
+        println!(
+            "{{\"prefill_tokens\": {len}, \"ms\": {:.2}, \"tokens_per_s\": {:.0}, \"gemm_roofline_ms\": {:.2}, \"fraction_of_roofline\": {:.2}}}",
+            best * 1e3,
+            len as f64 / best,
+            flops / gemm_rate * 1e3,
+            flops / gemm_rate / best
+        );
+    }
+
+    // 4. Decode: `batch` sequences at CONTEXT tokens each, one token per step.
+    for &batch in &[1usize, 16, 64] {
+        let pages = batch * ((CONTEXT + 64).div_ceil(PAGE) + 1);
+        let mut cache = model.new_cache(batch, pages, PAGE)?;
+        let ids: Vec<_> = (0..batch).map(|_| cache.add_sequence()).collect::<Result<_, _>>()?;
+        let prompt: Vec<u32> = (0..CONTEXT as u32).map(|t| (t * 31) % 200_000 + 10).collect();
+        for chunk in ids.chunks(8) {
+            let step: Vec<_> = chunk.iter().map(|id| (*id, prompt.as_slice())).collect();
+            model.forward(&mut cache, &step, Logits::DeviceOnly)?;
+        }
+        let tok = [42u32];
+        let step: Vec<_> = ids.iter().map(|id| (*id, &tok[..])).collect();
+        for _ in 0..3 {
+            model.forward(&mut cache, &step, Logits::DeviceOnly)?;
+        }
+        let steps = 20;
+        let t0 = Instant::now();
+        for _ in 0..steps {
+            model.forward(&mut cache, &step, Logits::DeviceOnly)?;
+        }
+        let dt = t0.elapsed().as_secs_f64() / steps as f64;
+        note(&mut peak);
+        let roofline = weight_bytes_read as f64 / copy_bw;
+        println!(
+            "{{\"decode_batch\": {batch}, \"context\": {CONTEXT}, \"step_ms\": {:.3}, \"tokens_per_s\": {:.0}, \"weights_roofline_ms\": {:.3}, \"fraction_of_roofline\": {:.2}}}",
+            dt * 1e3,
+            batch as f64 / dt,
+            roofline * 1e3,
+            roofline / dt
+        );
+    }
+    println!(
+        "{{\"peak_gpu_memory_gib\": {:.2}, \"baseline_gib\": {:.2}}}",
+        peak as f64 / (1u64 << 30) as f64,
+        base as f64 / (1u64 << 30) as f64
+    );
+    Ok(())
+}

@@ -1,0 +1,286 @@
+//! The GPU gates of the bf16 runtime on the tiny fixtures (skipped without a
+//! GPU; `GDN_REQUIRE_GPU=1` makes a missing GPU a failure):
+//! - every prompt against HF's bf16 goldens with `qwen35::gate` (regret/mean/p99),
+//!   on the dispatched GDN backend and on the portable one, backend asserted;
+//! - a batch of mixed-length prompts against the same prompts one by one;
+//! - chunked prefill (64 + 64, 37 + 91, 1 + 127, and 2048 + 2052 for the
+//!   4100-token prompt) against unchunked;
+//! - prefill then single-token decode against HF's bf16 cached decode and
+//!   its fp32 cached decode; batched decode against single decode;
+//! - a released slot reused by a new sequence gives the fresh results.
+//!
+//! Fixtures: tests/fixtures (or `QWEN35_FIXTURES`), made by
+//! checks/fixtures/make_qwen35_fixtures.py.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+use gdn_kernels::{Backend, BackendRequest};
+use qwen35::gate::{compare, consistency, topk, GateStats};
+use qwen35::gpu::{GpuModel, GpuOptions, Logits};
+use qwen35::{Config, Weights};
+use safetensors::SafeTensors;
+
+const MODELS: [&str; 3] = ["text_gva2", "vl_gva1_sharded", "text_gva3_untied"];
+
+fn dir(name: &str) -> PathBuf {
+    std::env::var_os("QWEN35_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
+        .join(name)
+}
+
+struct Fixture {
+    config: Config,
+    weights: Weights,
+    prompts: Vec<Vec<u32>>,
+    /// (prompt index, prefix, steps)
+    decode: (usize, usize, usize),
+    golden: Vec<u8>,
+    reference: Vec<u8>,
+}
+
+type TopK = (Vec<Vec<u32>>, Vec<Vec<f32>>);
+
+fn rows_i32_f32(st: &SafeTensors, key: &str) -> Vec<Vec<[u8; 4]>> {
+    let t = st.tensor(key).unwrap_or_else(|e| panic!("{key}: {e}"));
+    let cols = t.shape()[1];
+    t.data()
+        .chunks_exact(4 * cols)
+        .map(|r| r.chunks_exact(4).map(|b| [b[0], b[1], b[2], b[3]]).collect())
+        .collect()
+}
+
+impl Fixture {
+    fn load(name: &'static str) -> Fixture {
+        let d = dir(name);
+        let meta: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(d.join("prompts.json")).unwrap())
+                .unwrap();
+        let prompts = meta["prompts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                p.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap() as u32)
+                    .collect()
+            })
+            .collect();
+        let dec = &meta["decode"];
+        let u = |k: &str| dec[k].as_u64().unwrap() as usize;
+        Fixture {
+            config: Config::from_file(&d.join("config.json")).unwrap(),
+            weights: Weights::open(&d).unwrap(),
+            prompts,
+            decode: (u("prompt_index"), u("prefix"), u("steps")),
+            golden: std::fs::read(d.join("golden_bf16.safetensors")).unwrap(),
+            reference: std::fs::read(d.join("reference.safetensors")).unwrap(),
+        }
+    }
+
+    fn golden(&self, key: &str) -> TopK {
+        let st = SafeTensors::deserialize(&self.golden).unwrap();
+        let ids = rows_i32_f32(&st, &format!("topk_ids.{key}"));
+        let lps = rows_i32_f32(&st, &format!("topk_logprobs.{key}"));
+        (
+            ids.iter()
+                .map(|r| r.iter().map(|b| i32::from_le_bytes(*b) as u32).collect())
+                .collect(),
+            lps.iter()
+                .map(|r| r.iter().map(|b| f32::from_le_bytes(*b)).collect())
+                .collect(),
+        )
+    }
+
+    fn reference(&self, key: &str) -> Vec<Vec<f32>> {
+        let st = SafeTensors::deserialize(&self.reference).unwrap();
+        rows_i32_f32(&st, key)
+            .iter()
+            .map(|r| r.iter().map(|b| f32::from_le_bytes(*b)).collect())
+            .collect()
+    }
+
+    fn model(&self, stream: &Arc<CudaStream>, backend: BackendRequest) -> GpuModel {
+        GpuModel::load(
+            self.config.clone(),
+            &self.weights,
+            stream.clone(),
+            GpuOptions {
+                gdn_backend: backend,
+            },
+        )
+        .unwrap()
+    }
+}
+
+fn stream() -> Option<Arc<CudaStream>> {
+    gdn_kernels::testing::gpu_stream()
+}
+
+/// Runs each chunk list as consecutive steps of one fresh sequence; returns
+/// the logits of every token.
+fn run_chunks(model: &mut GpuModel, chunks: &[&[u32]]) -> Vec<Vec<f32>> {
+    let total: usize = chunks.iter().map(|c| c.len()).sum();
+    let mut cache = model.new_cache(2, total.div_ceil(16) + 1, 16).unwrap();
+    let id = cache.add_sequence().unwrap();
+    let mut out = vec![];
+    for c in chunks {
+        out.extend(model.forward(&mut cache, &[(id, c)], Logits::AllTokens).unwrap());
+    }
+    out
+}
+
+fn report(what: &str, s: &GateStats) {
+    println!(
+        "{what}: regret {:.3} mean {:.4} p99 {:.4} argmax mismatches {}/{}",
+        s.max_regret, s.mean_abs, s.p99_abs, s.argmax_mismatches, s.positions
+    );
+}
+
+fn expected_backend(stream: &Arc<CudaStream>) -> Backend {
+    let cc = stream.context().compute_capability().unwrap();
+    if cc == (9, 0) {
+        Backend::FlashInfer
+    } else {
+        Backend::Portable
+    }
+}
+
+#[test]
+fn every_prompt_passes_the_hf_bf16_gate_on_both_gdn_backends() {
+    let Some(s) = stream() else { return };
+    for name in MODELS {
+        let f = Fixture::load(name);
+        for (request, backend) in [
+            (BackendRequest::Auto, expected_backend(&s)),
+            (BackendRequest::Portable, Backend::Portable),
+        ] {
+            let mut model = f.model(&s, request);
+            assert_eq!(model.gdn_backend(), backend, "{name}: {request:?}");
+            for (i, p) in f.prompts.iter().enumerate() {
+                let logits = run_chunks(&mut model, &[p]);
+                let (ids, lps) = f.golden(&i.to_string());
+                let st = compare(&logits, &ids, &lps);
+                report(&format!("{name} {backend} prompt {i} (T={})", p.len()), &st);
+                assert!(st.passes(), "{name} {backend} prompt {i}: {st:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_mixed_batch_equals_its_prompts_one_by_one_and_slots_are_reused_clean() {
+    let Some(s) = stream() else { return };
+    for name in MODELS {
+        let f = Fixture::load(name);
+        let mut model = f.model(&s, BackendRequest::Auto);
+        let short: Vec<&Vec<u32>> = f.prompts.iter().filter(|p| p.len() <= 128).collect();
+        let alone: Vec<Vec<Vec<f32>>> = short.iter().map(|p| run_chunks(&mut model, &[p])).collect();
+        let mut cache = model.new_cache(short.len(), 64, 16).unwrap();
+        for round in 0..2 {
+            // Round 1 runs in slots (and pages) released by round 0.
+            let ids: Vec<_> = short.iter().map(|_| cache.add_sequence().unwrap()).collect();
+            let step: Vec<_> = ids.iter().zip(&short).map(|(id, p)| (*id, p.as_slice())).collect();
+            let all = model.forward(&mut cache, &step, Logits::AllTokens).unwrap();
+            let mut at = 0;
+            for (i, p) in short.iter().enumerate() {
+                let got = &all[at..at + p.len()];
+                at += p.len();
+                let st = consistency(got, &alone[i]);
+                report(&format!("{name} round {round} batch vs alone, prompt {i}"), &st);
+                assert!(st.consistent(), "{name} prompt {i}: {st:?}");
+                let (gi, gl) = f.golden(&i.to_string());
+                assert!(compare(got, &gi, &gl).passes(), "{name} prompt {i} vs HF");
+            }
+            for id in ids {
+                cache.release(id).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn chunked_prefill_equals_unchunked() {
+    let Some(s) = stream() else { return };
+    for name in MODELS {
+        let f = Fixture::load(name);
+        let mut model = f.model(&s, BackendRequest::Auto);
+        for (i, p) in f.prompts.iter().enumerate() {
+            let splits: &[usize] = match p.len() {
+                128 => &[64, 37, 1],
+                n if n > 4096 => &[2048],
+                _ => continue,
+            };
+            let whole = run_chunks(&mut model, &[p]);
+            for &at in splits {
+                let chunked = run_chunks(&mut model, &[&p[..at], &p[at..]]);
+                let st = consistency(&chunked, &whole);
+                report(&format!("{name} prompt {i} split {at}+{}", p.len() - at), &st);
+                assert!(st.consistent(), "{name} prompt {i} split at {at}: {st:?}");
+                let (gi, gl) = f.golden(&i.to_string());
+                assert!(compare(&chunked, &gi, &gl).passes(), "{name} prompt {i} vs HF");
+            }
+        }
+    }
+}
+
+#[test]
+fn prefill_then_decode_matches_hf_cached_decode_alone_and_batched() {
+    let Some(s) = stream() else { return };
+    for name in MODELS {
+        let f = Fixture::load(name);
+        let mut model = f.model(&s, BackendRequest::Auto);
+        let (pi, prefix, steps) = f.decode;
+        let ids = &f.prompts[pi];
+        // The other short prompts decode alongside in the batched run.
+        let others: Vec<&Vec<u32>> = f.prompts.iter().filter(|p| p.len() > 1 && p.len() <= 128 && *p != ids).collect();
+        let mut cache = model.new_cache(1 + others.len(), 64, 16).unwrap();
+        let mut run = |batched: bool| -> Vec<Vec<f32>> {
+            let seq = cache.add_sequence().unwrap();
+            let side: Vec<_> = if batched {
+                others.iter().map(|_| cache.add_sequence().unwrap()).collect()
+            } else {
+                vec![]
+            };
+            let mut rows = vec![];
+            let first = model.forward(&mut cache, &[(seq, &ids[..prefix])], Logits::LastToken).unwrap();
+            rows.push(first[0].clone());
+            for (sid, p) in side.iter().zip(&others) {
+                model.forward(&mut cache, &[(*sid, &p[..1])], Logits::LastToken).unwrap();
+            }
+            for j in prefix..prefix + steps {
+                let mut step = vec![(seq, &ids[j..j + 1])];
+                for (k, (sid, p)) in side.iter().zip(&others).enumerate() {
+                    let at = (1 + j - prefix + k) % p.len();
+                    step.push((*sid, &p[at..at + 1]));
+                }
+                let out = model.forward(&mut cache, &step, Logits::LastToken).unwrap();
+                assert_eq!(out.len(), step.len());
+                rows.push(out[0].clone());
+            }
+            cache.release(seq).unwrap();
+            for sid in side {
+                cache.release(sid).unwrap();
+            }
+            rows
+        };
+        let alone = run(false);
+        let batched = run(true);
+        let (gi, gl) = f.golden("decode");
+        let st = compare(&alone, &gi, &gl);
+        report(&format!("{name} decode vs HF bf16 cached decode"), &st);
+        assert!(st.passes(), "{name}: {st:?}");
+        let fp32 = f.reference("decode.logits");
+        let (ri, rl): (Vec<_>, Vec<_>) = fp32.iter().map(|r| topk(r, 64)).unzip();
+        let st = compare(&alone, &ri, &rl);
+        report(&format!("{name} decode vs HF fp32 cached decode"), &st);
+        assert!(st.passes(), "{name}: {st:?}");
+        let st = consistency(&batched, &alone);
+        report(&format!("{name} batched decode vs alone"), &st);
+        assert!(st.consistent(), "{name}: {st:?}");
+    }
+}
