@@ -12,32 +12,37 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/gdn-out}; mkdir -p "$OUT"
 stages=${1:-tests,crosscheck,bench,repro}
+has() { [[ ",$stages," == *",$1,"* ]]; }
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; nvcc --version | tail -2; gcc --version | head -1; ldd --version | head -1
   echo "commit: ${GDN_COMMIT:-unknown}"; } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .carry/whl/fla_core-*.whl && export PYTHONPATH=/tmp/site
+if has crosscheck || has bench; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .carry/whl/fla_core-*.whl && export PYTHONPATH=/tmp/site
+fi
 rc=0
-if [[ $stages == *tests* ]]; then
+if has tests; then
   { echo "### GDN_REQUIRE_GPU=1 gpu_prefill"; GDN_REQUIRE_GPU=1 .carry/bin/gpu_prefill --test-threads=1 --nocapture; } > "$OUT/tests.log" 2>&1 || rc=1
   { echo "### GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 gpu_prefill"; GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 .carry/bin/gpu_prefill --test-threads=1; } >> "$OUT/tests.log" 2>&1 || rc=1
   grep -E "^test result|^### " "$OUT/tests.log"
 fi
-if [[ $stages == *crosscheck* ]]; then
+if has crosscheck; then
   { .carry/bin/gdn_dump /tmp/dump && python3 checks/gpu/fla_crosscheck.py /tmp/dump; } > "$OUT/crosscheck.log" 2>&1 || rc=1
   tail -1 "$OUT/crosscheck.log"
 fi
-if [[ $stages == *bench* ]]; then
+if has bench; then
   { .carry/bin/gdn_bench && python3 checks/gpu/fla_bench.py; } > "$OUT/bench.jsonl" 2> "$OUT/bench.err" || rc=1
   cat "$OUT/bench.jsonl"
 fi
-if [[ $stages == *repro* ]]; then
+if has repro; then
   ( time .carry/bin/gdn-gen verify --toolkit-root /usr/local/cuda --inputs-dir .carry/whl --offline \
       --cache /tmp/gdn-cache --out /tmp/gdn-bundle --jobs 2 ) > "$OUT/repro.log" 2>&1 || rc=1
   tar -cf "$OUT/repro_artifacts.tar" -C /tmp/gdn-cache units 2>/dev/null --exclude='*.ii' --exclude='*.cpp' --exclude='*.c' --exclude='*.ptx' --exclude='*.gpu' --exclude='tmp'
   grep -E "same|DIFFERS|MISSING|host artifacts|error|verify:|real" "$OUT/repro.log"
 fi
-if [[ $stages == *fixtures* ]]; then
-  PYTHONUNBUFFERED=1 python3 checks/fixtures/make_qwen35_fixtures.py /tmp/fixtures > /tmp/generation.log 2>&1 || rc=1
+if has fixtures; then
+  # Without fla-core on the path: HF must run its pure-torch paths (and FLA's
+  # Triton kernels cannot take the CPU tensors of the fp32 reference).
+  env -u PYTHONPATH PYTHONUNBUFFERED=1 python3 checks/fixtures/make_qwen35_fixtures.py /tmp/fixtures > /tmp/generation.log 2>&1 || rc=1
   cp /tmp/generation.log /tmp/fixtures/ 2>/dev/null
   tar -cf "$OUT/fixtures.tar" -C /tmp fixtures && tail -3 /tmp/generation.log
   export QWEN35_FIXTURES=/tmp/fixtures
@@ -47,12 +52,12 @@ cublas=$(find /usr/local/cuda*/ /usr/lib /usr/local/lib $(python3 -c 'import sit
   -name 'libcublas.so.13*' 2>/dev/null | head -1)
 export QWEN35_FIXTURES=${QWEN35_FIXTURES:-$PWD/crates/qwen35/tests/fixtures}
 [[ -n $cublas ]] && export LD_LIBRARY_PATH=$(dirname "$cublas")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-if [[ $stages == *qwen35* ]]; then
+if has qwen35; then
   { echo "### GDN_REQUIRE_GPU=1 gpu_forward (fixtures: $QWEN35_FIXTURES, cuBLAS: ${cublas:-not found})"
     GDN_REQUIRE_GPU=1 .carry/bin/gpu_forward --test-threads=1 --nocapture; } > "$OUT/qwen35.log" 2>&1 || rc=1
   grep -E "^test |^test result|panicked" "$OUT/qwen35.log"
 fi
-if [[ $stages == *qbench* ]]; then
+if has qbench; then
   .carry/bin/qwen35_bench > "$OUT/qbench.jsonl" 2> "$OUT/qbench.err" || rc=1
   cat "$OUT/qbench.jsonl"; tail -5 "$OUT/qbench.err"
 fi
