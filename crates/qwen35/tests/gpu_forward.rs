@@ -82,10 +82,15 @@ impl Fixture {
         }
     }
 
-    fn golden(&self, key: &str) -> TopK {
+    /// HF's bf16 top-k of prompt `i`.
+    fn golden(&self, i: usize) -> TopK {
+        self.golden_keys(&format!("topk_ids.{i}"), &format!("topk_logprobs.{i}"))
+    }
+
+    fn golden_keys(&self, ids_key: &str, lps_key: &str) -> TopK {
         let st = SafeTensors::deserialize(&self.golden).unwrap();
-        let ids = rows_i32_f32(&st, &format!("topk_ids.{key}"));
-        let lps = rows_i32_f32(&st, &format!("topk_logprobs.{key}"));
+        let ids = rows_i32_f32(&st, ids_key);
+        let lps = rows_i32_f32(&st, lps_key);
         (
             ids.iter()
                 .map(|r| r.iter().map(|b| i32::from_le_bytes(*b) as u32).collect())
@@ -163,7 +168,7 @@ fn every_prompt_passes_the_hf_bf16_gate_on_both_gdn_backends() {
             assert_eq!(model.gdn_backend(), backend, "{name}: {request:?}");
             for (i, p) in f.prompts.iter().enumerate() {
                 let logits = run_chunks(&mut model, &[p]);
-                let (ids, lps) = f.golden(&i.to_string());
+                let (ids, lps) = f.golden(i);
                 let st = compare(&logits, &ids, &lps);
                 report(&format!("{name} {backend} prompt {i} (T={})", p.len()), &st);
                 assert!(st.passes(), "{name} {backend} prompt {i}: {st:?}");
@@ -193,7 +198,7 @@ fn a_mixed_batch_equals_its_prompts_one_by_one_and_slots_are_reused_clean() {
                 let st = consistency(got, &alone[i]);
                 report(&format!("{name} round {round} batch vs alone, prompt {i}"), &st);
                 assert!(st.consistent(), "{name} prompt {i}: {st:?}");
-                let (gi, gl) = f.golden(&i.to_string());
+                let (gi, gl) = f.golden(i);
                 assert!(compare(got, &gi, &gl).passes(), "{name} prompt {i} vs HF");
             }
             for id in ids {
@@ -221,7 +226,7 @@ fn chunked_prefill_equals_unchunked() {
                 let st = consistency(&chunked, &whole);
                 report(&format!("{name} prompt {i} split {at}+{}", p.len() - at), &st);
                 assert!(st.consistent(), "{name} prompt {i} split at {at}: {st:?}");
-                let (gi, gl) = f.golden(&i.to_string());
+                let (gi, gl) = f.golden(i);
                 assert!(compare(&chunked, &gi, &gl).passes(), "{name} prompt {i} vs HF");
             }
         }
@@ -270,7 +275,7 @@ fn prefill_then_decode_matches_hf_cached_decode_alone_and_batched() {
         };
         let alone = run(false);
         let batched = run(true);
-        let (gi, gl) = f.golden("decode");
+        let (gi, gl) = f.golden_keys("decode.topk_ids", "decode.topk_logprobs");
         let st = compare(&alone, &gi, &gl);
         report(&format!("{name} decode vs HF bf16 cached decode"), &st);
         assert!(st.passes(), "{name}: {st:?}");
