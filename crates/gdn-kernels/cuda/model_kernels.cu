@@ -20,6 +20,7 @@
 //   KV cache         bf16 [pages, page_size, Hkv, D]
 
 #include <cuda_bf16.h>
+#include <mma.h>
 #include <cstdint>
 
 typedef __nv_bfloat16 bf16;
@@ -373,6 +374,179 @@ GDN_ATTENTION(1)
 GDN_ATTENTION(2)
 GDN_ATTENTION(4)
 GDN_ATTENTION(8)
+
+// Prefill attention on tensor cores (WMMA bf16 16x16x16, fp32 accumulate).
+// A block takes one query tile -- up to 16 consecutive tokens of one sequence
+// (tiles[2b] = first token row, tiles[2b+1] = rows) -- and one KV head; warp g
+// serves query head kh*G + g, so the K/V tiles staged in shared memory are
+// shared by the whole GQA group. Two passes over the key tiles 0..last
+// position: pass 1 finds each row's softmax max and sum from S = QK^T, pass 2
+// accumulates O += softmax(S) V in registers (recomputing S costs 1.5x the
+// QK^T FLOPs but avoids rescaling the accumulators, whose row mapping WMMA
+// does not expose). Causal mask per row; keys past the last position are
+// zero-filled (0 * garbage could be NaN). Epilogue as in attention_impl:
+// bf16(o) * sigmoid(gate). grid (tiles, Hkv), block 32*G, dynamic shared
+// memory attn_prefill_smem(D, G).
+constexpr int kQTile = 16;
+constexpr int kKTile = 32;
+
+template <int D>
+__device__ void attention_prefill_impl(
+    bf16* __restrict__ out, const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
+    const bf16* __restrict__ v_cache, const bf16* __restrict__ proj, int ld,
+    const int32_t* __restrict__ tiles, const int32_t* __restrict__ positions,
+    const int32_t* __restrict__ tok_seq, const int32_t* __restrict__ block_table, int max_blocks,
+    int page, int hq, int hkv, float scale) {
+    using namespace nvcuda;
+    constexpr int NF = D / 16;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int G = hq / hkv;
+    const int kh = blockIdx.y;
+    const int t0 = tiles[2 * blockIdx.x], rows = tiles[2 * blockIdx.x + 1];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int h = kh * G + warp;
+    bf16* sQ = reinterpret_cast<bf16*>(smem);                       // [G][16][D]
+    bf16* sK = sQ + G * kQTile * D;                                  // [32][D]
+    bf16* sV = sK + kKTile * D;                                      // [32][D]
+    float* sS = reinterpret_cast<float*>(sV + kKTile * D);           // [G][16][32]
+    bf16* sP = reinterpret_cast<bf16*>(sS + G * kQTile * kKTile);    // [G][16][32]
+    float* sO = reinterpret_cast<float*>(sP + G * kQTile * kKTile);  // [G][16][16]
+    bf16* myQ = sQ + warp * kQTile * D;
+    float* myS = sS + warp * kQTile * kKTile;
+    bf16* myP = sP + warp * kQTile * kKTile;
+    float* myO = sO + warp * kQTile * 16;
+
+    const int32_t* pages = block_table + (int64_t)tok_seq[t0] * max_blocks;
+    const int last_pos = positions[t0 + rows - 1];
+    // This lane's row (two lanes per row, 16 columns each) and its position.
+    const int r = lane >> 1, half = lane & 1;
+    const int my_pos = r < rows ? positions[t0 + r] : -1;
+
+    for (int i = lane; i < kQTile * D; i += 32) {
+        const int row = i / D, d = i % D;
+        myQ[i] = row < rows ? q[((int64_t)(t0 + row) * hq + h) * D + d] : bf(0.f);
+    }
+    auto load_tile = [&](int j0, bool with_v) {
+        constexpr int kChunks = kKTile * D / 8;  // 16-byte chunks
+        for (int c = threadIdx.x; c < kChunks; c += blockDim.x) {
+            const int row = c / (D / 8), col = (c % (D / 8)) * 8;
+            const int j = j0 + row;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+            if (j <= last_pos) {
+                const int64_t at = (((int64_t)pages[j / page] * page + j % page) * hkv + kh) * D + col;
+                kv = *reinterpret_cast<const uint4*>(k_cache + at);
+                if (with_v) vv = *reinterpret_cast<const uint4*>(v_cache + at);
+            }
+            *reinterpret_cast<uint4*>(sK + row * D + col) = kv;
+            if (with_v) *reinterpret_cast<uint4*>(sV + row * D + col) = vv;
+        }
+    };
+    // S = Q K^T for the staged tile, into myS (row-major 16 x 32).
+    auto scores = [&]() {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> b;
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+#pragma unroll
+        for (int n = 0; n < kKTile / 16; ++n) {
+            wmma::fill_fragment(c, 0.f);
+#pragma unroll
+            for (int k = 0; k < NF; ++k) {
+                wmma::load_matrix_sync(a, myQ + k * 16, D);
+                wmma::load_matrix_sync(b, sK + n * 16 * D + k * 16, D);
+                wmma::mma_sync(c, a, b, c);
+            }
+            wmma::store_matrix_sync(myS + n * 16, c, kKTile, wmma::mem_row_major);
+        }
+        __syncwarp();
+    };
+
+    // Pass 1: row max and sum.
+    float m = -INFINITY, l = 0.f;
+    for (int j0 = 0; j0 <= last_pos; j0 += kKTile) {
+        __syncthreads();  // previous tile fully consumed
+        load_tile(j0, false);
+        __syncthreads();
+        if (warp < G) {
+            scores();
+            float tile_max = -INFINITY;
+            for (int c = half * 16; c < half * 16 + 16; ++c)
+                if (j0 + c <= my_pos) tile_max = fmaxf(tile_max, myS[r * kKTile + c] * scale);
+            if (tile_max != -INFINITY) {
+                const float m_new = fmaxf(m, tile_max);
+                float sum = 0.f;
+                for (int c = half * 16; c < half * 16 + 16; ++c)
+                    if (j0 + c <= my_pos) sum += expf(myS[r * kKTile + c] * scale - m_new);
+                l = l * expf(m - m_new) + sum;
+                m = m_new;
+            }
+            __syncwarp();
+        }
+    }
+    {  // combine the two halves of each row
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, 1), l2 = __shfl_xor_sync(0xffffffffu, l, 1);
+        const float mr = fmaxf(m, m2);
+        l = (m == -INFINITY ? 0.f : l * expf(m - mr)) + (m2 == -INFINITY ? 0.f : l2 * expf(m2 - mr));
+        m = mr;
+    }
+    const float inv_l = l > 0.f ? 1.f / l : 0.f;
+
+    // Pass 2: O = softmax(S) V.
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> o[NF];
+#pragma unroll
+    for (int n = 0; n < NF; ++n) wmma::fill_fragment(o[n], 0.f);
+    for (int j0 = 0; j0 <= last_pos; j0 += kKTile) {
+        __syncthreads();
+        load_tile(j0, true);
+        __syncthreads();
+        if (warp < G) {
+            scores();
+            for (int c = half * 16; c < half * 16 + 16; ++c) {
+                const float p = j0 + c <= my_pos ? expf(myS[r * kKTile + c] * scale - m) * inv_l : 0.f;
+                myP[r * kKTile + c] = bf(p);
+            }
+            __syncwarp();
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> b;
+#pragma unroll
+            for (int k = 0; k < kKTile / 16; ++k) {
+                wmma::load_matrix_sync(a, myP + k * 16, kKTile);
+#pragma unroll
+                for (int n = 0; n < NF; ++n) {
+                    wmma::load_matrix_sync(b, sV + k * 16 * D + n * 16, D);
+                    wmma::mma_sync(o[n], a, b, o[n]);
+                }
+            }
+        }
+    }
+    if (warp >= G) return;
+#pragma unroll
+    for (int n = 0; n < NF; ++n) {
+        wmma::store_matrix_sync(myO, o[n], 16, wmma::mem_row_major);
+        __syncwarp();
+        for (int i = lane; i < kQTile * 16; i += 32) {
+            const int row = i / 16, d = n * 16 + i % 16;
+            if (row < rows) {
+                const int64_t t = t0 + row;
+                const float gate = f(proj[t * ld + h * 2 * D + D + d]);
+                out[(t * hq + h) * D + d] = bf(rbf(myO[i]) * sigmoid(gate));
+            }
+        }
+        __syncwarp();
+    }
+}
+
+#define GDN_ATTENTION_PREFILL(D)                                                                \
+    extern "C" __global__ void attention_prefill_d##D(                                         \
+        bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache, const bf16* proj,  \
+        int ld, const int32_t* tiles, const int32_t* positions, const int32_t* tok_seq,        \
+        const int32_t* block_table, int max_blocks, int page, int hq, int hkv, float scale) {  \
+        attention_prefill_impl<D>(out, q, k_cache, v_cache, proj, ld, tiles, positions,        \
+                                  tok_seq, block_table, max_blocks, page, hq, hkv, scale);     \
+    }
+GDN_ATTENTION_PREFILL(32)
+GDN_ATTENTION_PREFILL(64)
+GDN_ATTENTION_PREFILL(128)
+GDN_ATTENTION_PREFILL(256)
 
 // SwiGLU: out = bf16(bf16(silu(gate)) * up), gate_up = [T, 2I] (gate | up).
 // grid ceil(T*I / 256), block 256.

@@ -42,7 +42,14 @@ pub struct DeviceBatch {
     pub(crate) seq_slot: CudaSlice<i32>,
     pub(crate) positions: CudaSlice<i32>,
     pub(crate) block_table: CudaSlice<i32>,
+    /// Query tiles of the prefill attention: (first token row, rows <= 16)
+    /// pairs, tiles never crossing a sequence boundary.
+    pub(crate) tiles: CudaSlice<i32>,
+    pub(crate) num_tiles: usize,
 }
+
+/// Tokens per query tile of the prefill attention kernel (kQTile).
+pub(crate) const QUERY_TILE: i32 = 16;
 
 impl DeviceBatch {
     /// Checks `layout` (monotone offsets, no empty sequence, pages cover every
@@ -73,6 +80,7 @@ impl DeviceBatch {
         let mut tok_seq = vec![];
         let mut positions = vec![];
         let mut last_rows = vec![];
+        let mut tiles = vec![];
         let mut max_page = 0usize;
         for s in 0..n {
             let (a, b) = (l.cu_seqlens[s], l.cu_seqlens[s + 1]);
@@ -102,6 +110,9 @@ impl DeviceBatch {
                 positions.push(p0 + t);
             }
             last_rows.push(b - 1);
+            for t0 in (a..b).step_by(QUERY_TILE as usize) {
+                tiles.extend([t0, (b - t0).min(QUERY_TILE)]);
+            }
         }
         let upload = |v: &[i32]| stream.clone_htod(v);
         Ok(DeviceBatch {
@@ -118,6 +129,8 @@ impl DeviceBatch {
             positions: upload(&positions)?,
             block_table: upload(if l.block_table.is_empty() { &[0] } else { &l.block_table })?,
             last_token_rows: last_rows,
+            num_tiles: tiles.len() / 2,
+            tiles: upload(&tiles)?,
         })
     }
 

@@ -143,8 +143,10 @@ struct Functions {
     decode_step: CudaFunction,
     gated_rmsnorm: CudaFunction,
     attn_prep: CudaFunction,
-    /// By head dim 32, 64, 128, 256.
+    /// By head dim 32, 64, 128, 256: one token per block (decode) and
+    /// tensor-core query tiles (prefill).
     attention: [CudaFunction; 4],
+    attention_prefill: [CudaFunction; 4],
     silu_mul: CudaFunction,
     copy_f32: CudaFunction,
     copy_bf16: CudaFunction,
@@ -196,6 +198,12 @@ impl ModelOps {
                 l("attention_d2")?,
                 l("attention_d4")?,
                 l("attention_d8")?,
+            ],
+            attention_prefill: [
+                l("attention_prefill_d32")?,
+                l("attention_prefill_d64")?,
+                l("attention_prefill_d128")?,
+                l("attention_prefill_d256")?,
             ],
             silu_mul: l("silu_mul_bf16")?,
             copy_f32: l("copy_rows_f32")?,
@@ -466,7 +474,7 @@ impl ModelOps {
         exact(OP, "out", out.len(), t * shape.q_heads * d)?;
         pool(OP, "k_cache", k_cache.len(), shape.page_len(batch.page_size), batch.max_page)?;
         exact(OP, "v_cache", v_cache.len(), k_cache.len())?;
-        let func = &self.f.attention[(d / 32).trailing_zeros() as usize];
+        let which = (d / 32).trailing_zeros() as usize;
         let scale = (d as f32).powf(-0.5);
         let [ld, mb, ps, hq, hkv] = [
             shape.proj_width(),
@@ -476,12 +484,33 @@ impl ModelOps {
             shape.kv_heads,
         ]
         .map(|x| x as i32);
+        if batch.num_tokens == batch.num_seqs {
+            // Decode: one query per sequence, CUDA cores.
+            let mut b = self.stream.launch_builder(&self.f.attention[which]);
+            b.arg(out).arg(q).arg(k_cache).arg(v_cache).arg(proj).arg(&ld);
+            b.arg(&batch.positions).arg(&batch.tok_seq).arg(&batch.block_table);
+            b.arg(&mb).arg(&ps).arg(&hq).arg(&hkv).arg(&scale);
+            // SAFETY: matches attention_d{D/32}; pages and lengths checked.
+            unsafe { b.launch(grid(t, shape.kv_heads, ATTN_THREADS, 0)) }?;
+            return Ok(());
+        }
+        // Prefill: tensor-core query tiles; shared memory as laid out in
+        // attention_prefill_impl (Q per warp, K and V tiles, S, P, O scratch).
+        let group = shape.q_heads / shape.kv_heads;
+        let smem = group * 16 * d * 2 + 2 * 32 * d * 2 + group * 16 * 32 * (4 + 2) + group * 16 * 16 * 4;
+        let func = &self.f.attention_prefill[which];
+        func.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(|e| op_error(OP, format!("{smem} bytes of shared memory for head dim {d}, GQA group {group}: {e}")))?;
         let mut b = self.stream.launch_builder(func);
         b.arg(out).arg(q).arg(k_cache).arg(v_cache).arg(proj).arg(&ld);
-        b.arg(&batch.positions).arg(&batch.tok_seq).arg(&batch.block_table);
+        b.arg(&batch.tiles).arg(&batch.positions).arg(&batch.tok_seq).arg(&batch.block_table);
         b.arg(&mb).arg(&ps).arg(&hq).arg(&hkv).arg(&scale);
-        // SAFETY: matches attention_d{D/32}; pages and lengths checked.
-        unsafe { b.launch(grid(t, shape.kv_heads, ATTN_THREADS, 0)) }?;
+        // SAFETY: matches attention_prefill_d{D}; pages and lengths checked;
+        // block = 32 * group threads (one warp per query head of the group).
+        unsafe { b.launch(grid(batch.num_tiles, shape.kv_heads, 32 * group as u32, smem)) }?;
         Ok(())
     }
 

@@ -97,6 +97,15 @@ pub struct GpuModel {
     layers: Vec<Layer>,
 }
 
+/// An activation buffer the next op overwrites completely (every producer
+/// here — GEMM, embedding, norm, conv, attention, GDN, state copy — writes
+/// all of its output), so it is not zeroed: a memset per buffer would double
+/// the launches of a decode step.
+fn scratch<T: cudarc::driver::DeviceRepr>(s: &Arc<CudaStream>, n: usize) -> Result<CudaSlice<T>> {
+    // SAFETY: see above; no op reads a buffer before its producer wrote it.
+    Ok(unsafe { s.alloc::<T>(n) }?)
+}
+
 fn shapes(c: &Config) -> Result<(DeltaNetShape, AttentionShape)> {
     if c.linear_key_head_dim != gdn_kernels::HEAD_DIM
         || c.linear_value_head_dim != gdn_kernels::HEAD_DIM
@@ -328,9 +337,9 @@ impl GpuModel {
         let t = batch.num_tokens;
         let tokens: Vec<u32> = step.iter().flat_map(|(_, t)| t.iter().copied()).collect();
         let s = self.stream.clone();
-        let mut residual = s.alloc_zeros::<bf16>(t * h)?;
+        let mut residual = scratch::<bf16>(&s, t * h)?;
         self.ops.embedding(&self.embed, h, &tokens, &mut residual)?;
-        let mut normed = s.alloc_zeros::<bf16>(t * h)?;
+        let mut normed = scratch::<bf16>(&s, t * h)?;
         let mut delta: Option<CudaSlice<bf16>> = None;
         let decode = batch.num_tokens == batch.num_seqs;
         for li in 0..self.layers.len() {
@@ -356,12 +365,12 @@ impl GpuModel {
                 h,
                 eps,
             )?;
-            let mut gate_up = s.alloc_zeros::<bf16>(t * 2 * inter)?;
+            let mut gate_up = scratch::<bf16>(&s, t * 2 * inter)?;
             self.gemm
                 .linear(&normed, &layer.gate_up, &mut gate_up, t, 2 * inter, h)?;
-            let mut act = s.alloc_zeros::<bf16>(t * inter)?;
+            let mut act = scratch::<bf16>(&s, t * inter)?;
             self.ops.silu_mul(&gate_up, &mut act, inter)?;
-            let mut out = s.alloc_zeros::<bf16>(t * h)?;
+            let mut out = scratch::<bf16>(&s, t * h)?;
             self.gemm.linear(&act, &layer.down, &mut out, t, h, inter)?;
             delta = Some(out);
         }
@@ -377,14 +386,14 @@ impl GpuModel {
             Logits::AllTokens => normed,
             Logits::LastToken | Logits::DeviceOnly => {
                 let last = batch.last_token_rows();
-                let mut rows = s.alloc_zeros::<bf16>(last.len() * h)?;
+                let mut rows = scratch::<bf16>(&s, last.len() * h)?;
                 self.ops.gather_rows(&normed, last, h, &mut rows)?;
                 rows
             }
         };
         let r = rows.len() / h;
         let v = vocab;
-        let mut logits = s.alloc_zeros::<f32>(r * v)?;
+        let mut logits = scratch::<f32>(&s, r * v)?;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         self.gemm.linear(&rows, head, &mut logits, r, v, h)?;
         for (id, toks) in step {
@@ -461,14 +470,14 @@ impl GpuModel {
         };
         let (s, dn, c) = (&self.stream, self.dn, &self.config);
         let (t, h, d) = (batch.num_tokens, c.hidden_size, gdn_kernels::HEAD_DIM);
-        let mut proj = s.alloc_zeros::<bf16>(t * dn.proj_width())?;
+        let mut proj = scratch::<bf16>(&s, t * dn.proj_width())?;
         self.gemm.linear(x, in_proj, &mut proj, t, dn.proj_width(), h)?;
         let mut inputs = DeltaNetInputs {
-            q: s.alloc_zeros(t * dn.qk_heads * d)?,
-            k: s.alloc_zeros(t * dn.qk_heads * d)?,
-            v: s.alloc_zeros(t * dn.v_heads * d)?,
-            alpha: s.alloc_zeros(t * dn.v_heads)?,
-            beta: s.alloc_zeros(t * dn.v_heads)?,
+            q: scratch(s, t * dn.qk_heads * d)?,
+            k: scratch(s, t * dn.qk_heads * d)?,
+            v: scratch(s, t * dn.v_heads * d)?,
+            alpha: scratch(s, t * dn.v_heads)?,
+            beta: scratch(s, t * dn.v_heads)?,
         };
         self.ops.deltanet_conv(
             batch,
@@ -481,16 +490,16 @@ impl GpuModel {
             &mut inputs,
         )?;
         let scale = (d as f32).powf(-0.5);
-        let mut core = s.alloc_zeros::<bf16>(t * dn.v_heads * d)?;
+        let mut core = scratch::<bf16>(&s, t * dn.v_heads * d)?;
         let state = &mut cache.recurrent[*index];
         if decode {
             self.ops
                 .deltanet_decode(batch, dn, &inputs, state, &mut core, scale)?;
         } else {
             let per = dn.recurrent_state_len();
-            let mut initial = s.alloc_zeros::<f32>(batch.num_seqs * per)?;
+            let mut initial = scratch::<f32>(&s, batch.num_seqs * per)?;
             self.ops.move_state(batch, state, &mut initial, per, true)?;
-            let mut last = s.alloc_zeros::<f32>(batch.num_seqs * per)?;
+            let mut last = scratch::<f32>(&s, batch.num_seqs * per)?;
             self.gdn.run(
                 PrefillBuffers {
                     q: &inputs.q,
@@ -507,10 +516,10 @@ impl GpuModel {
             )?;
             self.ops.move_state(batch, state, &mut last, per, false)?;
         }
-        let mut gated = s.alloc_zeros::<bf16>(t * dn.v_heads * d)?;
+        let mut gated = scratch::<bf16>(&s, t * dn.v_heads * d)?;
         self.ops
             .deltanet_out_norm(dn, &core, &proj, norm, &mut gated, c.rms_norm_eps)?;
-        let mut out = s.alloc_zeros::<bf16>(t * h)?;
+        let mut out = scratch::<bf16>(&s, t * h)?;
         self.gemm
             .linear(&gated, out_proj, &mut out, t, h, dn.v_heads * d)?;
         Ok(out)
@@ -536,9 +545,9 @@ impl GpuModel {
         let (s, a, c) = (&self.stream, self.attn, &self.config);
         let (t, h) = (batch.num_tokens, c.hidden_size);
         let width = a.q_heads * a.head_dim;
-        let mut proj = s.alloc_zeros::<bf16>(t * a.proj_width())?;
+        let mut proj = scratch::<bf16>(&s, t * a.proj_width())?;
         self.gemm.linear(x, qkv, &mut proj, t, a.proj_width(), h)?;
-        let mut q = s.alloc_zeros::<bf16>(t * width)?;
+        let mut q = scratch::<bf16>(&s, t * width)?;
         let (keys, values) = (&mut cache.keys[*index], &mut cache.values[*index]);
         self.ops.attention_prep(
             batch,
@@ -552,10 +561,10 @@ impl GpuModel {
             values,
             c.rms_norm_eps,
         )?;
-        let mut attn_out = s.alloc_zeros::<bf16>(t * width)?;
+        let mut attn_out = scratch::<bf16>(&s, t * width)?;
         self.ops
             .attention(batch, a, &q, keys, values, &proj, &mut attn_out)?;
-        let mut out = s.alloc_zeros::<bf16>(t * h)?;
+        let mut out = scratch::<bf16>(&s, t * h)?;
         self.gemm.linear(&attn_out, o_proj, &mut out, t, h, width)?;
         Ok(out)
     }
