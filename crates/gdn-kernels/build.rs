@@ -154,9 +154,8 @@ fn run() -> Result<(), String> {
     }
 
     // 5. Embed our cubins, by unit and SM version, and the bundle identity.
-    let mut src = String::from(
-        "/// Our cubins from the verified bundle: (unit, SM version, bytes).\n",
-    );
+    let mut src =
+        String::from("/// Our cubins from the verified bundle: (unit, SM version, bytes).\n");
     src.push_str("pub(crate) static CUBINS: &[(&str, u32, &[u8])] = &[\n");
     for (rel, path) in &cubins {
         let (unit, sm) = rel

@@ -51,69 +51,111 @@ pub struct DeviceBatch {
 /// Tokens per query tile of the prefill attention kernel (kQTile).
 pub(crate) const QUERY_TILE: i32 = 16;
 
-impl DeviceBatch {
-    /// Checks `layout` (monotone offsets, no empty sequence, pages cover every
-    /// position, non-negative ids) and uploads it.
-    pub fn upload(stream: &Arc<CudaStream>, layout: &BatchLayout) -> Result<Self, GdnError> {
-        let l = layout;
-        let n = l.slots.len();
-        if n == 0 || l.cu_seqlens.len() != n + 1 || l.start_positions.len() != n {
-            return Err(op_error(
-                OP,
-                format!(
-                    "{} slots, {} offsets, {} start positions: need N >= 1, N + 1, N",
-                    n,
-                    l.cu_seqlens.len(),
-                    l.start_positions.len()
-                ),
-            ));
-        }
-        if l.cu_seqlens[0] != 0 || l.page_size == 0 || l.block_table.len() != n * l.max_blocks {
-            return Err(op_error(
+/// The per-token tables of a checked layout, on the host.
+#[derive(Debug, PartialEq)]
+struct HostTables {
+    tok_seq: Vec<i32>,
+    positions: Vec<i32>,
+    last_rows: Vec<i32>,
+    tiles: Vec<i32>,
+    max_page: usize,
+}
+
+/// Checks `layout` (monotone offsets, no empty sequence, pages cover every
+/// position, non-negative ids) and derives the per-token tables.
+fn host_tables(layout: &BatchLayout) -> Result<HostTables, GdnError> {
+    let l = layout;
+    let n = l.slots.len();
+    if n == 0 || l.cu_seqlens.len() != n + 1 || l.start_positions.len() != n {
+        return Err(op_error(
+            OP,
+            format!(
+                "{} slots, {} offsets, {} start positions: need N >= 1, N + 1, N",
+                n,
+                l.cu_seqlens.len(),
+                l.start_positions.len()
+            ),
+        ));
+    }
+    if l.cu_seqlens[0] != 0 || l.page_size == 0 || l.block_table.len() != n * l.max_blocks {
+        return Err(op_error(
                 OP,
                 format!(
                     "offsets must start at 0 (got {}), page size > 0 (got {}), block table [N, {}] (got {} entries)",
                     l.cu_seqlens[0], l.page_size, l.max_blocks, l.block_table.len()
                 ),
             ));
+    }
+    let mut tok_seq = vec![];
+    let mut positions = vec![];
+    let mut last_rows = vec![];
+    let mut tiles = vec![];
+    let mut max_page = 0usize;
+    for s in 0..n {
+        let (a, b) = (l.cu_seqlens[s], l.cu_seqlens[s + 1]);
+        if b <= a {
+            return Err(op_error(
+                OP,
+                format!("sequence {s} has no tokens ({a}..{b})"),
+            ));
         }
-        let mut tok_seq = vec![];
-        let mut positions = vec![];
-        let mut last_rows = vec![];
-        let mut tiles = vec![];
-        let mut max_page = 0usize;
-        for s in 0..n {
-            let (a, b) = (l.cu_seqlens[s], l.cu_seqlens[s + 1]);
-            if b <= a {
-                return Err(op_error(OP, format!("sequence {s} has no tokens ({a}..{b})")));
-            }
-            let p0 = l.start_positions[s];
-            if p0 < 0 || l.slots[s] < 0 {
-                return Err(op_error(OP, format!("sequence {s}: negative position or slot")));
-            }
-            let last = p0 as usize + (b - a) as usize - 1;
-            let pages_needed = last / l.page_size + 1;
-            if pages_needed > l.max_blocks {
+        let p0 = l.start_positions[s];
+        if p0 < 0 || l.slots[s] < 0 {
+            return Err(op_error(
+                OP,
+                format!("sequence {s}: negative position or slot"),
+            ));
+        }
+        let last = p0 as usize + (b - a) as usize - 1;
+        let pages_needed = last / l.page_size + 1;
+        if pages_needed > l.max_blocks {
+            return Err(op_error(
+                OP,
+                format!(
+                    "sequence {s} reaches position {last}, beyond its {} pages of {}",
+                    l.max_blocks, l.page_size
+                ),
+            ));
+        }
+        for &p in &l.block_table[s * l.max_blocks..s * l.max_blocks + pages_needed] {
+            if p < 0 {
                 return Err(op_error(
                     OP,
-                    format!("sequence {s} reaches position {last}, beyond its {} pages of {}", l.max_blocks, l.page_size),
+                    format!("sequence {s} has no page for a position it uses"),
                 ));
             }
-            for &p in &l.block_table[s * l.max_blocks..s * l.max_blocks + pages_needed] {
-                if p < 0 {
-                    return Err(op_error(OP, format!("sequence {s} has no page for a position it uses")));
-                }
-                max_page = max_page.max(p as usize);
-            }
-            for t in 0..(b - a) {
-                tok_seq.push(s as i32);
-                positions.push(p0 + t);
-            }
-            last_rows.push(b - 1);
-            for t0 in (a..b).step_by(QUERY_TILE as usize) {
-                tiles.extend([t0, (b - t0).min(QUERY_TILE)]);
-            }
+            max_page = max_page.max(p as usize);
         }
+        for t in 0..(b - a) {
+            tok_seq.push(s as i32);
+            positions.push(p0 + t);
+        }
+        last_rows.push(b - 1);
+        for t0 in (a..b).step_by(QUERY_TILE as usize) {
+            tiles.extend([t0, (b - t0).min(QUERY_TILE)]);
+        }
+    }
+    Ok(HostTables {
+        tok_seq,
+        positions,
+        last_rows,
+        tiles,
+        max_page,
+    })
+}
+
+impl DeviceBatch {
+    /// Checks `layout` (see [`BatchLayout`]) and uploads it.
+    pub fn upload(stream: &Arc<CudaStream>, layout: &BatchLayout) -> Result<Self, GdnError> {
+        let l = layout;
+        let n = l.slots.len();
+        let HostTables {
+            tok_seq,
+            positions,
+            last_rows,
+            tiles,
+            max_page,
+        } = host_tables(layout)?;
         let upload = |v: &[i32]| stream.clone_htod(v);
         Ok(DeviceBatch {
             num_tokens: tok_seq.len(),
@@ -127,7 +169,11 @@ impl DeviceBatch {
             cu_seqlens: upload(&l.cu_seqlens)?,
             seq_slot: upload(&l.slots)?,
             positions: upload(&positions)?,
-            block_table: upload(if l.block_table.is_empty() { &[0] } else { &l.block_table })?,
+            block_table: upload(if l.block_table.is_empty() {
+                &[0]
+            } else {
+                &l.block_table
+            })?,
             last_token_rows: last_rows,
             num_tiles: tiles.len() / 2,
             tiles: upload(&tiles)?,
@@ -142,5 +188,58 @@ impl DeviceBatch {
     /// Row of each sequence's last token in the packed batch.
     pub fn last_token_rows(&self) -> &[i32] {
         &self.last_token_rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two sequences: 3 tokens from position 5 (page 16: pages 0 only) and
+    /// 20 tokens from 0 (pages 0, 1).
+    fn layout() -> BatchLayout {
+        BatchLayout {
+            cu_seqlens: vec![0, 3, 23],
+            start_positions: vec![5, 0],
+            slots: vec![4, 1],
+            block_table: vec![7, -1, 2, 3],
+            max_blocks: 2,
+            page_size: 16,
+        }
+    }
+
+    #[test]
+    fn tables_follow_the_layout() {
+        let t = host_tables(&layout()).unwrap();
+        assert_eq!(&t.tok_seq[..4], &[0, 0, 0, 1]);
+        assert_eq!(&t.positions[..4], &[5, 6, 7, 0]);
+        assert_eq!(t.positions[22], 19);
+        assert_eq!(t.last_rows, vec![2, 22]);
+        // Tiles of <= 16 rows never cross a sequence boundary.
+        assert_eq!(t.tiles, vec![0, 3, 3, 16, 19, 4]);
+        assert_eq!(t.max_page, 7);
+    }
+
+    #[test]
+    fn bad_layouts_are_refused_with_the_reason() {
+        let err = |l: BatchLayout| host_tables(&l).unwrap_err().to_string();
+        let mut l = layout();
+        l.cu_seqlens = vec![0, 3, 3];
+        assert!(err(l).contains("sequence 1 has no tokens"));
+        let mut l = layout();
+        l.block_table = vec![7, -1, 2, -1];
+        assert!(err(l).contains("sequence 1 has no page"));
+        let mut l = layout();
+        l.start_positions = vec![30, 0];
+        assert!(err(l).contains("beyond its 2 pages"));
+        let mut l = layout();
+        l.slots = vec![4, -1];
+        assert!(err(l).contains("negative"));
+        let mut l = layout();
+        l.cu_seqlens = vec![1, 3, 23];
+        assert!(err(l).contains("start at 0"));
+        let mut l = layout();
+        l.block_table.pop();
+        assert!(err(l).contains("block table"));
     }
 }

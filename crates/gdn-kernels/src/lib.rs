@@ -33,9 +33,9 @@ mod bundle_embed {
 
 pub use batch::{BatchLayout, DeviceBatch};
 pub use dispatch::{Backend, BackendRequest, DispatchDecision};
+pub use error::GdnError;
 pub use gemm::{Gemm, GemmOutput};
 pub use model_ops::{AttentionShape, DeltaNetInputs, DeltaNetShape, ModelOps};
-pub use error::GdnError;
 pub use oracle::GdnGeometry;
 pub use prefill::{GdnPrefill, PrefillBuffers};
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use gdn_kernels::{
     AttentionShape, Backend, BackendRequest, BatchLayout, DeltaNetInputs, DeltaNetShape,
-    DeviceBatch, Gemm, GdnGeometry, GdnPrefill, ModelOps, PrefillBuffers,
+    DeviceBatch, GdnGeometry, GdnPrefill, Gemm, ModelOps, PrefillBuffers,
 };
 use half::bf16;
 
@@ -321,8 +321,10 @@ impl GpuModel {
 
     /// Runs one step: each sequence's tokens after what it has seen. Returns
     /// f32 logits, `[rows][vocab]`: one row per sequence (`LastToken`) or per
-    /// token in batch order (`AllTokens`). On error nothing is consumed
-    /// except KV pages reserved for the step.
+    /// token in batch order (`AllTokens`). A refused step (unknown or
+    /// repeated sequence, no tokens, token id out of range, not enough free
+    /// KV pages) changes nothing. A GPU failure once kernels run leaves the
+    /// step's sequences in an undefined state: release them.
     pub fn forward(
         &mut self,
         cache: &mut GpuCache,
@@ -332,7 +334,12 @@ impl GpuModel {
         let batch = self.prepare(cache, step)?;
         let (h, inter, vocab, eps) = {
             let c = &self.config;
-            (c.hidden_size, c.intermediate_size, c.vocab_size, c.rms_norm_eps)
+            (
+                c.hidden_size,
+                c.intermediate_size,
+                c.vocab_size,
+                c.rms_norm_eps,
+            )
         };
         let t = batch.num_tokens;
         let tokens: Vec<u32> = step.iter().flat_map(|(_, t)| t.iter().copied()).collect();
@@ -414,10 +421,14 @@ impl GpuModel {
         }
         for (i, (id, toks)) in step.iter().enumerate() {
             if toks.is_empty() {
-                return Err(Error::InvalidInput(format!("sequence {id:?} brings no tokens")));
+                return Err(Error::InvalidInput(format!(
+                    "sequence {id:?} brings no tokens"
+                )));
             }
             if step[..i].iter().any(|(other, _)| other == id) {
-                return Err(Error::InvalidInput(format!("sequence {id:?} appears twice in one step")));
+                return Err(Error::InvalidInput(format!(
+                    "sequence {id:?} appears twice in one step"
+                )));
             }
             if let Some(&bad) = toks.iter().find(|&&t| t as usize >= self.config.vocab_size) {
                 return Err(Error::InvalidInput(format!(
@@ -470,8 +481,9 @@ impl GpuModel {
         };
         let (s, dn, c) = (&self.stream, self.dn, &self.config);
         let (t, h, d) = (batch.num_tokens, c.hidden_size, gdn_kernels::HEAD_DIM);
-        let mut proj = scratch::<bf16>(&s, t * dn.proj_width())?;
-        self.gemm.linear(x, in_proj, &mut proj, t, dn.proj_width(), h)?;
+        let mut proj = scratch::<bf16>(s, t * dn.proj_width())?;
+        self.gemm
+            .linear(x, in_proj, &mut proj, t, dn.proj_width(), h)?;
         let mut inputs = DeltaNetInputs {
             q: scratch(s, t * dn.qk_heads * d)?,
             k: scratch(s, t * dn.qk_heads * d)?,
@@ -490,16 +502,16 @@ impl GpuModel {
             &mut inputs,
         )?;
         let scale = (d as f32).powf(-0.5);
-        let mut core = scratch::<bf16>(&s, t * dn.v_heads * d)?;
+        let mut core = scratch::<bf16>(s, t * dn.v_heads * d)?;
         let state = &mut cache.recurrent[*index];
         if decode {
             self.ops
                 .deltanet_decode(batch, dn, &inputs, state, &mut core, scale)?;
         } else {
             let per = dn.recurrent_state_len();
-            let mut initial = scratch::<f32>(&s, batch.num_seqs * per)?;
+            let mut initial = scratch::<f32>(s, batch.num_seqs * per)?;
             self.ops.move_state(batch, state, &mut initial, per, true)?;
-            let mut last = scratch::<f32>(&s, batch.num_seqs * per)?;
+            let mut last = scratch::<f32>(s, batch.num_seqs * per)?;
             self.gdn.run(
                 PrefillBuffers {
                     q: &inputs.q,
@@ -516,10 +528,10 @@ impl GpuModel {
             )?;
             self.ops.move_state(batch, state, &mut last, per, false)?;
         }
-        let mut gated = scratch::<bf16>(&s, t * dn.v_heads * d)?;
+        let mut gated = scratch::<bf16>(s, t * dn.v_heads * d)?;
         self.ops
             .deltanet_out_norm(dn, &core, &proj, norm, &mut gated, c.rms_norm_eps)?;
-        let mut out = scratch::<bf16>(&s, t * h)?;
+        let mut out = scratch::<bf16>(s, t * h)?;
         self.gemm
             .linear(&gated, out_proj, &mut out, t, h, dn.v_heads * d)?;
         Ok(out)
@@ -545,9 +557,9 @@ impl GpuModel {
         let (s, a, c) = (&self.stream, self.attn, &self.config);
         let (t, h) = (batch.num_tokens, c.hidden_size);
         let width = a.q_heads * a.head_dim;
-        let mut proj = scratch::<bf16>(&s, t * a.proj_width())?;
+        let mut proj = scratch::<bf16>(s, t * a.proj_width())?;
         self.gemm.linear(x, qkv, &mut proj, t, a.proj_width(), h)?;
-        let mut q = scratch::<bf16>(&s, t * width)?;
+        let mut q = scratch::<bf16>(s, t * width)?;
         let (keys, values) = (&mut cache.keys[*index], &mut cache.values[*index]);
         self.ops.attention_prep(
             batch,
@@ -561,10 +573,10 @@ impl GpuModel {
             values,
             c.rms_norm_eps,
         )?;
-        let mut attn_out = scratch::<bf16>(&s, t * width)?;
+        let mut attn_out = scratch::<bf16>(s, t * width)?;
         self.ops
             .attention(batch, a, &q, keys, values, &proj, &mut attn_out)?;
-        let mut out = scratch::<bf16>(&s, t * h)?;
+        let mut out = scratch::<bf16>(s, t * h)?;
         self.gemm.linear(&attn_out, o_proj, &mut out, t, h, width)?;
         Ok(out)
     }
