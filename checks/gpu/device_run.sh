@@ -8,6 +8,7 @@
 #   fixtures   regenerate the Qwen3.5 fixtures with HF transformers (fixtures.tar)
 #   qwen35     the Qwen3.5 GPU gates (on the fixtures just made, else the committed ones)
 #   qbench     the Qwen3.5-4B random-weight benchmark
+#   qprofile   nsys kernel summary of the 4B decode step at batch 1 (if nsys exists)
 # Writes at most 8 files under $OUT (the device tool returns 8).
 set -uo pipefail
 OUT=${OUT:-/tmp/gdn-out}; mkdir -p "$OUT"
@@ -60,5 +61,15 @@ fi
 if has qbench; then
   .carry/bin/qwen35_bench > "$OUT/qbench.jsonl" 2> "$OUT/qbench.err" || rc=1
   cat "$OUT/qbench.jsonl"; tail -5 "$OUT/qbench.err"
+fi
+if has qprofile; then
+  nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  if [[ -n $nsys ]]; then
+    "$nsys" profile -o /tmp/qprof --force-overwrite true .carry/bin/qwen35_bench decode --decode-batches 1 > /dev/null 2>&1
+    "$nsys" stats -r cuda_gpu_kern_sum,cuda_api_sum /tmp/qprof.nsys-rep > "$OUT/qprofile.txt" 2>&1 || rc=1
+    head -40 "$OUT/qprofile.txt"
+  else
+    echo "qprofile: no nsys on this machine" | tee "$OUT/qprofile.txt"
+  fi
 fi
 exit $rc

@@ -177,7 +177,9 @@ extern "C" __global__ void gdn_conv_state_update(bf16* __restrict__ conv_state,
 // One recurrent gated-delta-rule step for a batch of single tokens, in place
 // on the state slots (same math as the GDN oracle):
 //   S = alpha S;  d = beta (v - S k);  S += d k^T;  out = scale S q
-// grid (Hv, N), block 256: one warp per value row, 4 k-columns per lane.
+// grid (Hv, N, splits), block 256: one warp per value row, 4 k-columns per
+// lane; block z takes rows [z * 128 / splits, (z + 1) * 128 / splits), so a
+// batch of one still spreads over Hv * splits blocks.
 extern "C" __global__ void gdn_decode_step(bf16* __restrict__ out, float* __restrict__ state,
                                            const int32_t* __restrict__ seq_slot,
                                            const bf16* __restrict__ q, const bf16* __restrict__ k,
@@ -196,7 +198,9 @@ extern "C" __global__ void gdn_decode_step(bf16* __restrict__ out, float* __rest
         qq[e] = f(q[((int64_t)n * hk + kh) * D + lane * 4 + e]);
     }
     const float a = alpha[(int64_t)n * hv + h], b = beta[(int64_t)n * hv + h];
-    for (int row = warp; row < D; row += warps) {
+    const int rows_per_block = D / gridDim.z;
+    const int row_end = (blockIdx.z + 1) * rows_per_block;
+    for (int row = blockIdx.z * rows_per_block + warp; row < row_end; row += warps) {
         float4* p = reinterpret_cast<float4*>(S + (int64_t)row * D + lane * 4);
         float4 s = *p;
         s.x *= a; s.y *= a; s.z *= a; s.w *= a;
@@ -278,7 +282,11 @@ extern "C" __global__ void attn_prep(
 // (GQA: the block serves the G = Hq/Hkv query heads of one KV head), online
 // softmax in fp32 per warp over an interleaved share of the keys, warps
 // merged at the end; the output is multiplied by sigmoid(gate) (Qwen3.5's
-// gated attention). grid (T, Hkv), block 128. DPL = head dim / 32.
+// gated attention). grid (T, Hkv, splits), block 128. DPL = head dim / 32.
+// With splits > 1 (flash-decoding: short batches with long contexts) block z
+// takes the z-th contiguous share of the keys and writes its partial softmax
+// state -- (m, l) to ws_ml[T, Hq, splits, 2] and the unnormalised
+// accumulator to ws_acc[T, Hq, splits, D] -- for attention_combine.
 template <int DPL>
 __device__ void attention_impl(bf16* __restrict__ out, const bf16* __restrict__ q,
                                const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
@@ -286,7 +294,8 @@ __device__ void attention_impl(bf16* __restrict__ out, const bf16* __restrict__ 
                                const int32_t* __restrict__ positions,
                                const int32_t* __restrict__ tok_seq,
                                const int32_t* __restrict__ block_table, int max_blocks, int page,
-                               int hq, int hkv, float scale) {
+                               int hq, int hkv, float scale, float* __restrict__ ws_ml,
+                               float* __restrict__ ws_acc) {
     constexpr int D = DPL * 32;
     __shared__ float sh_m[kAttnWarps][kMaxGqa], sh_l[kAttnWarps][kMaxGqa];
     __shared__ float sh_acc[kAttnWarps][kMaxGqa][D];
@@ -307,7 +316,10 @@ __device__ void attention_impl(bf16* __restrict__ out, const bf16* __restrict__ 
     }
     const int pos = positions[t];
     const int32_t* pages = block_table + (int64_t)tok_seq[t] * max_blocks;
-    for (int j = warp; j <= pos; j += kAttnWarps) {
+    const int splits = gridDim.z, z = blockIdx.z;
+    const int share = (pos + splits) / splits;  // ceil((pos + 1) / splits)
+    const int j_end = min(pos + 1, (z + 1) * share);
+    for (int j = z * share + warp; j < j_end; j += kAttnWarps) {
         const int64_t at = (((int64_t)pages[j / page] * page + j % page) * hkv + kh) * D + lane * DPL;
         float kr[DPL], vr[DPL];
 #pragma unroll
@@ -356,18 +368,51 @@ __device__ void attention_impl(bf16* __restrict__ out, const bf16* __restrict__ 
             den += c * sh_l[w][g];
         }
         const int h = kh * G + g;
+        if (splits > 1) {
+            const int64_t part = (t * hq + h) * splits + z;
+            ws_acc[part * D + d] = num;
+            if (d == 0) {
+                ws_ml[part * 2] = mx;
+                ws_ml[part * 2 + 1] = den;
+            }
+            continue;
+        }
         const float gate = f(proj[t * ld + h * 2 * D + D + d]);
         out[(t * hq + h) * D + d] = bf(rbf(num / den) * sigmoid(gate));
     }
+}
+
+// Combines the partial softmax states of attention_d* with splits > 1.
+// grid (T, Hq), block D.
+extern "C" __global__ void attention_combine(bf16* __restrict__ out, const float* __restrict__ ws_ml,
+                                             const float* __restrict__ ws_acc,
+                                             const bf16* __restrict__ proj, int ld, int hq,
+                                             int splits) {
+    const int D = blockDim.x, d = threadIdx.x;
+    const int64_t t = blockIdx.x;
+    const int h = blockIdx.y;
+    const int64_t base = (t * hq + h) * splits;
+    float mx = -INFINITY;
+    for (int z = 0; z < splits; ++z) mx = fmaxf(mx, ws_ml[(base + z) * 2]);
+    float num = 0.f, den = 0.f;
+    for (int z = 0; z < splits; ++z) {
+        const float m = ws_ml[(base + z) * 2];
+        const float c = m == -INFINITY ? 0.f : expf(m - mx);
+        num += c * ws_acc[(base + z) * D + d];
+        den += c * ws_ml[(base + z) * 2 + 1];
+    }
+    const float gate = f(proj[t * ld + h * 2 * D + D + d]);
+    out[(t * hq + h) * D + d] = bf(rbf(num / den) * sigmoid(gate));
 }
 
 #define GDN_ATTENTION(DPL)                                                                   \
     extern "C" __global__ void __launch_bounds__(kAttnWarps * 32) attention_d##DPL(          \
         bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache, const bf16* proj, \
         int ld, const int32_t* positions, const int32_t* tok_seq, const int32_t* block_table, \
-        int max_blocks, int page, int hq, int hkv, float scale) {                            \
+        int max_blocks, int page, int hq, int hkv, float scale, float* ws_ml,                \
+        float* ws_acc) {                                                                     \
         attention_impl<DPL>(out, q, k_cache, v_cache, proj, ld, positions, tok_seq,          \
-                            block_table, max_blocks, page, hq, hkv, scale);                  \
+                            block_table, max_blocks, page, hq, hkv, scale, ws_ml, ws_acc);   \
     }
 // Head dims 32, 64, 128 and 256 (Qwen3.5 uses 256; the test models 32).
 GDN_ATTENTION(1)
@@ -547,6 +592,63 @@ GDN_ATTENTION_PREFILL(32)
 GDN_ATTENTION_PREFILL(64)
 GDN_ATTENTION_PREFILL(128)
 GDN_ATTENTION_PREFILL(256)
+
+// Skinny linear layer for decode steps: y[m, n] = sum_k x[m, k] w[n, k] for
+// m < M <= kGemvMaxRows, bf16 in, fp32 accumulate, bf16 or fp32 out. One warp
+// per output column n reads row n of w once, 16 bytes per lane per step
+// (coalesced), and applies it to all M rows of x (small, served from L1/L2);
+// cuBLAS picks GEMM tiles that leave most of the bandwidth unused at M = 1.
+// Requires k % 8 == 0 and 16-byte aligned rows (checked by the caller).
+// grid ceil(N / 8), block 256.
+constexpr int kGemvMaxRows = 8;
+
+template <typename Out>
+__device__ void gemv_impl(Out* __restrict__ y, const bf16* __restrict__ x,
+                          const bf16* __restrict__ w, int M, int N, int K) {
+    const int lane = threadIdx.x & 31;
+    const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (n >= N) return;
+    float acc[kGemvMaxRows];
+#pragma unroll
+    for (int m = 0; m < kGemvMaxRows; ++m) acc[m] = 0.f;
+    const bf16* wr = w + (int64_t)n * K;
+    for (int k = lane * 8; k < K; k += 32 * 8) {
+        const uint4 wv = *reinterpret_cast<const uint4*>(wr + k);
+        const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wv);
+        float2 wf[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) wf[e] = __bfloat1622float2(wp[e]);
+#pragma unroll
+        for (int m = 0; m < kGemvMaxRows; ++m) {
+            if (m < M) {
+                const uint4 xv = *reinterpret_cast<const uint4*>(x + (int64_t)m * K + k);
+                const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float2 xf = __bfloat1622float2(xp[e]);
+                    acc[m] += xf.x * wf[e].x + xf.y * wf[e].y;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < kGemvMaxRows; ++m) {
+        if (m < M) {
+            const float v = warp_sum(acc[m]);
+            if (lane == 0) {
+                if constexpr (sizeof(Out) == 4) y[(int64_t)m * N + n] = v;
+                else y[(int64_t)m * N + n] = bf(v);
+            }
+        }
+    }
+}
+extern "C" __global__ void gemv_bf16(bf16* y, const bf16* x, const bf16* w, int M, int N, int K) {
+    gemv_impl(y, x, w, M, N, K);
+}
+extern "C" __global__ void gemv_f32out(float* y, const bf16* x, const bf16* w, int M, int N,
+                                       int K) {
+    gemv_impl(y, x, w, M, N, K);
+}
 
 // SwiGLU: out = bf16(bf16(silu(gate)) * up), gate_up = [T, 2I] (gate | up).
 // grid ceil(T*I / 256), block 256.

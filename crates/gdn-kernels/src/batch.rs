@@ -35,6 +35,8 @@ pub struct DeviceBatch {
     /// Largest slot and page id used (checked against pool sizes by each op).
     pub(crate) max_slot: usize,
     pub(crate) max_page: usize,
+    /// Largest position of any token in the batch.
+    pub(crate) max_position: usize,
     pub(crate) host_cu_seqlens: Vec<i64>,
     pub(crate) last_token_rows: Vec<i32>,
     pub(crate) tok_seq: CudaSlice<i32>,
@@ -164,6 +166,7 @@ impl DeviceBatch {
             page_size: l.page_size,
             max_slot: l.slots.iter().copied().max().unwrap_or(0) as usize,
             max_page,
+            max_position: positions.iter().copied().max().unwrap_or(0) as usize,
             host_cu_seqlens: l.cu_seqlens.iter().map(|&x| x as i64).collect(),
             tok_seq: upload(&tok_seq)?,
             cu_seqlens: upload(&l.cu_seqlens)?,

@@ -14,7 +14,12 @@ use half::bf16;
 use crate::batch::DeviceBatch;
 use crate::dispatch::cubin_for;
 use crate::error::{op_error, GdnError};
+use crate::gemm::{Gemm, GemmOutput};
 use crate::HEAD_DIM;
+
+/// Linear layers with at most this many rows (decode steps of small batches)
+/// run on our skinny kernel instead of cuBLAS (kGemvMaxRows).
+pub const SKINNY_MAX_ROWS: usize = 8;
 
 const UNIT: &str = "model_kernels";
 const MAX_CONV_TAPS: usize = 8;
@@ -156,11 +161,14 @@ struct Functions {
     /// tensor-core query tiles (prefill).
     attention: [CudaFunction; 4],
     attention_prefill: [CudaFunction; 4],
+    attention_combine: CudaFunction,
     silu_mul: CudaFunction,
     copy_f32: CudaFunction,
     copy_bf16: CudaFunction,
     fill_bf16: CudaFunction,
     fill_f32: CudaFunction,
+    gemv_bf16: CudaFunction,
+    gemv_f32: CudaFunction,
 }
 
 /// The DeltaNet per-token inputs the conv step produces and the prefill /
@@ -208,6 +216,7 @@ impl ModelOps {
                 l("attention_d4")?,
                 l("attention_d8")?,
             ],
+            attention_combine: l("attention_combine")?,
             attention_prefill: [
                 l("attention_prefill_d32")?,
                 l("attention_prefill_d64")?,
@@ -219,6 +228,8 @@ impl ModelOps {
             copy_bf16: l("copy_rows_bf16")?,
             fill_bf16: l("fill_uniform_bf16")?,
             fill_f32: l("fill_uniform_f32")?,
+            gemv_bf16: l("gemv_bf16")?,
+            gemv_f32: l("gemv_f32out")?,
         };
         Ok(ModelOps {
             stream,
@@ -422,8 +433,11 @@ impl ModelOps {
             .arg(&hk_)
             .arg(&hv_)
             .arg(&scale);
+        // Four blocks per (sequence, head), 32 value rows each.
+        let mut cfg = grid(hv, n, 256, 0);
+        cfg.grid_dim.2 = 4;
         // SAFETY: matches gdn_decode_step; lengths and slots checked.
-        unsafe { b.launch(grid(hv, n, 256, 0)) }?;
+        unsafe { b.launch(cfg) }?;
         Ok(())
     }
 
@@ -540,9 +554,25 @@ impl ModelOps {
         ]
         .map(|x| x as i32);
         if batch.num_tokens == batch.num_seqs {
-            // Decode: one query per sequence, CUDA cores.
+            // Decode: one query per sequence on CUDA cores; long contexts are
+            // split over up to 16 blocks of >= 128 keys (flash-decoding) so a
+            // small batch still fills the GPU.
+            let splits = (batch.max_position + 1).div_ceil(128).clamp(1, 16);
+            let parts = t * shape.q_heads * splits;
+            let null = 0u64;
+            let ws = if splits > 1 {
+                // SAFETY: fully written by the split kernel before the combine reads it.
+                Some(unsafe {
+                    (
+                        self.stream.alloc::<f32>(parts * 2)?,
+                        self.stream.alloc::<f32>(parts * d)?,
+                    )
+                })
+            } else {
+                None
+            };
             let mut b = self.stream.launch_builder(&self.f.attention[which]);
-            b.arg(out)
+            b.arg(&mut *out)
                 .arg(q)
                 .arg(k_cache)
                 .arg(v_cache)
@@ -552,8 +582,28 @@ impl ModelOps {
                 .arg(&batch.tok_seq)
                 .arg(&batch.block_table);
             b.arg(&mb).arg(&ps).arg(&hq).arg(&hkv).arg(&scale);
-            // SAFETY: matches attention_d{D/32}; pages and lengths checked.
-            unsafe { b.launch(grid(t, shape.kv_heads, ATTN_THREADS, 0)) }?;
+            match &ws {
+                Some((ml, acc)) => b.arg(ml).arg(acc),
+                None => b.arg(&null).arg(&null),
+            };
+            let mut cfg = grid(t, shape.kv_heads, ATTN_THREADS, 0);
+            cfg.grid_dim.2 = splits as u32;
+            // SAFETY: matches attention_d{D/32}; pages and lengths checked;
+            // the workspace holds [T, Hq, splits] partials when splits > 1.
+            unsafe { b.launch(cfg) }?;
+            if let Some((ml, acc)) = &ws {
+                let splits_ = splits as i32;
+                let mut b = self.stream.launch_builder(&self.f.attention_combine);
+                b.arg(out)
+                    .arg(ml)
+                    .arg(acc)
+                    .arg(proj)
+                    .arg(&ld)
+                    .arg(&hq)
+                    .arg(&splits_);
+                // SAFETY: matches attention_combine; block = head dim.
+                unsafe { b.launch(grid(t, shape.q_heads, d as u32, 0)) }?;
+            }
             return Ok(());
         }
         // Prefill: tensor-core query tiles; shared memory as laid out in
@@ -589,6 +639,49 @@ impl ModelOps {
                 smem,
             ))
         }?;
+        Ok(())
+    }
+
+    /// `y[m, n] = x[m, k] · w[n, k]ᵀ`: our skinny kernel for up to
+    /// [`SKINNY_MAX_ROWS`] rows (when k is a multiple of 8), cuBLAS otherwise.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear<O: GemmOutput>(
+        &self,
+        gemm: &Gemm,
+        x: &CudaSlice<bf16>,
+        w: &CudaSlice<bf16>,
+        y: &mut CudaSlice<O>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), GdnError> {
+        const OP: &str = "linear";
+        if m == 0 || m > SKINNY_MAX_ROWS || k % 8 != 0 {
+            return gemm.linear(x, w, y, m, n, k);
+        }
+        exact(OP, "w", w.len(), n * k)?;
+        if x.len() < m * k || y.len() < m * n {
+            return Err(op_error(
+                OP,
+                format!(
+                    "x ({}) or y ({}) shorter than [{m}, {k}] / [{m}, {n}]",
+                    x.len(),
+                    y.len()
+                ),
+            ));
+        }
+        let [m_, n_, k_] = [m, n, k].map(|v| v as i32);
+        i32_of(OP, n * k)?;
+        let func = if O::IS_F32 {
+            &self.f.gemv_f32
+        } else {
+            &self.f.gemv_bf16
+        };
+        let mut b = self.stream.launch_builder(func);
+        b.arg(y).arg(x).arg(w).arg(&m_).arg(&n_).arg(&k_);
+        // SAFETY: matches gemv_bf16 / gemv_f32out (output type by O::IS_F32);
+        // k % 8 == 0 and cudaMalloc'd rows of 2k bytes keep the 16-byte loads aligned.
+        unsafe { b.launch(grid(n.div_ceil(8), 1, 256, 0)) }?;
         Ok(())
     }
 

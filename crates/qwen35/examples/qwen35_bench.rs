@@ -8,6 +8,8 @@
 //!
 //! Decode steps run at a context of `CONTEXT` tokens per sequence. Logits stay
 //! on the device (`Logits::DeviceOnly`): sampling is not part of the forward.
+//! Arguments (optional) pick parts: `prefill`, `decode` (default: both), and
+//! `--decode-batches 1,16,64`.
 
 use std::time::Instant;
 
@@ -26,6 +28,20 @@ fn used_bytes() -> usize {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let part = |p: &str| {
+        !args.iter().any(|a| a == "prefill" || a == "decode") || args.iter().any(|a| a == p)
+    };
+    let batches: Vec<usize> = args
+        .iter()
+        .position(|a| a == "--decode-batches")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| {
+            v.split(',')
+                .map(|b| b.parse().expect("batch size"))
+                .collect()
+        })
+        .unwrap_or_else(|| vec![1, 16, 64]);
     let stream = GpuModel::default_stream()?;
     let ctx = stream.context().clone();
     let name = ctx.name()?;
@@ -93,7 +109,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     // 3. Prefill: one sequence, logits for its last token.
-    for &len in &[1024usize, 8192] {
+    let prefill_lens: &[usize] = if part("prefill") { &[1024, 8192] } else { &[] };
+    for &len in prefill_lens {
         let tokens: Vec<u32> = (0..len as u32).map(|t| (t * 7919) % 200_000 + 10).collect();
         let mut times = vec![];
         for _ in 0..4 {
@@ -117,7 +134,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     // 4. Decode: `batch` sequences at CONTEXT tokens each, one token per step.
-    for &batch in &[1usize, 16, 64] {
+    let decode_batches = if part("decode") { batches } else { vec![] };
+    for &batch in &decode_batches {
         let pages = batch * ((CONTEXT + 64).div_ceil(PAGE) + 1);
         let mut cache = model.new_cache(batch, pages, PAGE)?;
         let ids: Vec<_> = (0..batch)

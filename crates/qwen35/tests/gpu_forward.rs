@@ -325,3 +325,39 @@ fn prefill_then_decode_matches_hf_cached_decode_alone_and_batched() {
         assert!(st.consistent(), "{name}: {st:?}");
     }
 }
+
+#[test]
+fn decode_deep_into_a_long_prompt_matches_hf_teacher_forced() {
+    // Decode steps at positions 4000..4099 attend over thousands of cached
+    // keys (the split "flash-decoding" attention path); HF's teacher-forced
+    // goldens give the expected distribution at each of those positions.
+    let Some(s) = stream() else { return };
+    let f = Fixture::load("text_gva2");
+    let (i, p) = f
+        .prompts
+        .iter()
+        .enumerate()
+        .find(|(_, p)| p.len() > 4096)
+        .expect("text_gva2 has a long prompt");
+    let mut model = f.model(&s, BackendRequest::Auto);
+    let prefix = 4000;
+    let mut cache = model.new_cache(1, p.len().div_ceil(16) + 1, 16).unwrap();
+    let id = cache.add_sequence().unwrap();
+    let mut rows = model
+        .forward(&mut cache, &[(id, &p[..prefix])], Logits::LastToken)
+        .unwrap();
+    for j in prefix..p.len() {
+        rows.extend(
+            model
+                .forward(&mut cache, &[(id, &p[j..j + 1])], Logits::LastToken)
+                .unwrap(),
+        );
+    }
+    let (ids, lps) = f.golden(i);
+    let st = compare(&rows, &ids[prefix - 1..], &lps[prefix - 1..]);
+    report(
+        &format!("text_gva2 decode at positions {prefix}..{}", p.len()),
+        &st,
+    );
+    assert!(st.passes(), "{st:?}");
+}

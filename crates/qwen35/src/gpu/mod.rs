@@ -373,12 +373,20 @@ impl GpuModel {
                 eps,
             )?;
             let mut gate_up = scratch::<bf16>(&s, t * 2 * inter)?;
-            self.gemm
-                .linear(&normed, &layer.gate_up, &mut gate_up, t, 2 * inter, h)?;
+            self.ops.linear(
+                &self.gemm,
+                &normed,
+                &layer.gate_up,
+                &mut gate_up,
+                t,
+                2 * inter,
+                h,
+            )?;
             let mut act = scratch::<bf16>(&s, t * inter)?;
             self.ops.silu_mul(&gate_up, &mut act, inter)?;
             let mut out = scratch::<bf16>(&s, t * h)?;
-            self.gemm.linear(&act, &layer.down, &mut out, t, h, inter)?;
+            self.ops
+                .linear(&self.gemm, &act, &layer.down, &mut out, t, h, inter)?;
             delta = Some(out);
         }
         self.ops.add_rmsnorm(
@@ -402,7 +410,8 @@ impl GpuModel {
         let v = vocab;
         let mut logits = scratch::<f32>(&s, r * v)?;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        self.gemm.linear(&rows, head, &mut logits, r, v, h)?;
+        self.ops
+            .linear(&self.gemm, &rows, head, &mut logits, r, v, h)?;
         for (id, toks) in step {
             cache.seqs.get_mut(id).expect("prepared").len += toks.len();
         }
@@ -482,8 +491,8 @@ impl GpuModel {
         let (s, dn, c) = (&self.stream, self.dn, &self.config);
         let (t, h, d) = (batch.num_tokens, c.hidden_size, gdn_kernels::HEAD_DIM);
         let mut proj = scratch::<bf16>(s, t * dn.proj_width())?;
-        self.gemm
-            .linear(x, in_proj, &mut proj, t, dn.proj_width(), h)?;
+        self.ops
+            .linear(&self.gemm, x, in_proj, &mut proj, t, dn.proj_width(), h)?;
         let mut inputs = DeltaNetInputs {
             q: scratch(s, t * dn.qk_heads * d)?,
             k: scratch(s, t * dn.qk_heads * d)?,
@@ -532,8 +541,8 @@ impl GpuModel {
         self.ops
             .deltanet_out_norm(dn, &core, &proj, norm, &mut gated, c.rms_norm_eps)?;
         let mut out = scratch::<bf16>(s, t * h)?;
-        self.gemm
-            .linear(&gated, out_proj, &mut out, t, h, dn.v_heads * d)?;
+        self.ops
+            .linear(&self.gemm, &gated, out_proj, &mut out, t, h, dn.v_heads * d)?;
         Ok(out)
     }
 
@@ -558,7 +567,8 @@ impl GpuModel {
         let (t, h) = (batch.num_tokens, c.hidden_size);
         let width = a.q_heads * a.head_dim;
         let mut proj = scratch::<bf16>(s, t * a.proj_width())?;
-        self.gemm.linear(x, qkv, &mut proj, t, a.proj_width(), h)?;
+        self.ops
+            .linear(&self.gemm, x, qkv, &mut proj, t, a.proj_width(), h)?;
         let mut q = scratch::<bf16>(s, t * width)?;
         let (keys, values) = (&mut cache.keys[*index], &mut cache.values[*index]);
         self.ops.attention_prep(
@@ -577,7 +587,8 @@ impl GpuModel {
         self.ops
             .attention(batch, a, &q, keys, values, &proj, &mut attn_out)?;
         let mut out = scratch::<bf16>(s, t * h)?;
-        self.gemm.linear(&attn_out, o_proj, &mut out, t, h, width)?;
+        self.ops
+            .linear(&self.gemm, &attn_out, o_proj, &mut out, t, h, width)?;
         Ok(out)
     }
 }
