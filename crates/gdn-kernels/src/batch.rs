@@ -1,6 +1,7 @@
 //! The packed varlen batch every model op works on: which sequence each token
 //! belongs to, where it sits, which state slot and KV pages the sequence owns.
-//! Built on the host, checked once, copied to the device once per step.
+//! Built on the host, checked once, copied to the device once per step (or
+//! rewritten in place, for a captured CUDA graph that replays with new data).
 
 use std::sync::Arc;
 
@@ -14,9 +15,11 @@ const OP: &str = "batch";
 /// `cu_seqlens[s]..cu_seqlens[s + 1]`, at absolute positions
 /// `start_positions[s]..`, with state slot `slots[s]`; its KV pages are
 /// `block_table[s * max_blocks..][..]` (page `p` holds positions
-/// `p * page_size..(p + 1) * page_size`).
+/// `p * page_size..(p + 1) * page_size`). `tokens` are the step's token ids
+/// in batch order.
 #[derive(Clone, Debug, Default)]
 pub struct BatchLayout {
+    pub tokens: Vec<u32>,
     pub cu_seqlens: Vec<i32>,
     pub start_positions: Vec<i32>,
     pub slots: Vec<i32>,
@@ -32,13 +35,17 @@ pub struct DeviceBatch {
     pub num_seqs: usize,
     pub max_blocks: usize,
     pub page_size: usize,
-    /// Largest slot and page id used (checked against pool sizes by each op).
+    /// Bounds on the slot ids, page ids, positions and token ids the batch
+    /// holds (each op checks them against its pools; a graph captured with
+    /// a batch stays valid for any update within the same bounds).
     pub(crate) max_slot: usize,
     pub(crate) max_page: usize,
-    /// Largest position of any token in the batch.
     pub(crate) max_position: usize,
+    pub(crate) max_token: usize,
     pub(crate) host_cu_seqlens: Vec<i64>,
     pub(crate) last_token_rows: Vec<i32>,
+    pub(crate) tokens: CudaSlice<i32>,
+    pub(crate) last_rows: CudaSlice<i32>,
     pub(crate) tok_seq: CudaSlice<i32>,
     pub(crate) cu_seqlens: CudaSlice<i32>,
     pub(crate) seq_slot: CudaSlice<i32>,
@@ -56,6 +63,8 @@ pub(crate) const QUERY_TILE: i32 = 16;
 /// The per-token tables of a checked layout, on the host.
 #[derive(Debug, PartialEq)]
 struct HostTables {
+    tokens: Vec<i32>,
+    max_token: usize,
     tok_seq: Vec<i32>,
     positions: Vec<i32>,
     last_rows: Vec<i32>,
@@ -137,7 +146,19 @@ fn host_tables(layout: &BatchLayout) -> Result<HostTables, GdnError> {
             tiles.extend([t0, (b - t0).min(QUERY_TILE)]);
         }
     }
+    let t = tok_seq.len();
+    if l.tokens.len() != t || l.tokens.iter().any(|&x| x > i32::MAX as u32) {
+        return Err(op_error(
+            OP,
+            format!(
+                "{} token ids for {t} tokens (or an id beyond i32)",
+                l.tokens.len()
+            ),
+        ));
+    }
     Ok(HostTables {
+        tokens: l.tokens.iter().map(|&x| x as i32).collect(),
+        max_token: l.tokens.iter().copied().max().unwrap_or(0) as usize,
         tok_seq,
         positions,
         last_rows,
@@ -150,37 +171,87 @@ impl DeviceBatch {
     /// Checks `layout` (see [`BatchLayout`]) and uploads it.
     pub fn upload(stream: &Arc<CudaStream>, layout: &BatchLayout) -> Result<Self, GdnError> {
         let l = layout;
-        let n = l.slots.len();
-        let HostTables {
-            tok_seq,
-            positions,
-            last_rows,
-            tiles,
-            max_page,
-        } = host_tables(layout)?;
+        let h = host_tables(layout)?;
         let upload = |v: &[i32]| stream.clone_htod(v);
         Ok(DeviceBatch {
-            num_tokens: tok_seq.len(),
-            num_seqs: n,
+            num_tokens: h.tok_seq.len(),
+            num_seqs: l.slots.len(),
             max_blocks: l.max_blocks,
             page_size: l.page_size,
             max_slot: l.slots.iter().copied().max().unwrap_or(0) as usize,
-            max_page,
-            max_position: positions.iter().copied().max().unwrap_or(0) as usize,
+            max_page: h.max_page,
+            max_position: h.positions.iter().copied().max().unwrap_or(0) as usize,
+            max_token: h.max_token,
             host_cu_seqlens: l.cu_seqlens.iter().map(|&x| x as i64).collect(),
-            tok_seq: upload(&tok_seq)?,
+            tokens: upload(&h.tokens)?,
+            last_rows: upload(&h.last_rows)?,
+            tok_seq: upload(&h.tok_seq)?,
             cu_seqlens: upload(&l.cu_seqlens)?,
             seq_slot: upload(&l.slots)?,
-            positions: upload(&positions)?,
+            positions: upload(&h.positions)?,
             block_table: upload(if l.block_table.is_empty() {
                 &[0]
             } else {
                 &l.block_table
             })?,
-            last_token_rows: last_rows,
-            num_tiles: tiles.len() / 2,
-            tiles: upload(&tiles)?,
+            last_token_rows: h.last_rows,
+            num_tiles: h.tiles.len() / 2,
+            tiles: upload(&h.tiles)?,
         })
+    }
+
+    /// Raises the bounds to pool capacities (slots, pages, positions, vocab)
+    /// so that [`DeviceBatch::update`] may later bring any ids within them.
+    pub fn widen_bounds(
+        &mut self,
+        max_slot: usize,
+        max_page: usize,
+        max_position: usize,
+        max_token: usize,
+    ) {
+        self.max_slot = self.max_slot.max(max_slot);
+        self.max_page = self.max_page.max(max_page);
+        self.max_position = self.max_position.max(max_position);
+        self.max_token = self.max_token.max(max_token);
+    }
+
+    /// Rewrites the batch in place (same buffers, so a graph captured with
+    /// it sees the new data). The new layout must have the same shape
+    /// (sequences, tokens per sequence, page-table width, page size) and
+    /// stay within the bounds.
+    pub fn update(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        layout: &BatchLayout,
+    ) -> Result<(), GdnError> {
+        let l = layout;
+        let h = host_tables(layout)?;
+        let max_slot = l.slots.iter().copied().max().unwrap_or(0) as usize;
+        let max_position = h.positions.iter().copied().max().unwrap_or(0) as usize;
+        let same_shape = l.slots.len() == self.num_seqs
+            && l.cu_seqlens
+                .iter()
+                .map(|&x| x as i64)
+                .eq(self.host_cu_seqlens.iter().copied())
+            && l.max_blocks == self.max_blocks
+            && l.page_size == self.page_size;
+        let within = max_slot <= self.max_slot
+            && h.max_page <= self.max_page
+            && max_position <= self.max_position
+            && h.max_token <= self.max_token;
+        if !same_shape || !within {
+            return Err(op_error(
+                OP,
+                format!("update does not fit the batch (same shape: {same_shape}, within bounds: {within})"),
+            ));
+        }
+        stream.memcpy_htod(&h.tokens, &mut self.tokens)?;
+        stream.memcpy_htod(&l.slots, &mut self.seq_slot)?;
+        stream.memcpy_htod(&h.positions, &mut self.positions)?;
+        if !l.block_table.is_empty() {
+            stream.memcpy_htod(&l.block_table, &mut self.block_table)?;
+        }
+        Ok(())
     }
 
     /// Token offsets of the sequences, as the GDN prefill op takes them.
@@ -202,6 +273,7 @@ mod tests {
     /// 20 tokens from 0 (pages 0, 1).
     fn layout() -> BatchLayout {
         BatchLayout {
+            tokens: (0..23).collect(),
             cu_seqlens: vec![0, 3, 23],
             start_positions: vec![5, 0],
             slots: vec![4, 1],
@@ -244,5 +316,8 @@ mod tests {
         let mut l = layout();
         l.block_table.pop();
         assert!(err(l).contains("block table"));
+        let mut l = layout();
+        l.tokens.pop();
+        assert!(err(l).contains("22 token ids for 23 tokens"));
     }
 }

@@ -248,12 +248,13 @@ impl ModelOps {
         &self.stream
     }
 
-    /// `out[t] = table[ids[t]]`; ids are checked against the table's rows.
+    /// `out[t] = table[token t]` for the batch's tokens; the batch's token
+    /// ids (bounded when it was built) are checked against the table's rows.
     pub fn embedding(
         &self,
+        batch: &DeviceBatch,
         table: &CudaSlice<bf16>,
         hidden: usize,
-        ids: &[u32],
         out: &mut CudaSlice<bf16>,
     ) -> Result<(), GdnError> {
         const OP: &str = "embedding";
@@ -264,20 +265,18 @@ impl ModelOps {
                 format!("table of {} elements is not [V, {hidden}]", table.len()),
             ));
         }
-        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+        if batch.max_token >= vocab {
             return Err(op_error(
                 OP,
-                format!("token id {bad} >= vocab size {vocab}"),
+                format!("token id {} >= vocab size {vocab}", batch.max_token),
             ));
         }
-        exact(OP, "out", out.len(), ids.len() * hidden)?;
-        let ids: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
-        let ids_dev = self.stream.clone_htod(&ids)?;
+        exact(OP, "out", out.len(), batch.num_tokens * hidden)?;
         let h = i32_of(OP, hidden)?;
         let mut b = self.stream.launch_builder(&self.f.embedding);
-        b.arg(out).arg(table).arg(&ids_dev).arg(&h);
+        b.arg(out).arg(table).arg(&batch.tokens).arg(&h);
         // SAFETY: matches embedding_bf16(out, table, ids, hidden); ids < vocab.
-        unsafe { b.launch(grid(ids.len(), 1, 256, 0)) }?;
+        unsafe { b.launch(grid(batch.num_tokens, 1, 256, 0)) }?;
         Ok(())
     }
 
@@ -736,26 +735,23 @@ impl ModelOps {
         Ok(())
     }
 
-    /// `out[i] = src[rows[i]]` for rows of `width` (last tokens to the lm_head).
-    pub fn gather_rows(
+    /// `out[s] = src[last token of sequence s]`, rows of `width` (the rows
+    /// the lm_head needs).
+    pub fn gather_last_tokens(
         &self,
+        batch: &DeviceBatch,
         src: &CudaSlice<bf16>,
-        rows: &[i32],
         width: usize,
         out: &mut CudaSlice<bf16>,
     ) -> Result<(), GdnError> {
-        const OP: &str = "gather_rows";
-        let n_src = src.len() / width.max(1);
-        if rows.iter().any(|&r| r < 0 || r as usize >= n_src) || rows.is_empty() {
-            return Err(op_error(OP, format!("rows {rows:?} outside 0..{n_src}")));
-        }
-        exact(OP, "out", out.len(), rows.len() * width)?;
-        let rows_dev = self.stream.clone_htod(rows)?;
+        const OP: &str = "gather_last_tokens";
+        exact(OP, "src", src.len(), batch.num_tokens * width)?;
+        exact(OP, "out", out.len(), batch.num_seqs * width)?;
         let (w, null) = (width as i64, 0u64);
         let mut b = self.stream.launch_builder(&self.f.copy_bf16);
-        b.arg(out).arg(&null).arg(src).arg(&rows_dev).arg(&w);
-        // SAFETY: matches copy_rows_bf16; rows checked.
-        unsafe { b.launch(grid(rows.len(), width.div_ceil(1024), 256, 0)) }?;
+        b.arg(out).arg(&null).arg(src).arg(&batch.last_rows).arg(&w);
+        // SAFETY: matches copy_rows_bf16; last rows lie inside the batch.
+        unsafe { b.launch(grid(batch.num_seqs, width.div_ceil(1024), 256, 0)) }?;
         Ok(())
     }
 

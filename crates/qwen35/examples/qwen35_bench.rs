@@ -136,38 +136,53 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // 4. Decode: `batch` sequences at CONTEXT tokens each, one token per step.
     let decode_batches = if part("decode") { batches } else { vec![] };
     for &batch in &decode_batches {
-        let pages = batch * ((CONTEXT + 64).div_ceil(PAGE) + 1);
-        let mut cache = model.new_cache(batch, pages, PAGE)?;
-        let ids: Vec<_> = (0..batch)
-            .map(|_| cache.add_sequence())
-            .collect::<Result<_, _>>()?;
-        let prompt: Vec<u32> = (0..CONTEXT as u32)
-            .map(|t| (t * 31) % 200_000 + 10)
-            .collect();
-        for chunk in ids.chunks(8) {
-            let step: Vec<_> = chunk.iter().map(|id| (*id, prompt.as_slice())).collect();
-            model.forward(&mut cache, &step, Logits::DeviceOnly)?;
+        for graphs in [false, true] {
+            let pages = batch * ((CONTEXT + 64).div_ceil(PAGE) + 1);
+            let mut cache = model.new_cache(batch, pages, PAGE)?;
+            if graphs {
+                cache.enable_decode_graphs(CONTEXT + 64)?;
+            }
+            let ids: Vec<_> = (0..batch)
+                .map(|_| cache.add_sequence())
+                .collect::<Result<_, _>>()?;
+            let prompt: Vec<u32> = (0..CONTEXT as u32)
+                .map(|t| (t * 31) % 200_000 + 10)
+                .collect();
+            for chunk in ids.chunks(8) {
+                let step: Vec<_> = chunk.iter().map(|id| (*id, prompt.as_slice())).collect();
+                model.forward(&mut cache, &step, Logits::DeviceOnly)?;
+            }
+            let tok = [42u32];
+            let step: Vec<_> = ids.iter().map(|id| (*id, &tok[..])).collect();
+            // Warm-up (and, with graphs, the capture).
+            let warm = (0..3).try_for_each(|_| {
+                model
+                    .forward(&mut cache, &step, Logits::DeviceOnly)
+                    .map(drop)
+            });
+            if let Err(e) = warm {
+                println!(
+                    "{{\"decode_batch\": {batch}, \"cuda_graphs\": {graphs}, \"error\": {:?}}}",
+                    e.to_string()
+                );
+                continue;
+            }
+            let steps = 20;
+            let t0 = Instant::now();
+            for _ in 0..steps {
+                model.forward(&mut cache, &step, Logits::DeviceOnly)?;
+            }
+            let dt = t0.elapsed().as_secs_f64() / steps as f64;
+            note(&mut peak);
+            let roofline = weight_bytes_read as f64 / copy_bw;
+            println!(
+                "{{\"decode_batch\": {batch}, \"cuda_graphs\": {graphs}, \"context\": {CONTEXT}, \"step_ms\": {:.3}, \"tokens_per_s\": {:.0}, \"weights_roofline_ms\": {:.3}, \"fraction_of_roofline\": {:.2}}}",
+                dt * 1e3,
+                batch as f64 / dt,
+                roofline * 1e3,
+                roofline / dt
+            );
         }
-        let tok = [42u32];
-        let step: Vec<_> = ids.iter().map(|id| (*id, &tok[..])).collect();
-        for _ in 0..3 {
-            model.forward(&mut cache, &step, Logits::DeviceOnly)?;
-        }
-        let steps = 20;
-        let t0 = Instant::now();
-        for _ in 0..steps {
-            model.forward(&mut cache, &step, Logits::DeviceOnly)?;
-        }
-        let dt = t0.elapsed().as_secs_f64() / steps as f64;
-        note(&mut peak);
-        let roofline = weight_bytes_read as f64 / copy_bw;
-        println!(
-            "{{\"decode_batch\": {batch}, \"context\": {CONTEXT}, \"step_ms\": {:.3}, \"tokens_per_s\": {:.0}, \"weights_roofline_ms\": {:.3}, \"fraction_of_roofline\": {:.2}}}",
-            dt * 1e3,
-            batch as f64 / dt,
-            roofline * 1e3,
-            roofline / dt
-        );
     }
     println!(
         "{{\"peak_gpu_memory_gib\": {:.2}, \"baseline_gib\": {:.2}}}",

@@ -273,41 +273,15 @@ fn prefill_then_decode_matches_hf_cached_decode_alone_and_batched() {
             .filter(|p| p.len() > 1 && p.len() <= 128 && *p != ids)
             .collect();
         let mut cache = model.new_cache(1 + others.len(), 64, 16).unwrap();
-        let mut run = |batched: bool| -> Vec<Vec<f32>> {
-            let seq = cache.add_sequence().unwrap();
-            let side: Vec<_> = if batched {
-                others
-                    .iter()
-                    .map(|_| cache.add_sequence().unwrap())
-                    .collect()
-            } else {
-                vec![]
-            };
-            let mut rows = vec![];
-            let first = model
-                .forward(&mut cache, &[(seq, &ids[..prefix])], Logits::LastToken)
-                .unwrap();
-            rows.push(first[0].clone());
-            for (sid, p) in side.iter().zip(&others) {
-                model
-                    .forward(&mut cache, &[(*sid, &p[..1])], Logits::LastToken)
-                    .unwrap();
-            }
-            for j in prefix..prefix + steps {
-                let mut step = vec![(seq, &ids[j..j + 1])];
-                for (k, (sid, p)) in side.iter().zip(&others).enumerate() {
-                    let at = (1 + j - prefix + k) % p.len();
-                    step.push((*sid, &p[at..at + 1]));
-                }
-                let out = model.forward(&mut cache, &step, Logits::LastToken).unwrap();
-                assert_eq!(out.len(), step.len());
-                rows.push(out[0].clone());
-            }
-            cache.release(seq).unwrap();
-            for sid in side {
-                cache.release(sid).unwrap();
-            }
-            rows
+        let mut run = |batched: bool| {
+            decode_run(
+                &mut model,
+                &mut cache,
+                ids,
+                (prefix, steps),
+                &others,
+                batched,
+            )
         };
         let alone = run(false);
         let batched = run(true);
@@ -360,4 +334,101 @@ fn decode_deep_into_a_long_prompt_matches_hf_teacher_forced() {
         &st,
     );
     assert!(st.passes(), "{st:?}");
+}
+
+/// Prefills `ids[..prefix]` in a fresh sequence, then decodes `steps` tokens
+/// one at a time (teacher-forced), alongside `others` (one token each per
+/// step, cycling) when `batched`; returns the first sequence's logits rows.
+fn decode_run(
+    model: &mut GpuModel,
+    cache: &mut qwen35::gpu::GpuCache,
+    ids: &[u32],
+    (prefix, steps): (usize, usize),
+    others: &[&Vec<u32>],
+    batched: bool,
+) -> Vec<Vec<f32>> {
+    let seq = cache.add_sequence().unwrap();
+    let side: Vec<_> = if batched {
+        others
+            .iter()
+            .map(|_| cache.add_sequence().unwrap())
+            .collect()
+    } else {
+        vec![]
+    };
+    let mut rows = vec![];
+    let first = model
+        .forward(cache, &[(seq, &ids[..prefix])], Logits::LastToken)
+        .unwrap();
+    rows.push(first[0].clone());
+    for (sid, p) in side.iter().zip(others) {
+        model
+            .forward(cache, &[(*sid, &p[..1])], Logits::LastToken)
+            .unwrap();
+    }
+    for j in prefix..prefix + steps {
+        let mut step = vec![(seq, &ids[j..j + 1])];
+        for (k, (sid, p)) in side.iter().zip(others).enumerate() {
+            let at = (1 + j - prefix + k) % p.len();
+            step.push((*sid, &p[at..at + 1]));
+        }
+        let out = model.forward(cache, &step, Logits::LastToken).unwrap();
+        assert_eq!(out.len(), step.len());
+        rows.push(out[0].clone());
+    }
+    cache.release(seq).unwrap();
+    for sid in side {
+        cache.release(sid).unwrap();
+    }
+    rows
+}
+
+#[test]
+fn decode_graphs_match_hf_and_the_eager_decode() {
+    // Graph capture needs a created stream (not the legacy default one).
+    let Some(s) = stream() else { return };
+    let s = s.context().new_stream().unwrap();
+    for name in MODELS {
+        let f = Fixture::load(name);
+        let mut model = f.model(&s, BackendRequest::Auto);
+        let (pi, prefix, steps) = f.decode;
+        let ids = &f.prompts[pi];
+        let others: Vec<&Vec<u32>> = f
+            .prompts
+            .iter()
+            .filter(|p| p.len() > 1 && p.len() <= 128 && *p != ids)
+            .collect();
+        let mut eager_cache = model.new_cache(1 + others.len(), 64, 16).unwrap();
+        let eager = decode_run(
+            &mut model,
+            &mut eager_cache,
+            ids,
+            (prefix, steps),
+            &others,
+            true,
+        );
+        let mut cache = model.new_cache(1 + others.len(), 64, 16).unwrap();
+        cache.enable_decode_graphs(256).unwrap();
+        // Round 0 captures (batch sizes 1 and 4), round 1 replays them with
+        // other slots, pages and positions; "alone" replays batch size 1.
+        let round0 = decode_run(&mut model, &mut cache, ids, (prefix, steps), &others, true);
+        let round1 = decode_run(&mut model, &mut cache, ids, (prefix, steps), &others, true);
+        let alone = decode_run(&mut model, &mut cache, ids, (prefix, steps), &others, false);
+        assert_eq!(
+            round0, round1,
+            "{name}: a replay differs from the capture run"
+        );
+        let (gi, gl) = f.golden_keys("decode.topk_ids", "decode.topk_logprobs");
+        for (what, rows) in [("graphs batched", &round1), ("graphs alone", &alone)] {
+            let st = compare(rows, &gi, &gl);
+            report(
+                &format!("{name} {what} decode vs HF bf16 cached decode"),
+                &st,
+            );
+            assert!(st.passes(), "{name} {what}: {st:?}");
+        }
+        let st = consistency(&round1, &eager);
+        report(&format!("{name} graphs vs eager decode"), &st);
+        assert!(st.consistent(), "{name}: {st:?}");
+    }
 }

@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream};
-use gdn_kernels::{AttentionShape, DeltaNetShape};
+use cudarc::driver::{CudaGraph, CudaSlice, CudaStream};
+use gdn_kernels::{AttentionShape, DeltaNetShape, DeviceBatch};
 use half::bf16;
 
 use crate::error::{Error, Result};
@@ -22,6 +22,14 @@ pub(crate) struct Seq {
     pub pages: Vec<usize>,
     /// Tokens processed so far (the next token's position).
     pub len: usize,
+}
+
+/// A captured decode step for one batch size: the graph, the batch buffers
+/// its kernels read (rewritten before each replay) and its logits.
+pub(crate) struct DecodeGraph {
+    pub graph: CudaGraph,
+    pub batch: DeviceBatch,
+    pub logits: CudaSlice<f32>,
 }
 
 pub struct GpuCache {
@@ -39,6 +47,14 @@ pub struct GpuCache {
     free_pages: Vec<usize>,
     pub(crate) seqs: HashMap<SeqId, Seq>,
     next_id: u64,
+    max_sequences: usize,
+    num_pages: usize,
+    /// Page-table width of captured decode graphs (`None`: graphs off).
+    pub(crate) graph_page_width: Option<usize>,
+    /// Captured decode steps by batch size. Declared last: dropped after
+    /// nothing else, and they only reference buffers of this cache and of
+    /// the model.
+    pub(crate) graphs: HashMap<usize, DecodeGraph>,
 }
 
 impl GpuCache {
@@ -84,7 +100,36 @@ impl GpuCache {
             free_pages: (0..num_pages).rev().collect(),
             seqs: HashMap::new(),
             next_id: 0,
+            max_sequences,
+            num_pages,
+            graph_page_width: None,
+            graphs: HashMap::new(),
         })
+    }
+
+    /// Decode steps (one token per sequence) of sequences up to
+    /// `max_context` positions replay a CUDA graph captured on the first
+    /// step of each batch size: one launch instead of hundreds. Needs a
+    /// stream other than the legacy default stream (capture is not allowed
+    /// there); steps the graphs cannot take run eagerly. The graphs use the
+    /// model that captured them: use one model per cache.
+    pub fn enable_decode_graphs(&mut self, max_context: usize) -> Result<()> {
+        if self.stream.cu_stream().is_null() {
+            return Err(Error::InvalidInput(
+                "CUDA graphs need a created stream, not the legacy default stream".into(),
+            ));
+        }
+        self.graph_page_width = Some(max_context.div_ceil(self.page_size).max(1));
+        self.graphs.clear();
+        Ok(())
+    }
+
+    pub(crate) fn max_sequences(&self) -> usize {
+        self.max_sequences
+    }
+
+    pub(crate) fn num_pages(&self) -> usize {
+        self.num_pages
     }
 
     /// Starts a sequence in a free slot, with zero conv and recurrent state.

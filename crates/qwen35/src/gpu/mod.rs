@@ -168,6 +168,14 @@ impl GpuModel {
     ) -> Result<GpuModel> {
         let c = &config;
         let (dn, attn) = shapes(c)?;
+        // cudarc gives every buffer allocated while event tracking is on two
+        // CUDA events (created with it, destroyed with it) for cross-stream
+        // ordering: four driver calls per activation buffer, about 1300 per
+        // decode step. The model, its caches and its activations live on one
+        // stream, so the tracking buys nothing here.
+        // SAFETY: every buffer the model allocates is used only on `stream`
+        // (weights, caches, activations, the ops' own buffers).
+        unsafe { stream.context().disable_event_tracking() };
         let (h, v, i) = (c.hidden_size, c.vocab_size, c.intermediate_size);
         let ops = ModelOps::new(stream.clone())?;
         let gemm = Gemm::new(stream.clone())?;
@@ -281,9 +289,10 @@ impl GpuModel {
         })
     }
 
-    /// The CUDA device 0 stream most callers want.
+    /// A new stream on CUDA device 0 (a created stream, not the legacy
+    /// default one, so decode steps can be captured as CUDA graphs).
     pub fn default_stream() -> Result<Arc<CudaStream>> {
-        Ok(CudaContext::new(0)?.default_stream())
+        Ok(CudaContext::new(0)?.new_stream()?)
     }
 
     /// The GDN prefill backend in use.
@@ -324,14 +333,107 @@ impl GpuModel {
     /// token in batch order (`AllTokens`). A refused step (unknown or
     /// repeated sequence, no tokens, token id out of range, not enough free
     /// KV pages) changes nothing. A GPU failure once kernels run leaves the
-    /// step's sequences in an undefined state: release them.
+    /// step's sequences in an undefined state: release them. Decode steps
+    /// replay a captured CUDA graph when the cache has graphs enabled
+    /// ([`GpuCache::enable_decode_graphs`]).
     pub fn forward(
         &mut self,
         cache: &mut GpuCache,
         step: &[(SeqId, &[u32])],
         which: Logits,
     ) -> Result<Vec<Vec<f32>>> {
-        let batch = self.prepare(cache, step)?;
+        let mut layout = self.prepare(cache, step)?;
+        let s = self.stream.clone();
+        let decode = step.iter().all(|(_, t)| t.len() == 1);
+        let v = self.config.vocab_size;
+        let logits = match (decode, cache.graph_page_width) {
+            (true, Some(width)) if layout.max_blocks <= width => {
+                self.replay_decode(cache, &mut layout, width)?
+            }
+            _ => {
+                let batch = DeviceBatch::upload(&s, &layout)?;
+                let rows = match which {
+                    Logits::AllTokens => batch.num_tokens,
+                    _ => batch.num_seqs,
+                };
+                let mut logits = scratch::<f32>(&s, rows * v)?;
+                self.run(cache, &batch, which, &mut logits)?;
+                logits
+            }
+        };
+        for (id, toks) in step {
+            cache.seqs.get_mut(id).expect("prepared").len += toks.len();
+        }
+        if which == Logits::DeviceOnly {
+            s.synchronize()?;
+            return Ok(vec![]);
+        }
+        let host = s.clone_dtoh(&logits)?;
+        Ok(host.chunks_exact(v).map(<[f32]>::to_vec).collect())
+    }
+
+    /// A decode step through the cache's graph for this batch size: the
+    /// batch buffers are rewritten in place and the graph replayed; the
+    /// first step of a batch size captures it. Returns the logits buffer.
+    fn replay_decode(
+        &mut self,
+        cache: &mut GpuCache,
+        layout: &mut BatchLayout,
+        width: usize,
+    ) -> Result<CudaSlice<f32>> {
+        let s = self.stream.clone();
+        let n = layout.slots.len();
+        // Fixed page-table width: the captured kernels take it by value.
+        let mut table = Vec::with_capacity(n * width);
+        for row in layout.block_table.chunks(layout.max_blocks) {
+            table.extend(row.iter().copied().chain(std::iter::repeat(-1)).take(width));
+        }
+        layout.block_table = table;
+        layout.max_blocks = width;
+        if let Some(g) = cache.graphs.get_mut(&n) {
+            g.batch.update(&s, layout)?;
+            g.graph.launch()?;
+            return Ok(s.clone_dtod(&g.logits)?);
+        }
+        let mut batch = DeviceBatch::upload(&s, layout)?;
+        // Bounds = the cache's capacity, so any later decode step of n
+        // sequences fits the captured graph.
+        batch.widen_bounds(
+            cache.max_sequences() - 1,
+            cache.num_pages() - 1,
+            width * cache.page_size - 1,
+            self.config.vocab_size - 1,
+        );
+        let mut logits = scratch::<f32>(&s, n * self.config.vocab_size)?;
+        s.begin_capture(
+            cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        )?;
+        let captured = self.run(cache, &batch, Logits::LastToken, &mut logits);
+        // End the capture whatever happened, so the stream is usable again.
+        let graph = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+        captured?;
+        let graph = graph?.ok_or_else(|| Error::Gpu("stream capture produced no graph".into()))?;
+        graph.launch()?;
+        let out = s.clone_dtod(&logits)?;
+        cache.graphs.insert(
+            n,
+            cache::DecodeGraph {
+                graph,
+                batch,
+                logits,
+            },
+        );
+        Ok(out)
+    }
+
+    /// The device work of one step: no host transfers, so it can be captured.
+    fn run(
+        &mut self,
+        cache: &mut GpuCache,
+        batch: &DeviceBatch,
+        which: Logits,
+        logits: &mut CudaSlice<f32>,
+    ) -> Result<()> {
         let (h, inter, vocab, eps) = {
             let c = &self.config;
             (
@@ -342,10 +444,9 @@ impl GpuModel {
             )
         };
         let t = batch.num_tokens;
-        let tokens: Vec<u32> = step.iter().flat_map(|(_, t)| t.iter().copied()).collect();
         let s = self.stream.clone();
         let mut residual = scratch::<bf16>(&s, t * h)?;
-        self.ops.embedding(&self.embed, h, &tokens, &mut residual)?;
+        self.ops.embedding(batch, &self.embed, h, &mut residual)?;
         let mut normed = scratch::<bf16>(&s, t * h)?;
         let mut delta: Option<CudaSlice<bf16>> = None;
         let decode = batch.num_tokens == batch.num_seqs;
@@ -359,9 +460,9 @@ impl GpuModel {
                 eps,
             )?;
             let mixed = if matches!(self.layers[li].mixer, Mixer::DeltaNet { .. }) {
-                self.deltanet(li, &batch, cache, &normed, decode)?
+                self.deltanet(li, batch, cache, &normed, decode)?
             } else {
-                self.attention(li, &batch, cache, &normed)?
+                self.attention(li, batch, cache, &normed)?
             };
             let layer = &self.layers[li];
             self.ops.add_rmsnorm(
@@ -399,32 +500,22 @@ impl GpuModel {
         )?;
         let rows = match which {
             Logits::AllTokens => normed,
-            Logits::LastToken | Logits::DeviceOnly => {
-                let last = batch.last_token_rows();
-                let mut rows = scratch::<bf16>(&s, last.len() * h)?;
-                self.ops.gather_rows(&normed, last, h, &mut rows)?;
+            _ if t == batch.num_seqs => normed,
+            _ => {
+                let mut rows = scratch::<bf16>(&s, batch.num_seqs * h)?;
+                self.ops.gather_last_tokens(batch, &normed, h, &mut rows)?;
                 rows
             }
         };
         let r = rows.len() / h;
-        let v = vocab;
-        let mut logits = scratch::<f32>(&s, r * v)?;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         self.ops
-            .linear(&self.gemm, &rows, head, &mut logits, r, v, h)?;
-        for (id, toks) in step {
-            cache.seqs.get_mut(id).expect("prepared").len += toks.len();
-        }
-        if which == Logits::DeviceOnly {
-            s.synchronize()?;
-            return Ok(vec![]);
-        }
-        let host = s.clone_dtoh(&logits)?;
-        Ok(host.chunks_exact(v).map(<[f32]>::to_vec).collect())
+            .linear(&self.gemm, &rows, head, logits, r, vocab, h)?;
+        Ok(())
     }
 
-    /// Checks the step, reserves KV pages and uploads the batch layout.
-    fn prepare(&self, cache: &mut GpuCache, step: &[(SeqId, &[u32])]) -> Result<DeviceBatch> {
+    /// Checks the step, reserves KV pages and lays the batch out.
+    fn prepare(&self, cache: &mut GpuCache, step: &[(SeqId, &[u32])]) -> Result<BatchLayout> {
         if step.is_empty() {
             return Err(Error::InvalidInput("empty step".into()));
         }
@@ -451,6 +542,7 @@ impl GpuModel {
         let seqs: Vec<_> = step.iter().map(|(id, _)| &cache.seqs[id]).collect();
         let max_blocks = seqs.iter().map(|s| s.pages.len()).max().unwrap_or(0).max(1);
         let mut layout = BatchLayout {
+            tokens: step.iter().flat_map(|(_, t)| t.iter().copied()).collect(),
             cu_seqlens: vec![0],
             max_blocks,
             page_size: cache.page_size,
@@ -465,7 +557,7 @@ impl GpuModel {
             row.resize(max_blocks, -1);
             layout.block_table.extend(row);
         }
-        Ok(DeviceBatch::upload(&self.stream, &layout)?)
+        Ok(layout)
     }
 
     fn deltanet(
