@@ -98,7 +98,10 @@ extern "C" __global__ void add_rmsnorm_bf16(bf16* __restrict__ out, bf16* __rest
 //   beta = sigmoid(b)                          (bf16, as HF's b.sigmoid())
 //   alpha = exp(-exp(A_log) * softplus(a + dt_bias))   (fp32)
 // proj is the fused input projection [T, ld]: qkv at column 0, b at col_b,
-// a at col_a. grid T, block 256, dynamic shared memory C floats.
+// a at col_a. grid (T, 2*Hk + Hv), block 128: block (t, g) owns the 128
+// channels of head group g (q heads, then k heads, then v heads), one per
+// thread, so a decode step of one token still spreads over 2*Hk + Hv blocks;
+// group 0 also computes the token's gates (Hv <= 128).
 extern "C" __global__ void gdn_conv_prep(
     bf16* __restrict__ q_out, bf16* __restrict__ k_out, bf16* __restrict__ v_out,
     float* __restrict__ alpha_out, float* __restrict__ beta_out,
@@ -109,39 +112,31 @@ extern "C" __global__ void gdn_conv_prep(
     const int32_t* __restrict__ seq_slot,
     const float* __restrict__ a_log, const float* __restrict__ dt_bias,
     int hk, int hv, int kw) {
-    extern __shared__ float xs[];
     const int D = kGdnDim;
     const int C = (2 * hk + hv) * D;
-    const int t = blockIdx.x;
+    const int t = blockIdx.x, g = blockIdx.y, e = threadIdx.x;
     const int s = tok_seq[t];
     const int start = cu_seqlens[s];
     const int i = t - start;  // index of the token within this chunk
     const int64_t slot = seq_slot[s];
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float acc = 0.f;
-        for (int j = 0; j < kw; ++j) {
-            const int src = i - (kw - 1) + j;  // chunk index of the tap's input
-            const float x = src >= 0 ? f(proj[(int64_t)(start + src) * ld + c])
-                                     : f(conv_state[(slot * (kw - 1) + (kw - 1 + src)) * C + c]);
-            acc += conv_w[c * kw + j] * x;
-        }
-        xs[c] = rbf(silu(acc));
+    const int c = g * D + e;
+    float acc = 0.f;
+    for (int j = 0; j < kw; ++j) {
+        const int src = i - (kw - 1) + j;  // chunk index of the tap's input
+        const float x = src >= 0 ? f(proj[(int64_t)(start + src) * ld + c])
+                                 : f(conv_state[(slot * (kw - 1) + (kw - 1 + src)) * C + c]);
+        acc += conv_w[c * kw + j] * x;
     }
-    __syncthreads();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    // q heads then k heads: one warp per head, 4 elements per lane.
-    for (int h = warp; h < 2 * hk; h += warps) {
-        const float* x = xs + h * D;
-        float ss = 0.f;
-        for (int e = lane; e < D; e += 32) ss += x[e] * x[e];
-        const float r = rsqrtf(warp_sum(ss) + 1e-6f);
-        bf16* dst = h < hk ? q_out + ((int64_t)t * hk + h) * D
-                           : k_out + ((int64_t)t * hk + (h - hk)) * D;
-        for (int e = lane; e < D; e += 32) dst[e] = bf(x[e] * r);
+    const float x = rbf(silu(acc));
+    if (g < 2 * hk) {
+        const float r = rsqrtf(block_sum(x * x) + 1e-6f);
+        bf16* dst = g < hk ? q_out + ((int64_t)t * hk + g) * D : k_out + ((int64_t)t * hk + (g - hk)) * D;
+        dst[e] = bf(x * r);
+    } else {
+        v_out[((int64_t)t * hv + (g - 2 * hk)) * D + e] = bf(x);
     }
-    for (int e = threadIdx.x; e < hv * D; e += blockDim.x)
-        v_out[(int64_t)t * hv * D + e] = bf(xs[2 * hk * D + e]);
-    for (int h = threadIdx.x; h < hv; h += blockDim.x) {
+    if (g == 0 && e < hv) {
+        const int h = e;
         const float b = f(proj[(int64_t)t * ld + col_b + h]);
         const float a = f(proj[(int64_t)t * ld + col_a + h]) + dt_bias[h];
         const float softplus = a > 20.f ? a : log1pf(expf(a));

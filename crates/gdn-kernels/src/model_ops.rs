@@ -66,9 +66,9 @@ impl DeltaNetShape {
         let ok = self.qk_heads > 0
             && self.v_heads % self.qk_heads == 0
             && (2..=MAX_CONV_TAPS + 1).contains(&self.conv_kernel)
-            && self.conv_dim() * 4 <= MAX_STATIC_SHARED;
+            && self.v_heads <= HEAD_DIM;
         ok.then_some(()).ok_or_else(|| {
-            op_error("deltanet", format!("unsupported shape {self:?} (Hv a multiple of Hqk, conv kernel 2..=9, conv_dim <= 12288)"))
+            op_error("deltanet", format!("unsupported shape {self:?} (Hv a multiple of Hqk and <= 128, conv kernel 2..=9)"))
         })
     }
 }
@@ -378,8 +378,9 @@ impl ModelOps {
             .arg(&batch.cu_seqlens);
         b.arg(&batch.seq_slot).arg(a_log).arg(dt_bias);
         b.arg(&hk_).arg(&hv_).arg(&kw);
-        // SAFETY: matches gdn_conv_prep; every length and slot id checked above.
-        unsafe { b.launch(grid(t, 1, 256, shape.conv_dim() * 4)) }?;
+        // SAFETY: matches gdn_conv_prep; every length and slot id checked
+        // above; one block of 128 threads per (token, head group).
+        unsafe { b.launch(grid(t, 2 * hk + hv, HEAD_DIM as u32, 0)) }?;
         let mut b = self.stream.launch_builder(&self.f.conv_update);
         b.arg(conv_state).arg(proj).arg(&ld_).arg(&batch.cu_seqlens);
         b.arg(&batch.seq_slot).arg(&c).arg(&kw);
