@@ -148,7 +148,7 @@ extern "C" __global__ void gdn_conv_prep(
 // After gdn_conv_prep: each sequence's conv state becomes the last kw-1
 // inputs it has seen (older state fills in for chunks shorter than kw-1).
 // One thread per (sequence, channel) reads everything before writing, so the
-// update is in place. grid N, block 256.
+// update is in place. grid (N, ceil(C / 256)), block 256.
 extern "C" __global__ void gdn_conv_state_update(bf16* __restrict__ conv_state,
                                                  const bf16* __restrict__ proj, int ld,
                                                  const int32_t* __restrict__ cu_seqlens,
@@ -158,7 +158,7 @@ extern "C" __global__ void gdn_conv_state_update(bf16* __restrict__ conv_state,
     const int start = cu_seqlens[s], len = cu_seqlens[s + 1] - start;
     const int64_t slot = seq_slot[s];
     const int taps = kw - 1;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    for (int c = blockIdx.y * blockDim.x + threadIdx.x; c < C; c += gridDim.y * blockDim.x) {
         bf16 keep[kMaxConvTaps];
         for (int j = 0; j < taps; ++j) {
             const int src = len - taps + j;
@@ -587,63 +587,6 @@ GDN_ATTENTION_PREFILL(32)
 GDN_ATTENTION_PREFILL(64)
 GDN_ATTENTION_PREFILL(128)
 GDN_ATTENTION_PREFILL(256)
-
-// Skinny linear layer for decode steps: y[m, n] = sum_k x[m, k] w[n, k] for
-// m < M <= kGemvMaxRows, bf16 in, fp32 accumulate, bf16 or fp32 out. One warp
-// per output column n reads row n of w once, 16 bytes per lane per step
-// (coalesced), and applies it to all M rows of x (small, served from L1/L2);
-// cuBLAS picks GEMM tiles that leave most of the bandwidth unused at M = 1.
-// Requires k % 8 == 0 and 16-byte aligned rows (checked by the caller).
-// grid ceil(N / 8), block 256.
-constexpr int kGemvMaxRows = 8;
-
-template <typename Out>
-__device__ void gemv_impl(Out* __restrict__ y, const bf16* __restrict__ x,
-                          const bf16* __restrict__ w, int M, int N, int K) {
-    const int lane = threadIdx.x & 31;
-    const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (n >= N) return;
-    float acc[kGemvMaxRows];
-#pragma unroll
-    for (int m = 0; m < kGemvMaxRows; ++m) acc[m] = 0.f;
-    const bf16* wr = w + (int64_t)n * K;
-    for (int k = lane * 8; k < K; k += 32 * 8) {
-        const uint4 wv = *reinterpret_cast<const uint4*>(wr + k);
-        const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wv);
-        float2 wf[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) wf[e] = __bfloat1622float2(wp[e]);
-#pragma unroll
-        for (int m = 0; m < kGemvMaxRows; ++m) {
-            if (m < M) {
-                const uint4 xv = *reinterpret_cast<const uint4*>(x + (int64_t)m * K + k);
-                const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float2 xf = __bfloat1622float2(xp[e]);
-                    acc[m] += xf.x * wf[e].x + xf.y * wf[e].y;
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int m = 0; m < kGemvMaxRows; ++m) {
-        if (m < M) {
-            const float v = warp_sum(acc[m]);
-            if (lane == 0) {
-                if constexpr (sizeof(Out) == 4) y[(int64_t)m * N + n] = v;
-                else y[(int64_t)m * N + n] = bf(v);
-            }
-        }
-    }
-}
-extern "C" __global__ void gemv_bf16(bf16* y, const bf16* x, const bf16* w, int M, int N, int K) {
-    gemv_impl(y, x, w, M, N, K);
-}
-extern "C" __global__ void gemv_f32out(float* y, const bf16* x, const bf16* w, int M, int N,
-                                       int K) {
-    gemv_impl(y, x, w, M, N, K);
-}
 
 // SwiGLU: out = bf16(bf16(silu(gate)) * up), gate_up = [T, 2I] (gate | up).
 // grid ceil(T*I / 256), block 256.

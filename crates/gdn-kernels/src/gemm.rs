@@ -19,16 +19,12 @@ const OP: &str = "linear";
 /// Output element types of [`Gemm::linear`].
 pub trait GemmOutput: DeviceRepr {
     const CUDA_TYPE: cudaDataType;
-    /// fp32 (else bf16): picks the skinny kernel's output variant.
-    const IS_F32: bool;
 }
 impl GemmOutput for bf16 {
     const CUDA_TYPE: cudaDataType = cudaDataType::CUDA_R_16BF;
-    const IS_F32: bool = false;
 }
 impl GemmOutput for f32 {
     const CUDA_TYPE: cudaDataType = cudaDataType::CUDA_R_32F;
-    const IS_F32: bool = true;
 }
 
 /// A cuBLAS handle on one stream.

@@ -35,7 +35,7 @@ pub use batch::{BatchLayout, DeviceBatch};
 pub use dispatch::{Backend, BackendRequest, DispatchDecision};
 pub use error::GdnError;
 pub use gemm::{Gemm, GemmOutput};
-pub use model_ops::{AttentionShape, DeltaNetInputs, DeltaNetShape, ModelOps, SKINNY_MAX_ROWS};
+pub use model_ops::{AttentionShape, DeltaNetInputs, DeltaNetShape, ModelOps};
 pub use oracle::GdnGeometry;
 pub use prefill::{GdnPrefill, PrefillBuffers};
 

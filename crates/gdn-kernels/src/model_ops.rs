@@ -14,12 +14,7 @@ use half::bf16;
 use crate::batch::DeviceBatch;
 use crate::dispatch::cubin_for;
 use crate::error::{op_error, GdnError};
-use crate::gemm::{Gemm, GemmOutput};
 use crate::HEAD_DIM;
-
-/// Linear layers with at most this many rows (decode steps of small batches)
-/// run on our skinny kernel instead of cuBLAS (kGemvMaxRows).
-pub const SKINNY_MAX_ROWS: usize = 8;
 
 const UNIT: &str = "model_kernels";
 const MAX_CONV_TAPS: usize = 8;
@@ -167,8 +162,6 @@ struct Functions {
     copy_bf16: CudaFunction,
     fill_bf16: CudaFunction,
     fill_f32: CudaFunction,
-    gemv_bf16: CudaFunction,
-    gemv_f32: CudaFunction,
 }
 
 /// The DeltaNet per-token inputs the conv step produces and the prefill /
@@ -228,8 +221,6 @@ impl ModelOps {
             copy_bf16: l("copy_rows_bf16")?,
             fill_bf16: l("fill_uniform_bf16")?,
             fill_f32: l("fill_uniform_f32")?,
-            gemv_bf16: l("gemv_bf16")?,
-            gemv_f32: l("gemv_f32out")?,
         };
         Ok(ModelOps {
             stream,
@@ -386,7 +377,7 @@ impl ModelOps {
         b.arg(&batch.seq_slot).arg(&c).arg(&kw);
         // SAFETY: matches gdn_conv_state_update; runs after gdn_conv_prep on the
         // same stream, so the old state is read before it is replaced.
-        unsafe { b.launch(grid(batch.num_seqs, 1, 256, 0)) }?;
+        unsafe { b.launch(grid(batch.num_seqs, shape.conv_dim().div_ceil(256), 256, 0)) }?;
         Ok(())
     }
 
@@ -639,49 +630,6 @@ impl ModelOps {
                 smem,
             ))
         }?;
-        Ok(())
-    }
-
-    /// `y[m, n] = x[m, k] · w[n, k]ᵀ`: our skinny kernel for up to
-    /// [`SKINNY_MAX_ROWS`] rows (when k is a multiple of 8), cuBLAS otherwise.
-    #[allow(clippy::too_many_arguments)]
-    pub fn linear<O: GemmOutput>(
-        &self,
-        gemm: &Gemm,
-        x: &CudaSlice<bf16>,
-        w: &CudaSlice<bf16>,
-        y: &mut CudaSlice<O>,
-        m: usize,
-        n: usize,
-        k: usize,
-    ) -> Result<(), GdnError> {
-        const OP: &str = "linear";
-        if m == 0 || m > SKINNY_MAX_ROWS || k % 8 != 0 {
-            return gemm.linear(x, w, y, m, n, k);
-        }
-        exact(OP, "w", w.len(), n * k)?;
-        if x.len() < m * k || y.len() < m * n {
-            return Err(op_error(
-                OP,
-                format!(
-                    "x ({}) or y ({}) shorter than [{m}, {k}] / [{m}, {n}]",
-                    x.len(),
-                    y.len()
-                ),
-            ));
-        }
-        let [m_, n_, k_] = [m, n, k].map(|v| v as i32);
-        i32_of(OP, n * k)?;
-        let func = if O::IS_F32 {
-            &self.f.gemv_f32
-        } else {
-            &self.f.gemv_bf16
-        };
-        let mut b = self.stream.launch_builder(func);
-        b.arg(y).arg(x).arg(w).arg(&m_).arg(&n_).arg(&k_);
-        // SAFETY: matches gemv_bf16 / gemv_f32out (output type by O::IS_F32);
-        // k % 8 == 0 and cudaMalloc'd rows of 2k bytes keep the 16-byte loads aligned.
-        unsafe { b.launch(grid(n.div_ceil(8), 1, 256, 0)) }?;
         Ok(())
     }
 

@@ -77,41 +77,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     stream.synchronize()?;
     let gemm_rate = 10.0 * 2.0 * (n as f64).powi(3) / t0.elapsed().as_secs_f64();
     drop((a, w, y));
-    // Skinny (one-row) linear layers, ours vs cuBLAS, on the 4B's shapes:
-    // achieved weight bandwidth.
-    let ops = gdn_kernels::ModelOps::new(stream.clone())?;
-    for (what, n, k) in [
-        ("deltanet_in_proj", 12352usize, 2560usize),
-        ("mlp_down", 2560, 9216),
-        ("lm_head", 248320, 2560),
-    ] {
-        let x: CudaSlice<bf16> = stream.alloc_zeros(k)?;
-        let w: CudaSlice<bf16> = stream.alloc_zeros(n * k)?;
-        let mut y: CudaSlice<bf16> = stream.alloc_zeros(n)?;
-        let mut time = |skinny: bool| -> Result<f64, Box<dyn std::error::Error>> {
-            let run = |y: &mut CudaSlice<bf16>| {
-                if skinny {
-                    ops.linear(&gemm, &x, &w, y, 1, n, k)
-                } else {
-                    gemm.linear(&x, &w, y, 1, n, k)
-                }
-            };
-            run(&mut y)?;
-            stream.synchronize()?;
-            let t0 = Instant::now();
-            for _ in 0..50 {
-                run(&mut y)?;
-            }
-            stream.synchronize()?;
-            Ok(t0.elapsed().as_secs_f64() / 50.0)
-        };
-        let (ours, cublas) = (time(true)?, time(false)?);
-        let gbs = |t: f64| (n * k * 2) as f64 / t / 1e9;
-        println!(
-            "{{\"linear_m1\": \"{what}\", \"n\": {n}, \"k\": {k}, \"ours_us\": {:.1}, \"ours_gbs\": {:.0}, \"cublas_us\": {:.1}, \"cublas_gbs\": {:.0}}}",
-            ours * 1e6, gbs(ours), cublas * 1e6, gbs(cublas)
-        );
-    }
     println!(
         "{{\"gpu\": {name:?}, \"copy_bandwidth_gbs\": {:.0}, \"bf16_gemm_tflops\": {:.0}}}",
         copy_bw / 1e9,

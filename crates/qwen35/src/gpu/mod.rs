@@ -474,20 +474,12 @@ impl GpuModel {
                 eps,
             )?;
             let mut gate_up = scratch::<bf16>(&s, t * 2 * inter)?;
-            self.ops.linear(
-                &self.gemm,
-                &normed,
-                &layer.gate_up,
-                &mut gate_up,
-                t,
-                2 * inter,
-                h,
-            )?;
+            self.gemm
+                .linear(&normed, &layer.gate_up, &mut gate_up, t, 2 * inter, h)?;
             let mut act = scratch::<bf16>(&s, t * inter)?;
             self.ops.silu_mul(&gate_up, &mut act, inter)?;
             let mut out = scratch::<bf16>(&s, t * h)?;
-            self.ops
-                .linear(&self.gemm, &act, &layer.down, &mut out, t, h, inter)?;
+            self.gemm.linear(&act, &layer.down, &mut out, t, h, inter)?;
             delta = Some(out);
         }
         self.ops.add_rmsnorm(
@@ -509,8 +501,7 @@ impl GpuModel {
         };
         let r = rows.len() / h;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        self.ops
-            .linear(&self.gemm, &rows, head, logits, r, vocab, h)?;
+        self.gemm.linear(&rows, head, logits, r, vocab, h)?;
         Ok(())
     }
 
@@ -583,8 +574,8 @@ impl GpuModel {
         let (s, dn, c) = (&self.stream, self.dn, &self.config);
         let (t, h, d) = (batch.num_tokens, c.hidden_size, gdn_kernels::HEAD_DIM);
         let mut proj = scratch::<bf16>(s, t * dn.proj_width())?;
-        self.ops
-            .linear(&self.gemm, x, in_proj, &mut proj, t, dn.proj_width(), h)?;
+        self.gemm
+            .linear(x, in_proj, &mut proj, t, dn.proj_width(), h)?;
         let mut inputs = DeltaNetInputs {
             q: scratch(s, t * dn.qk_heads * d)?,
             k: scratch(s, t * dn.qk_heads * d)?,
@@ -633,8 +624,8 @@ impl GpuModel {
         self.ops
             .deltanet_out_norm(dn, &core, &proj, norm, &mut gated, c.rms_norm_eps)?;
         let mut out = scratch::<bf16>(s, t * h)?;
-        self.ops
-            .linear(&self.gemm, &gated, out_proj, &mut out, t, h, dn.v_heads * d)?;
+        self.gemm
+            .linear(&gated, out_proj, &mut out, t, h, dn.v_heads * d)?;
         Ok(out)
     }
 
@@ -659,8 +650,7 @@ impl GpuModel {
         let (t, h) = (batch.num_tokens, c.hidden_size);
         let width = a.q_heads * a.head_dim;
         let mut proj = scratch::<bf16>(s, t * a.proj_width())?;
-        self.ops
-            .linear(&self.gemm, x, qkv, &mut proj, t, a.proj_width(), h)?;
+        self.gemm.linear(x, qkv, &mut proj, t, a.proj_width(), h)?;
         let mut q = scratch::<bf16>(s, t * width)?;
         let (keys, values) = (&mut cache.keys[*index], &mut cache.values[*index]);
         self.ops.attention_prep(
@@ -679,8 +669,7 @@ impl GpuModel {
         self.ops
             .attention(batch, a, &q, keys, values, &proj, &mut attn_out)?;
         let mut out = scratch::<bf16>(s, t * h)?;
-        self.ops
-            .linear(&self.gemm, &attn_out, o_proj, &mut out, t, h, width)?;
+        self.gemm.linear(&attn_out, o_proj, &mut out, t, h, width)?;
         Ok(out)
     }
 }
