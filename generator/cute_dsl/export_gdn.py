@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Ahead-of-time export of FlashInfer 0.7.2.post1's CuTe DSL GDN prefill kernels.
 
-  python export_gdn.py --out DIR --kernel {sm90,sm90_cp,sm100,sm120} [--sm-count N]
+  python export_gdn.py --out DIR --kernel {sm90,sm90_cp,sm100,sm120} [--sm-count N] [--site-dir DIR]
+
+`gdn-gen` runs it for each `"compiler": "cute-dsl"` unit of generator/artifacts.json,
+with --site-dir pointing at the pinned wheels it unpacked (no pip, no venv).
 
 For each variant of the kernel writes DIR/<variant>.h and DIR/<variant>.o (plain
 `export_to_c`: host launch code + embedded fatbin, no TVM-FFI), DIR/<variant>.cubin
@@ -37,6 +40,8 @@ def scrubbed_rerun(args):
         argv = [sys.executable, "-B", "-s", os.path.abspath(__file__), "--out", os.path.abspath(args.out),
                 "--kernel", args.kernel, "--sm-count", str(args.sm_count),
                 "--flashinfer-root", os.path.abspath(args.flashinfer_root)]
+        if args.site_dir:
+            argv += ["--site-dir", os.path.abspath(args.site_dir)]
         rc = subprocess.run(argv, env=env, cwd=work + "/tmp").returncode
         if rc == 0:  # the outputs appear only when every variant exported
             os.makedirs(args.out, exist_ok=True)
@@ -307,7 +312,12 @@ def main():
     p.add_argument("--sm-count", type=int, default=148, help="baked into sm100 (B200: 148)")
     p.add_argument("--flashinfer-root", help="directory holding flashinfer/gdn_kernels")
     p.add_argument("--hash-seed", type=int, default=0, help="PYTHONHASHSEED (for determinism checks)")
+    p.add_argument("--site-dir", help="a directory of unpacked wheels to import the DSL from "
+                   "(gdn-gen's private site dir; its .pth files are processed, as pip's site-packages would be)")
     args = p.parse_args()
+    if args.site_dir:
+        import site
+        site.addsitedir(os.path.abspath(args.site_dir))
     if args.flashinfer_root is None:
         args.flashinfer_root = next(
             (d for d in sys.path if os.path.isdir(os.path.join(d, "flashinfer", "gdn_kernels"))), None)
