@@ -135,7 +135,13 @@ fn run() -> Result<(), String> {
         };
         std::fs::create_dir_all(to.parent().expect("artifact has a parent"))
             .map_err(|e| e.to_string())?;
-        std::fs::write(&to, &verified.files[rel]).map_err(|e| e.to_string())?;
+        let bytes = &verified.files[rel];
+        if art.kind == ArtifactKind::DslObject {
+            let detached = detach_unwind_table(bytes).map_err(|e| format!("{rel}: {e}"))?;
+            std::fs::write(&to, detached).map_err(|e| e.to_string())?;
+        } else {
+            std::fs::write(&to, bytes).map_err(|e| e.to_string())?;
+        }
         match art.kind {
             ArtifactKind::HostObject | ArtifactKind::DslObject => objects.push(to),
             ArtifactKind::DeviceCubin => cubins.push((rel.clone(), to)),
@@ -223,6 +229,54 @@ fn run() -> Result<(), String> {
     src.push_str("];\n");
     std::fs::write(out.join("bundle_embed.rs"), src).map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// The DSL's objects carry `.eh_frame` FDEs with 64-bit pc-relative
+/// pointers (large code model, encoding 0x1c). Linked as they are, every Rust
+/// panic in the binary aborts ("failed to initiate panic, error 5": the
+/// unwinder finds no FDE for Rust frames; seen with GNU ld 2.40 + libgcc on
+/// Debian 12). No exception or panic ever unwinds through the DSL's host
+/// launch code (it is called from our C wrapper and returns a status), so
+/// its unwind table is detached: the section is renamed `.dslframe` (same
+/// length, so only the name bytes change), made non-allocated and typed
+/// PROGBITS, and the linker no longer merges it into `.eh_frame`. The
+/// verified object is otherwise the locked bytes.
+fn detach_unwind_table(obj: &[u8]) -> Result<Vec<u8>, String> {
+    let rd16 = |o: usize| obj.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    let rd32 = |o: usize| {
+        obj.get(o..o + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+    };
+    let rd64 = |o: usize| {
+        obj.get(o..o + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+    };
+    if obj.get(..6) != Some(b"\x7fELF\x02\x01".as_slice()) {
+        return Err("not a little-endian ELF64 object".into());
+    }
+    let bad = || "truncated ELF section headers".to_string();
+    let shoff = rd64(0x28).ok_or_else(bad)? as usize;
+    let shentsize = rd16(0x3a).ok_or_else(bad)? as usize;
+    let shnum = rd16(0x3c).ok_or_else(bad)? as usize;
+    let shstrndx = rd16(0x3e).ok_or_else(bad)? as usize;
+    let strtab = rd64(shoff + shstrndx * shentsize + 0x18).ok_or_else(bad)? as usize;
+    let mut out = obj.to_vec();
+    let mut found = false;
+    for i in 0..shnum {
+        let sh = shoff + i * shentsize;
+        let name = strtab + rd32(sh).ok_or_else(bad)? as usize;
+        if obj.get(name..name + 10) == Some(b".eh_frame\0".as_slice()) {
+            out[name..name + 9].copy_from_slice(b".dslframe");
+            out[sh + 4..sh + 8].copy_from_slice(&1u32.to_le_bytes()); // SHT_PROGBITS
+            let flags = rd64(sh + 8).ok_or_else(bad)? & !0x2; // clear SHF_ALLOC
+            out[sh + 8..sh + 16].copy_from_slice(&flags.to_le_bytes());
+            found = true;
+        }
+    }
+    if !found {
+        return Err("no .eh_frame section (the DSL's object format changed?)".into());
+    }
+    Ok(out)
 }
 
 fn env(name: &str) -> Result<String, String> {

@@ -1,5 +1,7 @@
-//! GDN prefill benchmark on the GPU: the FlashInfer bundle path and the
-//! portable fallback, through the same `GdnPrefill::run` the model uses.
+//! GDN prefill benchmark on the GPU: the FlashInfer bundle path, the CuTe DSL
+//! SM90 kernels (non-CP and context-parallel) and the portable fallback,
+//! through the same `GdnPrefill::run` the model uses. A backend the GPU
+//! cannot run is reported as skipped.
 //! CUDA events around each call, warm-up first, median of the timed runs.
 //! Prints one JSON object per (shape, backend) on stdout.
 //!
@@ -40,8 +42,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         let p = Problem::random(1, g, lens, false);
         let mut d = p.upload(&stream)?;
-        for request in [BackendRequest::FlashInfer, BackendRequest::Portable] {
-            let mut op = GdnPrefill::new(stream.clone(), g, request)?;
+        for request in [
+            BackendRequest::FlashInfer,
+            BackendRequest::CuteDslSm90,
+            BackendRequest::CuteDslSm90Cp,
+            BackendRequest::Portable,
+        ] {
+            let mut op = match GdnPrefill::new(stream.clone(), g, request) {
+                Ok(op) => op,
+                Err(e) => {
+                    println!("{{\"shape\": \"{label}\", \"backend\": \"{request:?}\", \"skipped\": {:?}}}", e.to_string());
+                    continue;
+                }
+            };
             let mut call = |op: &mut GdnPrefill| d.run(op);
             for _ in 0..3 {
                 call(&mut op)?;

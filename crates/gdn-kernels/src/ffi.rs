@@ -362,6 +362,17 @@ mod tests {
     }
 
     #[test]
+    fn panics_still_unwind_with_the_dsl_objects_linked() {
+        // The DSL objects are in this binary (the wrapper references them).
+        // SAFETY: NULL is refused before anything is read.
+        assert_eq!(unsafe { gdn_dsl_prefill(std::ptr::null()) }, 3);
+        // With the DSL's own unwind table linked, this aborted the process
+        // (see detach_unwind_table in build.rs).
+        let caught = std::panic::catch_unwind(|| panic!("unwinds"));
+        assert!(caught.is_err());
+    }
+
+    #[test]
     fn dsl_workspace_sizes_follow_flashinfer() {
         // SAFETY: pure functions of the struct.
         let bytes = |a: &GdnDslPrefillArgs| unsafe { gdn_dsl_workspace_bytes(a) };
