@@ -77,35 +77,23 @@ impl DeviceBatch {
         for s in 0..n {
             let (a, b) = (l.cu_seqlens[s], l.cu_seqlens[s + 1]);
             if b <= a {
-                return Err(op_error(
-                    OP,
-                    format!("sequence {s} has no tokens ({a}..{b})"),
-                ));
+                return Err(op_error(OP, format!("sequence {s} has no tokens ({a}..{b})")));
             }
             let p0 = l.start_positions[s];
             if p0 < 0 || l.slots[s] < 0 {
-                return Err(op_error(
-                    OP,
-                    format!("sequence {s}: negative position or slot"),
-                ));
+                return Err(op_error(OP, format!("sequence {s}: negative position or slot")));
             }
             let last = p0 as usize + (b - a) as usize - 1;
             let pages_needed = last / l.page_size + 1;
             if pages_needed > l.max_blocks {
                 return Err(op_error(
                     OP,
-                    format!(
-                        "sequence {s} reaches position {last}, beyond its {} pages of {}",
-                        l.max_blocks, l.page_size
-                    ),
+                    format!("sequence {s} reaches position {last}, beyond its {} pages of {}", l.max_blocks, l.page_size),
                 ));
             }
             for &p in &l.block_table[s * l.max_blocks..s * l.max_blocks + pages_needed] {
                 if p < 0 {
-                    return Err(op_error(
-                        OP,
-                        format!("sequence {s} has no page for a position it uses"),
-                    ));
+                    return Err(op_error(OP, format!("sequence {s} has no page for a position it uses")));
                 }
                 max_page = max_page.max(p as usize);
             }
@@ -128,11 +116,7 @@ impl DeviceBatch {
             cu_seqlens: upload(&l.cu_seqlens)?,
             seq_slot: upload(&l.slots)?,
             positions: upload(&positions)?,
-            block_table: upload(if l.block_table.is_empty() {
-                &[0]
-            } else {
-                &l.block_table
-            })?,
+            block_table: upload(if l.block_table.is_empty() { &[0] } else { &l.block_table })?,
             last_token_rows: last_rows,
         })
     }

@@ -7,7 +7,9 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::cublas::result::gemm_ex;
-use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+use cudarc::cublas::sys::{
+    cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType,
+};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use half::bf16;
@@ -73,16 +75,11 @@ impl Gemm {
         need("w", w.len(), n * k)?;
         need("y", y.len(), m * n)?;
         if w.len() != n * k {
-            return Err(op_error(
-                OP,
-                format!("w has {} elements, is not [{n}, {k}]", w.len()),
-            ));
+            return Err(op_error(OP, format!("w has {} elements, is not [{n}, {k}]", w.len())));
         }
         let dims: Vec<i32> = [m, n, k]
             .iter()
-            .map(|&d| {
-                i32::try_from(d).map_err(|_| op_error(OP, format!("dimension {d} exceeds i32")))
-            })
+            .map(|&d| i32::try_from(d).map_err(|_| op_error(OP, format!("dimension {d} exceeds i32"))))
             .collect::<Result<_, _>>()?;
         let (alpha, beta) = (1.0f32, 0.0f32);
         let s = &self.stream;

@@ -108,21 +108,12 @@ fn exact(op: &'static str, what: &str, have: usize, want: usize) -> Result<(), G
     if have == want {
         Ok(())
     } else {
-        Err(op_error(
-            op,
-            format!("{what}: expected {want} elements, got {have}"),
-        ))
+        Err(op_error(op, format!("{what}: expected {want} elements, got {have}")))
     }
 }
 
 /// A pool of `per_slot`-sized slots must hold every slot the batch uses.
-fn pool(
-    op: &'static str,
-    what: &str,
-    len: usize,
-    per_slot: usize,
-    max_id: usize,
-) -> Result<(), GdnError> {
+fn pool(op: &'static str, what: &str, len: usize, per_slot: usize, max_id: usize) -> Result<(), GdnError> {
     if per_slot == 0 || len % per_slot != 0 || len / per_slot <= max_id {
         return Err(op_error(
             op,
@@ -240,16 +231,10 @@ impl ModelOps {
         const OP: &str = "embedding";
         let vocab = table.len() / hidden.max(1);
         if hidden == 0 || table.len() != vocab * hidden {
-            return Err(op_error(
-                OP,
-                format!("table of {} elements is not [V, {hidden}]", table.len()),
-            ));
+            return Err(op_error(OP, format!("table of {} elements is not [V, {hidden}]", table.len())));
         }
         if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-            return Err(op_error(
-                OP,
-                format!("token id {bad} >= vocab size {vocab}"),
-            ));
+            return Err(op_error(OP, format!("token id {bad} >= vocab size {vocab}")));
         }
         exact(OP, "out", out.len(), ids.len() * hidden)?;
         let ids: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
@@ -282,10 +267,7 @@ impl ModelOps {
             exact(OP, "delta", d.len(), rows * hidden)?;
         }
         if hidden * 4 > MAX_STATIC_SHARED || rows == 0 {
-            return Err(op_error(
-                OP,
-                format!("hidden {hidden} / rows {rows} out of range"),
-            ));
+            return Err(op_error(OP, format!("hidden {hidden} / rows {rows} out of range")));
         }
         let (h, null) = (i32_of(OP, hidden)?, 0u64);
         let mut b = self.stream.launch_builder(&self.f.add_rmsnorm);
@@ -320,21 +302,10 @@ impl ModelOps {
         let (t, hk, hv) = (batch.num_tokens, shape.qk_heads, shape.v_heads);
         let ld = shape.proj_width();
         exact(OP, "proj", proj.len(), t * ld)?;
-        exact(
-            OP,
-            "conv_weight",
-            conv_weight.len(),
-            shape.conv_dim() * shape.conv_kernel,
-        )?;
+        exact(OP, "conv_weight", conv_weight.len(), shape.conv_dim() * shape.conv_kernel)?;
         exact(OP, "a_log", a_log.len(), hv)?;
         exact(OP, "dt_bias", dt_bias.len(), hv)?;
-        pool(
-            OP,
-            "conv_state",
-            conv_state.len(),
-            shape.conv_state_len(),
-            batch.max_slot,
-        )?;
+        pool(OP, "conv_state", conv_state.len(), shape.conv_state_len(), batch.max_slot)?;
         exact(OP, "q", out.q.len(), t * hk * HEAD_DIM)?;
         exact(OP, "k", out.k.len(), t * hk * HEAD_DIM)?;
         exact(OP, "v", out.v.len(), t * hv * HEAD_DIM)?;
@@ -355,9 +326,7 @@ impl ModelOps {
         b.arg(&mut out.q).arg(&mut out.k).arg(&mut out.v);
         b.arg(&mut out.alpha).arg(&mut out.beta);
         b.arg(proj).arg(&ld_).arg(&cb).arg(&ca).arg(conv_weight);
-        b.arg(&*conv_state)
-            .arg(&batch.tok_seq)
-            .arg(&batch.cu_seqlens);
+        b.arg(&*conv_state).arg(&batch.tok_seq).arg(&batch.cu_seqlens);
         b.arg(&batch.seq_slot).arg(a_log).arg(dt_bias);
         b.arg(&hk_).arg(&hv_).arg(&kw);
         // SAFETY: matches gdn_conv_prep; every length and slot id checked above.
@@ -385,22 +354,10 @@ impl ModelOps {
         const OP: &str = "deltanet_decode";
         shape.check()?;
         if batch.num_tokens != batch.num_seqs {
-            return Err(op_error(
-                OP,
-                format!(
-                    "needs one token per sequence, got {} tokens for {} sequences",
-                    batch.num_tokens, batch.num_seqs
-                ),
-            ));
+            return Err(op_error(OP, format!("needs one token per sequence, got {} tokens for {} sequences", batch.num_tokens, batch.num_seqs)));
         }
         let (n, hk, hv) = (batch.num_seqs, shape.qk_heads, shape.v_heads);
-        pool(
-            OP,
-            "state",
-            state.len(),
-            shape.recurrent_state_len(),
-            batch.max_slot,
-        )?;
+        pool(OP, "state", state.len(), shape.recurrent_state_len(), batch.max_slot)?;
         exact(OP, "q", inputs.q.len(), n * hk * HEAD_DIM)?;
         exact(OP, "v", inputs.v.len(), n * hv * HEAD_DIM)?;
         exact(OP, "alpha", inputs.alpha.len(), n * hv)?;
@@ -409,11 +366,7 @@ impl ModelOps {
         let mut b = self.stream.launch_builder(&self.f.decode_step);
         b.arg(out).arg(state).arg(&batch.seq_slot);
         b.arg(&inputs.q).arg(&inputs.k).arg(&inputs.v);
-        b.arg(&inputs.alpha)
-            .arg(&inputs.beta)
-            .arg(&hk_)
-            .arg(&hv_)
-            .arg(&scale);
+        b.arg(&inputs.alpha).arg(&inputs.beta).arg(&hk_).arg(&hv_).arg(&scale);
         // SAFETY: matches gdn_decode_step; lengths and slots checked.
         unsafe { b.launch(grid(hv, n, 256, 0)) }?;
         Ok(())
@@ -485,9 +438,7 @@ impl ModelOps {
         let mut b = self.stream.launch_builder(&self.f.attn_prep);
         b.arg(q_out).arg(k_cache).arg(v_cache).arg(proj).arg(&ld);
         b.arg(q_norm).arg(k_norm).arg(inv_freq).arg(&rh);
-        b.arg(&batch.positions)
-            .arg(&batch.tok_seq)
-            .arg(&batch.block_table);
+        b.arg(&batch.positions).arg(&batch.tok_seq).arg(&batch.block_table);
         b.arg(&mb).arg(&ps).arg(&hq).arg(&hkv).arg(&eps);
         // SAFETY: matches attn_prep; pages and lengths checked; block = head dim.
         unsafe { b.launch(grid(t, shape.q_heads + shape.kv_heads, d as u32, 0)) }?;
@@ -513,13 +464,7 @@ impl ModelOps {
         exact(OP, "q", q.len(), t * shape.q_heads * d)?;
         exact(OP, "proj", proj.len(), t * shape.proj_width())?;
         exact(OP, "out", out.len(), t * shape.q_heads * d)?;
-        pool(
-            OP,
-            "k_cache",
-            k_cache.len(),
-            shape.page_len(batch.page_size),
-            batch.max_page,
-        )?;
+        pool(OP, "k_cache", k_cache.len(), shape.page_len(batch.page_size), batch.max_page)?;
         exact(OP, "v_cache", v_cache.len(), k_cache.len())?;
         let func = &self.f.attention[(d / 32).trailing_zeros() as usize];
         let scale = (d as f32).powf(-0.5);
@@ -532,15 +477,8 @@ impl ModelOps {
         ]
         .map(|x| x as i32);
         let mut b = self.stream.launch_builder(func);
-        b.arg(out)
-            .arg(q)
-            .arg(k_cache)
-            .arg(v_cache)
-            .arg(proj)
-            .arg(&ld);
-        b.arg(&batch.positions)
-            .arg(&batch.tok_seq)
-            .arg(&batch.block_table);
+        b.arg(out).arg(q).arg(k_cache).arg(v_cache).arg(proj).arg(&ld);
+        b.arg(&batch.positions).arg(&batch.tok_seq).arg(&batch.block_table);
         b.arg(&mb).arg(&ps).arg(&hq).arg(&hkv).arg(&scale);
         // SAFETY: matches attention_d{D/32}; pages and lengths checked.
         unsafe { b.launch(grid(t, shape.kv_heads, ATTN_THREADS, 0)) }?;
@@ -582,15 +520,9 @@ impl ModelOps {
         let (w, null) = (per_slot as i64, 0u64);
         let mut b = self.stream.launch_builder(&self.f.copy_f32);
         if to_packed {
-            b.arg(packed)
-                .arg(&null)
-                .arg(&*pool_buf)
-                .arg(&batch.seq_slot);
+            b.arg(packed).arg(&null).arg(&*pool_buf).arg(&batch.seq_slot);
         } else {
-            b.arg(pool_buf)
-                .arg(&batch.seq_slot)
-                .arg(&*packed)
-                .arg(&null);
+            b.arg(pool_buf).arg(&batch.seq_slot).arg(&*packed).arg(&null);
         }
         b.arg(&w);
         // SAFETY: matches copy_rows_f32; slot ids checked against the pool.
@@ -623,13 +555,7 @@ impl ModelOps {
 
     /// Fills with `offset + scale * u`, `u` uniform in [-1, 1) from a hash
     /// of (seed, index): random weights for benchmarks.
-    pub fn fill_uniform_bf16(
-        &self,
-        buf: &mut CudaSlice<bf16>,
-        seed: u64,
-        scale: f32,
-        offset: f32,
-    ) -> Result<(), GdnError> {
+    pub fn fill_uniform_bf16(&self, buf: &mut CudaSlice<bf16>, seed: u64, scale: f32, offset: f32) -> Result<(), GdnError> {
         let n = buf.len() as i64;
         let mut b = self.stream.launch_builder(&self.f.fill_bf16);
         b.arg(buf).arg(&n).arg(&seed).arg(&scale).arg(&offset);
@@ -639,13 +565,7 @@ impl ModelOps {
     }
 
     /// [`ModelOps::fill_uniform_bf16`] for f32 buffers.
-    pub fn fill_uniform_f32(
-        &self,
-        buf: &mut CudaSlice<f32>,
-        seed: u64,
-        scale: f32,
-        offset: f32,
-    ) -> Result<(), GdnError> {
+    pub fn fill_uniform_f32(&self, buf: &mut CudaSlice<f32>, seed: u64, scale: f32, offset: f32) -> Result<(), GdnError> {
         let n = buf.len() as i64;
         let mut b = self.stream.launch_builder(&self.f.fill_f32);
         b.arg(buf).arg(&n).arg(&seed).arg(&scale).arg(&offset);

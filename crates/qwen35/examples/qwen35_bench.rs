@@ -120,12 +120,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for &batch in &[1usize, 16, 64] {
         let pages = batch * ((CONTEXT + 64).div_ceil(PAGE) + 1);
         let mut cache = model.new_cache(batch, pages, PAGE)?;
-        let ids: Vec<_> = (0..batch)
-            .map(|_| cache.add_sequence())
-            .collect::<Result<_, _>>()?;
-        let prompt: Vec<u32> = (0..CONTEXT as u32)
-            .map(|t| (t * 31) % 200_000 + 10)
-            .collect();
+        let ids: Vec<_> = (0..batch).map(|_| cache.add_sequence()).collect::<Result<_, _>>()?;
+        let prompt: Vec<u32> = (0..CONTEXT as u32).map(|t| (t * 31) % 200_000 + 10).collect();
         for chunk in ids.chunks(8) {
             let step: Vec<_> = chunk.iter().map(|id| (*id, prompt.as_slice())).collect();
             model.forward(&mut cache, &step, Logits::DeviceOnly)?;

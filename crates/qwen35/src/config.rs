@@ -434,11 +434,7 @@ mod tests {
     #[test]
     fn the_4b_benchmark_config_has_the_published_shapes() {
         let c = Config::from_json(QWEN35_4B_TEXT).unwrap();
-        let full = c
-            .layer_types
-            .iter()
-            .filter(|t| **t == LayerType::Full)
-            .count();
+        let full = c.layer_types.iter().filter(|t| **t == LayerType::Full).count();
         assert_eq!((c.layer_types.len(), full), (32, 8));
         assert_eq!(c.layer_types[3], LayerType::Full);
         assert_eq!((c.rotary_dim(), c.linear_conv_dim()), (64, 8192));

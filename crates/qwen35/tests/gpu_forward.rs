@@ -48,11 +48,7 @@ fn rows_i32_f32(st: &SafeTensors, key: &str) -> Vec<Vec<[u8; 4]>> {
     let cols = t.shape()[1];
     t.data()
         .chunks_exact(4 * cols)
-        .map(|r| {
-            r.chunks_exact(4)
-                .map(|b| [b[0], b[1], b[2], b[3]])
-                .collect()
-        })
+        .map(|r| r.chunks_exact(4).map(|b| [b[0], b[1], b[2], b[3]]).collect())
         .collect()
 }
 
@@ -138,11 +134,7 @@ fn run_chunks(model: &mut GpuModel, chunks: &[&[u32]]) -> Vec<Vec<f32>> {
     let id = cache.add_sequence().unwrap();
     let mut out = vec![];
     for c in chunks {
-        out.extend(
-            model
-                .forward(&mut cache, &[(id, c)], Logits::AllTokens)
-                .unwrap(),
-        );
+        out.extend(model.forward(&mut cache, &[(id, c)], Logits::AllTokens).unwrap());
     }
     out
 }
@@ -192,30 +184,19 @@ fn a_mixed_batch_equals_its_prompts_one_by_one_and_slots_are_reused_clean() {
         let f = Fixture::load(name);
         let mut model = f.model(&s, BackendRequest::Auto);
         let short: Vec<&Vec<u32>> = f.prompts.iter().filter(|p| p.len() <= 128).collect();
-        let alone: Vec<Vec<Vec<f32>>> =
-            short.iter().map(|p| run_chunks(&mut model, &[p])).collect();
+        let alone: Vec<Vec<Vec<f32>>> = short.iter().map(|p| run_chunks(&mut model, &[p])).collect();
         let mut cache = model.new_cache(short.len(), 64, 16).unwrap();
         for round in 0..2 {
             // Round 1 runs in slots (and pages) released by round 0.
-            let ids: Vec<_> = short
-                .iter()
-                .map(|_| cache.add_sequence().unwrap())
-                .collect();
-            let step: Vec<_> = ids
-                .iter()
-                .zip(&short)
-                .map(|(id, p)| (*id, p.as_slice()))
-                .collect();
+            let ids: Vec<_> = short.iter().map(|_| cache.add_sequence().unwrap()).collect();
+            let step: Vec<_> = ids.iter().zip(&short).map(|(id, p)| (*id, p.as_slice())).collect();
             let all = model.forward(&mut cache, &step, Logits::AllTokens).unwrap();
             let mut at = 0;
             for (i, p) in short.iter().enumerate() {
                 let got = &all[at..at + p.len()];
                 at += p.len();
                 let st = consistency(got, &alone[i]);
-                report(
-                    &format!("{name} round {round} batch vs alone, prompt {i}"),
-                    &st,
-                );
+                report(&format!("{name} round {round} batch vs alone, prompt {i}"), &st);
                 assert!(st.consistent(), "{name} prompt {i}: {st:?}");
                 let (gi, gl) = f.golden(i);
                 assert!(compare(got, &gi, &gl).passes(), "{name} prompt {i} vs HF");
@@ -243,16 +224,10 @@ fn chunked_prefill_equals_unchunked() {
             for &at in splits {
                 let chunked = run_chunks(&mut model, &[&p[..at], &p[at..]]);
                 let st = consistency(&chunked, &whole);
-                report(
-                    &format!("{name} prompt {i} split {at}+{}", p.len() - at),
-                    &st,
-                );
+                report(&format!("{name} prompt {i} split {at}+{}", p.len() - at), &st);
                 assert!(st.consistent(), "{name} prompt {i} split at {at}: {st:?}");
                 let (gi, gl) = f.golden(i);
-                assert!(
-                    compare(&chunked, &gi, &gl).passes(),
-                    "{name} prompt {i} vs HF"
-                );
+                assert!(compare(&chunked, &gi, &gl).passes(), "{name} prompt {i} vs HF");
             }
         }
     }
@@ -267,31 +242,20 @@ fn prefill_then_decode_matches_hf_cached_decode_alone_and_batched() {
         let (pi, prefix, steps) = f.decode;
         let ids = &f.prompts[pi];
         // The other short prompts decode alongside in the batched run.
-        let others: Vec<&Vec<u32>> = f
-            .prompts
-            .iter()
-            .filter(|p| p.len() > 1 && p.len() <= 128 && *p != ids)
-            .collect();
+        let others: Vec<&Vec<u32>> = f.prompts.iter().filter(|p| p.len() > 1 && p.len() <= 128 && *p != ids).collect();
         let mut cache = model.new_cache(1 + others.len(), 64, 16).unwrap();
         let mut run = |batched: bool| -> Vec<Vec<f32>> {
             let seq = cache.add_sequence().unwrap();
             let side: Vec<_> = if batched {
-                others
-                    .iter()
-                    .map(|_| cache.add_sequence().unwrap())
-                    .collect()
+                others.iter().map(|_| cache.add_sequence().unwrap()).collect()
             } else {
                 vec![]
             };
             let mut rows = vec![];
-            let first = model
-                .forward(&mut cache, &[(seq, &ids[..prefix])], Logits::LastToken)
-                .unwrap();
+            let first = model.forward(&mut cache, &[(seq, &ids[..prefix])], Logits::LastToken).unwrap();
             rows.push(first[0].clone());
             for (sid, p) in side.iter().zip(&others) {
-                model
-                    .forward(&mut cache, &[(*sid, &p[..1])], Logits::LastToken)
-                    .unwrap();
+                model.forward(&mut cache, &[(*sid, &p[..1])], Logits::LastToken).unwrap();
             }
             for j in prefix..prefix + steps {
                 let mut step = vec![(seq, &ids[j..j + 1])];

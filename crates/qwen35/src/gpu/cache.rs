@@ -143,9 +143,7 @@ impl GpuCache {
                 .seqs
                 .get(id)
                 .ok_or_else(|| Error::InvalidInput(format!("unknown sequence {id:?}")))?;
-            need += (seq.len + n)
-                .div_ceil(self.page_size)
-                .saturating_sub(seq.pages.len());
+            need += (seq.len + n).div_ceil(self.page_size).saturating_sub(seq.pages.len());
         }
         if need > self.free_pages.len() {
             return Err(Error::InvalidInput(format!(
@@ -156,8 +154,7 @@ impl GpuCache {
         for (id, n) in step {
             let seq = self.seqs.get_mut(id).expect("checked above");
             while seq.pages.len() * self.page_size < seq.len + n {
-                seq.pages
-                    .push(self.free_pages.pop().expect("counted above"));
+                seq.pages.push(self.free_pages.pop().expect("counted above"));
             }
         }
         Ok(())

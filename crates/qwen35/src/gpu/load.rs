@@ -52,9 +52,8 @@ pub(crate) struct Random<'a> {
 }
 
 fn name_seed(seed: u64, name: &str) -> u64 {
-    name.bytes().fold(seed ^ 0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x1000_0000_01b3)
-    })
+    name.bytes()
+        .fold(seed ^ 0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x1000_0000_01b3))
 }
 
 impl WeightSource for Random<'_> {
@@ -63,15 +62,11 @@ impl WeightSource for Random<'_> {
         let mut buf = self.ops.stream().alloc_zeros::<bf16>(rows * cols)?;
         let seed = name_seed(self.seed, parts[0].0);
         // Uniform in [-a, a) has std a / sqrt(3).
-        self.ops
-            .fill_uniform_bf16(&mut buf, seed, 0.02 * 3f32.sqrt(), 0.0)?;
+        self.ops.fill_uniform_bf16(&mut buf, seed, 0.02 * 3f32.sqrt(), 0.0)?;
         Ok(buf)
     }
     fn vector(&mut self, name: &str, shape: &[usize]) -> Result<CudaSlice<f32>> {
-        let mut buf = self
-            .ops
-            .stream()
-            .alloc_zeros::<f32>(shape.iter().product())?;
+        let mut buf = self.ops.stream().alloc_zeros::<f32>(shape.iter().product())?;
         let seed = name_seed(self.seed, name);
         let (scale, offset) = if name.ends_with("linear_attn.norm.weight") {
             (0.0, 1.0)

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use gdn_kernels::{
     AttentionShape, Backend, BackendRequest, BatchLayout, DeltaNetInputs, DeltaNetShape,
-    DeviceBatch, GdnGeometry, GdnPrefill, Gemm, ModelOps, PrefillBuffers,
+    DeviceBatch, Gemm, GdnGeometry, GdnPrefill, ModelOps, PrefillBuffers,
 };
 use half::bf16;
 
@@ -323,12 +323,7 @@ impl GpuModel {
         let batch = self.prepare(cache, step)?;
         let (h, inter, vocab, eps) = {
             let c = &self.config;
-            (
-                c.hidden_size,
-                c.intermediate_size,
-                c.vocab_size,
-                c.rms_norm_eps,
-            )
+            (c.hidden_size, c.intermediate_size, c.vocab_size, c.rms_norm_eps)
         };
         let t = batch.num_tokens;
         let tokens: Vec<u32> = step.iter().flat_map(|(_, t)| t.iter().copied()).collect();
@@ -410,14 +405,10 @@ impl GpuModel {
         }
         for (i, (id, toks)) in step.iter().enumerate() {
             if toks.is_empty() {
-                return Err(Error::InvalidInput(format!(
-                    "sequence {id:?} brings no tokens"
-                )));
+                return Err(Error::InvalidInput(format!("sequence {id:?} brings no tokens")));
             }
             if step[..i].iter().any(|(other, _)| other == id) {
-                return Err(Error::InvalidInput(format!(
-                    "sequence {id:?} appears twice in one step"
-                )));
+                return Err(Error::InvalidInput(format!("sequence {id:?} appears twice in one step")));
             }
             if let Some(&bad) = toks.iter().find(|&&t| t as usize >= self.config.vocab_size) {
                 return Err(Error::InvalidInput(format!(
@@ -471,8 +462,7 @@ impl GpuModel {
         let (s, dn, c) = (&self.stream, self.dn, &self.config);
         let (t, h, d) = (batch.num_tokens, c.hidden_size, gdn_kernels::HEAD_DIM);
         let mut proj = s.alloc_zeros::<bf16>(t * dn.proj_width())?;
-        self.gemm
-            .linear(x, in_proj, &mut proj, t, dn.proj_width(), h)?;
+        self.gemm.linear(x, in_proj, &mut proj, t, dn.proj_width(), h)?;
         let mut inputs = DeltaNetInputs {
             q: s.alloc_zeros(t * dn.qk_heads * d)?,
             k: s.alloc_zeros(t * dn.qk_heads * d)?,
