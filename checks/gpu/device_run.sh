@@ -2,6 +2,7 @@
 # Runs on the H200 (through the device tool) with .carry/ from prepare_carry.sh.
 # Stages (comma-separated first argument, default all):
 #   tests      the GPU gates, twice: plain and with CUDA_DISABLE_PTX_JIT=1
+#   dsl        the CuTe DSL backends' GPU gates (gpu_dsl_prefill)
 #   crosscheck our backends against FLA's Triton kernel on shared inputs
 #   bench      our two backends and FLA, side by side
 #   repro      `gdn-gen verify` with the machine's own nvcc under /usr/local/cuda
@@ -25,6 +26,10 @@ if has tests; then
   { echo "### GDN_REQUIRE_GPU=1 gpu_prefill"; GDN_REQUIRE_GPU=1 .carry/bin/gpu_prefill --test-threads=1 --nocapture; } > "$OUT/tests.log" 2>&1 || rc=1
   { echo "### GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 gpu_prefill"; GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 .carry/bin/gpu_prefill --test-threads=1; } >> "$OUT/tests.log" 2>&1 || rc=1
   grep -E "^test result|^### " "$OUT/tests.log"
+fi
+if has dsl; then
+  { echo "### GDN_REQUIRE_GPU=1 gpu_dsl_prefill"; GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 .carry/bin/gpu_dsl_prefill --test-threads=1 --nocapture; } > "$OUT/dsl.log" 2>&1 || rc=1
+  grep -E "^test |^test result|panicked" "$OUT/dsl.log"
 fi
 if has crosscheck; then
   { .carry/bin/gdn_dump /tmp/dump && python3 checks/gpu/fla_crosscheck.py /tmp/dump; } > "$OUT/crosscheck.log" 2>&1 || rc=1

@@ -15,6 +15,7 @@ test_binary() {  # crate, test target -> path of the built test executable
     | python3 -c 'import json,sys; print([j["executable"] for j in map(json.loads, sys.stdin) if j.get("executable")][-1])'
 }
 cp "$(test_binary gdn-kernels gpu_prefill)" .carry/bin/gpu_prefill
+cp "$(test_binary gdn-kernels gpu_dsl_prefill)" .carry/bin/gpu_dsl_prefill
 cp "$(test_binary qwen35 gpu_forward)" .carry/bin/gpu_forward
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .carry/whl fla-core==0.6.0
 read -r fi_wheel fi_url fi_sha < <(python3 -c 'import json; i=[i for i in json.load(open("gdn-bundle.lock.json"))["inputs"] if i["role"]=="kernel-source"][0]; print(i["filename"], i["url"], i["sha256"])')

@@ -19,6 +19,9 @@ const FLASHINFER_ARCH: &str = "sm_90a";
 const EMBEDDED_CUBIN_UNITS: [&str; 2] = ["gdn_portable", "model_kernels"];
 const LAUNCHER_LIB: &str = "gdn_flashinfer_sm90";
 const CUDART: &str = "lib/libcudart_static.a";
+/// The CuTe DSL's static CUDA-dialect runtime the exported objects call
+/// (thin cudart wrappers): linked, never a shared library, no Python.
+const DSL_RUNTIME: &str = "lib/libcuda_dialect_runtime_static.a";
 /// Set to 1 to accept host objects built by another host compiler than the
 /// lock's (Nix, other distributions); device code is still the locked cubins.
 const FOREIGN_HOST_ENV: &str = "GDN_ALLOW_FOREIGN_HOST_OBJECTS";
@@ -96,12 +99,15 @@ fn run() -> Result<(), String> {
     //    its own, holding only that file.
     let copy = out.join("bundle");
     let cudart_dir = out.join("cudart");
-    for dir in [&copy, &cudart_dir] {
+    let dslrt_dir = out.join("dslrt");
+    for dir in [&copy, &cudart_dir, &dslrt_dir] {
         let _ = std::fs::remove_dir_all(dir);
     }
     let mut objects = vec![];
+    let mut dsl_objects = 0;
     let mut cubins = vec![];
     let mut cudart = false;
+    let mut dsl_runtime = false;
     for (rel, art) in &verified.manifest.artifacts {
         println!("cargo:rerun-if-changed={}", bundle.join(rel).display());
         let to = match art.kind {
@@ -117,13 +123,27 @@ fn run() -> Result<(), String> {
                 cudart = true;
                 cudart_dir.join("libcudart_static.a")
             }
+            ArtifactKind::DslObject => {
+                dsl_objects += 1;
+                copy.join(rel)
+            }
+            ArtifactKind::DslLibrary if rel == DSL_RUNTIME => {
+                dsl_runtime = true;
+                dslrt_dir.join("libcuda_dialect_runtime_static.a")
+            }
             _ => continue,
         };
         std::fs::create_dir_all(to.parent().expect("artifact has a parent"))
             .map_err(|e| e.to_string())?;
-        std::fs::write(&to, &verified.files[rel]).map_err(|e| e.to_string())?;
+        let bytes = &verified.files[rel];
+        if art.kind == ArtifactKind::DslObject {
+            let detached = detach_unwind_table(bytes).map_err(|e| format!("{rel}: {e}"))?;
+            std::fs::write(&to, detached).map_err(|e| e.to_string())?;
+        } else {
+            std::fs::write(&to, bytes).map_err(|e| e.to_string())?;
+        }
         match art.kind {
-            ArtifactKind::HostObject => objects.push(to),
+            ArtifactKind::HostObject | ArtifactKind::DslObject => objects.push(to),
             ArtifactKind::DeviceCubin => cubins.push((rel.clone(), to)),
             _ => {}
         }
@@ -136,9 +156,19 @@ fn run() -> Result<(), String> {
         .iter()
         .filter(|u| u.output == UnitOutput::HostObject)
         .count();
-    expect("host objects in the bundle", host_units, objects.len())?;
+    expect(
+        "host objects in the bundle",
+        host_units,
+        objects.len() - dsl_objects,
+    )?;
+    let dsl_variants: usize = table.units.iter().map(|u| u.dsl_variants().len()).sum();
+    expect("CuTe DSL objects in the bundle", dsl_variants, dsl_objects)?;
+    if dsl_variants > 0 && !dsl_runtime {
+        return Err(format!("{DSL_RUNTIME} is not in the bundle; {REMEDY}"));
+    }
 
-    // 4. Link: the launcher objects as one static library, the bundle's cudart.
+    // 4. Link: the launcher and DSL objects as one static library, then the
+    //    DSL's dialect runtime, then the bundle's cudart (each needs the next).
     let mut build = cc::Build::new();
     for o in &objects {
         build.object(o);
@@ -147,6 +177,10 @@ fn run() -> Result<(), String> {
         .cargo_metadata(true)
         .try_compile(LAUNCHER_LIB)
         .map_err(|e| format!("archive the launcher: {e}"))?;
+    if dsl_runtime {
+        println!("cargo:rustc-link-search=native={}", dslrt_dir.display());
+        println!("cargo:rustc-link-lib=static=cuda_dialect_runtime_static");
+    }
     println!("cargo:rustc-link-search=native={}", cudart_dir.display());
     println!("cargo:rustc-link-lib=static=cudart_static");
     for lib in ["stdc++", "dl", "pthread", "rt"] {
@@ -175,14 +209,74 @@ fn run() -> Result<(), String> {
     let fi: Vec<String> = lock
         .device_artifacts
         .iter()
-        .filter(|(p, _)| p.contains(".sm_90a."))
+        .filter(|(p, _)| p.starts_with("cubin/flashinfer_"))
         .map(|(p, d)| format!("{p}={}", d.sha256))
         .collect();
     writeln!(src, "/// The locked FlashInfer cubins linked into this build.\npub(crate) const FLASHINFER_CUBINS: &str = {:?};", fi.join(" ")).expect("write to String");
     let ratios: Vec<String> = g.gva_ratios.iter().map(u32::to_string).collect();
     writeln!(src, "/// Hv/Hqk ratios the FlashInfer instantiations were built and validated for.\npub(crate) const FLASHINFER_GVA_RATIOS: &[u32] = &[{}];", ratios.join(", ")).expect("write to String");
+    src.push_str("/// The CuTe DSL kernel families the bundle links (from the artifact table).\n");
+    src.push_str("pub(crate) static DSL_FAMILIES: &[crate::dsl::DslFamilyInfo] = &[\n");
+    for unit in &table.units {
+        let Some(d) = &unit.dsl else { continue };
+        writeln!(
+            src,
+            "    crate::dsl::DslFamilyInfo {{ kernel: {:?}, target: {:?}, sm_count: {:?}, baked_heads: &{:?} }},",
+            d.kernel, unit.targets[0], d.sm_count, d.baked_heads
+        )
+        .expect("write to String");
+    }
+    src.push_str("];\n");
     std::fs::write(out.join("bundle_embed.rs"), src).map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// The DSL's objects carry `.eh_frame` FDEs with 64-bit pc-relative
+/// pointers (large code model, encoding 0x1c). Linked as they are, every Rust
+/// panic in the binary aborts ("failed to initiate panic, error 5": the
+/// unwinder finds no FDE for Rust frames; seen with GNU ld 2.40 + libgcc on
+/// Debian 12). No exception or panic ever unwinds through the DSL's host
+/// launch code (it is called from our C wrapper and returns a status), so
+/// its unwind table is detached: the section is renamed `.dslframe` (same
+/// length, so only the name bytes change), made non-allocated and typed
+/// PROGBITS, and the linker no longer merges it into `.eh_frame`. The
+/// verified object is otherwise the locked bytes.
+fn detach_unwind_table(obj: &[u8]) -> Result<Vec<u8>, String> {
+    let rd16 = |o: usize| obj.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    let rd32 = |o: usize| {
+        obj.get(o..o + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+    };
+    let rd64 = |o: usize| {
+        obj.get(o..o + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+    };
+    if obj.get(..6) != Some(b"\x7fELF\x02\x01".as_slice()) {
+        return Err("not a little-endian ELF64 object".into());
+    }
+    let bad = || "truncated ELF section headers".to_string();
+    let shoff = rd64(0x28).ok_or_else(bad)? as usize;
+    let shentsize = rd16(0x3a).ok_or_else(bad)? as usize;
+    let shnum = rd16(0x3c).ok_or_else(bad)? as usize;
+    let shstrndx = rd16(0x3e).ok_or_else(bad)? as usize;
+    let strtab = rd64(shoff + shstrndx * shentsize + 0x18).ok_or_else(bad)? as usize;
+    let mut out = obj.to_vec();
+    let mut found = false;
+    for i in 0..shnum {
+        let sh = shoff + i * shentsize;
+        let name = strtab + rd32(sh).ok_or_else(bad)? as usize;
+        if obj.get(name..name + 10) == Some(b".eh_frame\0".as_slice()) {
+            out[name..name + 9].copy_from_slice(b".dslframe");
+            out[sh + 4..sh + 8].copy_from_slice(&1u32.to_le_bytes()); // SHT_PROGBITS
+            let flags = rd64(sh + 8).ok_or_else(bad)? & !0x2; // clear SHF_ALLOC
+            out[sh + 8..sh + 16].copy_from_slice(&flags.to_le_bytes());
+            found = true;
+        }
+    }
+    if !found {
+        return Err("no .eh_frame section (the DSL's object format changed?)".into());
+    }
+    Ok(out)
 }
 
 fn env(name: &str) -> Result<String, String> {

@@ -54,6 +54,11 @@ pub struct BuildArgs {
     /// Host C++ compiler nvcc uses (`-ccbin`); default: $CXX or g++.
     #[arg(long)]
     pub host_cxx: Option<String>,
+    /// Python interpreter that runs the CuTe DSL export; its major.minor picks
+    /// the pinned wheel set (the table's `dsl.pythons`), and its version is
+    /// recorded in the manifest.
+    #[arg(long, default_value = "python3")]
+    pub python: String,
 }
 
 #[derive(Args, Debug, Clone)]

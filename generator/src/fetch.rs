@@ -100,6 +100,7 @@ mod tests {
             sha256: Sha256Hex::of_bytes(bytes),
             size: bytes.len() as u64,
             git_revision: None,
+            python: None,
         }
     }
 

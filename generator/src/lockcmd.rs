@@ -42,6 +42,7 @@ pub fn lock(args: &BuildArgs) -> Result<()> {
             sha256: Sha256Hex::of_bytes(b""),
             size: 0,
             git_revision: spec.git_revision.clone(),
+            python: spec.python.clone(),
         };
         let path = fetch_for_lock(args, &probe)?;
         let d = Digests::of_file(&path).map_err(|e| e.to_string())?;
@@ -68,6 +69,8 @@ pub fn lock(args: &BuildArgs) -> Result<()> {
             .as_ref()
             .map(|l| l.variants.clone())
             .unwrap_or_else(default_variants),
+        dsl_artifacts: BTreeMap::new(),
+        dsl_recorded_with_python: None,
     };
     if args.variant != "cuda-13.0" {
         return Err(format!(
@@ -77,14 +80,27 @@ pub fn lock(args: &BuildArgs) -> Result<()> {
         ));
     }
     let tk = toolkit::resolve(args, &table.nvcc_version, &lock)?;
+    let dsl = crate::dsl::resolve(args, &table, &lock)?;
     let tmp = temp_sibling(&args.out, "lock")?;
-    assemble(args, &repo, &table, &lock, &tk, tmp.path(), &args.cache)?;
+    assemble(
+        args,
+        &repo,
+        &table,
+        &lock,
+        &tk,
+        dsl.as_ref(),
+        tmp.path(),
+        &args.cache,
+    )?;
     let manifest = Manifest::load(&tmp.path().join(MANIFEST_FILE)).map_err(|e| e.to_string())?;
     for (path, art) in &manifest.artifacts {
         match art.kind {
             ArtifactKind::DeviceCubin => lock
                 .device_artifacts
                 .insert(path.clone(), art.digests.clone()),
+            ArtifactKind::DslObject | ArtifactKind::DslHeader | ArtifactKind::DslLibrary => {
+                lock.dsl_artifacts.insert(path.clone(), art.digests.clone())
+            }
             _ => lock
                 .host_artifacts
                 .artifacts
@@ -93,6 +109,7 @@ pub fn lock(args: &BuildArgs) -> Result<()> {
     }
     lock.host_artifacts.host_compiler = manifest.toolchain.host_compiler.clone();
     lock.host_artifacts.toolkit = manifest.toolchain.toolkit.clone();
+    lock.dsl_recorded_with_python = manifest.dsl.as_ref().map(|d| d.python.clone());
     if let Some(old) = &old {
         for (path, d) in &lock.device_artifacts {
             if old.device_artifacts.get(path) != Some(d) {
@@ -107,7 +124,7 @@ pub fn lock(args: &BuildArgs) -> Result<()> {
     install(tmp, &args.out)?;
     std::fs::write(
         stamp_path(&args.out),
-        build_key(&table, &lock, &tk).as_str(),
+        build_key(&table, &lock, &tk, dsl.as_ref()).as_str(),
     )
     .map_err(|e| e.to_string())?;
     eprintln!(

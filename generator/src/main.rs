@@ -5,6 +5,7 @@
 //! runs it. Progress goes to stderr.
 
 mod cli;
+mod dsl;
 mod fetch;
 mod lockcmd;
 mod plan;

@@ -7,13 +7,23 @@ use std::time::Instant;
 
 use gdn_lock::{ArtifactTable, Sha256Hex, Unit, UnitOutput};
 
+use crate::dsl::{self, DslEnv};
 use crate::process::{hermetic, run, Result};
 use crate::stage::staged_source;
 use crate::toolkit::Toolkit;
 
-/// One nvcc invocation and the files it leaves behind.
+/// Which program a step runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Program {
+    Nvcc,
+    /// The interpreter of the DSL environment, running the export driver.
+    Python,
+}
+
+/// One compiler invocation and the files it leaves behind.
 #[derive(Debug, Clone)]
 pub struct Step {
+    pub program: Program,
     pub unit: String,
     pub target: Option<String>,
     /// Arguments after `nvcc`, relative to the staging directory, except the
@@ -34,6 +44,10 @@ impl UnitOutputs {
     }
     pub fn cubin(&self, target: &str) -> PathBuf {
         self.dir.join(format!("{}.{target}.cubin", self.unit.name))
+    }
+    /// A DSL export output (`<variant>.h`, `.o`, `.cubin`).
+    pub fn dsl_file(&self, variant: &str, ext: &str) -> PathBuf {
+        self.dir.join("out").join(format!("{variant}.{ext}"))
     }
 }
 
@@ -57,8 +71,17 @@ fn determinism_flags(unit: &Unit, keep_dir: &Path) -> Vec<String> {
     flags
 }
 
-pub fn steps_for(unit: &Unit, host_cxx: &str, out_dir: &Path) -> Vec<Step> {
+pub fn steps_for(unit: &Unit, host_cxx: &str, site: &Path, out_dir: &Path) -> Vec<Step> {
     let src = staged_source(&unit.source);
+    if unit.output == UnitOutput::DslObjects {
+        return vec![Step {
+            program: Program::Python,
+            unit: unit.name.clone(),
+            target: unit.targets.first().cloned(),
+            args: dsl::export_args(unit, &src, site, &out_dir.join("out")),
+            peak_memory_mib: unit.peak_memory_mib,
+        }];
+    }
     let mut common = vec!["-ccbin".to_string(), host_cxx.to_string()];
     common.extend(unit.flags.iter().cloned());
     for inc in &unit.includes {
@@ -82,12 +105,14 @@ pub fn steps_for(unit: &Unit, host_cxx: &str, out_dir: &Path) -> Vec<Step> {
                     .to_string(),
             );
             vec![Step {
+                program: Program::Nvcc,
                 unit: unit.name.clone(),
                 target: None,
                 args,
                 peak_memory_mib: unit.peak_memory_mib,
             }]
         }
+        UnitOutput::DslObjects => unreachable!("handled above"),
         UnitOutput::Cubin => unit
             .targets
             .iter()
@@ -106,6 +131,7 @@ pub fn steps_for(unit: &Unit, host_cxx: &str, out_dir: &Path) -> Vec<Step> {
                         .to_string(),
                 );
                 Step {
+                    program: Program::Nvcc,
                     unit: unit.name.clone(),
                     target: Some(t.clone()),
                     args,
@@ -118,15 +144,23 @@ pub fn steps_for(unit: &Unit, host_cxx: &str, out_dir: &Path) -> Vec<Step> {
 
 /// Content key of a unit: the unit's description, what is staged (members,
 /// patches and the hashes of every source and patch of ours), the
-/// kernel-source hash, and the toolchain identity.
+/// kernel-source hash, and the toolchain identity; for DSL units and the
+/// nvcc units that include their headers, also the DSL environment.
 pub fn unit_key(
     unit: &Unit,
     table: &ArtifactTable,
     sources: &[(String, Sha256Hex)],
     kernel_source: &Sha256Hex,
     tk: &Toolkit,
+    dsl: Option<&DslEnv>,
 ) -> Sha256Hex {
+    let uses_dsl = unit.dsl.is_some()
+        || table
+            .dsl
+            .as_ref()
+            .is_some_and(|d| unit.includes.contains(&d.header_dir));
     let doc = serde_json::json!({
+        "dsl": if uses_dsl { dsl.map(DslEnv::key) } else { None },
         "unit": unit,
         "kernel_source_members": table.kernel_source_members,
         "patches": table.patches,
@@ -139,17 +173,20 @@ pub fn unit_key(
     Sha256Hex::of_bytes(doc.to_string().as_bytes())
 }
 
-/// Compiles every unit that is not already cached; returns the outputs in table order.
+/// Compiles every unit that is not already cached; returns the outputs in
+/// table order. DSL exports run first: their headers are copied into the
+/// staging tree (`dsl.header_dir`) for the nvcc units that include them.
 pub fn compile_all(
     table: &ArtifactTable,
     stage_dir: &Path,
     cache: &Path,
     tk: &Toolkit,
+    dsl: Option<&DslEnv>,
     keys: &[Sha256Hex],
     jobs: usize,
 ) -> Result<Vec<UnitOutputs>> {
     let mut outputs = vec![];
-    let mut pending: Vec<(Step, PathBuf)> = vec![];
+    let mut pending: [Vec<(Step, PathBuf)>; 2] = [vec![], vec![]];
     for (unit, key) in table.units.iter().zip(keys) {
         let dir = cache
             .join("units")
@@ -158,8 +195,15 @@ pub fn compile_all(
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(dir.join("keep"))
                 .map_err(|e| format!("create {}: {e}", dir.display()))?;
-            for step in steps_for(unit, &tk.host_cxx, &dir) {
-                pending.push((step, dir.clone()));
+            let site = match (unit.dsl.is_some(), dsl) {
+                (true, None) => {
+                    return Err(format!("unit {} needs the DSL environment", unit.name))
+                }
+                (_, d) => d.map(|d| d.site.clone()).unwrap_or_default(),
+            };
+            for step in steps_for(unit, &tk.host_cxx, &site, &dir) {
+                let phase = (step.program == Program::Nvcc) as usize;
+                pending[phase].push((step, dir.clone()));
             }
         }
         outputs.push(UnitOutputs {
@@ -167,8 +211,28 @@ pub fn compile_all(
             dir,
         });
     }
-    run_bounded(pending.clone(), stage_dir, tk, jobs)?;
-    for (_, dir) in &pending {
+    let [dsl_steps, nvcc_steps] = pending;
+    run_bounded(dsl_steps.clone(), stage_dir, tk, dsl, jobs)?;
+    for (step, dir) in &dsl_steps {
+        let o = outputs
+            .iter()
+            .find(|o| o.unit.name == step.unit)
+            .expect("a step belongs to a unit");
+        dsl::check_outputs(&o.unit, &dir.join("out"))?;
+        std::fs::write(dir.join(".complete"), b"").map_err(|e| e.to_string())?;
+    }
+    if let Some(cfg) = &table.dsl {
+        let headers = stage_dir.join(&cfg.header_dir);
+        std::fs::create_dir_all(&headers).map_err(|e| e.to_string())?;
+        for o in outputs.iter().filter(|o| o.unit.dsl.is_some()) {
+            for v in o.unit.dsl_variants() {
+                std::fs::copy(o.dsl_file(v, "h"), headers.join(format!("{v}.h")))
+                    .map_err(|e| format!("stage DSL header {v}.h: {e}"))?;
+            }
+        }
+    }
+    run_bounded(nvcc_steps.clone(), stage_dir, tk, dsl, jobs)?;
+    for (_, dir) in &nvcc_steps {
         std::fs::write(dir.join(".complete"), b"").map_err(|e| e.to_string())?;
     }
     for o in &outputs {
@@ -232,6 +296,7 @@ fn run_bounded(
     mut steps: Vec<(Step, PathBuf)>,
     stage_dir: &Path,
     tk: &Toolkit,
+    dsl: Option<&DslEnv>,
     jobs: usize,
 ) -> Result<()> {
     let total = steps.len();
@@ -256,7 +321,7 @@ fn run_bounded(
                 .map(|(step, dir)| {
                     done += 1;
                     let n = done;
-                    scope.spawn(move || run_step(step, dir, stage_dir, tk, n, total))
+                    scope.spawn(move || run_step(step, dir, stage_dir, tk, dsl, n, total))
                 })
                 .collect();
             handles
@@ -274,6 +339,7 @@ fn run_step(
     dir: &Path,
     stage_dir: &Path,
     tk: &Toolkit,
+    dsl: Option<&DslEnv>,
     n: usize,
     total: usize,
 ) -> Result<()> {
@@ -281,12 +347,23 @@ fn run_step(
         Some(t) => format!("{} ({t})", step.unit),
         None => step.unit.clone(),
     };
-    eprintln!("gdn-gen: [{n}/{total}] compiling {what} ...");
+    let verb = match step.program {
+        Program::Nvcc => "compiling",
+        Program::Python => "exporting (CuTe DSL)",
+    };
+    eprintln!("gdn-gen: [{n}/{total}] {verb} {what} ...");
     let start = Instant::now();
     let tmp = dir.join("tmp");
     std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
-    let mut cmd = Command::new(tk.nvcc());
-    hermetic(&mut cmd, &tmp);
+    let mut cmd = match (step.program, dsl) {
+        (Program::Nvcc, _) => {
+            let mut cmd = Command::new(tk.nvcc());
+            hermetic(&mut cmd, &tmp);
+            cmd
+        }
+        (Program::Python, Some(env)) => dsl::command(env, &tmp),
+        (Program::Python, None) => return Err(format!("{what}: no DSL environment")),
+    };
     cmd.current_dir(stage_dir).args(&step.args);
     run(&format!("compile {what}"), &mut cmd)?;
     eprintln!(

@@ -10,6 +10,7 @@ use gdn_lock::{
 };
 
 use crate::cli::{BuildArgs, CheckArgs};
+use crate::dsl::{self, DslEnv};
 use crate::fetch::ensure_input;
 use crate::plan::{compile_all, steps_for, unit_key};
 use crate::process::Result;
@@ -81,8 +82,14 @@ pub(crate) fn stamp_path(out: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-pub(crate) fn build_key(table: &ArtifactTable, lock: &Lock, tk: &Toolkit) -> Sha256Hex {
+pub(crate) fn build_key(
+    table: &ArtifactTable,
+    lock: &Lock,
+    tk: &Toolkit,
+    dsl: Option<&DslEnv>,
+) -> Sha256Hex {
     let doc = serde_json::json!({ "table": table, "lock": lock, "toolchain": tk.identity, "cxx": tk.host_cxx,
+                                  "dsl": dsl.map(DslEnv::key),
                                   "generator": env!("CARGO_PKG_VERSION") });
     Sha256Hex::of_bytes(doc.to_string().as_bytes())
 }
@@ -98,6 +105,7 @@ pub(crate) fn assemble(
     table: &ArtifactTable,
     lock: &Lock,
     tk: &Toolkit,
+    dsl: Option<&DslEnv>,
     dest: &Path,
     unit_cache: &Path,
 ) -> Result<()> {
@@ -107,7 +115,7 @@ pub(crate) fn assemble(
     let keys: Vec<Sha256Hex> = table
         .units
         .iter()
-        .map(|u| unit_key(u, table, &sources, &ks.sha256, tk))
+        .map(|u| unit_key(u, table, &sources, &ks.sha256, tk, dsl))
         .collect();
     // A private staging tree per build: builds sharing a cache never touch
     // each other's sources (paths do not reach the outputs; see plan.rs).
@@ -116,10 +124,22 @@ pub(crate) fn assemble(
         tempfile::tempdir_in(args.cache.join("stage")).map_err(|e| format!("staging dir: {e}"))?;
     let stage_dir = stage_tmp.path().join("src-root");
     stage::prepare(table, repo, &wheel, &stage_dir)?;
-    let outputs = compile_all(table, &stage_dir, unit_cache, tk, &keys, args.jobs)?;
+    let outputs = compile_all(table, &stage_dir, unit_cache, tk, dsl, &keys, args.jobs)?;
 
     let mut files: Vec<(String, PathBuf, ArtifactKind)> = vec![];
     for o in &outputs {
+        if o.unit.dsl.is_some() {
+            let target = &o.unit.targets[0];
+            for v in o.unit.dsl_variants() {
+                let cubin = o.unit.dsl_cubin_path(v, target);
+                files.push((cubin, o.dsl_file(v, "cubin"), ArtifactKind::DeviceCubin));
+                let obj = gdn_lock::Unit::dsl_object_path(v);
+                files.push((obj, o.dsl_file(v, "o"), ArtifactKind::DslObject));
+                let header = gdn_lock::Unit::dsl_header_path(v);
+                files.push((header, o.dsl_file(v, "h"), ArtifactKind::DslHeader));
+            }
+            continue;
+        }
         for t in &o.unit.targets {
             files.push((o.unit.cubin_path(t), o.cubin(t), ArtifactKind::DeviceCubin));
         }
@@ -145,6 +165,13 @@ pub(crate) fn assemble(
         ));
     }
 
+    if let (Some(cfg), Some(env), true) = (&table.dsl, dsl, table.has_dsl_units()) {
+        files.push((
+            format!("lib/{}", gdn_lock::file_name(&cfg.runtime_library)),
+            env.site.join(&cfg.runtime_library),
+            ArtifactKind::DslLibrary,
+        ));
+    }
     let mut artifacts = BTreeMap::new();
     for (rel, src, kind) in &files {
         let to = dest.join(rel);
@@ -162,9 +189,17 @@ pub(crate) fn assemble(
     }
     let mut inputs = BTreeMap::new();
     for i in &lock.inputs {
-        if i.role == InputRole::KernelSource || tk.identity.toolkit == "pypi-wheels" {
+        let used = match i.role {
+            InputRole::KernelSource => true,
+            InputRole::Toolchain => tk.identity.toolkit == "pypi-wheels",
+            InputRole::DslKernelSource | InputRole::DslRuntime => false,
+        };
+        if used {
             inputs.insert(i.filename.clone(), i.sha256.clone());
         }
+    }
+    for i in dsl.map(|d| d.inputs.as_slice()).unwrap_or(&[]) {
+        inputs.insert(i.filename.clone(), i.sha256.clone());
     }
     inputs.extend(lock.sources.clone());
     let manifest = Manifest {
@@ -174,6 +209,7 @@ pub(crate) fn assemble(
         toolchain: tk.identity.clone(),
         inputs,
         artifacts,
+        dsl: dsl.map(|d| d.identity.clone()),
     };
     write_file(
         &dest.join(MANIFEST_FILE),
@@ -287,10 +323,21 @@ pub fn build(args: &BuildArgs) -> Result<PathBuf> {
     let (repo, table, lock) = load_locked(&args.lock)?;
     let (expected_nvcc, recorded) = variant_of(args, &lock)?;
     let tk = toolkit::resolve(args, &expected_nvcc, &lock)?;
+    let dsl = dsl::resolve(args, &table, &lock)?;
+    let dsl = dsl.as_ref();
     if !recorded {
         eprintln!("{UNRECORDED_BANNER}");
         let tmp = temp_sibling(&args.out, "new")?;
-        assemble(args, &repo, &table, &lock, &tk, tmp.path(), &args.cache)?;
+        assemble(
+            args,
+            &repo,
+            &table,
+            &lock,
+            &tk,
+            dsl,
+            tmp.path(),
+            &args.cache,
+        )?;
         install(tmp, &args.out)?;
         eprintln!(
             "{UNRECORDED_BANNER}\ngdn-gen: unrecorded {} bundle written to {}",
@@ -299,7 +346,7 @@ pub fn build(args: &BuildArgs) -> Result<PathBuf> {
         );
         return Ok(args.out.clone());
     }
-    let key = build_key(&table, &lock, &tk);
+    let key = build_key(&table, &lock, &tk, dsl);
     let stamp = stamp_path(&args.out);
     if std::fs::read_to_string(&stamp).ok().as_deref() == Some(key.as_str())
         && verify_bundle(
@@ -315,7 +362,16 @@ pub fn build(args: &BuildArgs) -> Result<PathBuf> {
     }
     let _ = std::fs::remove_file(&stamp);
     let tmp = temp_sibling(&args.out, "new")?;
-    assemble(args, &repo, &table, &lock, &tk, tmp.path(), &args.cache)?;
+    assemble(
+        args,
+        &repo,
+        &table,
+        &lock,
+        &tk,
+        dsl,
+        tmp.path(),
+        &args.cache,
+    )?;
     let verified = verify_bundle(tmp.path(), &table, &lock, HostPolicy::AllowForeignHostCompiler).map_err(|e| {
         format!("the built bundle does not match the lock: {e}\n(no bundle was written; `gdn-gen verify` lists every difference)")
     })?;
@@ -341,11 +397,21 @@ pub fn verify(args: &BuildArgs) -> Result<()> {
         ));
     }
     let tk = toolkit::resolve(args, &expected_nvcc, &lock)?;
+    let dsl = dsl::resolve(args, &table, &lock)?;
     let tmp = temp_sibling(&args.out, "verify")?;
     // Recompile everything: the unit cache is the thing being checked.
     let fresh =
         tempfile::tempdir_in(&args.cache).map_err(|e| format!("temporary unit cache: {e}"))?;
-    assemble(args, &repo, &table, &lock, &tk, tmp.path(), fresh.path())?;
+    assemble(
+        args,
+        &repo,
+        &table,
+        &lock,
+        &tk,
+        dsl.as_ref(),
+        tmp.path(),
+        fresh.path(),
+    )?;
     let manifest = Manifest::load(&tmp.path().join(MANIFEST_FILE)).map_err(|e| e.to_string())?;
     let mut differ = 0;
     let mut compare = |path: &str, locked: &Digests| match manifest.artifacts.get(path) {
@@ -365,6 +431,16 @@ pub fn verify(args: &BuildArgs) -> Result<()> {
     eprintln!("gdn-gen: device artifacts against the lock:");
     for (path, locked) in &lock.device_artifacts {
         compare(path, locked);
+    }
+    if let Some(d) = &dsl {
+        eprintln!(
+            "gdn-gen: CuTe DSL objects, headers and runtime against the lock (Python {}; the lock's were recorded with {}):",
+            d.identity.python,
+            lock.dsl_recorded_with_python.as_deref().unwrap_or("?")
+        );
+        for (path, locked) in &lock.dsl_artifacts {
+            compare(path, locked);
+        }
     }
     let host_same = manifest.toolchain.host_compiler == lock.host_artifacts.host_compiler
         && manifest.toolchain.toolkit == lock.host_artifacts.toolkit;
@@ -438,10 +514,25 @@ pub fn plan(args: &BuildArgs) -> Result<()> {
         table.patches.len(),
         table.sources.len()
     );
-    println!("compile (cwd = stage dir):");
+    if let Some(cfg) = table.dsl.as_ref().filter(|_| table.has_dsl_units()) {
+        println!(
+            "CuTe DSL: unpack the dsl-runtime wheels for the interpreter's Python ({:?} pinned) and {:?} of the dsl-kernel-source into a private site dir",
+            cfg.pythons, cfg.kernel_source_members
+        );
+    }
+    println!("compile (cwd = stage dir; DSL exports first, their headers go to the stage dir for the nvcc units):");
     for unit in &table.units {
-        for step in steps_for(unit, "<c++>", Path::new("<unit-cache>")) {
-            println!("  nvcc {}", step.args.join(" "));
+        for step in steps_for(
+            unit,
+            "<c++>",
+            Path::new("<dsl-site>"),
+            Path::new("<unit-cache>"),
+        ) {
+            let program = match step.program {
+                crate::plan::Program::Nvcc => "nvcc",
+                crate::plan::Program::Python => "<python>",
+            };
+            println!("  {program} {}", step.args.join(" "));
         }
     }
     println!(

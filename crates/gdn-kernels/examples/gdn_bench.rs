@@ -1,5 +1,7 @@
-//! GDN prefill benchmark on the GPU: the FlashInfer bundle path and the
-//! portable fallback, through the same `GdnPrefill::run` the model uses.
+//! GDN prefill benchmark on the GPU: the FlashInfer bundle path, the CuTe DSL
+//! SM90 kernels (non-CP and context-parallel) and the portable fallback,
+//! through the same `GdnPrefill::run` the model uses. A backend the GPU
+//! cannot run is reported as skipped.
 //! CUDA events around each call, warm-up first, median of the timed runs.
 //! Prints one JSON object per (shape, backend) on stdout.
 //!
@@ -40,33 +42,55 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         let p = Problem::random(1, g, lens, false);
         let mut d = p.upload(&stream)?;
-        for request in [BackendRequest::FlashInfer, BackendRequest::Portable] {
-            let mut op = GdnPrefill::new(stream.clone(), g, request)?;
-            let mut call = |op: &mut GdnPrefill| d.run(op);
-            for _ in 0..3 {
-                call(&mut op)?;
+        for request in [
+            BackendRequest::FlashInfer,
+            BackendRequest::CuteDslSm90,
+            BackendRequest::CuteDslSm90Cp,
+            BackendRequest::Portable,
+        ] {
+            let mut op = match GdnPrefill::new(stream.clone(), g, request) {
+                Ok(op) => op,
+                Err(e) => {
+                    println!("{{\"shape\": \"{label}\", \"backend\": \"{request:?}\", \"skipped\": {:?}}}", e.to_string());
+                    continue;
+                }
+            };
+            // A backend that fails at run time is reported, not fatal: the
+            // other backends' numbers still come out of the same run.
+            let mut time = || -> Result<Vec<f32>, Box<dyn std::error::Error>> {
+                for _ in 0..3 {
+                    d.run(&mut op)?;
+                }
+                stream.synchronize()?;
+                let mut times = vec![];
+                let started = std::time::Instant::now();
+                while times.len() < 10
+                    || (times.len() < 200 && started.elapsed().as_secs_f32() < 2.0)
+                {
+                    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+                    let (a, b) = (ctx.new_event(flags)?, ctx.new_event(flags)?);
+                    a.record(&stream)?;
+                    d.run(&mut op)?;
+                    b.record(&stream)?;
+                    b.synchronize()?;
+                    times.push(a.elapsed_ms(&b)?);
+                }
+                Ok(times)
+            };
+            match time() {
+                Ok(times) => println!(
+                    "{{\"shape\": \"{label}\", \"backend\": \"{}\", \"median_ms\": {:.4}, \"min_ms\": {:.4}, \"runs\": {}}}",
+                    op.backend(),
+                    median(times.clone()),
+                    times.iter().cloned().fold(f32::INFINITY, f32::min),
+                    times.len()
+                ),
+                Err(e) => println!(
+                    "{{\"shape\": \"{label}\", \"backend\": \"{}\", \"error\": {:?}}}",
+                    op.backend(),
+                    e.to_string()
+                ),
             }
-            stream.synchronize()?;
-            let mut times = vec![];
-            let started = std::time::Instant::now();
-            while times.len() < 10 || (times.len() < 200 && started.elapsed().as_secs_f32() < 2.0) {
-                let a =
-                    ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-                let b =
-                    ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-                a.record(&stream)?;
-                call(&mut op)?;
-                b.record(&stream)?;
-                b.synchronize()?;
-                times.push(a.elapsed_ms(&b)?);
-            }
-            println!(
-                "{{\"shape\": \"{label}\", \"backend\": \"{}\", \"median_ms\": {:.4}, \"min_ms\": {:.4}, \"runs\": {}}}",
-                op.backend(),
-                median(times.clone()),
-                times.iter().cloned().fold(f32::INFINITY, f32::min),
-                times.len()
-            );
         }
     }
     Ok(())

@@ -1,16 +1,19 @@
 //! Which backend runs a GDN prefill, and why.
 //!
-//! Rule: the FlashInfer SM90 kernel runs where it is eligible (a compute
-//! capability 9.0 GPU, head dim 128, `Hv = r * Hqk` with `r` among the ratios
-//! the bundle was built and validated for). Anything else runs the portable
-//! kernel. An explicit request for FlashInfer on an ineligible setup is an
-//! error, never a silent fallback; so is an eligible setup whose linked
-//! launcher speaks another ABI version.
+//! Rule for `Auto`: the FlashInfer SM90 kernel runs where it is eligible (a
+//! compute capability 9.0 GPU, head dim 128, `Hv = r * Hqk` with `r` among
+//! the ratios the bundle was built and validated for). Anything else runs the
+//! portable kernel. The CuTe DSL kernels (SM90 non-CP and context-parallel,
+//! SM100, SM120) run only when requested by name: `Auto` does not pick them
+//! until an H200 benchmark gives the rule (issue #6). An explicit request for
+//! a backend on an ineligible setup is an error, never a silent fallback; so
+//! is an eligible setup whose linked launcher speaks another ABI version.
 
 use std::fmt;
 use std::str::FromStr;
 
 use crate::bundle_embed::{CUBINS, FLASHINFER_GVA_RATIOS};
+use crate::dsl::{self, DslFamily};
 use crate::oracle::GdnGeometry;
 use crate::HEAD_DIM;
 
@@ -19,6 +22,10 @@ pub enum BackendRequest {
     Auto,
     FlashInfer,
     Portable,
+    CuteDslSm90,
+    CuteDslSm90Cp,
+    CuteDslSm100,
+    CuteDslSm120,
 }
 
 impl FromStr for BackendRequest {
@@ -28,8 +35,13 @@ impl FromStr for BackendRequest {
             "auto" => Ok(BackendRequest::Auto),
             "flashinfer" => Ok(BackendRequest::FlashInfer),
             "portable" => Ok(BackendRequest::Portable),
+            "cute-dsl-sm90" => Ok(BackendRequest::CuteDslSm90),
+            "cute-dsl-sm90-cp" => Ok(BackendRequest::CuteDslSm90Cp),
+            "cute-dsl-sm100" => Ok(BackendRequest::CuteDslSm100),
+            "cute-dsl-sm120" => Ok(BackendRequest::CuteDslSm120),
             other => Err(format!(
-                "unknown GDN backend {other:?}; expected auto, flashinfer or portable"
+                "unknown GDN backend {other:?}; expected auto, flashinfer, portable, \
+                 cute-dsl-sm90, cute-dsl-sm90-cp, cute-dsl-sm100 or cute-dsl-sm120"
             )),
         }
     }
@@ -41,6 +53,28 @@ pub enum Backend {
     FlashInfer,
     /// Our own recurrent kernel, one cubin per architecture.
     Portable,
+    /// FlashInfer 0.7.2.post1's CuTe DSL SM90 kernel (`delta_rule_sm90`).
+    CuteDslSm90,
+    /// FlashInfer 0.7.2.post1's CuTe DSL SM90 context-parallel pipeline
+    /// (`delta_rule_cp_sm90`: four kernels per call).
+    CuteDslSm90Cp,
+    /// FlashInfer 0.7.2.post1's CuTe DSL SM100 kernel; built for 148 SMs and
+    /// Hqk 16. Built and linked, never run.
+    CuteDslSm100,
+    /// FlashInfer 0.7.2.post1's CuTe DSL SM120 kernel. Built and linked, never run.
+    CuteDslSm120,
+}
+
+impl Backend {
+    pub(crate) fn dsl_family(self) -> Option<DslFamily> {
+        match self {
+            Backend::CuteDslSm90 => Some(DslFamily::Sm90),
+            Backend::CuteDslSm90Cp => Some(DslFamily::Sm90Cp),
+            Backend::CuteDslSm100 => Some(DslFamily::Sm100),
+            Backend::CuteDslSm120 => Some(DslFamily::Sm120),
+            Backend::FlashInfer | Backend::Portable => None,
+        }
+    }
 }
 
 impl fmt::Display for Backend {
@@ -48,6 +82,10 @@ impl fmt::Display for Backend {
         f.write_str(match self {
             Backend::FlashInfer => "flashinfer",
             Backend::Portable => "portable",
+            Backend::CuteDslSm90 => "cute-dsl-sm90",
+            Backend::CuteDslSm90Cp => "cute-dsl-sm90-cp",
+            Backend::CuteDslSm100 => "cute-dsl-sm100",
+            Backend::CuteDslSm120 => "cute-dsl-sm120",
         })
     }
 }
@@ -91,11 +129,35 @@ pub fn flashinfer_eligibility(
 }
 
 /// Resolves a request; `Err` names the backend and the reason it cannot run.
+/// `sm_count` matters only to kernels that bake it in (SM100).
 pub fn resolve(
     request: BackendRequest,
     compute_capability: (i32, i32),
+    sm_count: i32,
     g: &GdnGeometry,
 ) -> Result<DispatchDecision, (&'static str, String)> {
+    let dsl = match request {
+        BackendRequest::CuteDslSm90 => Some(Backend::CuteDslSm90),
+        BackendRequest::CuteDslSm90Cp => Some(Backend::CuteDslSm90Cp),
+        BackendRequest::CuteDslSm100 => Some(Backend::CuteDslSm100),
+        BackendRequest::CuteDslSm120 => Some(Backend::CuteDslSm120),
+        _ => None,
+    };
+    if let Some(backend) = dsl {
+        let family = backend.dsl_family().expect("a DSL backend");
+        let name = match backend {
+            Backend::CuteDslSm90 => "cute-dsl-sm90",
+            Backend::CuteDslSm90Cp => "cute-dsl-sm90-cp",
+            Backend::CuteDslSm100 => "cute-dsl-sm100",
+            _ => "cute-dsl-sm120",
+        };
+        dsl::eligibility(family, compute_capability, sm_count, g).map_err(|why| (name, why))?;
+        return Ok(DispatchDecision {
+            requested: request,
+            resolved: backend,
+            reason: "requested".to_string(),
+        });
+    }
     let eligible = flashinfer_eligibility(compute_capability, g);
     let (resolved, reason) = match (request, eligible) {
         (BackendRequest::Auto, Ok(())) => (
@@ -106,6 +168,7 @@ pub fn resolve(
         (BackendRequest::FlashInfer, Ok(())) => (Backend::FlashInfer, "requested".to_string()),
         (BackendRequest::FlashInfer, Err(why)) => return Err(("flashinfer", why)),
         (BackendRequest::Portable, _) => (Backend::Portable, "requested".to_string()),
+        (_, _) => unreachable!("DSL requests are resolved above"),
     };
     if resolved == Backend::Portable {
         portable_cubin(compute_capability).map_err(|why| ("portable", why))?;
@@ -164,7 +227,7 @@ mod tests {
                 num_v_heads: hv,
                 ..QWEN35_4B
             };
-            let d = resolve(BackendRequest::Auto, (9, 0), &g).unwrap();
+            let d = resolve(BackendRequest::Auto, (9, 0), 132, &g).unwrap();
             assert_eq!(d.resolved, Backend::FlashInfer, "Hv={hv}: {}", d.reason);
         }
     }
@@ -172,7 +235,7 @@ mod tests {
     #[test]
     fn auto_elsewhere_falls_back_to_portable_and_says_why() {
         for cc in [(8, 0), (8, 6), (8, 9), (10, 0), (12, 0)] {
-            let d = resolve(BackendRequest::Auto, cc, &QWEN35_4B).unwrap();
+            let d = resolve(BackendRequest::Auto, cc, 132, &QWEN35_4B).unwrap();
             assert_eq!(d.resolved, Backend::Portable);
             assert!(d.reason.contains("sm_90a"), "{}", d.reason);
         }
@@ -180,21 +243,22 @@ mod tests {
             num_v_heads: 64,
             ..QWEN35_4B
         }; // ratio 4
-        let d = resolve(BackendRequest::Auto, (9, 0), &g).unwrap();
+        let d = resolve(BackendRequest::Auto, (9, 0), 132, &g).unwrap();
         assert_eq!(d.resolved, Backend::Portable);
         assert!(d.reason.contains("ratio 4"), "{}", d.reason);
     }
 
     #[test]
     fn explicit_flashinfer_on_ineligible_gpu_is_an_error() {
-        let (backend, why) = resolve(BackendRequest::FlashInfer, (8, 9), &QWEN35_4B).unwrap_err();
+        let (backend, why) =
+            resolve(BackendRequest::FlashInfer, (8, 9), 128, &QWEN35_4B).unwrap_err();
         assert_eq!(backend, "flashinfer");
         assert!(why.contains("sm_89"), "{why}");
         let g = GdnGeometry {
             head_dim: 64,
             ..QWEN35_4B
         };
-        assert!(resolve(BackendRequest::FlashInfer, (9, 0), &g)
+        assert!(resolve(BackendRequest::FlashInfer, (9, 0), 132, &g)
             .unwrap_err()
             .1
             .contains("head dim 64"));
@@ -215,7 +279,46 @@ mod tests {
         for unit in [PORTABLE_UNIT, "model_kernels"] {
             assert_eq!(cubin_for(unit, (9, 0)).unwrap().0, 90, "{unit}");
         }
-        assert!(resolve(BackendRequest::Portable, (7, 5), &QWEN35_4B).is_err());
+        assert!(resolve(BackendRequest::Portable, (7, 5), 40, &QWEN35_4B).is_err());
+    }
+
+    #[test]
+    fn dsl_backends_only_when_requested_and_refused_elsewhere() {
+        // Auto never picks a DSL kernel (yet).
+        for cc in [(9, 0), (10, 0), (12, 0)] {
+            let d = resolve(BackendRequest::Auto, cc, 148, &QWEN35_4B).unwrap();
+            assert!(d.resolved.dsl_family().is_none(), "{cc:?}: {d:?}");
+        }
+        for (request, backend) in [
+            (BackendRequest::CuteDslSm90, Backend::CuteDslSm90),
+            (BackendRequest::CuteDslSm90Cp, Backend::CuteDslSm90Cp),
+        ] {
+            let d = resolve(request, (9, 0), 132, &QWEN35_4B).unwrap();
+            assert_eq!(d.resolved, backend);
+            let (name, why) = resolve(request, (12, 0), 170, &QWEN35_4B).unwrap_err();
+            assert!(
+                name.starts_with("cute-dsl-sm90") && why.contains("sm_120"),
+                "{why}"
+            );
+        }
+        // On the H200 (sm_90, 132 SMs) both Blackwell families are refused.
+        let (name, why) =
+            resolve(BackendRequest::CuteDslSm100, (9, 0), 132, &QWEN35_4B).unwrap_err();
+        assert_eq!(name, "cute-dsl-sm100");
+        assert!(why.contains("sm_100a"), "{why}");
+        let (name, why) =
+            resolve(BackendRequest::CuteDslSm120, (9, 0), 132, &QWEN35_4B).unwrap_err();
+        assert_eq!(name, "cute-dsl-sm120");
+        assert!(why.contains("sm_120a"), "{why}");
+        // A B200-class sm_100 part with another SM count is refused too.
+        let (_, why) = resolve(BackendRequest::CuteDslSm100, (10, 0), 160, &QWEN35_4B).unwrap_err();
+        assert!(why.contains("148"), "{why}");
+        assert_eq!(
+            resolve(BackendRequest::CuteDslSm100, (10, 0), 148, &QWEN35_4B)
+                .unwrap()
+                .resolved,
+            Backend::CuteDslSm100
+        );
     }
 
     #[test]
@@ -232,6 +335,14 @@ mod tests {
             "portable".parse::<BackendRequest>().unwrap(),
             BackendRequest::Portable
         );
+        for (name, request) in [
+            ("cute-dsl-sm90", BackendRequest::CuteDslSm90),
+            ("cute-dsl-sm90-cp", BackendRequest::CuteDslSm90Cp),
+            ("cute-dsl-sm100", BackendRequest::CuteDslSm100),
+            ("cute-dsl-sm120", BackendRequest::CuteDslSm120),
+        ] {
+            assert_eq!(name.parse::<BackendRequest>().unwrap(), request);
+        }
         assert!("triton"
             .parse::<BackendRequest>()
             .unwrap_err()

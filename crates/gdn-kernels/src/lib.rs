@@ -18,6 +18,7 @@
 
 mod batch;
 mod dispatch;
+mod dsl;
 mod error;
 mod ffi;
 mod gemm;
@@ -33,6 +34,7 @@ mod bundle_embed {
 
 pub use batch::{BatchLayout, DeviceBatch};
 pub use dispatch::{Backend, BackendRequest, DispatchDecision};
+pub use dsl::flashinfer_would_use_cp;
 pub use error::GdnError;
 pub use gemm::{Gemm, GemmOutput};
 pub use model_ops::{AttentionShape, DeltaNetInputs, DeltaNetShape, ModelOps};

@@ -12,6 +12,7 @@ use cudarc::nvrtc::Ptx;
 use half::bf16;
 
 use crate::dispatch::{portable_cubin, resolve, Backend, BackendRequest, DispatchDecision};
+use crate::dsl::{choose_cp_chunk_len, DslFamily};
 use crate::error::{invalid, GdnError};
 use crate::ffi;
 use crate::oracle::GdnGeometry;
@@ -45,14 +46,61 @@ enum Kernel {
     Portable {
         function: CudaFunction,
     },
+    CuteDsl {
+        family: DslFamily,
+        sm_count: i32,
+        compute_capability: (i32, i32),
+        device_name: String,
+        /// Grown on demand (the CP workspace depends on the batch).
+        workspace: CudaSlice<u8>,
+        /// SM100 takes int32 offsets.
+        cu_seqlens_i32: CudaSlice<i32>,
+        _modules: DslModules,
+    },
+}
+
+/// One reference to a loaded DSL kernel family (`gdn_dsl_load`), released on
+/// drop while the op's context is still alive: the op owns the stream and so
+/// the context, and drops this first.
+struct DslModules {
+    family: DslFamily,
+    ctx: Arc<cudarc::driver::CudaContext>,
+}
+
+impl DslModules {
+    fn load(family: DslFamily, ctx: Arc<cudarc::driver::CudaContext>) -> Result<Self, GdnError> {
+        ctx.bind_to_thread()?;
+        // SAFETY: loads the family's exported modules on every device; no pointers.
+        let status = unsafe { ffi::gdn_dsl_load(family as i32) };
+        if status != ffi::GDN_OK {
+            return Err(GdnError::Launcher {
+                status,
+                detail: ffi::dsl_last_error(),
+            });
+        }
+        Ok(DslModules { family, ctx })
+    }
+}
+
+impl Drop for DslModules {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: releases the reference taken in `load`.
+        let status = unsafe { ffi::gdn_dsl_unload(self.family as i32) };
+        if status != ffi::GDN_OK {
+            log::warn!("gdn_dsl_unload: {}", ffi::dsl_last_error());
+        }
+    }
 }
 
 /// A GDN prefill op bound to one stream and one geometry.
 pub struct GdnPrefill {
+    // Dropped first: DSL module references are released while the stream
+    // (and so the context) below is alive.
+    kernel: Kernel,
     stream: Arc<CudaStream>,
     geometry: GdnGeometry,
     decision: DispatchDecision,
-    kernel: Kernel,
     cu_seqlens_dev: CudaSlice<i64>,
 }
 
@@ -80,7 +128,9 @@ impl GdnPrefill {
         }
         let ctx = stream.context().clone();
         let cc = ctx.compute_capability()?;
-        let decision = resolve(request, cc, &geometry)
+        let sm_count =
+            ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let decision = resolve(request, cc, sm_count, &geometry)
             .map_err(|(backend, reason)| GdnError::Unsupported { backend, reason })?;
         let kernel = match decision.resolved {
             Backend::FlashInfer => {
@@ -92,8 +142,6 @@ impl GdnPrefill {
                         actual,
                     });
                 }
-                let sm_count =
-                    ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
                 // SAFETY: pure function of its argument.
                 let bytes = unsafe { ffi::gdn_prefill_sm90_workspace_bytes(sm_count) } as usize;
                 Kernel::FlashInfer {
@@ -109,6 +157,28 @@ impl GdnPrefill {
                 let module = ctx.load_module(Ptx::from_binary(cubin.to_vec()))?;
                 Kernel::Portable {
                     function: module.load_function(PORTABLE_KERNEL)?,
+                }
+            }
+            backend => {
+                let family = backend
+                    .dsl_family()
+                    .expect("the remaining backends are DSL ones");
+                // SAFETY: no arguments; returns the wrapper's compiled-in constant.
+                let actual = unsafe { ffi::gdn_dsl_abi_version() };
+                if actual != ffi::GDN_DSL_ABI_VERSION {
+                    return Err(GdnError::AbiMismatch {
+                        expected: ffi::GDN_DSL_ABI_VERSION,
+                        actual,
+                    });
+                }
+                Kernel::CuteDsl {
+                    family,
+                    sm_count,
+                    compute_capability: cc,
+                    device_name: ctx.name()?,
+                    workspace: stream.alloc_zeros::<u8>(1)?,
+                    cu_seqlens_i32: stream.alloc_zeros::<i32>(2)?,
+                    _modules: DslModules::load(family, ctx.clone())?,
                 }
             }
         };
@@ -142,6 +212,7 @@ impl GdnPrefill {
     pub fn workspace_bytes(&self) -> usize {
         match &self.kernel {
             Kernel::FlashInfer { workspace, .. } => workspace.len(),
+            Kernel::CuteDsl { workspace, .. } => workspace.len(),
             Kernel::Portable { .. } => 0,
         }
     }
@@ -214,6 +285,100 @@ impl GdnPrefill {
                     return Err(GdnError::Launcher {
                         status,
                         detail: ffi::last_error(),
+                    });
+                }
+            }
+            Kernel::CuteDsl {
+                family,
+                sm_count,
+                compute_capability,
+                device_name,
+                workspace,
+                cu_seqlens_i32,
+                ..
+            } => {
+                let max_seqlen = b
+                    .cu_seqlens
+                    .windows(2)
+                    .map(|w| (w[1] - w[0]) as usize)
+                    .max()
+                    .unwrap_or(0);
+                let cp_chunk_len = if *family == DslFamily::Sm90Cp {
+                    // FlashInfer's default: cp_delta_rule_dsl_sm90 with
+                    // num_heads = max(Hq, Hv) (delta_rule_cp_sm90.py).
+                    choose_cp_chunk_len(
+                        max_seqlen,
+                        g.num_v_heads.max(g.num_qk_heads),
+                        *sm_count as usize,
+                        *compute_capability,
+                        total_tokens,
+                        num_seqs,
+                        device_name,
+                    ) as i32
+                } else {
+                    0
+                };
+                if *family == DslFamily::Sm100 {
+                    if cu_seqlens_i32.len() < b.cu_seqlens.len() {
+                        *cu_seqlens_i32 = s.alloc_zeros::<i32>(b.cu_seqlens.len())?;
+                    }
+                    let narrow: Vec<i32> = b.cu_seqlens.iter().map(|&x| x as i32).collect();
+                    let mut view = cu_seqlens_i32.slice_mut(..narrow.len());
+                    s.memcpy_htod(&narrow, &mut view)?;
+                }
+                let mut args = ffi::GdnDslPrefillArgs {
+                    abi_version: ffi::GDN_DSL_ABI_VERSION,
+                    struct_size: std::mem::size_of::<ffi::GdnDslPrefillArgs>() as u32,
+                    kernel: *family as i32,
+                    cp_chunk_len,
+                    output: out as *mut c_void,
+                    output_state: state_out as *mut f32,
+                    q: q as *const c_void,
+                    k: k as *const c_void,
+                    v: v as *const c_void,
+                    input_state: init_ptr as *const f32,
+                    alpha: alpha as *const f32,
+                    beta: beta as *const f32,
+                    cu_seqlens: cu as *const i64,
+                    cu_seqlens_i32: std::ptr::null(),
+                    workspace: std::ptr::null_mut(),
+                    workspace_bytes: 0,
+                    total_tokens: total_tokens as i64,
+                    num_seqs: num_seqs as i32,
+                    max_seqlen: max_seqlen as i32,
+                    num_qk_heads: g.num_qk_heads as i32,
+                    num_v_heads: g.num_v_heads as i32,
+                    sm_count: *sm_count,
+                    scale,
+                    stream: s.cu_stream() as *mut c_void,
+                };
+                // SAFETY: a pure function of the struct's sizes.
+                let need = unsafe { ffi::gdn_dsl_workspace_bytes(&args) } as usize;
+                if need == 0 {
+                    return Err(invalid(
+                        "cu_seqlens",
+                        "no workspace layout for this batch (see gdn_dsl_workspace_bytes)",
+                    ));
+                }
+                if workspace.len() < need {
+                    *workspace = s.alloc_zeros::<u8>(need)?;
+                }
+                args.workspace_bytes = workspace.len() as u64;
+                let (ws, _w) = workspace.device_ptr_mut(s);
+                let (cu32, _c32) = cu_seqlens_i32.device_ptr(s);
+                args.workspace = ws as *mut c_void;
+                args.cu_seqlens_i32 = cu32 as *const i32;
+                s.context().bind_to_thread()?;
+                // SAFETY: as for the FlashInfer launcher: live device buffers of
+                // this context validated against the shapes of gdn_dsl_abi.h,
+                // distinct input/output states, a workspace of the size the
+                // wrapper asked for (cudaMalloc'd, so 256-byte aligned), all
+                // kept alive by the guards until the launches are enqueued.
+                let status = unsafe { ffi::gdn_dsl_prefill(&args) };
+                if status != ffi::GDN_OK {
+                    return Err(GdnError::Launcher {
+                        status,
+                        detail: ffi::dsl_last_error(),
                     });
                 }
             }
@@ -339,6 +504,12 @@ fn validate_lengths(
             return Err(invalid(
                 "cu_seqlens",
                 format!("sequence {i} is empty; zero-length sequences are supported by FlashInfer only from 0.6.14, the bundle has 0.6.13 (drop it from the batch)"),
+            ));
+        }
+        if w[1] == w[0] && backend.dsl_family().is_some() {
+            return Err(invalid(
+                "cu_seqlens",
+                format!("sequence {i} is empty; zero-length sequences are not tested on the CuTe DSL kernels (drop it from the batch)"),
             ));
         }
     }

@@ -22,9 +22,10 @@ mod verify;
 pub use digest::{Digests, Sha256Hex};
 pub use error::{Error, Result};
 pub use lock::{HostArtifacts, Lock, LockedInput, VariantStatus};
-pub use manifest::{ArtifactKind, Manifest, ManifestArtifact, ToolchainIdentity};
+pub use manifest::{ArtifactKind, DslIdentity, Manifest, ManifestArtifact, ToolchainIdentity};
 pub use table::{
-    ArtifactTable, Compiler, Geometry, InputRole, InputSpec, Specialization, Unit, UnitOutput,
+    file_name, ArtifactTable, Compiler, DslConfig, DslUnit, Geometry, InputRole, InputSpec,
+    Specialization, Unit, UnitOutput,
 };
 pub use verify::{
     check_lock_matches_table, check_relative_path, verify_bundle, HostPolicy, VerifiedBundle,

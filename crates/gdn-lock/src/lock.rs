@@ -30,6 +30,14 @@ pub struct Lock {
     pub host_artifacts: HostArtifacts,
     /// Toolchain variants and whether their outputs are recorded here.
     pub variants: BTreeMap<String, VariantStatus>,
+    /// CuTe DSL objects, headers and the static dialect runtime, by bundle
+    /// path. Produced by the pinned DSL (its own LLVM), not the host compiler,
+    /// so always compared byte for byte. Their cubins are in `device_artifacts`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub dsl_artifacts: BTreeMap<String, Digests>,
+    /// The Python interpreter (`sys.version`, first word) that recorded `dsl_artifacts`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dsl_recorded_with_python: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,6 +52,16 @@ pub struct LockedInput {
     pub size: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub git_revision: Option<String>,
+    /// For CPython-ABI-specific wheels: the `major.minor` version they are for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<String>,
+}
+
+impl LockedInput {
+    /// Whether a build with Python `python` (`major.minor`) uses this input.
+    pub fn used_with_python(&self, python: &str) -> bool {
+        self.python.as_deref().is_none_or(|p| p == python)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -20,6 +20,18 @@ pub struct Manifest {
     /// Every input by filename (wheels) or repository path (our sources), with its sha256.
     pub inputs: BTreeMap<String, Sha256Hex>,
     pub artifacts: BTreeMap<String, ManifestArtifact>,
+    /// The interpreter that ran the CuTe DSL export (absent without DSL units).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dsl: Option<DslIdentity>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DslIdentity {
+    /// `3.11.2`: the full interpreter version.
+    pub python: String,
+    /// `3.11`: which pinned wheel set was used.
+    pub python_abi: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,6 +55,12 @@ pub enum ArtifactKind {
     HostObject,
     HostLibrary,
     Header,
+    /// CuTe DSL export: host launch code with the fatbin embedded.
+    DslObject,
+    /// CuTe DSL export: the generated C header of one variant.
+    DslHeader,
+    /// The DSL's static CUDA-dialect runtime (`libcuda_dialect_runtime_static.a`).
+    DslLibrary,
 }
 
 // No deny_unknown_fields here: serde does not support it together with flatten.

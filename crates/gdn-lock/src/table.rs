@@ -36,6 +36,30 @@ pub struct ArtifactTable {
     /// Geometry and specializations the FlashInfer path supports.
     pub geometry: Geometry,
     pub units: Vec<Unit>,
+    /// The CuTe DSL compiler (FlashInfer's Python kernels exported with
+    /// `export_to_c`); required when a unit has `"compiler": "cute-dsl"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dsl: Option<DslConfig>,
+}
+
+/// How the CuTe DSL units are built: which Python interpreters have a pinned
+/// wheel set, what of the kernel-source wheel is put on the path, and the
+/// static runtime the exported objects link against.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DslConfig {
+    /// Python `major.minor` versions with a complete wheel set among the
+    /// inputs (inputs with `python` set are for that version only).
+    pub pythons: Vec<String>,
+    /// Members of the `dsl-kernel-source` wheel extracted for the export
+    /// (FlashInfer's `flashinfer/gdn_kernels/`).
+    pub kernel_source_members: Vec<String>,
+    /// Path of the static CUDA-dialect runtime inside the extracted DSL
+    /// wheels; shipped as `lib/<file name>` and linked by the kernels crate.
+    pub runtime_library: String,
+    /// Directory of the staging tree the exported headers are copied to, for
+    /// the nvcc units that include them (our C ABI wrapper).
+    pub header_dir: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,6 +73,9 @@ pub struct InputSpec {
     /// Upstream git revision the artifact was built from, where it records one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub git_revision: Option<String>,
+    /// For CPython-ABI-specific wheels: the `major.minor` version they are for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -58,6 +85,17 @@ pub enum InputRole {
     Toolchain,
     /// Kernel sources (FlashInfer); always needed.
     KernelSource,
+    /// Kernel sources of the CuTe DSL units (FlashInfer's Python kernels).
+    DslKernelSource,
+    /// The CuTe DSL compiler and the Python packages it imports.
+    DslRuntime,
+}
+
+impl InputSpec {
+    /// Whether a build with Python `python` (`major.minor`) uses this input.
+    pub fn used_with_python(&self, python: &str) -> bool {
+        self.python.as_deref().is_none_or(|p| p == python)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,6 +124,8 @@ pub struct Specialization {
 #[serde(rename_all = "kebab-case")]
 pub enum Compiler {
     Nvcc,
+    /// NVIDIA's CuTe DSL (nvidia-cutlass-dsl) run by `generator/cute_dsl/export_gdn.py`.
+    CuteDsl,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,6 +136,28 @@ pub enum UnitOutput {
     HostObject,
     /// `nvcc -cubin` once per target: device code loaded at run time.
     Cubin,
+    /// CuTe DSL `export_to_c`: per variant a header, an object (host launch
+    /// code with the fatbin embedded) and the cubin cut out of it.
+    DslObjects,
+}
+
+/// What a CuTe DSL unit exports: one FlashInfer kernel family, its variants,
+/// and what the kernel bakes in at compile time.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DslUnit {
+    /// The driver's `--kernel`: `sm90`, `sm90_cp`, `sm100` or `sm120`.
+    pub kernel: String,
+    /// Every variant the driver exports for this family (checked after the export).
+    pub variants: Vec<String>,
+    /// SM count baked into the kernel (SM100's persistent scheduler); `None`
+    /// when the kernel takes it at run time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_count: Option<u32>,
+    /// Head counts baked in (SM100: static tensor extents), as `[Hqk, Hv]`
+    /// per variant pair; empty when the kernel takes them at run time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub baked_heads: Vec<[u32; 2]>,
 }
 
 /// One compilation unit: one source, one compiler invocation per unit
@@ -120,6 +182,9 @@ pub struct Unit {
     pub peak_memory_mib: u64,
     /// Why this unit exists (free text for reviewers).
     pub why: String,
+    /// Only for `"compiler": "cute-dsl"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dsl: Option<DslUnit>,
 }
 
 impl Unit {
@@ -130,6 +195,33 @@ impl Unit {
     /// Bundle-relative path of the host object (only for `HostObject` units).
     pub fn object_path(&self) -> String {
         format!("obj/{}.o", self.name)
+    }
+    /// The DSL variants of this unit (empty for nvcc units).
+    pub fn dsl_variants(&self) -> &[String] {
+        self.dsl
+            .as_ref()
+            .map(|d| d.variants.as_slice())
+            .unwrap_or(&[])
+    }
+    /// Bundle-relative path of a DSL variant's object.
+    pub fn dsl_object_path(variant: &str) -> String {
+        format!("obj/dsl/{variant}.o")
+    }
+    /// Bundle-relative path of a DSL variant's generated header.
+    pub fn dsl_header_path(variant: &str) -> String {
+        format!("include/dsl/{variant}.h")
+    }
+    /// Bundle-relative path of the cubin cut out of a DSL variant's object.
+    pub fn dsl_cubin_path(&self, variant: &str, target: &str) -> String {
+        format!("cubin/{}.{variant}.{target}.cubin", self.name)
+    }
+    /// (bundle path, cubin path) of every DSL variant's object.
+    pub fn dsl_objects(&self) -> Vec<(String, String)> {
+        let target = self.targets.first().map(String::as_str).unwrap_or("");
+        self.dsl_variants()
+            .iter()
+            .map(|v| (Self::dsl_object_path(v), self.dsl_cubin_path(v, target)))
+            .collect()
     }
 }
 
@@ -153,6 +245,7 @@ impl ArtifactTable {
     /// Structural rules that serde cannot express.
     pub fn validate(&self) -> std::result::Result<(), String> {
         let mut names = BTreeMap::new();
+        let mut dsl_variants = BTreeMap::new();
         for unit in &self.units {
             if names.insert(unit.name.as_str(), ()).is_some() {
                 return Err(format!("unit name {:?} appears twice", unit.name));
@@ -172,6 +265,38 @@ impl ArtifactTable {
                     "host-object unit {:?} may have at most one target",
                     unit.name
                 ));
+            }
+            let is_dsl = unit.compiler == Compiler::CuteDsl;
+            if is_dsl != (unit.output == UnitOutput::DslObjects) || is_dsl != unit.dsl.is_some() {
+                return Err(format!(
+                    "unit {:?}: `compiler: cute-dsl`, `output: dsl-objects` and a `dsl` section go together",
+                    unit.name
+                ));
+            }
+            if let Some(d) = &unit.dsl {
+                if unit.targets.len() != 1 {
+                    return Err(format!("DSL unit {:?} needs exactly one target", unit.name));
+                }
+                if self.dsl.is_none() {
+                    return Err(format!(
+                        "DSL unit {:?} needs the table's `dsl` section",
+                        unit.name
+                    ));
+                }
+                if d.variants.is_empty() {
+                    return Err(format!("DSL unit {:?} has no variants", unit.name));
+                }
+                for v in &d.variants {
+                    let ok = !v.is_empty()
+                        && v.bytes()
+                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+                    if !ok || dsl_variants.insert(v.as_str(), ()).is_some() {
+                        return Err(format!(
+                            "DSL unit {:?}: variant {v:?} must be [a-z0-9_] and unique in the table",
+                            unit.name
+                        ));
+                    }
+                }
             }
             for t in &unit.targets {
                 let digits = t
@@ -195,6 +320,29 @@ impl ArtifactTable {
         {
             return Err("exactly one input must have role kernel-source".into());
         }
+        if let Some(dsl) = &self.dsl {
+            let sources = self
+                .inputs
+                .iter()
+                .filter(|i| i.role == InputRole::DslKernelSource)
+                .count();
+            if sources != 1 {
+                return Err(
+                    "with a `dsl` section, exactly one input must have role dsl-kernel-source"
+                        .into(),
+                );
+            }
+            for i in &self.inputs {
+                if let Some(p) = &i.python {
+                    if !dsl.pythons.contains(p) {
+                        return Err(format!(
+                            "input {} is for Python {p}, which is not among dsl.pythons {:?}",
+                            i.filename, dsl.pythons
+                        ));
+                    }
+                }
+            }
+        }
         Ok(())
     }
 
@@ -210,9 +358,48 @@ impl ArtifactTable {
     pub fn device_artifact_paths(&self) -> Vec<String> {
         self.units
             .iter()
-            .flat_map(|u| u.targets.iter().map(move |t| u.cubin_path(t)))
+            .flat_map(|u| -> Vec<String> {
+                if u.dsl.is_some() {
+                    u.dsl_objects().into_iter().map(|(_, c)| c).collect()
+                } else {
+                    u.targets.iter().map(|t| u.cubin_path(t)).collect()
+                }
+            })
             .collect()
     }
+
+    /// Every bundle-relative path the CuTe DSL units produce besides cubins
+    /// (objects, headers, the static runtime): pinned byte for byte by the
+    /// lock's `dsl_artifacts`, whatever the host compiler.
+    pub fn dsl_artifact_paths(&self) -> Vec<String> {
+        let mut out = vec![];
+        for u in &self.units {
+            for v in u.dsl_variants() {
+                out.push(Unit::dsl_object_path(v));
+                out.push(Unit::dsl_header_path(v));
+            }
+        }
+        if let (Some(dsl), false) = (&self.dsl, out.is_empty()) {
+            out.push(format!("lib/{}", file_name(&dsl.runtime_library)));
+        }
+        out
+    }
+
+    /// The single `dsl-kernel-source` input, when the table has DSL units.
+    pub fn dsl_kernel_source(&self) -> Option<&InputSpec> {
+        self.inputs
+            .iter()
+            .find(|i| i.role == InputRole::DslKernelSource)
+    }
+
+    pub fn has_dsl_units(&self) -> bool {
+        self.units.iter().any(|u| u.dsl.is_some())
+    }
+}
+
+/// The last `/`-separated component of a path.
+pub fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use crate::digest::{Digests, Sha256Hex};
 use crate::error::{Error, Result, REMEDY_REBUILD, REMEDY_RELOCK};
 use crate::lock::Lock;
 use crate::manifest::{ArtifactKind, Manifest, ManifestArtifact};
-use crate::table::{ArtifactTable, InputRole, UnitOutput};
+use crate::table::{file_name, ArtifactTable, InputRole, UnitOutput};
 use crate::MANIFEST_FILE;
 
 /// A bundle whose every file was read once, hashed and matched. `files`
@@ -229,9 +229,27 @@ pub fn verify_bundle(
     )?;
 
     // 2. Inputs: kernel sources always, toolchain wheels when they were used.
+    //    DSL inputs: those of the Python version the manifest says ran the export.
+    let dsl_python = match (table.has_dsl_units(), &manifest.dsl) {
+        (true, None) => {
+            return Err(Error::Missing {
+                what: "the manifest's `dsl` section (the Python that ran the DSL export)".into(),
+                remedy: REMEDY_REBUILD,
+            })
+        }
+        (true, Some(d)) => Some(d.python_abi.as_str()),
+        (false, _) => None,
+    };
     let mut expected_inputs = BTreeMap::new();
     for input in &lock.inputs {
-        if input.role == InputRole::KernelSource || manifest.toolchain.toolkit == "pypi-wheels" {
+        let used = match input.role {
+            InputRole::KernelSource => true,
+            InputRole::Toolchain => manifest.toolchain.toolkit == "pypi-wheels",
+            InputRole::DslKernelSource | InputRole::DslRuntime => {
+                dsl_python.is_some_and(|p| input.used_with_python(p))
+            }
+        };
+        if used {
             expected_inputs.insert(input.filename.clone(), input.sha256.clone());
         }
     }
@@ -364,6 +382,47 @@ pub fn verify_bundle(
         }
     }
 
+    // 5b. CuTe DSL outputs: objects, headers and the dialect runtime are the
+    //     lock's bytes (the DSL, not the host compiler, made them), and each
+    //     object embeds its locked cubin verbatim.
+    let table_dsl: BTreeSet<String> = table.dsl_artifact_paths().into_iter().collect();
+    let lock_dsl: BTreeSet<String> = lock.dsl_artifacts.keys().cloned().collect();
+    if table_dsl != lock_dsl {
+        return Err(Error::mismatch(
+            "DSL artifacts of the lock",
+            format!("{table_dsl:?} (from the table)"),
+            format!("{lock_dsl:?}"),
+            REMEDY_RELOCK,
+        ));
+    }
+    for (path, locked) in &lock.dsl_artifacts {
+        let kind = if path.starts_with("obj/") {
+            ArtifactKind::DslObject
+        } else if path.starts_with("include/") {
+            ArtifactKind::DslHeader
+        } else {
+            ArtifactKind::DslLibrary
+        };
+        entry(&manifest, path, kind)?;
+        locked.expect_eq(
+            &format!("DSL artifact {path} (against the lock)"),
+            &actual[path],
+            REMEDY_RELOCK,
+        )?;
+    }
+    for unit in table.units.iter().filter(|u| u.dsl.is_some()) {
+        for (obj_path, cubin_path) in unit.dsl_objects() {
+            if find(&files[&obj_path], &files[&cubin_path]).is_none() {
+                return Err(Error::mismatch(
+                    format!("DSL object {obj_path}"),
+                    format!("to embed {cubin_path} verbatim"),
+                    "no such byte sequence",
+                    REMEDY_REBUILD,
+                ));
+            }
+        }
+    }
+
     // 6. The ABI header is our pinned source, copied verbatim.
     let header_rel = format!("include/{}", file_name(&table.abi_header));
     let header = entry(&manifest, &header_rel, ArtifactKind::Header)?;
@@ -440,6 +499,7 @@ fn expected_artifacts(table: &ArtifactTable) -> BTreeSet<String> {
     for lib in &table.toolkit_libraries {
         out.insert(format!("lib/{lib}"));
     }
+    out.extend(table.dsl_artifact_paths());
     out
 }
 
@@ -455,10 +515,6 @@ fn entry<'m>(
     })?;
     expect_same(&format!("kind of {rel}"), &kind, &art.kind)?;
     Ok(art)
-}
-
-fn file_name(path: &str) -> &str {
-    path.rsplit('/').next().unwrap_or(path)
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {

@@ -84,9 +84,13 @@ fn untampered_copy_verifies() {
     let d = copy();
     let (t, l) = table_and_lock();
     let v = verify_bundle(d.path(), &t, &l, HostPolicy::Locked).unwrap();
+    // Cubins, 4 host objects (2 FlashInfer, the two C ABI launchers), the ABI
+    // header, cudart, and the DSL objects/headers/runtime.
     assert_eq!(
         v.manifest.artifacts.len(),
-        std::fs::read_dir(d.path().join("cubin")).unwrap().count() + 5
+        std::fs::read_dir(d.path().join("cubin")).unwrap().count()
+            + 6
+            + t.dsl_artifact_paths().len()
     );
 }
 

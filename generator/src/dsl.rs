@@ -1,0 +1,201 @@
+//! The CuTe DSL compiler: the pinned DSL wheels and FlashInfer's Python
+//! kernels unpacked into a private site directory (no pip, no venv), and the
+//! interpreter that runs `generator/cute_dsl/export_gdn.py` over it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use gdn_lock::{ArtifactTable, DslIdentity, InputRole, Lock, LockedInput, Sha256Hex};
+
+use crate::cli::BuildArgs;
+use crate::fetch::ensure_input;
+use crate::process::{hermetic, run, Result};
+use crate::toolkit::extract_zip;
+
+/// The interpreter and the unpacked wheels a DSL export runs with.
+#[derive(Debug, Clone)]
+pub struct DslEnv {
+    /// Absolute path of the interpreter (`sys.executable`), so the hermetic
+    /// environment's PATH cannot swap it (pyenv shims read HOME).
+    pub python: PathBuf,
+    pub identity: DslIdentity,
+    /// The private site directory: every wheel of the set for this Python,
+    /// and the kernel-source members, unpacked.
+    pub site: PathBuf,
+    /// The inputs that went into `site`, in lock order.
+    pub inputs: Vec<LockedInput>,
+}
+
+impl DslEnv {
+    /// What the DSL outputs depend on besides the driver and the table.
+    pub fn key(&self) -> serde_json::Value {
+        serde_json::json!({
+            "python": self.identity,
+            "inputs": self.inputs.iter().map(|i| i.sha256.as_str()).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// `major.minor` of a full version (`3.11.7` -> `3.11`).
+pub fn python_abi(version: &str) -> Result<String> {
+    let mut parts = version.split('.');
+    match (parts.next(), parts.next()) {
+        (Some(a), Some(b)) if !a.is_empty() && !b.is_empty() => Ok(format!("{a}.{b}")),
+        _ => Err(format!("cannot read a Python version from {version:?}")),
+    }
+}
+
+/// The lock's DSL inputs a build with Python `abi` uses.
+pub fn inputs_for(lock: &Lock, abi: &str) -> Vec<LockedInput> {
+    lock.inputs
+        .iter()
+        .filter(|i| {
+            matches!(i.role, InputRole::DslRuntime | InputRole::DslKernelSource)
+                && i.used_with_python(abi)
+        })
+        .cloned()
+        .collect()
+}
+
+/// Finds the interpreter, picks the wheel set for its version and unpacks it
+/// (once per content key). `None` when the table has no DSL units.
+pub fn resolve(args: &BuildArgs, table: &ArtifactTable, lock: &Lock) -> Result<Option<DslEnv>> {
+    let Some(cfg) = table.dsl.as_ref().filter(|_| table.has_dsl_units()) else {
+        return Ok(None);
+    };
+    let probe = "import sys; print(sys.executable); print('%d.%d.%d' % sys.version_info[:3])";
+    let out = run(
+        "find the Python interpreter for the CuTe DSL export (--python)",
+        Command::new(&args.python).args(["-c", probe]),
+    )?;
+    let mut lines = out.lines();
+    let (python, version) = match (lines.next(), lines.next()) {
+        (Some(exe), Some(v)) => (PathBuf::from(exe.trim()), v.trim().to_string()),
+        _ => return Err(format!("{} printed no version: {out:?}", args.python)),
+    };
+    let abi = python_abi(&version)?;
+    if !cfg.pythons.contains(&abi) {
+        return Err(format!(
+            "Python {version} ({}) has no pinned CuTe DSL wheel set; the table pins {:?}. \
+             Pass --python with one of those, or add that version's wheels to generator/artifacts.json and run `gdn-gen lock`",
+            python.display(),
+            cfg.pythons
+        ));
+    }
+    let inputs = inputs_for(lock, &abi);
+    let kernel_sources = inputs
+        .iter()
+        .filter(|i| i.role == InputRole::DslKernelSource)
+        .count();
+    if kernel_sources != 1 {
+        return Err("the lock has no dsl-kernel-source input; run `gdn-gen lock`".into());
+    }
+    let key = Sha256Hex::of_bytes(
+        serde_json::json!({
+            "abi": abi,
+            "inputs": inputs.iter().map(|i| i.sha256.as_str()).collect::<Vec<_>>(),
+            "members": cfg.kernel_source_members,
+        })
+        .to_string()
+        .as_bytes(),
+    );
+    let site = args.cache.join("dsl-site").join(&key.as_str()[..16]);
+    if !site.join(".complete").exists() {
+        let _ = std::fs::remove_dir_all(&site);
+        for input in &inputs {
+            let wheel = ensure_input(input, &args.cache, args.inputs_dir.as_deref(), args.offline)?;
+            eprintln!("gdn-gen: unpacking {} for Python {abi}", input.filename);
+            let n = if input.role == InputRole::DslKernelSource {
+                let members = &cfg.kernel_source_members;
+                extract_zip(&wheel, &site, |name| {
+                    members.iter().any(|m| name.starts_with(m.as_str()))
+                })?
+            } else {
+                extract_zip(&wheel, &site, |_| true)?
+            };
+            if n == 0 {
+                return Err(format!("nothing unpacked from {}", input.filename));
+            }
+        }
+        std::fs::write(site.join(".complete"), b"").map_err(|e| e.to_string())?;
+    }
+    let runtime = site.join(&cfg.runtime_library);
+    if !runtime.is_file() {
+        return Err(format!(
+            "the DSL wheels have no {} (dsl.runtime_library in the table)",
+            cfg.runtime_library
+        ));
+    }
+    Ok(Some(DslEnv {
+        python,
+        identity: DslIdentity {
+            python: version,
+            python_abi: abi,
+        },
+        site,
+        inputs,
+    }))
+}
+
+/// The driver's command line for one unit, relative to the staging dir.
+pub fn export_args(
+    unit: &gdn_lock::Unit,
+    driver: &str,
+    site: &Path,
+    out_dir: &Path,
+) -> Vec<String> {
+    let d = unit.dsl.as_ref().expect("a DSL unit");
+    let mut args = vec![
+        "-B".to_string(),
+        "-s".to_string(),
+        driver.to_string(),
+        "--out".to_string(),
+        out_dir.display().to_string(),
+        "--kernel".to_string(),
+        d.kernel.clone(),
+        "--site-dir".to_string(),
+        site.display().to_string(),
+        "--flashinfer-root".to_string(),
+        site.display().to_string(),
+    ];
+    if let Some(n) = d.sm_count {
+        args.extend(["--sm-count".to_string(), n.to_string()]);
+    }
+    args
+}
+
+/// After an export: exactly `<variant>.{h,o,cubin}` for the table's variants
+/// (and the driver's own manifest); anything else means the driver and the
+/// table disagree.
+pub fn check_outputs(unit: &gdn_lock::Unit, out_dir: &Path) -> Result<()> {
+    let d = unit.dsl.as_ref().expect("a DSL unit");
+    let mut expected: std::collections::BTreeSet<String> = d
+        .variants
+        .iter()
+        .flat_map(|v| ["h", "o", "cubin"].map(|e| format!("{v}.{e}")))
+        .collect();
+    expected.insert(format!("{}.manifest.json", d.kernel));
+    let found: std::collections::BTreeSet<String> = std::fs::read_dir(out_dir)
+        .map_err(|e| format!("list {}: {e}", out_dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    if found != expected {
+        let missing: Vec<_> = expected.difference(&found).collect();
+        let extra: Vec<_> = found.difference(&expected).collect();
+        return Err(format!(
+            "DSL unit {}: the export does not match the table's variants (missing {missing:?}, unexpected {extra:?}); \
+             update `dsl.variants` in generator/artifacts.json or the driver",
+            unit.name
+        ));
+    }
+    Ok(())
+}
+
+/// The hermetic command for a DSL step: cleared environment, nothing of the
+/// caller's Python settings (PYTHONPATH, user site) reaches the export; the
+/// driver then re-runs itself in a private HOME/TMPDIR/cwd.
+pub fn command(env: &DslEnv, tmp: &Path) -> Command {
+    let mut cmd = Command::new(&env.python);
+    hermetic(&mut cmd, tmp);
+    cmd
+}
