@@ -43,6 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let p = Problem::random(1, g, lens, false);
         let mut d = p.upload(&stream)?;
         for request in [
+            BackendRequest::Auto,
             BackendRequest::FlashInfer,
             BackendRequest::CuteDslSm90,
             BackendRequest::CuteDslSm90Cp,
@@ -80,7 +81,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             match time() {
                 Ok(times) => println!(
                     "{{\"shape\": \"{label}\", \"backend\": \"{}\", \"median_ms\": {:.4}, \"min_ms\": {:.4}, \"runs\": {}}}",
-                    op.backend(),
+                    if request == BackendRequest::Auto {
+                        format!("auto ({})", op.last_backend())
+                    } else {
+                        op.backend().to_string()
+                    },
                     median(times.clone()),
                     times.iter().cloned().fold(f32::INFINITY, f32::min),
                     times.len()

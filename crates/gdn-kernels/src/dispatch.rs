@@ -96,6 +96,30 @@ pub struct DispatchDecision {
     pub requested: BackendRequest,
     pub resolved: Backend,
     pub reason: String,
+    /// `Auto` on SM90: each call may switch to the context-parallel DSL
+    /// kernel ([`prefer_context_parallel`]).
+    pub context_parallel_per_call: bool,
+}
+
+/// The SM90 per-call rule of `Auto` between the CuTe DSL non-CP kernel
+/// (`resolved`) and the context-parallel one: CP when the non-CP kernel's
+/// parallelism, one CTA per (sequence, value head), fills less than half the
+/// GPU (FlashInfer's own `should_use_cp` threshold for HBM parts) and the
+/// longest sequence exceeds 2048 tokens. From the H200 benchmark of commit
+/// b6bd937 (docs/benchmarks.md, ms, non-CP / CP): 4B 1x2048 0.104 / 0.112
+/// (non-CP: short), 1x8192 0.370 / 0.243, 1x65536 2.90 / 1.53 (CP), 4x2048
+/// 0.106 / 0.226, 8x8192 0.805 / 1.54 (non-CP: 128-256 CTAs already fill 132
+/// SMs), 27B 1x8192 0.373 / 0.370 (CP by the rule, a tie). The C++ FlashInfer
+/// kernel was slower than the DSL non-CP one on every shape but 8x8192
+/// (0.798 vs 0.805), so `Auto` does not pick it where the DSL kernels are
+/// eligible.
+pub fn prefer_context_parallel(
+    num_seqs: usize,
+    num_v_heads: usize,
+    max_seqlen: usize,
+    sm_count: i32,
+) -> bool {
+    2 * num_seqs * num_v_heads < sm_count.max(0) as usize && max_seqlen > 2048
 }
 
 /// `Ok(())` if the FlashInfer kernel can run this GPU and geometry, else why not.
@@ -156,9 +180,25 @@ pub fn resolve(
             requested: request,
             resolved: backend,
             reason: "requested".to_string(),
+            context_parallel_per_call: false,
         });
     }
     let eligible = flashinfer_eligibility(compute_capability, g);
+    // Auto on SM90 for the validated geometries: the DSL kernels, CP or not
+    // per call, when the bundle has both SM90 families.
+    if request == BackendRequest::Auto && eligible.is_ok() {
+        let dsl_ok = [DslFamily::Sm90, DslFamily::Sm90Cp]
+            .iter()
+            .all(|f| dsl::eligibility(*f, compute_capability, sm_count, g).is_ok());
+        if dsl_ok {
+            return Ok(DispatchDecision {
+                requested: request,
+                resolved: Backend::CuteDslSm90,
+                reason: "SM90: CuTe DSL kernel, context-parallel per call when sequences x value heads < SMs/2 and a sequence exceeds 2048 tokens".to_string(),
+                context_parallel_per_call: true,
+            });
+        }
+    }
     let (resolved, reason) = match (request, eligible) {
         (BackendRequest::Auto, Ok(())) => (
             Backend::FlashInfer,
@@ -177,6 +217,7 @@ pub fn resolve(
         requested: request,
         resolved,
         reason,
+        context_parallel_per_call: false,
     })
 }
 
@@ -221,14 +262,34 @@ mod tests {
     };
 
     #[test]
-    fn auto_on_hopper_picks_flashinfer_for_every_validated_ratio() {
+    fn auto_on_hopper_picks_the_dsl_kernels_for_every_validated_ratio() {
         for hv in [16, 32, 48] {
             let g = GdnGeometry {
                 num_v_heads: hv,
                 ..QWEN35_4B
             };
             let d = resolve(BackendRequest::Auto, (9, 0), 132, &g).unwrap();
-            assert_eq!(d.resolved, Backend::FlashInfer, "Hv={hv}: {}", d.reason);
+            assert_eq!(d.resolved, Backend::CuteDslSm90, "Hv={hv}: {}", d.reason);
+            assert!(d.context_parallel_per_call);
+        }
+    }
+
+    #[test]
+    fn context_parallel_rule_follows_the_h200_benchmark() {
+        // (sequences, value heads, longest sequence) -> CP?, from docs/benchmarks.md.
+        for (n, hv, len, cp) in [
+            (1, 32, 2048, false),
+            (1, 32, 8192, true),
+            (1, 32, 65536, true),
+            (4, 32, 2048, false),
+            (8, 32, 8192, false),
+            (1, 48, 8192, true),
+        ] {
+            assert_eq!(
+                prefer_context_parallel(n, hv, len, 132),
+                cp,
+                "{n}x{len}, Hv={hv}"
+            );
         }
     }
 
@@ -283,9 +344,10 @@ mod tests {
     }
 
     #[test]
-    fn dsl_backends_only_when_requested_and_refused_elsewhere() {
-        // Auto never picks a DSL kernel (yet).
-        for cc in [(9, 0), (10, 0), (12, 0)] {
+    fn dsl_backends_by_request_and_sm90_auto_only() {
+        // Auto picks a DSL kernel only on SM90 (the Blackwell artifacts have
+        // never run: explicit request only).
+        for cc in [(10, 0), (12, 0)] {
             let d = resolve(BackendRequest::Auto, cc, 148, &QWEN35_4B).unwrap();
             assert!(d.resolved.dsl_family().is_none(), "{cc:?}: {d:?}");
         }

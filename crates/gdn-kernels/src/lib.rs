@@ -33,7 +33,7 @@ mod bundle_embed {
 }
 
 pub use batch::{BatchLayout, DeviceBatch};
-pub use dispatch::{Backend, BackendRequest, DispatchDecision};
+pub use dispatch::{prefer_context_parallel, Backend, BackendRequest, DispatchDecision};
 pub use dsl::flashinfer_would_use_cp;
 pub use error::GdnError;
 pub use gemm::{Gemm, GemmOutput};

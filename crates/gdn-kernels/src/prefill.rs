@@ -11,7 +11,9 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use half::bf16;
 
-use crate::dispatch::{portable_cubin, resolve, Backend, BackendRequest, DispatchDecision};
+use crate::dispatch::{
+    portable_cubin, prefer_context_parallel, resolve, Backend, BackendRequest, DispatchDecision,
+};
 use crate::dsl::{choose_cp_chunk_len, DslFamily};
 use crate::error::{invalid, GdnError};
 use crate::ffi;
@@ -98,6 +100,11 @@ pub struct GdnPrefill {
     // Dropped first: DSL module references are released while the stream
     // (and so the context) below is alive.
     kernel: Kernel,
+    /// `Auto` on SM90: the context-parallel DSL kernel, used per call by
+    /// [`prefer_context_parallel`].
+    context_parallel: Option<Kernel>,
+    last_backend: Backend,
+    sm_count: i32,
     stream: Arc<CudaStream>,
     geometry: GdnGeometry,
     decision: DispatchDecision,
@@ -159,28 +166,19 @@ impl GdnPrefill {
                     function: module.load_function(PORTABLE_KERNEL)?,
                 }
             }
-            backend => {
-                let family = backend
+            backend => dsl_kernel(
+                &stream,
+                backend
                     .dsl_family()
-                    .expect("the remaining backends are DSL ones");
-                // SAFETY: no arguments; returns the wrapper's compiled-in constant.
-                let actual = unsafe { ffi::gdn_dsl_abi_version() };
-                if actual != ffi::GDN_DSL_ABI_VERSION {
-                    return Err(GdnError::AbiMismatch {
-                        expected: ffi::GDN_DSL_ABI_VERSION,
-                        actual,
-                    });
-                }
-                Kernel::CuteDsl {
-                    family,
-                    sm_count,
-                    compute_capability: cc,
-                    device_name: ctx.name()?,
-                    workspace: stream.alloc_zeros::<u8>(1)?,
-                    cu_seqlens_i32: stream.alloc_zeros::<i32>(2)?,
-                    _modules: DslModules::load(family, ctx.clone())?,
-                }
-            }
+                    .expect("the remaining backends are DSL ones"),
+                sm_count,
+                cc,
+            )?,
+        };
+        let context_parallel = if decision.context_parallel_per_call {
+            Some(dsl_kernel(&stream, DslFamily::Sm90Cp, sm_count, cc)?)
+        } else {
+            None
         };
         log::info!(
             "gdn_prefill: requested {:?}, running {} ({}) on sm_{}{}",
@@ -194,9 +192,18 @@ impl GdnPrefill {
             cu_seqlens_dev: stream.alloc_zeros::<i64>(2)?,
             stream,
             geometry,
+            last_backend: decision.resolved,
             decision,
             kernel,
+            context_parallel,
+            sm_count,
         })
+    }
+
+    /// The backend the last `run` used (with `Auto` on SM90, the CP kernel
+    /// or not, per call).
+    pub fn last_backend(&self) -> Backend {
+        self.last_backend
     }
 
     pub fn backend(&self) -> Backend {
@@ -244,7 +251,25 @@ impl GdnPrefill {
         let init_ptr = init.as_ref().map(|(p, _)| *p).unwrap_or(0);
         let (state_out, _so) = b.final_state.device_ptr_mut(s);
         let (out, _o) = b.output.device_ptr_mut(s);
-        match &mut self.kernel {
+        let max_seqlen = b
+            .cu_seqlens
+            .windows(2)
+            .map(|w| (w[1] - w[0]) as usize)
+            .max()
+            .unwrap_or(0);
+        let kernel = match &mut self.context_parallel {
+            Some(cp)
+                if prefer_context_parallel(num_seqs, g.num_v_heads, max_seqlen, self.sm_count) =>
+            {
+                self.last_backend = Backend::CuteDslSm90Cp;
+                cp
+            }
+            _ => {
+                self.last_backend = self.decision.resolved;
+                &mut self.kernel
+            }
+        };
+        match kernel {
             Kernel::FlashInfer {
                 sm_count,
                 workspace,
@@ -412,6 +437,33 @@ impl GdnPrefill {
         }
         Ok(())
     }
+}
+
+/// Loads one CuTe DSL kernel family for the op (ABI version checked).
+fn dsl_kernel(
+    stream: &Arc<CudaStream>,
+    family: DslFamily,
+    sm_count: i32,
+    cc: (i32, i32),
+) -> Result<Kernel, GdnError> {
+    // SAFETY: no arguments; returns the wrapper's compiled-in constant.
+    let actual = unsafe { ffi::gdn_dsl_abi_version() };
+    if actual != ffi::GDN_DSL_ABI_VERSION {
+        return Err(GdnError::AbiMismatch {
+            expected: ffi::GDN_DSL_ABI_VERSION,
+            actual,
+        });
+    }
+    let ctx = stream.context().clone();
+    Ok(Kernel::CuteDsl {
+        family,
+        sm_count,
+        compute_capability: cc,
+        device_name: ctx.name()?,
+        workspace: stream.alloc_zeros::<u8>(1)?,
+        cu_seqlens_i32: stream.alloc_zeros::<i32>(2)?,
+        _modules: DslModules::load(family, ctx)?,
+    })
 }
 
 fn copy_state(

@@ -223,21 +223,42 @@ fn flashinfer_is_bitwise_deterministic_run_to_run() {
 }
 
 #[test]
-fn auto_dispatch_on_hopper_resolves_flashinfer_and_falls_back_for_unbuilt_ratios() {
+fn auto_dispatch_on_hopper_resolves_the_dsl_kernels_and_falls_back_for_unbuilt_ratios() {
     let Some(stream) = gpu_stream() else { return };
     let cc = stream.context().compute_capability().unwrap();
     for (hq, hv) in GEOMETRIES {
-        let op = GdnPrefill::new(stream.clone(), geometry(hq, hv), BackendRequest::Auto).unwrap();
+        let g = geometry(hq, hv);
+        let mut op = GdnPrefill::new(stream.clone(), g, BackendRequest::Auto).unwrap();
         let expected = if cc == (9, 0) {
-            Backend::FlashInfer
+            Backend::CuteDslSm90
         } else {
             Backend::Portable
         };
         assert_eq!(op.backend(), expected, "{:?}", op.decision());
-        if expected == Backend::FlashInfer {
-            assert_eq!(op.workspace_bytes(), 128 * stream.context().attribute(
-                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap() as usize);
+        if expected == Backend::CuteDslSm90 {
+            // Per call: one long sequence goes context-parallel, a short one does not.
+            for (lens, ran) in [
+                (&[4100usize][..], Backend::CuteDslSm90Cp),
+                (&[300][..], Backend::CuteDslSm90),
+            ] {
+                let p = Problem::random(9, g, lens, true);
+                let got = p.run_on(&mut op, &stream).unwrap();
+                assert_eq!(op.last_backend(), ran, "{lens:?}");
+                check(
+                    &format!("auto {hq}/{hv} {lens:?}"),
+                    ran,
+                    &got,
+                    &p.reference(),
+                );
+            }
         }
+    }
+    // The C++ FlashInfer kernel stays available by explicit request.
+    if cc == (9, 0) {
+        let op =
+            GdnPrefill::new(stream.clone(), geometry(16, 32), BackendRequest::FlashInfer).unwrap();
+        assert_eq!(op.workspace_bytes(), 128 * stream.context().attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap() as usize);
     }
     // Ratio 4 is not built into the bundle: Auto falls back, explicit FlashInfer is refused.
     let g = geometry(8, 32);

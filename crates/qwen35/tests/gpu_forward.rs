@@ -154,10 +154,13 @@ fn report(what: &str, s: &GateStats) {
     );
 }
 
+fn hopper(stream: &Arc<CudaStream>) -> bool {
+    stream.context().compute_capability().unwrap() == (9, 0)
+}
+
 fn expected_backend(stream: &Arc<CudaStream>) -> Backend {
-    let cc = stream.context().compute_capability().unwrap();
-    if cc == (9, 0) {
-        Backend::FlashInfer
+    if hopper(stream) {
+        Backend::CuteDslSm90
     } else {
         Backend::Portable
     }
@@ -168,14 +171,26 @@ fn every_prompt_passes_the_hf_bf16_gate_on_both_gdn_backends() {
     let Some(s) = stream() else { return };
     for name in MODELS {
         let f = Fixture::load(name);
-        for (request, backend) in [
+        let mut requests = vec![
             (BackendRequest::Auto, expected_backend(&s)),
             (BackendRequest::Portable, Backend::Portable),
-        ] {
+        ];
+        if hopper(&s) {
+            requests.push((BackendRequest::FlashInfer, Backend::FlashInfer));
+        }
+        for (request, backend) in requests {
             let mut model = f.model(&s, request);
             assert_eq!(model.gdn_backend(), backend, "{name}: {request:?}");
             for (i, p) in f.prompts.iter().enumerate() {
                 let logits = run_chunks(&mut model, &[p]);
+                if request == BackendRequest::Auto && hopper(&s) && p.len() > 2048 {
+                    // One long sequence: Auto runs the context-parallel kernel.
+                    assert_eq!(
+                        model.last_gdn_backend(),
+                        Backend::CuteDslSm90Cp,
+                        "{name} prompt {i}"
+                    );
+                }
                 let (ids, lps) = f.golden(i);
                 let st = compare(&logits, &ids, &lps);
                 report(&format!("{name} {backend} prompt {i} (T={})", p.len()), &st);

@@ -300,6 +300,12 @@ impl GpuModel {
         self.gdn.backend()
     }
 
+    /// The GDN prefill kernel the last prefill step ran (with `Auto` on
+    /// SM90, context-parallel or not per step).
+    pub fn last_gdn_backend(&self) -> Backend {
+        self.gdn.last_backend()
+    }
+
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
