@@ -186,18 +186,22 @@ pub fn resolve(
     let eligible = flashinfer_eligibility(compute_capability, g);
     // Auto on SM90 for the validated geometries: the DSL kernels, CP or not
     // per call, when the bundle has both SM90 families.
-    if request == BackendRequest::Auto && eligible.is_ok() {
-        let dsl_ok = [DslFamily::Sm90, DslFamily::Sm90Cp]
-            .iter()
-            .all(|f| dsl::eligibility(*f, compute_capability, sm_count, g).is_ok());
-        if dsl_ok {
-            return Ok(DispatchDecision {
-                requested: request,
-                resolved: Backend::CuteDslSm90,
-                reason: "SM90: CuTe DSL kernel, context-parallel per call when sequences x value heads < SMs/2 and a sequence exceeds 2048 tokens".to_string(),
-                context_parallel_per_call: true,
-            });
-        }
+    if request == BackendRequest::Auto
+        && eligible.is_ok()
+        && dsl::eligibility(DslFamily::Sm90, compute_capability, sm_count, g).is_ok()
+    {
+        // The CP pipeline exists for Hv > 8 only (its simt_row4 fixup is not
+        // exported): smaller geometries stay on the non-CP kernel.
+        let cp = dsl::eligibility(DslFamily::Sm90Cp, compute_capability, sm_count, g);
+        return Ok(DispatchDecision {
+            requested: request,
+            resolved: Backend::CuteDslSm90,
+            reason: match &cp {
+                Ok(()) => "SM90: CuTe DSL kernel, context-parallel per call when sequences x value heads < SMs/2 and a sequence exceeds 2048 tokens".to_string(),
+                Err(why) => format!("SM90: CuTe DSL kernel (no context-parallel: {why})"),
+            },
+            context_parallel_per_call: cp.is_ok(),
+        });
     }
     let (resolved, reason) = match (request, eligible) {
         (BackendRequest::Auto, Ok(())) => (
@@ -272,6 +276,19 @@ mod tests {
             assert_eq!(d.resolved, Backend::CuteDslSm90, "Hv={hv}: {}", d.reason);
             assert!(d.context_parallel_per_call);
         }
+        // Hv <= 8 (the tiny test models): non-CP only.
+        let tiny = GdnGeometry {
+            num_qk_heads: 2,
+            num_v_heads: 4,
+            head_dim: 128,
+        };
+        let d = resolve(BackendRequest::Auto, (9, 0), 132, &tiny).unwrap();
+        assert_eq!(d.resolved, Backend::CuteDslSm90, "{}", d.reason);
+        assert!(
+            !d.context_parallel_per_call && d.reason.contains("simt_row4"),
+            "{}",
+            d.reason
+        );
     }
 
     #[test]

@@ -183,11 +183,12 @@ fn every_prompt_passes_the_hf_bf16_gate_on_both_gdn_backends() {
             assert_eq!(model.gdn_backend(), backend, "{name}: {request:?}");
             for (i, p) in f.prompts.iter().enumerate() {
                 let logits = run_chunks(&mut model, &[p]);
-                if request == BackendRequest::Auto && hopper(&s) && p.len() > 2048 {
-                    // One long sequence: Auto runs the context-parallel kernel.
+                if request == BackendRequest::Auto && hopper(&s) {
+                    // The tiny models have Hv <= 8, for which no context-parallel
+                    // fixup is exported: Auto runs the DSL non-CP kernel throughout.
                     assert_eq!(
                         model.last_gdn_backend(),
-                        Backend::CuteDslSm90Cp,
+                        Backend::CuteDslSm90,
                         "{name} prompt {i}"
                     );
                 }
