@@ -1,13 +1,16 @@
 //! Which backend runs a GDN prefill, and why.
 //!
-//! Rule for `Auto`: the FlashInfer SM90 kernel runs where it is eligible (a
-//! compute capability 9.0 GPU, head dim 128, `Hv = r * Hqk` with `r` among
-//! the ratios the bundle was built and validated for). Anything else runs the
-//! portable kernel. The CuTe DSL kernels (SM90 non-CP and context-parallel,
-//! SM100, SM120) run only when requested by name: `Auto` does not pick them
-//! until an H200 benchmark gives the rule (issue #6). An explicit request for
-//! a backend on an ineligible setup is an error, never a silent fallback; so
-//! is an eligible setup whose linked launcher speaks another ABI version.
+//! Rule for `Auto` (from the H200 benchmark in docs/benchmarks.md): on a
+//! compute capability 9.0 GPU, for head dim 128 and `Hv = r * Hqk` with `r`
+//! among the ratios the bundle was built and validated for, the CuTe DSL
+//! SM90 kernel runs, switching per call to the context-parallel DSL pipeline
+//! by [`prefer_context_parallel`] (where that pipeline exists, Hv > 8). If the
+//! bundle had no SM90 DSL kernel, the FlashInfer C++ SM90 kernel would run
+//! instead. Anything else runs the portable kernel. The C++ kernel and each
+//! DSL kernel can also be requested by name; the SM100 and SM120 DSL kernels
+//! (built and linked, never run) only by name. An explicit request for a
+//! backend on an ineligible setup is an error, never a silent fallback; so is
+//! an eligible setup whose linked launcher speaks another ABI version.
 
 use std::fmt;
 use std::str::FromStr;
