@@ -86,6 +86,19 @@ impl Fixture {
         }
     }
 
+    /// The decode fixture: the prompt, prefix length, decode steps, and the
+    /// other short prompts that decode alongside it in batched runs.
+    fn decode_setup(&self) -> (&[u32], usize, usize, Vec<&Vec<u32>>) {
+        let (pi, prefix, steps) = self.decode;
+        let ids = &self.prompts[pi];
+        let others = self
+            .prompts
+            .iter()
+            .filter(|p| p.len() > 1 && p.len() <= 128 && *p != ids)
+            .collect();
+        (ids, prefix, steps, others)
+    }
+
     /// HF's bf16 top-k of prompt `i`.
     fn golden(&self, i: usize) -> TopK {
         self.golden_keys(&format!("topk_ids.{i}"), &format!("topk_logprobs.{i}"))
@@ -280,14 +293,7 @@ fn prefill_then_decode_matches_hf_cached_decode_alone_and_batched() {
     for name in MODELS {
         let f = Fixture::load(name);
         let mut model = f.model(&s, BackendRequest::Auto);
-        let (pi, prefix, steps) = f.decode;
-        let ids = &f.prompts[pi];
-        // The other short prompts decode alongside in the batched run.
-        let others: Vec<&Vec<u32>> = f
-            .prompts
-            .iter()
-            .filter(|p| p.len() > 1 && p.len() <= 128 && *p != ids)
-            .collect();
+        let (ids, prefix, steps, others) = f.decode_setup();
         let mut cache = model.new_cache(1 + others.len(), 64, 16).unwrap();
         let mut run = |batched: bool| {
             decode_run(
@@ -407,13 +413,7 @@ fn decode_graphs_match_hf_and_the_eager_decode() {
     for name in MODELS {
         let f = Fixture::load(name);
         let mut model = f.model(&s, BackendRequest::Auto);
-        let (pi, prefix, steps) = f.decode;
-        let ids = &f.prompts[pi];
-        let others: Vec<&Vec<u32>> = f
-            .prompts
-            .iter()
-            .filter(|p| p.len() > 1 && p.len() <= 128 && *p != ids)
-            .collect();
+        let (ids, prefix, steps, others) = f.decode_setup();
         let mut eager_cache = model.new_cache(1 + others.len(), 64, 16).unwrap();
         let eager = decode_run(
             &mut model,
