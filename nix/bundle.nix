@@ -21,7 +21,18 @@ let
   variantStatus = (lock.variants.${variant} or { status = "missing"; }).status;
   recorded = variantStatus == "recorded";
 
-  kernelInputs = builtins.filter (input: input.role == "kernel-source") lock.inputs;
+  # The CuTe DSL units run under this interpreter; the lock pins a wheel set
+  # per Python major.minor (cp311, cp312) and gdn-gen picks by the version.
+  python = pkgs.python312;
+  pythonMinor = lib.versions.majorMinor python.version;
+
+  # Kernel sources (FlashInfer for nvcc, FlashInfer + CuTe DSL wheels for the
+  # DSL units); toolchain wheels are replaced by nixpkgs' toolkit.
+  kernelInputs = builtins.filter
+    (input:
+      builtins.elem input.role [ "kernel-source" "dsl-kernel-source" "dsl-runtime" ]
+      && ((input.python or null) == null || input.python == pythonMinor))
+    lock.inputs;
 
   # `--inputs-dir`: a directory of files named exactly by their lock filename.
   inputEntries = map
@@ -73,7 +84,11 @@ let
       # nvcc and the generator must not touch a real home directory.
       export HOME="$TMPDIR/home"
       mkdir -p "$HOME"
+      # The DSL wheels' native libraries look for libstdc++ (see gdn-gen's
+      # GDN_DSL_LIBRARY_PATH).
+      export GDN_DSL_LIBRARY_PATH=${lib.makeLibraryPath [ pkgs.stdenv.cc.cc.lib pkgs.zlib ]}
       gdn-gen build \
+        --python ${python}/bin/python3 \
         --lock "$PWD/gdn-bundle.lock.json" \
         --out "$out" \
         --cache "$TMPDIR/gdn-cache" \
@@ -101,7 +116,7 @@ let
     allowedReferences = [ ];
 
     passthru = {
-      inherit variant recorded inputsDir toolkit;
+      inherit variant recorded inputsDir toolkit python;
       kernelSources = map (entry: entry.path) inputEntries;
     };
 

@@ -44,7 +44,12 @@ let
 
   check = name: ok: detail: { inherit name ok; detail = if ok then "" else detail; };
 
-  kernelInputs = builtins.filter (input: input.role == "kernel-source") lock.inputs;
+  pythonMinor = "3.12";
+  kernelInputs = builtins.filter
+    (input:
+      builtins.elem input.role [ "kernel-source" "dsl-kernel-source" "dsl-runtime" ]
+      && ((input.python or null) == null || input.python == pythonMinor))
+    lock.inputs;
   toolchainInputs = builtins.filter (input: input.role == "toolchain") lock.inputs;
   fetched = map (src: { inherit (src) url sha256; }) bundle.kernelSources;
   expected = map (input: { inherit (input) url sha256; }) kernelInputs;
@@ -101,6 +106,12 @@ in
     "entries ${show (map (entry: entry.name) bundle.inputsDir.entries)}")
   (check "generator invocation has ${show generatorFlags}"
     (all (map (flag: hasInfix flag buildPhase) generatorFlags))
+    "buildPhase: ${buildPhase}")
+  (check "the CuTe DSL units get the pinned Python 3.12 and only its wheel set"
+    (hasInfix "--python ${bundle.python}/bin/python3" buildPhase
+      && all (map (input: (input.python or pythonMinor) == pythonMinor) kernelInputs)
+      && builtins.any (input: input.role == "dsl-runtime" && (input.python or null) == pythonMinor) kernelInputs
+      && !(builtins.any (input: (input.python or null) == "3.11") kernelInputs))
     "buildPhase: ${buildPhase}")
   (check "generator gets this toolkit root and this inputs dir"
     (hasInfix "--toolkit-root ${toolkit13}" buildPhase

@@ -55,7 +55,13 @@ let
     };
     cudaPackages_12_8 = mkCudaPackages "12.8" "12.8.93" { };
 
-    stdenv.mkDerivation = mkFake "stdenv.mkDerivation";
+    stdenv = {
+      mkDerivation = mkFake "stdenv.mkDerivation";
+      cc.cc.lib = mkFake "lib" { name = "gcc-lib"; };
+    };
+    # nixos-25.11's 3.12 interpreter (the patch level is not 3.12.3; see docs/nix.md).
+    python312 = mkFake "python" { name = "python3-3.12.11"; version = "3.12.11"; };
+    zlib = mkFake "lib" { name = "zlib"; };
     symlinkJoin = mkFake "symlinkJoin";
     fetchurl = mkFake "fetchurl";
     linkFarm = name: entries: mkFake "linkFarm" { inherit name entries; };
@@ -72,6 +78,11 @@ let
 
   # The subset of nixpkgs.lib that flake.nix and nix/*.nix use.
   lib = {
+    versions.majorMinor = version:
+      let parts = builtins.splitVersion version; in
+      "${builtins.elemAt parts 0}.${builtins.elemAt parts 1}";
+    makeLibraryPath = packages:
+      builtins.concatStringsSep ":" (map (package: "${package}/lib") packages);
     genAttrs = names: f: builtins.listToAttrs (map (name: { inherit name; value = f name; }) names);
     fileset = {
       toSource = { root, fileset }: {

@@ -197,5 +197,15 @@ pub fn check_outputs(unit: &gdn_lock::Unit, out_dir: &Path) -> Result<()> {
 pub fn command(env: &DslEnv, tmp: &Path) -> Command {
     let mut cmd = Command::new(&env.python);
     hermetic(&mut cmd, tmp);
+    // The DSL wheels' native libraries (manylinux) need libstdc++; where the
+    // system loader cannot find it (a Nix build sandbox), the caller names
+    // its directory explicitly. Library search paths do not reach the output.
+    if let Some(dirs) = std::env::var_os(DSL_LIBRARY_PATH_ENV) {
+        cmd.env("LD_LIBRARY_PATH", dirs);
+    }
     cmd
 }
+
+/// Environment variable with the library directories the DSL export may
+/// load from (becomes `LD_LIBRARY_PATH` of the export only).
+pub const DSL_LIBRARY_PATH_ENV: &str = "GDN_DSL_LIBRARY_PATH";
