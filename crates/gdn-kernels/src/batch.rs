@@ -31,10 +31,12 @@ pub struct BatchLayout {
 /// A checked [`BatchLayout`] on the device, with the per-token tables the
 /// kernels index by.
 pub struct DeviceBatch {
-    pub num_tokens: usize,
-    pub num_seqs: usize,
-    pub max_blocks: usize,
-    pub page_size: usize,
+    // Private: the ops size grids and index tables by these, so they must
+    // stay what `upload` checked.
+    pub(crate) num_tokens: usize,
+    pub(crate) num_seqs: usize,
+    pub(crate) max_blocks: usize,
+    pub(crate) page_size: usize,
     /// Bounds on the slot ids, page ids, positions and token ids the batch
     /// holds (each op checks them against its pools; a graph captured with
     /// a batch stays valid for any update within the same bounds).
@@ -97,6 +99,16 @@ fn host_tables(layout: &BatchLayout) -> Result<HostTables, GdnError> {
                 ),
             ));
     }
+    // Two sequences in one slot would race on its state; two on one page
+    // would overwrite each other's keys and values.
+    let mut seen_slots = std::collections::HashSet::new();
+    if let Some(&dup) = l.slots.iter().find(|&&x| !seen_slots.insert(x)) {
+        return Err(op_error(
+            OP,
+            format!("slot {dup} is given to two sequences"),
+        ));
+    }
+    let mut seen_pages = std::collections::HashSet::new();
     let mut tok_seq = vec![];
     let mut positions = vec![];
     let mut last_rows = vec![];
@@ -129,6 +141,12 @@ fn host_tables(layout: &BatchLayout) -> Result<HostTables, GdnError> {
             ));
         }
         for &p in &l.block_table[s * l.max_blocks..s * l.max_blocks + pages_needed] {
+            if p >= 0 && !seen_pages.insert(p) {
+                return Err(op_error(
+                    OP,
+                    format!("page {p} is given to two sequences (or twice to one)"),
+                ));
+            }
             if p < 0 {
                 return Err(op_error(
                     OP,
@@ -254,6 +272,14 @@ impl DeviceBatch {
         Ok(())
     }
 
+    pub fn num_tokens(&self) -> usize {
+        self.num_tokens
+    }
+
+    pub fn num_seqs(&self) -> usize {
+        self.num_seqs
+    }
+
     /// Token offsets of the sequences, as the GDN prefill op takes them.
     pub fn cu_seqlens(&self) -> &[i64] {
         &self.host_cu_seqlens
@@ -316,6 +342,12 @@ mod tests {
         let mut l = layout();
         l.block_table.pop();
         assert!(err(l).contains("block table"));
+        let mut l = layout();
+        l.slots = vec![1, 1];
+        assert!(err(l).contains("slot 1 is given to two sequences"));
+        let mut l = layout();
+        l.block_table = vec![7, -1, 2, 7];
+        assert!(err(l).contains("page 7 is given to two"));
         let mut l = layout();
         l.tokens.pop();
         assert!(err(l).contains("22 token ids for 23 tokens"));

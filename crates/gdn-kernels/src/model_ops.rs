@@ -57,7 +57,8 @@ impl DeltaNetShape {
     pub fn recurrent_state_len(&self) -> usize {
         self.v_heads * HEAD_DIM * HEAD_DIM
     }
-    fn check(&self) -> Result<(), GdnError> {
+    /// Whether the model kernels support this shape.
+    pub fn check(&self) -> Result<(), GdnError> {
         let ok = self.qk_heads > 0
             && self.v_heads % self.qk_heads == 0
             && (2..=MAX_CONV_TAPS + 1).contains(&self.conv_kernel)
@@ -90,7 +91,8 @@ impl AttentionShape {
     pub fn page_len(&self, page_size: usize) -> usize {
         page_size * self.kv_heads * self.head_dim
     }
-    fn check(&self) -> Result<(), GdnError> {
+    /// Whether the model kernels support this shape.
+    pub fn check(&self) -> Result<(), GdnError> {
         let ok = self.kv_heads > 0
             && self.q_heads % self.kv_heads == 0
             && self.q_heads / self.kv_heads <= MAX_GQA
@@ -101,6 +103,13 @@ impl AttentionShape {
             op_error("attention", format!("unsupported shape {self:?} (head dim 32/64/128/256, GQA group <= 8, even rotary dim)"))
         })
     }
+}
+
+/// Dynamic shared memory of attention_prefill_impl: Q per warp, K and V
+/// tiles, S, P and O scratch per warp.
+fn prefill_attention_smem(shape: AttentionShape) -> usize {
+    let (group, d) = (shape.q_heads / shape.kv_heads.max(1), shape.head_dim);
+    group * 16 * d * 2 + 2 * 32 * d * 2 + group * 16 * 32 * (4 + 2) + group * 16 * 16 * 4
 }
 
 /// Exact length check: `what` must hold `want` elements.
@@ -228,6 +237,41 @@ impl ModelOps {
             _module: module,
             sm,
         })
+    }
+
+    /// Everything about a model's shapes the ops would otherwise only refuse
+    /// mid-step (after earlier layers changed state): the DeltaNet and
+    /// attention shapes, the norm width, and the prefill attention's shared
+    /// memory against this GPU's opt-in limit.
+    pub fn check_model(
+        &self,
+        hidden: usize,
+        deltanet: DeltaNetShape,
+        attention: AttentionShape,
+    ) -> Result<(), GdnError> {
+        deltanet.check()?;
+        attention.check()?;
+        if hidden == 0 || hidden * 4 > MAX_STATIC_SHARED {
+            return Err(op_error(
+                "model",
+                format!("hidden size {hidden} outside 1..=12288"),
+            ));
+        }
+        let need = prefill_attention_smem(attention);
+        let have = self.stream.context().attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )? as usize;
+        if need > have {
+            return Err(op_error(
+                "model",
+                format!(
+                    "prefill attention needs {need} bytes of shared memory per block (head dim {}, GQA group {}); this GPU allows {have}",
+                    attention.head_dim,
+                    attention.q_heads / attention.kv_heads
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The SM version of the cubin in use.
@@ -412,8 +456,16 @@ impl ModelOps {
             batch.max_slot,
         )?;
         exact(OP, "q", inputs.q.len(), n * hk * HEAD_DIM)?;
+        exact(OP, "k", inputs.k.len(), n * hk * HEAD_DIM)?;
         exact(OP, "v", inputs.v.len(), n * hv * HEAD_DIM)?;
         exact(OP, "alpha", inputs.alpha.len(), n * hv)?;
+        exact(OP, "beta", inputs.beta.len(), n * hv)?;
+        if n > 65_535 {
+            return Err(op_error(
+                OP,
+                format!("{n} sequences exceed the launch grid (65535)"),
+            ));
+        }
         exact(OP, "out", out.len(), n * hv * HEAD_DIM)?;
         let (hk_, hv_) = (hk as i32, hv as i32);
         let mut b = self.stream.launch_builder(&self.f.decode_step);
@@ -600,8 +652,7 @@ impl ModelOps {
         // Prefill: tensor-core query tiles; shared memory as laid out in
         // attention_prefill_impl (Q per warp, K and V tiles, S, P, O scratch).
         let group = shape.q_heads / shape.kv_heads;
-        let smem =
-            group * 16 * d * 2 + 2 * 32 * d * 2 + group * 16 * 32 * (4 + 2) + group * 16 * 16 * 4;
+        let smem = prefill_attention_smem(shape);
         let func = &self.f.attention_prefill[which];
         func.set_attribute(
             cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

@@ -434,6 +434,13 @@ fn decode_graphs_match_hf_and_the_eager_decode() {
             round0, round1,
             "{name}: a replay differs from the capture run"
         );
+        // The steps did go through graphs: one per decode batch size seen.
+        assert_eq!(
+            cache.decode_graph_batch_sizes(),
+            vec![1, 1 + others.len()],
+            "{name}"
+        );
+        assert!(eager_cache.decode_graph_batch_sizes().is_empty());
         let (gi, gl) = f.golden_keys("decode.topk_ids", "decode.topk_logprobs");
         for (what, rows) in [("graphs batched", &round1), ("graphs alone", &alone)] {
             let st = compare(rows, &gi, &gl);

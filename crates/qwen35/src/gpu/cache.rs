@@ -33,6 +33,8 @@ pub(crate) struct DecodeGraph {
 }
 
 pub struct GpuCache {
+    /// The model that made the cache (and captured its graphs).
+    pub(crate) model_id: u64,
     stream: Arc<CudaStream>,
     pub(crate) dn: DeltaNetShape,
     pub(crate) page_size: usize,
@@ -51,14 +53,15 @@ pub struct GpuCache {
     num_pages: usize,
     /// Page-table width of captured decode graphs (`None`: graphs off).
     pub(crate) graph_page_width: Option<usize>,
-    /// Captured decode steps by batch size. Declared last: dropped after
-    /// nothing else, and they only reference buffers of this cache and of
-    /// the model.
+    /// Captured decode steps by batch size. They reference buffers of this
+    /// cache and of its model (checked by id on every step).
     pub(crate) graphs: HashMap<usize, DecodeGraph>,
 }
 
 impl GpuCache {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
+        model_id: u64,
         stream: Arc<CudaStream>,
         dn: DeltaNetShape,
         attn: AttentionShape,
@@ -89,6 +92,7 @@ impl GpuCache {
             .map(|_| stream.alloc_zeros::<f32>(max_sequences * dn.recurrent_state_len()))
             .collect::<std::result::Result<_, _>>()?;
         Ok(GpuCache {
+            model_id,
             stream,
             dn,
             page_size,
@@ -119,9 +123,20 @@ impl GpuCache {
                 "CUDA graphs need a created stream, not the legacy default stream".into(),
             ));
         }
-        self.graph_page_width = Some(max_context.div_ceil(self.page_size).max(1));
+        // No sequence can hold more pages than the cache has.
+        let width = max_context
+            .div_ceil(self.page_size)
+            .clamp(1, self.num_pages);
+        self.graph_page_width = Some(width);
         self.graphs.clear();
         Ok(())
+    }
+
+    /// Batch sizes with a captured decode graph.
+    pub fn decode_graph_batch_sizes(&self) -> Vec<usize> {
+        let mut sizes: Vec<usize> = self.graphs.keys().copied().collect();
+        sizes.sort();
+        sizes
     }
 
     pub(crate) fn max_sequences(&self) -> usize {

@@ -82,8 +82,14 @@ struct Layer {
     down: CudaSlice<bf16>,
 }
 
+/// Source of [`GpuModel`] identities (a cache belongs to one model).
+static NEXT_MODEL_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 pub struct GpuModel {
     pub config: Config,
+    /// Identity checked against the caches' (their state layout and captured
+    /// graphs belong to the model that made them).
+    id: u64,
     stream: Arc<CudaStream>,
     ops: ModelOps,
     gemm: Gemm,
@@ -133,7 +139,9 @@ fn shapes(c: &Config) -> Result<(DeltaNetShape, AttentionShape)> {
 }
 
 impl GpuModel {
-    /// Uploads a checkpoint to the GPU of `stream`.
+    /// Uploads a checkpoint to the GPU of `stream`. The model runs on that one
+    /// stream and turns off cudarc's cross-stream event tracking for its
+    /// context (see `build`).
     pub fn load(
         config: Config,
         weights: &Weights,
@@ -168,6 +176,9 @@ impl GpuModel {
     ) -> Result<GpuModel> {
         let c = &config;
         let (dn, attn) = shapes(c)?;
+        // Note for callers: this switches cudarc's event tracking off for the
+        // whole context (buffers allocated afterwards on other streams of it
+        // get no automatic cross-stream ordering either).
         // cudarc gives every buffer allocated while event tracking is on two
         // CUDA events (created with it, destroyed with it) for cross-stream
         // ordering: four driver calls per activation buffer, about 1300 per
@@ -178,6 +189,8 @@ impl GpuModel {
         unsafe { stream.context().disable_event_tracking() };
         let (h, v, i) = (c.hidden_size, c.vocab_size, c.intermediate_size);
         let ops = ModelOps::new(stream.clone())?;
+        // Refuse unsupported shapes now, not mid-step after state changed.
+        ops.check_model(h, dn, attn)?;
         let gemm = Gemm::new(stream.clone())?;
         let gdn = GdnPrefill::new(
             stream.clone(),
@@ -274,6 +287,7 @@ impl GpuModel {
             ops.cubin_sm()
         );
         Ok(GpuModel {
+            id: NEXT_MODEL_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             config,
             stream,
             ops,
@@ -323,7 +337,13 @@ impl GpuModel {
             .iter()
             .filter(|l| matches!(l.mixer, Mixer::Attention { .. }))
             .count();
+        if max_sequences > 65_535 {
+            return Err(Error::InvalidInput(format!(
+                "{max_sequences} sequence slots exceed the kernels' per-launch limit of 65535"
+            )));
+        }
         GpuCache::new(
+            self.id,
             self.stream.clone(),
             self.dn,
             self.attn,
@@ -336,10 +356,11 @@ impl GpuModel {
 
     /// Runs one step: each sequence's tokens after what it has seen. Returns
     /// f32 logits, `[rows][vocab]`: one row per sequence (`LastToken`) or per
-    /// token in batch order (`AllTokens`). A refused step (unknown or
-    /// repeated sequence, no tokens, token id out of range, not enough free
-    /// KV pages) changes nothing. A GPU failure once kernels run leaves the
-    /// step's sequences in an undefined state: release them. Decode steps
+    /// token in batch order (`AllTokens`). A refused step (another model's
+    /// cache, unknown or repeated sequence, no tokens, token id out of range,
+    /// not enough free KV pages) changes nothing. A failure once kernels run
+    /// leaves the step's sequences in an undefined state (and the pages
+    /// reserved for the step attached to them): release them. Decode steps
     /// replay a captured CUDA graph when the cache has graphs enabled
     /// ([`GpuCache::enable_decode_graphs`]).
     pub fn forward(
@@ -348,6 +369,11 @@ impl GpuModel {
         step: &[(SeqId, &[u32])],
         which: Logits,
     ) -> Result<Vec<Vec<f32>>> {
+        if cache.model_id != self.id {
+            return Err(Error::InvalidInput(
+                "this cache was made by another model (use the model's own new_cache)".into(),
+            ));
+        }
         let mut layout = self.prepare(cache, step)?;
         let s = self.stream.clone();
         let decode = step.iter().all(|(_, t)| t.len() == 1);
@@ -359,8 +385,8 @@ impl GpuModel {
             _ => {
                 let batch = DeviceBatch::upload(&s, &layout)?;
                 let rows = match which {
-                    Logits::AllTokens => batch.num_tokens,
-                    _ => batch.num_seqs,
+                    Logits::AllTokens => batch.num_tokens(),
+                    _ => batch.num_seqs(),
                 };
                 let mut logits = scratch::<f32>(&s, rows * v)?;
                 self.run(cache, &batch, which, &mut logits)?;
@@ -449,13 +475,13 @@ impl GpuModel {
                 c.rms_norm_eps,
             )
         };
-        let t = batch.num_tokens;
+        let t = batch.num_tokens();
         let s = self.stream.clone();
         let mut residual = scratch::<bf16>(&s, t * h)?;
         self.ops.embedding(batch, &self.embed, h, &mut residual)?;
         let mut normed = scratch::<bf16>(&s, t * h)?;
         let mut delta: Option<CudaSlice<bf16>> = None;
-        let decode = batch.num_tokens == batch.num_seqs;
+        let decode = batch.num_tokens() == batch.num_seqs();
         for li in 0..self.layers.len() {
             self.ops.add_rmsnorm(
                 &mut residual,
@@ -498,9 +524,9 @@ impl GpuModel {
         )?;
         let rows = match which {
             Logits::AllTokens => normed,
-            _ if t == batch.num_seqs => normed,
+            _ if t == batch.num_seqs() => normed,
             _ => {
-                let mut rows = scratch::<bf16>(&s, batch.num_seqs * h)?;
+                let mut rows = scratch::<bf16>(&s, batch.num_seqs() * h)?;
                 self.ops.gather_last_tokens(batch, &normed, h, &mut rows)?;
                 rows
             }
@@ -578,7 +604,7 @@ impl GpuModel {
             unreachable!("called for DeltaNet layers")
         };
         let (s, dn, c) = (&self.stream, self.dn, &self.config);
-        let (t, h, d) = (batch.num_tokens, c.hidden_size, gdn_kernels::HEAD_DIM);
+        let (t, h, d) = (batch.num_tokens(), c.hidden_size, gdn_kernels::HEAD_DIM);
         let mut proj = scratch::<bf16>(s, t * dn.proj_width())?;
         self.gemm
             .linear(x, in_proj, &mut proj, t, dn.proj_width(), h)?;
@@ -607,9 +633,9 @@ impl GpuModel {
                 .deltanet_decode(batch, dn, &inputs, state, &mut core, scale)?;
         } else {
             let per = dn.recurrent_state_len();
-            let mut initial = scratch::<f32>(s, batch.num_seqs * per)?;
+            let mut initial = scratch::<f32>(s, batch.num_seqs() * per)?;
             self.ops.move_state(batch, state, &mut initial, per, true)?;
-            let mut last = scratch::<f32>(s, batch.num_seqs * per)?;
+            let mut last = scratch::<f32>(s, batch.num_seqs() * per)?;
             self.gdn.run(
                 PrefillBuffers {
                     q: &inputs.q,
@@ -653,7 +679,7 @@ impl GpuModel {
             unreachable!("called for attention layers")
         };
         let (s, a, c) = (&self.stream, self.attn, &self.config);
-        let (t, h) = (batch.num_tokens, c.hidden_size);
+        let (t, h) = (batch.num_tokens(), c.hidden_size);
         let width = a.q_heads * a.head_dim;
         let mut proj = scratch::<bf16>(s, t * a.proj_width())?;
         self.gemm.linear(x, qkv, &mut proj, t, a.proj_width(), h)?;
