@@ -5,6 +5,9 @@
 #               (GDN op, Qwen3.5-4B), the dump tool, gdn-gen
 #   .carry/whl: fla-core (FLA Triton) and the pinned FlashInfer wheel (for the
 #               cross-machine reproducibility check with NVIDIA's toolkit there)
+# The device tool carries at most 64 MiB with the working tree: name the
+# binaries a run needs (e.g. `prepare_carry.sh gpu_forward qwen35_bench`) to
+# carry only those; with no arguments everything is built and carried.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 rm -rf .carry && mkdir -p .carry/bin .carry/whl
@@ -21,4 +24,13 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
 read -r fi_wheel fi_url fi_sha < <(python3 -c 'import json; i=[i for i in json.load(open("gdn-bundle.lock.json"))["inputs"] if i["role"]=="kernel-source"][0]; print(i["filename"], i["url"], i["sha256"])')
 curl -fsSL -o ".carry/whl/$fi_wheel" "$fi_url"
 echo "$fi_sha  .carry/whl/$fi_wheel" | sha256sum -c -
+if [ $# -gt 0 ]; then
+  keep=" $* "
+  for f in .carry/bin/*; do
+    [[ $keep == *" $(basename "$f") "* ]] || rm -f "$f"
+  done
+  [[ $keep == *" whl "* ]] || rm -rf .carry/whl
+fi
 du -sh .carry
+size=$(du -sm .carry | cut -f1)
+[ "$size" -le 56 ] || echo "warning: .carry is ${size} MiB; with the tree that may exceed the device tool's 64 MiB: name fewer binaries" >&2
