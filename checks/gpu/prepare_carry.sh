@@ -19,6 +19,7 @@ test_binary() {  # crate, test target -> path of the built test executable
 }
 cp "$(test_binary gdn-kernels gpu_prefill)" .carry/bin/gpu_prefill
 cp "$(test_binary gdn-kernels gpu_dsl_prefill)" .carry/bin/gpu_dsl_prefill
+cp "$(test_binary gdn-kernels gpu_model_ops)" .carry/bin/gpu_model_ops
 cp "$(test_binary qwen35 gpu_forward)" .carry/bin/gpu_forward
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .carry/whl fla-core==0.6.0
 read -r fi_wheel fi_url fi_sha < <(python3 -c 'import json; i=[i for i in json.load(open("gdn-bundle.lock.json"))["inputs"] if i["role"]=="kernel-source"][0]; print(i["filename"], i["url"], i["sha256"])')

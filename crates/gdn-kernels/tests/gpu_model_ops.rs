@@ -1,0 +1,170 @@
+//! GPU gate of the attention op at the real Qwen3.5 shapes (head dim 256,
+//! GQA groups 4 and 8), which the tiny model fixtures (head dim 32, group 2)
+//! do not reach: decode steps deep into a context (the split flash-decoding
+//! path, up to 16 splits) and prefill chunks on the tensor-core kernel, with
+//! and without earlier context in the cache, against an f64 CPU reference on
+//! exactly the bf16 inputs the GPU reads. Skips without a GPU
+//! (`GDN_REQUIRE_GPU=1` makes that a failure).
+
+use gdn_kernels::testing::{gpu_stream, Rng};
+use gdn_kernels::{AttentionShape, BatchLayout, DeviceBatch, ModelOps};
+use half::bf16;
+
+const PAGE: usize = 16;
+
+fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+fn round_bf16(x: f64) -> f64 {
+    bf16::from_f64(x).to_f64()
+}
+
+struct Case {
+    shape: AttentionShape,
+    /// Per sequence: (cached positions before the step, tokens in the step).
+    seqs: Vec<(usize, usize)>,
+}
+
+/// Runs the attention op once and compares every output element with the
+/// reference; returns the worst absolute error.
+fn run_case(case: &Case, seed: u64) -> f64 {
+    let Some(stream) = gpu_stream() else {
+        return 0.0;
+    };
+    let ops = ModelOps::new(stream.clone()).unwrap();
+    let a = case.shape;
+    let (hq, hkv, d) = (a.q_heads, a.kv_heads, a.head_dim);
+    let g = hq / hkv;
+    let mut rng = Rng::new(seed);
+    let mut uniform_bf16 = |n: usize, scale: f32| -> Vec<bf16> {
+        (0..n)
+            .map(|_| bf16::from_f32(rng.uniform(-scale, scale)))
+            .collect()
+    };
+    // Pages: sequence s owns a contiguous, shuffled-by-offset run of pages.
+    let max_blocks = case
+        .seqs
+        .iter()
+        .map(|(c, n)| (c + n).div_ceil(PAGE))
+        .max()
+        .unwrap();
+    let num_pages = case.seqs.len() * max_blocks + 3;
+    let mut layout = BatchLayout {
+        cu_seqlens: vec![0],
+        max_blocks,
+        page_size: PAGE,
+        ..Default::default()
+    };
+    for (s, &(cached, n)) in case.seqs.iter().enumerate() {
+        let end = layout.cu_seqlens.last().unwrap() + n as i32;
+        layout.cu_seqlens.push(end);
+        layout.start_positions.push(cached as i32);
+        layout.slots.push(s as i32);
+        // Reverse page order within the sequence: the kernel must follow the table.
+        for b in 0..max_blocks {
+            layout
+                .block_table
+                .push((num_pages - 1 - (s * max_blocks + b)) as i32);
+        }
+        layout.tokens.extend(std::iter::repeat_n(0u32, n));
+    }
+    let t: usize = case.seqs.iter().map(|x| x.1).sum();
+    let batch = DeviceBatch::upload(&stream, &layout).unwrap();
+    let page_len = a.page_len(PAGE);
+    let k_host = uniform_bf16(num_pages * page_len, 1.0);
+    let v_host = uniform_bf16(num_pages * page_len, 1.0);
+    let q_host = uniform_bf16(t * hq * d, 1.0);
+    let proj_host = uniform_bf16(t * a.proj_width(), 2.0);
+    let k = stream.clone_htod(&k_host).unwrap();
+    let v = stream.clone_htod(&v_host).unwrap();
+    let q = stream.clone_htod(&q_host).unwrap();
+    let proj = stream.clone_htod(&proj_host).unwrap();
+    let mut out = stream.alloc_zeros::<bf16>(t * hq * d).unwrap();
+    ops.attention(&batch, a, &q, &k, &v, &proj, &mut out)
+        .unwrap();
+    let got = stream.clone_dtoh(&out).unwrap();
+
+    let scale = (d as f64).powf(-0.5);
+    let mut worst = 0f64;
+    let mut row = 0;
+    for (s, &(cached, n)) in case.seqs.iter().enumerate() {
+        let table = &layout.block_table[s * max_blocks..(s + 1) * max_blocks];
+        let at = |pos: usize, kh: usize, e: usize| {
+            ((table[pos / PAGE] as usize * PAGE + pos % PAGE) * hkv + kh) * d + e
+        };
+        for i in 0..n {
+            let pos = cached + i;
+            for h in 0..hq {
+                let kh = h / g;
+                let qv = &q_host[(row * hq + h) * d..(row * hq + h + 1) * d];
+                let scores: Vec<f64> = (0..=pos)
+                    .map(|j| {
+                        (0..d)
+                            .map(|e| qv[e].to_f64() * k_host[at(j, kh, e)].to_f64())
+                            .sum::<f64>()
+                            * scale
+                    })
+                    .collect();
+                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let w: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
+                let z: f64 = w.iter().sum();
+                for e in 0..d {
+                    let o: f64 = (0..=pos)
+                        .map(|j| w[j] * v_host[at(j, kh, e)].to_f64())
+                        .sum::<f64>()
+                        / z;
+                    let gate = proj_host[row * a.proj_width() + h * 2 * d + d + e].to_f64();
+                    let want = round_bf16(o) * sigmoid(gate);
+                    let have = got[(row * hq + h) * d + e].to_f64();
+                    let err = (have - want).abs();
+                    // bf16 output (2^-8 relative) plus fp32 accumulation.
+                    assert!(
+                        err <= 1e-2 + 1e-2 * want.abs(),
+                        "{:?} seq {s} pos {pos} head {h} dim {e}: got {have}, want {want}",
+                        case.shape
+                    );
+                    worst = worst.max(err);
+                }
+            }
+            row += 1;
+        }
+    }
+    worst
+}
+
+fn qwen35_attention(q_heads: usize, kv_heads: usize) -> AttentionShape {
+    AttentionShape {
+        q_heads,
+        kv_heads,
+        head_dim: 256,
+        rotary_dim: 64,
+    }
+}
+
+#[test]
+fn decode_attention_at_qwen35_shapes_matches_the_reference_across_split_counts() {
+    // Contexts from one key (1 split) to 3000 (16 splits of 188).
+    for shape in [qwen35_attention(16, 4), qwen35_attention(24, 3)] {
+        let case = Case {
+            shape,
+            seqs: vec![(0, 1), (130, 1), (700, 1), (2999, 1)],
+        };
+        let worst = run_case(&case, 11);
+        println!("decode {shape:?}: worst abs error {worst:.2e}");
+    }
+}
+
+#[test]
+fn prefill_attention_at_qwen35_shapes_matches_the_reference() {
+    // Fresh and continued sequences, chunk lengths around the 16-row query
+    // tiles and the 32-key tiles.
+    for shape in [qwen35_attention(16, 4), qwen35_attention(16, 2)] {
+        let case = Case {
+            shape,
+            seqs: vec![(0, 1), (0, 17), (100, 33), (0, 300)],
+        };
+        let worst = run_case(&case, 12);
+        println!("prefill {shape:?}: worst abs error {worst:.2e}");
+    }
+}
