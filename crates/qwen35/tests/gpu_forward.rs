@@ -12,131 +12,27 @@
 //! Fixtures: tests/fixtures (or `QWEN35_FIXTURES`), made by
 //! checks/fixtures/make_qwen35_fixtures.py.
 
-use std::path::PathBuf;
+mod common;
+
 use std::sync::Arc;
 
+use common::{Fixture, MODELS};
 use cudarc::driver::CudaStream;
 use gdn_kernels::{Backend, BackendRequest};
 use qwen35::gate::{compare, consistency, topk, GateStats};
 use qwen35::gpu::{GpuModel, GpuOptions, Logits};
-use qwen35::{Config, Weights};
-use safetensors::SafeTensors;
 
-const MODELS: [&str; 3] = ["text_gva2", "vl_gva1_sharded", "text_gva3_untied"];
-
-fn dir(name: &str) -> PathBuf {
-    std::env::var_os("QWEN35_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
-        .join(name)
-}
-
-struct Fixture {
-    config: Config,
-    weights: Weights,
-    prompts: Vec<Vec<u32>>,
-    /// (prompt index, prefix, steps)
-    decode: (usize, usize, usize),
-    golden: Vec<u8>,
-    reference: Vec<u8>,
-}
-
-type TopK = (Vec<Vec<u32>>, Vec<Vec<f32>>);
-
-fn rows_i32_f32(st: &SafeTensors, key: &str) -> Vec<Vec<[u8; 4]>> {
-    let t = st.tensor(key).unwrap_or_else(|e| panic!("{key}: {e}"));
-    let cols = t.shape()[1];
-    t.data()
-        .chunks_exact(4 * cols)
-        .map(|r| {
-            r.chunks_exact(4)
-                .map(|b| [b[0], b[1], b[2], b[3]])
-                .collect()
-        })
-        .collect()
-}
-
-impl Fixture {
-    fn load(name: &'static str) -> Fixture {
-        let d = dir(name);
-        let meta: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(d.join("prompts.json")).unwrap())
-                .unwrap();
-        let prompts = meta["prompts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| {
-                p.as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.as_u64().unwrap() as u32)
-                    .collect()
-            })
-            .collect();
-        let dec = &meta["decode"];
-        let u = |k: &str| dec[k].as_u64().unwrap() as usize;
-        Fixture {
-            config: Config::from_file(&d.join("config.json")).unwrap(),
-            weights: Weights::open(&d).unwrap(),
-            prompts,
-            decode: (u("prompt_index"), u("prefix"), u("steps")),
-            golden: std::fs::read(d.join("golden_bf16.safetensors")).unwrap(),
-            reference: std::fs::read(d.join("reference.safetensors")).unwrap(),
-        }
-    }
-
-    /// The decode fixture: the prompt, prefix length, decode steps, and the
-    /// other short prompts that decode alongside it in batched runs.
-    fn decode_setup(&self) -> (&[u32], usize, usize, Vec<&Vec<u32>>) {
-        let (pi, prefix, steps) = self.decode;
-        let ids = &self.prompts[pi];
-        let others = self
-            .prompts
-            .iter()
-            .filter(|p| p.len() > 1 && p.len() <= 128 && *p != ids)
-            .collect();
-        (ids, prefix, steps, others)
-    }
-
-    /// HF's bf16 top-k of prompt `i`.
-    fn golden(&self, i: usize) -> TopK {
-        self.golden_keys(&format!("topk_ids.{i}"), &format!("topk_logprobs.{i}"))
-    }
-
-    fn golden_keys(&self, ids_key: &str, lps_key: &str) -> TopK {
-        let st = SafeTensors::deserialize(&self.golden).unwrap();
-        let ids = rows_i32_f32(&st, ids_key);
-        let lps = rows_i32_f32(&st, lps_key);
-        (
-            ids.iter()
-                .map(|r| r.iter().map(|b| i32::from_le_bytes(*b) as u32).collect())
-                .collect(),
-            lps.iter()
-                .map(|r| r.iter().map(|b| f32::from_le_bytes(*b)).collect())
-                .collect(),
-        )
-    }
-
-    fn reference(&self, key: &str) -> Vec<Vec<f32>> {
-        let st = SafeTensors::deserialize(&self.reference).unwrap();
-        rows_i32_f32(&st, key)
-            .iter()
-            .map(|r| r.iter().map(|b| f32::from_le_bytes(*b)).collect())
-            .collect()
-    }
-
-    fn model(&self, stream: &Arc<CudaStream>, backend: BackendRequest) -> GpuModel {
-        GpuModel::load(
-            self.config.clone(),
-            &self.weights,
-            stream.clone(),
-            GpuOptions {
-                gdn_backend: backend,
-            },
-        )
-        .unwrap()
-    }
+/// The fixture's model on the GPU of `stream`, with the given GDN backend.
+fn gpu_model(f: &Fixture, stream: &Arc<CudaStream>, backend: BackendRequest) -> GpuModel {
+    GpuModel::load(
+        f.config.clone(),
+        &f.weights,
+        stream.clone(),
+        GpuOptions {
+            gdn_backend: backend,
+        },
+    )
+    .unwrap()
 }
 
 fn stream() -> Option<Arc<CudaStream>> {
@@ -192,7 +88,7 @@ fn every_prompt_passes_the_hf_bf16_gate_on_both_gdn_backends() {
             requests.push((BackendRequest::FlashInfer, Backend::FlashInfer));
         }
         for (request, backend) in requests {
-            let mut model = f.model(&s, request);
+            let mut model = gpu_model(&f, &s, request);
             assert_eq!(model.gdn_backend(), backend, "{name}: {request:?}");
             for (i, p) in f.prompts.iter().enumerate() {
                 let logits = run_chunks(&mut model, &[p]);
@@ -219,7 +115,7 @@ fn a_mixed_batch_equals_its_prompts_one_by_one_and_slots_are_reused_clean() {
     let Some(s) = stream() else { return };
     for name in MODELS {
         let f = Fixture::load(name);
-        let mut model = f.model(&s, BackendRequest::Auto);
+        let mut model = gpu_model(&f, &s, BackendRequest::Auto);
         let short: Vec<&Vec<u32>> = f.prompts.iter().filter(|p| p.len() <= 128).collect();
         let alone: Vec<Vec<Vec<f32>>> =
             short.iter().map(|p| run_chunks(&mut model, &[p])).collect();
@@ -261,7 +157,7 @@ fn chunked_prefill_equals_unchunked() {
     let Some(s) = stream() else { return };
     for name in MODELS {
         let f = Fixture::load(name);
-        let mut model = f.model(&s, BackendRequest::Auto);
+        let mut model = gpu_model(&f, &s, BackendRequest::Auto);
         for (i, p) in f.prompts.iter().enumerate() {
             let splits: &[usize] = match p.len() {
                 128 => &[64, 37, 1],
@@ -292,7 +188,7 @@ fn prefill_then_decode_matches_hf_cached_decode_alone_and_batched() {
     let Some(s) = stream() else { return };
     for name in MODELS {
         let f = Fixture::load(name);
-        let mut model = f.model(&s, BackendRequest::Auto);
+        let mut model = gpu_model(&f, &s, BackendRequest::Auto);
         let (ids, prefix, steps, others) = f.decode_setup();
         let mut cache = model.new_cache(1 + others.len(), 64, 16).unwrap();
         let mut run = |batched: bool| {
@@ -335,7 +231,7 @@ fn decode_deep_into_a_long_prompt_matches_hf_teacher_forced() {
         .enumerate()
         .find(|(_, p)| p.len() > 4096)
         .expect("text_gva2 has a long prompt");
-    let mut model = f.model(&s, BackendRequest::Auto);
+    let mut model = gpu_model(&f, &s, BackendRequest::Auto);
     let prefix = 4000;
     let mut cache = model.new_cache(1, p.len().div_ceil(16) + 1, 16).unwrap();
     let id = cache.add_sequence().unwrap();
@@ -412,7 +308,7 @@ fn decode_graphs_match_hf_and_the_eager_decode() {
     let s = s.context().new_stream().unwrap();
     for name in MODELS {
         let f = Fixture::load(name);
-        let mut model = f.model(&s, BackendRequest::Auto);
+        let mut model = gpu_model(&f, &s, BackendRequest::Auto);
         let (ids, prefix, steps, others) = f.decode_setup();
         let mut eager_cache = model.new_cache(1 + others.len(), 64, 16).unwrap();
         let eager = decode_run(

@@ -4,10 +4,10 @@
 //! single-file and sharded weights). Fixtures: tests/fixtures/, made by
 //! checks/fixtures/make_qwen35_fixtures.py (provenance in each prompts.json).
 
-use std::path::{Path, PathBuf};
+mod common;
 
-use qwen35::{Config, CpuModel, TextTokenizer, Weights};
-use safetensors::SafeTensors;
+use common::{dir, MODELS};
+use qwen35::{CpuModel, TextTokenizer};
 
 /// Max |ours - HF| over every logit (logits are O(3)). Both sides compute in
 /// f32 from the same bf16-representable weights and differ only in summation
@@ -19,63 +19,22 @@ use safetensors::SafeTensors;
 /// bf16, i.e. a relative error of 2^-9 in inv_freq, already showed 3e-4).
 const MAX_ABS: f32 = 5e-5;
 
-const MODELS: [&str; 3] = ["text_gva2", "vl_gva1_sharded", "text_gva3_untied"];
-
-fn dir(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
-}
-
 struct Fixture {
     model: CpuModel,
-    prompts: Vec<Vec<u32>>,
-    decode: (usize, usize, usize),
-    reference: Vec<u8>,
+    files: common::Fixture,
 }
 
-fn load(name: &str) -> Fixture {
-    let d = dir(name);
-    let config = Config::from_file(&d.join("config.json")).unwrap();
-    let model = CpuModel::load(config, &Weights::open(&d).unwrap()).unwrap();
-    let meta: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(d.join("prompts.json")).unwrap()).unwrap();
-    let prompts = meta["prompts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            p.as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as u32)
-                .collect()
-        })
-        .collect();
-    let dec = &meta["decode"];
-    let decode = (
-        dec["prompt_index"].as_u64().unwrap() as usize,
-        dec["prefix"].as_u64().unwrap() as usize,
-        dec["steps"].as_u64().unwrap() as usize,
-    );
-    Fixture {
-        model,
-        prompts,
-        decode,
-        reference: std::fs::read(d.join("reference.safetensors")).unwrap(),
+impl std::ops::Deref for Fixture {
+    type Target = common::Fixture;
+    fn deref(&self) -> &common::Fixture {
+        &self.files
     }
 }
 
-fn reference(f: &Fixture, key: &str) -> Vec<Vec<f32>> {
-    let st = SafeTensors::deserialize(&f.reference).unwrap();
-    let t = st.tensor(key).unwrap();
-    let cols = t.shape()[1];
-    let flat: Vec<f32> = t
-        .data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
-    flat.chunks(cols).map(|r| r.to_vec()).collect()
+fn load(name: &str) -> Fixture {
+    let files = common::Fixture::load(name);
+    let model = CpuModel::load(files.config.clone(), &files.weights).unwrap();
+    Fixture { model, files }
 }
 
 fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
@@ -97,7 +56,7 @@ fn teacher_forced_logits_match_hf_fp32() {
         for i in 0..short.min(4) {
             let mut state = f.model.new_state();
             let ours = f.model.forward(&f.prompts[i], &mut state).unwrap();
-            let hf = reference(&f, &format!("logits.{i}"));
+            let hf = f.reference(&format!("logits.{i}"));
             let d = max_abs_diff(&ours, &hf);
             let scale = hf.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
             println!(
@@ -131,7 +90,7 @@ fn cached_decode_matches_hf_cached_decode() {
                     .remove(0),
             );
         }
-        let d = max_abs_diff(&ours, &reference(&f, "decode.logits"));
+        let d = max_abs_diff(&ours, &f.reference("decode.logits"));
         println!("{name} decode ({prefix} + {steps} steps): max |ours - hf| = {d:.2e}");
         assert!(d <= MAX_ABS, "{name} decode: {d:e}");
     }

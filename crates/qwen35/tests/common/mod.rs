@@ -1,0 +1,110 @@
+//! The tiny-model fixtures as the tests read them (one reader for the CPU
+//! gate, the bf16 floor and the GPU gates). Fixtures: tests/fixtures (or
+//! `QWEN35_FIXTURES`), made by checks/fixtures/make_qwen35_fixtures.py.
+// Each test crate uses a part of this module.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use qwen35::{Config, Weights};
+use safetensors::SafeTensors;
+
+pub const MODELS: [&str; 3] = ["text_gva2", "vl_gva1_sharded", "text_gva3_untied"];
+
+/// HF's top-k per position: token ids and log-probabilities, best first.
+pub type TopK = (Vec<Vec<u32>>, Vec<Vec<f32>>);
+
+pub fn dir(name: &str) -> PathBuf {
+    std::env::var_os("QWEN35_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
+        .join(name)
+}
+
+pub struct Fixture {
+    pub dir: PathBuf,
+    pub config: Config,
+    pub weights: Weights,
+    pub prompts: Vec<Vec<u32>>,
+    /// (prompt index, prefix, steps)
+    pub decode: (usize, usize, usize),
+    golden: Vec<u8>,
+    reference: Vec<u8>,
+}
+
+/// Rows of a 2-D tensor of 4-byte elements.
+fn rows<T>(bytes: &[u8], key: &str, f: impl Fn([u8; 4]) -> T) -> Vec<Vec<T>> {
+    let st = SafeTensors::deserialize(bytes).unwrap();
+    let t = st.tensor(key).unwrap_or_else(|e| panic!("{key}: {e}"));
+    let cols = t.shape()[1];
+    t.data()
+        .chunks_exact(4 * cols)
+        .map(|r| {
+            r.chunks_exact(4)
+                .map(|b| f([b[0], b[1], b[2], b[3]]))
+                .collect()
+        })
+        .collect()
+}
+
+impl Fixture {
+    pub fn load(name: &str) -> Fixture {
+        let d = dir(name);
+        let meta: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(d.join("prompts.json")).unwrap())
+                .unwrap();
+        let prompts = meta["prompts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                p.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap() as u32)
+                    .collect()
+            })
+            .collect();
+        let dec = &meta["decode"];
+        let u = |k: &str| dec[k].as_u64().unwrap() as usize;
+        Fixture {
+            config: Config::from_file(&d.join("config.json")).unwrap(),
+            weights: Weights::open(&d).unwrap(),
+            prompts,
+            decode: (u("prompt_index"), u("prefix"), u("steps")),
+            golden: std::fs::read(d.join("golden_bf16.safetensors")).unwrap(),
+            reference: std::fs::read(d.join("reference.safetensors")).unwrap(),
+            dir: d,
+        }
+    }
+
+    /// HF's bf16 top-k of prompt `i`.
+    pub fn golden(&self, i: usize) -> TopK {
+        self.golden_keys(&format!("topk_ids.{i}"), &format!("topk_logprobs.{i}"))
+    }
+
+    pub fn golden_keys(&self, ids_key: &str, lps_key: &str) -> TopK {
+        (
+            rows(&self.golden, ids_key, |b| i32::from_le_bytes(b) as u32),
+            rows(&self.golden, lps_key, f32::from_le_bytes),
+        )
+    }
+
+    /// HF's fp32 logits (`logits.<i>`, `decode.logits`).
+    pub fn reference(&self, key: &str) -> Vec<Vec<f32>> {
+        rows(&self.reference, key, f32::from_le_bytes)
+    }
+
+    /// The decode fixture: the prompt, prefix length, decode steps, and the
+    /// other short prompts that decode alongside it in batched runs.
+    pub fn decode_setup(&self) -> (&[u32], usize, usize, Vec<&Vec<u32>>) {
+        let (pi, prefix, steps) = self.decode;
+        let ids = &self.prompts[pi];
+        let others = self
+            .prompts
+            .iter()
+            .filter(|p| p.len() > 1 && p.len() <= 128 && *p != ids)
+            .collect();
+        (ids, prefix, steps, others)
+    }
+}
