@@ -8,7 +8,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use half::bf16;
 
 use crate::oracle::{gated_delta_rule_reference, GdnGeometry, ReferenceInputs, ReferenceOutputs};
-use crate::{GdnError, GdnPrefill, PrefillBuffers, HEAD_DIM};
+use crate::{Backend, GdnError, GdnPrefill, PrefillBuffers, HEAD_DIM};
 
 /// SplitMix64: tiny, deterministic, good enough for test data.
 pub struct Rng(u64);
@@ -91,6 +91,29 @@ impl Problem {
             beta,
             initial_state,
             scale: (HEAD_DIM as f32).powf(-0.5),
+        }
+    }
+
+    /// Tokens `lo..hi` of a single-sequence problem as a problem of their
+    /// own, starting from `initial_state` (a continuation chunk).
+    pub fn token_range(&self, lo: usize, hi: usize, initial_state: Vec<f32>) -> Problem {
+        assert_eq!(self.num_seqs(), 1, "token_range needs a single sequence");
+        let g = self.geometry;
+        let (qd, vd, hv) = (
+            g.num_qk_heads * g.head_dim,
+            g.num_v_heads * g.head_dim,
+            g.num_v_heads,
+        );
+        Problem {
+            geometry: g,
+            cu_seqlens: vec![0, (hi - lo) as i64],
+            q: self.q[lo * qd..hi * qd].to_vec(),
+            k: self.k[lo * qd..hi * qd].to_vec(),
+            v: self.v[lo * vd..hi * vd].to_vec(),
+            alpha: self.alpha[lo * hv..hi * hv].to_vec(),
+            beta: self.beta[lo * hv..hi * hv].to_vec(),
+            initial_state: Some(initial_state),
+            scale: self.scale,
         }
     }
 
@@ -245,6 +268,73 @@ impl DeviceProblem {
     }
 }
 
+/// FlashInfer's own test tolerances, `(atol, rtol)`, for the output and the
+/// final state (the state's error comes from its fp16 intra-chunk inverse).
+pub const OUTPUT_TOLERANCE: (f64, f64) = (1e-2, 1e-2);
+pub const STATE_TOLERANCE: (f64, f64) = (5e-3, 1e-3);
+
+/// Qwen3.5's GDN `(Hqk, Hv)`: 0.8B/2B (r=1), 4B/9B (r=2), 27B (r=3).
+pub const QWEN35_GDN_HEADS: [(usize, usize); 3] = [(16, 16), (16, 32), (16, 48)];
+/// Sequence lengths around the kernels' 64-token chunks, and one long one.
+pub const ORACLE_LENGTHS: [usize; 8] = [1, 2, 63, 64, 65, 127, 128, 2048];
+
+/// A head-dim-128 geometry.
+pub fn geometry(num_qk_heads: usize, num_v_heads: usize) -> GdnGeometry {
+    GdnGeometry {
+        num_qk_heads,
+        num_v_heads,
+        head_dim: HEAD_DIM,
+    }
+}
+
+/// Compares a GPU result `(output, final state)` with the oracle's under the
+/// tolerances above, prints the errors, and fails on any unwritten,
+/// non-finite or out-of-tolerance element.
+pub fn check_against_oracle(
+    case: &str,
+    backend: Backend,
+    got: &(Vec<f32>, Vec<f32>),
+    want: &ReferenceOutputs,
+) -> (Comparison, Comparison) {
+    let out = compare(&got.0, &want.output, OUTPUT_TOLERANCE.0, OUTPUT_TOLERANCE.1);
+    let state = compare(
+        &got.1,
+        &want.final_state,
+        STATE_TOLERANCE.0,
+        STATE_TOLERANCE.1,
+    );
+    println!(
+        "{case:<44} {backend:<16} out max|e| {:.2e} rel {:.2e} | state max|e| {:.2e} rel {:.2e}",
+        out.max_abs, out.rel_l2, state.max_abs, state.rel_l2
+    );
+    assert_eq!(
+        out.non_finite + state.non_finite,
+        0,
+        "{case} {backend}: unwritten or non-finite elements"
+    );
+    assert_eq!(
+        out.violations, 0,
+        "{case} {backend}: output outside tolerance: {out:?}"
+    );
+    assert_eq!(
+        state.violations, 0,
+        "{case} {backend}: state outside tolerance: {state:?}"
+    );
+    (out, state)
+}
+
+/// Fails unless two GPU results `(output, final state)` agree within the
+/// oracle tolerances (a split run against the whole one).
+pub fn assert_results_agree(case: &str, a: &(Vec<f32>, Vec<f32>), b: &(Vec<f32>, Vec<f32>)) {
+    let o = compare(&a.0, &b.0, OUTPUT_TOLERANCE.0, OUTPUT_TOLERANCE.1);
+    let s = compare(&a.1, &b.1, STATE_TOLERANCE.0, STATE_TOLERANCE.1);
+    assert_eq!(
+        (o.violations, s.violations),
+        (0, 0),
+        "{case}: results differ: {o:?} {s:?}"
+    );
+}
+
 /// Error statistics of `got` against `want` under `|g - w| <= atol + rtol * |w|`.
 #[derive(Debug, Clone, Copy)]
 pub struct Comparison {
@@ -299,5 +389,28 @@ pub fn gpu_stream() -> Option<Arc<CudaStream>> {
             eprintln!("skipped: no usable GPU ({why})");
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The oracle over two `token_range` chunks with the state carried equals
+    /// the oracle over the whole sequence (the chunks slice every input).
+    #[test]
+    fn token_ranges_continue_the_whole_sequence() {
+        let whole = Problem::random(5, geometry(2, 4), &[40], true);
+        let want = whole.reference();
+        let a = whole.token_range(0, 17, whole.initial_state.clone().unwrap());
+        let ra = a.reference();
+        let b = whole.token_range(17, 40, ra.final_state.clone());
+        let rb = b.reference();
+        let out: Vec<f32> = ra.output.into_iter().chain(rb.output).collect();
+        assert_results_agree(
+            "oracle split",
+            &(out, rb.final_state),
+            &(want.output, want.final_state),
+        );
     }
 }

@@ -5,42 +5,16 @@
 //! of the sm_100a / sm_120a kernels on any other GPU. They skip without a GPU;
 //! `GDN_REQUIRE_GPU=1` makes that a failure.
 
-use gdn_kernels::testing::{compare, gpu_stream, Problem};
-use gdn_kernels::{Backend, BackendRequest, GdnError, GdnGeometry, GdnPrefill};
+use gdn_kernels::testing::{
+    assert_results_agree, check_against_oracle as check, geometry, gpu_stream, Problem,
+    ORACLE_LENGTHS as LENGTHS, QWEN35_GDN_HEADS as GEOMETRIES,
+};
+use gdn_kernels::{Backend, BackendRequest, GdnError, GdnPrefill};
 
-const OUT_TOL: (f64, f64) = (1e-2, 1e-2);
-const STATE_TOL: (f64, f64) = (5e-3, 1e-3);
-const GEOMETRIES: [(usize, usize); 3] = [(16, 16), (16, 32), (16, 48)];
-const LENGTHS: [usize; 8] = [1, 2, 63, 64, 65, 127, 128, 2048];
 const SM90_DSL: [(BackendRequest, Backend); 2] = [
     (BackendRequest::CuteDslSm90, Backend::CuteDslSm90),
     (BackendRequest::CuteDslSm90Cp, Backend::CuteDslSm90Cp),
 ];
-
-fn geometry(hq: usize, hv: usize) -> GdnGeometry {
-    GdnGeometry {
-        num_qk_heads: hq,
-        num_v_heads: hv,
-        head_dim: 128,
-    }
-}
-
-fn check(case: &str, backend: Backend, got: &(Vec<f32>, Vec<f32>), p: &Problem) {
-    let want = p.reference();
-    let out = compare(&got.0, &want.output, OUT_TOL.0, OUT_TOL.1);
-    let state = compare(&got.1, &want.final_state, STATE_TOL.0, STATE_TOL.1);
-    println!(
-        "{case:<44} {backend:<16} out max|e| {:.2e} rel {:.2e} | state max|e| {:.2e} rel {:.2e}",
-        out.max_abs, out.rel_l2, state.max_abs, state.rel_l2
-    );
-    assert_eq!(
-        out.non_finite + state.non_finite,
-        0,
-        "{case} {backend}: non-finite"
-    );
-    assert_eq!(out.violations, 0, "{case} {backend}: output: {out:?}");
-    assert_eq!(state.violations, 0, "{case} {backend}: state: {state:?}");
-}
 
 /// The stream if this is a Hopper GPU; elsewhere asserts the SM90 DSL
 /// backends are refused cleanly and returns None.
@@ -80,7 +54,12 @@ fn dsl_sm90_backends_match_the_oracle_over_lengths_ratios_and_initial_state() {
                         init,
                     );
                     let case = format!("Hqk/Hv={hq}/{hv} T={t} init={init}");
-                    check(&case, backend, &p.run_on(&mut op, &stream).unwrap(), &p);
+                    check(
+                        &case,
+                        backend,
+                        &p.run_on(&mut op, &stream).unwrap(),
+                        &p.reference(),
+                    );
                 }
             }
         }
@@ -108,7 +87,12 @@ fn dsl_sm90_varlen_batches_match_the_oracle() {
                         init,
                     );
                     let case = format!("Hv={hv} varlen {lens:?} init={init}");
-                    check(&case, backend, &p.run_on(&mut op, &stream).unwrap(), &p);
+                    check(
+                        &case,
+                        backend,
+                        &p.run_on(&mut op, &stream).unwrap(),
+                        &p.reference(),
+                    );
                 }
             }
         }
@@ -121,47 +105,36 @@ fn dsl_sm90_continuation_128_equals_64_plus_64() {
     for (hq, hv) in GEOMETRIES {
         let g = geometry(hq, hv);
         let whole = Problem::random(41 + hv as u64, g, &[128], true);
+        let want = whole.reference();
         for (request, backend) in SM90_DSL {
             let mut op = GdnPrefill::new(stream.clone(), g, request).unwrap();
             let (out_whole, state_whole) = whole.run_on(&mut op, &stream).unwrap();
-            let split = |lo: usize, hi: usize, init: Vec<f32>| {
-                let (qd, vd) = (hq * 128, hv * 128);
-                Problem {
-                    geometry: g,
-                    cu_seqlens: vec![0, (hi - lo) as i64],
-                    q: whole.q[lo * qd..hi * qd].to_vec(),
-                    k: whole.k[lo * qd..hi * qd].to_vec(),
-                    v: whole.v[lo * vd..hi * vd].to_vec(),
-                    alpha: whole.alpha[lo * hv..hi * hv].to_vec(),
-                    beta: whole.beta[lo * hv..hi * hv].to_vec(),
-                    initial_state: Some(init),
-                    scale: whole.scale,
-                }
-            };
-            let (out_a, state_a) = split(0, 64, whole.initial_state.clone().unwrap())
+            let (out_a, state_a) = whole
+                .token_range(0, 64, whole.initial_state.clone().unwrap())
                 .run_on(&mut op, &stream)
                 .unwrap();
-            let (out_b, state_b) = split(64, 128, state_a).run_on(&mut op, &stream).unwrap();
+            let (out_b, state_b) = whole
+                .token_range(64, 128, state_a)
+                .run_on(&mut op, &stream)
+                .unwrap();
             let out_split: Vec<f32> = out_a.into_iter().chain(out_b).collect();
             let case = format!("continuation Hv={hv} 128 vs 64+64");
             check(
                 &format!("{case} (split)"),
                 backend,
                 &(out_split.clone(), state_b.clone()),
-                &whole,
+                &want,
             );
             check(
                 &format!("{case} (whole)"),
                 backend,
                 &(out_whole.clone(), state_whole.clone()),
-                &whole,
+                &want,
             );
-            let o = compare(&out_split, &out_whole, OUT_TOL.0, OUT_TOL.1);
-            let s = compare(&state_b, &state_whole, STATE_TOL.0, STATE_TOL.1);
-            assert_eq!(
-                (o.violations, s.violations),
-                (0, 0),
-                "{case} {backend}: {o:?} {s:?}"
+            assert_results_agree(
+                &format!("{case} {backend}: split vs whole"),
+                &(out_split, state_b),
+                &(out_whole, state_whole),
             );
         }
     }
@@ -176,6 +149,7 @@ fn dsl_sm90_determinism_run_to_run() {
     let Some(stream) = hopper() else { return };
     let g = geometry(16, 32);
     let p = Problem::random(199, g, &[2048, 1, 777, 64], true);
+    let want = p.reference();
     for (request, backend) in SM90_DSL {
         let mut op = GdnPrefill::new(stream.clone(), g, request).unwrap();
         let first = p.run_on(&mut op, &stream).unwrap();
@@ -193,7 +167,7 @@ fn dsl_sm90_determinism_run_to_run() {
                     .zip(&again.1)
                     .all(|(a, b)| a.to_bits() == b.to_bits());
             bitwise &= same;
-            check(&format!("determinism run {run}"), backend, &again, &p);
+            check(&format!("determinism run {run}"), backend, &again, &want);
         }
         println!("{backend}: bitwise deterministic over 5 runs: {bitwise}");
         if backend == Backend::CuteDslSm90 {

@@ -6,51 +6,11 @@
 //! inputs, with FlashInfer's own test tolerances (output atol = rtol = 1e-2,
 //! state atol 5e-3 / rtol 1e-3), and every test asserts which backend ran.
 
-use gdn_kernels::testing::{compare, gpu_stream, Comparison, Problem};
+use gdn_kernels::testing::{
+    assert_results_agree, check_against_oracle as check, geometry, gpu_stream, Problem,
+    ORACLE_LENGTHS as LENGTHS, QWEN35_GDN_HEADS as GEOMETRIES,
+};
 use gdn_kernels::{Backend, BackendRequest, GdnError, GdnGeometry, GdnPrefill};
-
-const OUT_TOL: (f64, f64) = (1e-2, 1e-2);
-const STATE_TOL: (f64, f64) = (5e-3, 1e-3);
-
-fn geometry(hq: usize, hv: usize) -> GdnGeometry {
-    GdnGeometry {
-        num_qk_heads: hq,
-        num_v_heads: hv,
-        head_dim: 128,
-    }
-}
-
-/// Qwen3.5 0.8B/2B (r=1), 4B/9B (r=2), 27B (r=3).
-const GEOMETRIES: [(usize, usize); 3] = [(16, 16), (16, 32), (16, 48)];
-const LENGTHS: [usize; 8] = [1, 2, 63, 64, 65, 127, 128, 2048];
-
-fn check(
-    case: &str,
-    backend: Backend,
-    got: &(Vec<f32>, Vec<f32>),
-    want: &gdn_kernels::oracle::ReferenceOutputs,
-) -> (Comparison, Comparison) {
-    let out = compare(&got.0, &want.output, OUT_TOL.0, OUT_TOL.1);
-    let state = compare(&got.1, &want.final_state, STATE_TOL.0, STATE_TOL.1);
-    println!(
-        "{case:<44} {backend:<10} out max|e| {:.2e} rel {:.2e} | state max|e| {:.2e} rel {:.2e}",
-        out.max_abs, out.rel_l2, state.max_abs, state.rel_l2
-    );
-    assert_eq!(
-        out.non_finite + state.non_finite,
-        0,
-        "{case} {backend}: unwritten or non-finite elements"
-    );
-    assert_eq!(
-        out.violations, 0,
-        "{case} {backend}: output outside tolerance: {out:?}"
-    );
-    assert_eq!(
-        state.violations, 0,
-        "{case} {backend}: state outside tolerance: {state:?}"
-    );
-    (out, state)
-}
 
 #[test]
 fn both_backends_match_the_oracle_over_lengths_ratios_and_initial_state() {
@@ -153,24 +113,14 @@ fn continuation_128_equals_64_plus_64_with_carried_state() {
             let mut op = GdnPrefill::new(stream.clone(), g, request).unwrap();
             let (out_whole, state_whole) = whole.run_on(&mut op, &stream).unwrap();
             // Split the same tokens into two calls, carrying the state.
-            let split = |lo: usize, hi: usize, init: Vec<f32>| {
-                let (qd, vd) = (hq * 128, hv * 128);
-                Problem {
-                    geometry: g,
-                    cu_seqlens: vec![0, (hi - lo) as i64],
-                    q: whole.q[lo * qd..hi * qd].to_vec(),
-                    k: whole.k[lo * qd..hi * qd].to_vec(),
-                    v: whole.v[lo * vd..hi * vd].to_vec(),
-                    alpha: whole.alpha[lo * hv..hi * hv].to_vec(),
-                    beta: whole.beta[lo * hv..hi * hv].to_vec(),
-                    initial_state: Some(init),
-                    scale: whole.scale,
-                }
-            };
-            let (out_a, state_a) = split(0, 64, whole.initial_state.clone().unwrap())
+            let (out_a, state_a) = whole
+                .token_range(0, 64, whole.initial_state.clone().unwrap())
                 .run_on(&mut op, &stream)
                 .unwrap();
-            let (out_b, state_b) = split(64, 128, state_a).run_on(&mut op, &stream).unwrap();
+            let (out_b, state_b) = whole
+                .token_range(64, 128, state_a)
+                .run_on(&mut op, &stream)
+                .unwrap();
             let out_split: Vec<f32> = out_a.into_iter().chain(out_b).collect();
             let case = format!("continuation Hv={hv} 128 vs 64+64");
             check(
@@ -185,12 +135,10 @@ fn continuation_128_equals_64_plus_64_with_carried_state() {
                 &(out_whole.clone(), state_whole.clone()),
                 &want,
             );
-            let o = compare(&out_split, &out_whole, OUT_TOL.0, OUT_TOL.1);
-            let s = compare(&state_b, &state_whole, STATE_TOL.0, STATE_TOL.1);
-            assert_eq!(
-                (o.violations, s.violations),
-                (0, 0),
-                "{case}: split differs from whole: {o:?} {s:?}"
+            assert_results_agree(
+                &format!("{case}: split vs whole"),
+                &(out_split, state_b),
+                &(out_whole, state_whole),
             );
         }
     }
