@@ -378,9 +378,12 @@ impl GpuModel {
         let s = self.stream.clone();
         let decode = step.iter().all(|(_, t)| t.len() == 1);
         let v = self.config.vocab_size;
+        let eager;
         let logits = match (decode, cache.graph_page_width) {
             (true, Some(width)) if layout.max_blocks <= width => {
-                self.replay_decode(cache, &mut layout, width)?
+                // The graph writes into its own logits buffer; read it there.
+                let n = self.replay_decode(cache, &mut layout, width)?;
+                &cache.graphs[&n].logits
             }
             _ => {
                 let batch = DeviceBatch::upload(&s, &layout)?;
@@ -390,29 +393,34 @@ impl GpuModel {
                 };
                 let mut logits = scratch::<f32>(&s, rows * v)?;
                 self.run(cache, &batch, which, &mut logits)?;
-                logits
+                eager = logits;
+                &eager
             }
+        };
+        let host = if which == Logits::DeviceOnly {
+            s.synchronize()?;
+            None
+        } else {
+            Some(s.clone_dtoh(logits)?)
         };
         for (id, toks) in step {
             cache.seqs.get_mut(id).expect("prepared").len += toks.len();
         }
-        if which == Logits::DeviceOnly {
-            s.synchronize()?;
-            return Ok(vec![]);
-        }
-        let host = s.clone_dtoh(&logits)?;
-        Ok(host.chunks_exact(v).map(<[f32]>::to_vec).collect())
+        Ok(host.map_or_else(Vec::new, |h| {
+            h.chunks_exact(v).map(<[f32]>::to_vec).collect()
+        }))
     }
 
     /// A decode step through the cache's graph for this batch size: the
     /// batch buffers are rewritten in place and the graph replayed; the
-    /// first step of a batch size captures it. Returns the logits buffer.
+    /// first step of a batch size captures it. Returns the batch size, the
+    /// key of the graph whose logits buffer holds the result.
     fn replay_decode(
         &mut self,
         cache: &mut GpuCache,
         layout: &mut BatchLayout,
         width: usize,
-    ) -> Result<CudaSlice<f32>> {
+    ) -> Result<usize> {
         let s = self.stream.clone();
         let n = layout.slots.len();
         // Fixed page-table width: the captured kernels take it by value.
@@ -425,7 +433,7 @@ impl GpuModel {
         if let Some(g) = cache.graphs.get_mut(&n) {
             g.batch.update(&s, layout)?;
             g.graph.launch()?;
-            return Ok(s.clone_dtod(&g.logits)?);
+            return Ok(n);
         }
         let mut batch = DeviceBatch::upload(&s, layout)?;
         // Bounds = the cache's capacity, so any later decode step of n
@@ -446,7 +454,6 @@ impl GpuModel {
         captured?;
         let graph = graph?.ok_or_else(|| Error::Gpu("stream capture produced no graph".into()))?;
         graph.launch()?;
-        let out = s.clone_dtod(&logits)?;
         cache.graphs.insert(
             n,
             cache::DecodeGraph {
@@ -455,7 +462,7 @@ impl GpuModel {
                 logits,
             },
         );
-        Ok(out)
+        Ok(n)
     }
 
     /// The device work of one step: no host transfers, so it can be captured.
