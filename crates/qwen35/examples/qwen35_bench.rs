@@ -17,7 +17,7 @@ use cudarc::driver::CudaSlice;
 use gdn_kernels::Gemm;
 use half::bf16;
 use qwen35::gpu::{GpuModel, GpuOptions, Logits};
-use qwen35::Config;
+use qwen35::{Config, LayerType};
 
 const CONTEXT: usize = 1024;
 const PAGE: usize = 64;
@@ -93,14 +93,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Matrix parameters touched per token (all but the embedding table; the
     // tied lm_head is counted once, for the one row that gets logits).
     let (h, i, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
-    let dn_proj = (2 * 16 + 32) * 128 + 32 * 128 + 64;
-    let attn_proj = 16 * 256 * 2 + 2 * 4 * 256;
-    let per_layer_mlp = 3 * h * i;
-    let linear_layers = 24;
-    let full_layers = 8;
-    let params_per_token = linear_layers * (h * dn_proj + 32 * 128 * h)
-        + full_layers * (h * attn_proj + 16 * 256 * h)
-        + 32 * per_layer_mlp;
+    // The model's own fused projection widths (gdn_kernels shapes).
+    let dn = gdn_kernels::DeltaNetShape {
+        qk_heads: c.linear_num_key_heads,
+        v_heads: c.linear_num_value_heads,
+        conv_kernel: c.linear_conv_kernel_dim,
+    };
+    let attn = gdn_kernels::AttentionShape {
+        q_heads: c.num_attention_heads,
+        kv_heads: c.num_key_value_heads,
+        head_dim: c.head_dim,
+        rotary_dim: c.rotary_dim(),
+    };
+    let per_layer = |t: &LayerType| match t {
+        LayerType::Linear => h * dn.proj_width() + dn.v_heads * gdn_kernels::HEAD_DIM * h,
+        LayerType::Full => h * attn.proj_width() + attn.q_heads * attn.head_dim * h,
+    } + 3 * h * i;
+    let params_per_token: usize = c.layer_types.iter().map(per_layer).sum();
     let weight_bytes_read = 2 * (params_per_token + v * h);
     println!(
         "{{\"model\": \"Qwen3.5-4B (random bf16 weights)\", \"gdn_backend\": \"{}\", \"weights_gib\": {:.2}, \"matrix_params_per_token\": {params_per_token}}}",
