@@ -323,6 +323,40 @@ pub fn check_against_oracle(
     (out, state)
 }
 
+/// Runs a single-sequence problem on `op` whole and as tokens `..at` then
+/// `at..` with the state carried, checks both against the oracle and against
+/// each other (the continuation gate every backend must pass).
+pub fn check_continuation(
+    case: &str,
+    op: &mut GdnPrefill,
+    stream: &Arc<CudaStream>,
+    whole: &Problem,
+    at: usize,
+) {
+    let want = whole.reference();
+    let end = whole.total_tokens();
+    let run = |p: &Problem, op: &mut GdnPrefill| p.run_on(op, stream).unwrap();
+    let whole_result = run(whole, op);
+    let first = run(
+        &whole.token_range(
+            0,
+            at,
+            whole.initial_state.clone().expect("an initial state"),
+        ),
+        op,
+    );
+    let second = run(&whole.token_range(at, end, first.1), op);
+    let split = (first.0.into_iter().chain(second.0).collect(), second.1);
+    let backend = op.backend();
+    check_against_oracle(&format!("{case} (split)"), backend, &split, &want);
+    check_against_oracle(&format!("{case} (whole)"), backend, &whole_result, &want);
+    assert_results_agree(
+        &format!("{case} {backend}: split vs whole"),
+        &split,
+        &whole_result,
+    );
+}
+
 /// Fails unless two GPU results `(output, final state)` agree within the
 /// oracle tolerances (a split run against the whole one).
 pub fn assert_results_agree(case: &str, a: &(Vec<f32>, Vec<f32>), b: &(Vec<f32>, Vec<f32>)) {

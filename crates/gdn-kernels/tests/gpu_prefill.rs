@@ -7,7 +7,7 @@
 //! state atol 5e-3 / rtol 1e-3), and every test asserts which backend ran.
 
 use gdn_kernels::testing::{
-    assert_results_agree, check_against_oracle as check, geometry, gpu_stream, Problem,
+    check_against_oracle as check, check_continuation, geometry, gpu_stream, Problem,
     ORACLE_LENGTHS as LENGTHS, QWEN35_GDN_HEADS as GEOMETRIES,
 };
 use gdn_kernels::{Backend, BackendRequest, GdnError, GdnGeometry, GdnPrefill};
@@ -108,38 +108,10 @@ fn continuation_128_equals_64_plus_64_with_carried_state() {
     for (hq, hv) in GEOMETRIES {
         let g = geometry(hq, hv);
         let whole = Problem::random(31 + hv as u64, g, &[128], true);
-        let want = whole.reference();
         for request in [BackendRequest::FlashInfer, BackendRequest::Portable] {
             let mut op = GdnPrefill::new(stream.clone(), g, request).unwrap();
-            let (out_whole, state_whole) = whole.run_on(&mut op, &stream).unwrap();
-            // Split the same tokens into two calls, carrying the state.
-            let (out_a, state_a) = whole
-                .token_range(0, 64, whole.initial_state.clone().unwrap())
-                .run_on(&mut op, &stream)
-                .unwrap();
-            let (out_b, state_b) = whole
-                .token_range(64, 128, state_a)
-                .run_on(&mut op, &stream)
-                .unwrap();
-            let out_split: Vec<f32> = out_a.into_iter().chain(out_b).collect();
             let case = format!("continuation Hv={hv} 128 vs 64+64");
-            check(
-                &format!("{case} (split)"),
-                op.backend(),
-                &(out_split.clone(), state_b.clone()),
-                &want,
-            );
-            check(
-                &format!("{case} (whole)"),
-                op.backend(),
-                &(out_whole.clone(), state_whole.clone()),
-                &want,
-            );
-            assert_results_agree(
-                &format!("{case}: split vs whole"),
-                &(out_split, state_b),
-                &(out_whole, state_whole),
-            );
+            check_continuation(&case, &mut op, &stream, &whole, 64);
         }
     }
 }
