@@ -61,6 +61,38 @@ fn demo_tokenizer_has_qwen35_added_tokens_and_eos_ids() {
     assert_eq!(tok.decode(&encoded).unwrap(), text);
 }
 
+/// Token ids of Hugging Face's tokenizer (Python `tokenizers`, as used by
+/// transformers) for the chat-template goldens of gdn-server, made by
+/// checks/fixtures/make_chat_template_goldens.py from this tokenizer.json:
+/// our loader must give the same ids for the same text (prompts with special
+/// tokens, unicode, JSON, combining marks).
+#[test]
+fn demo_tokenizer_matches_hf_ids_on_chat_template_goldens() {
+    let tok = TextTokenizer::from_dir(&demo_dir()).unwrap();
+    let path = demo_dir().join("../tests/fixtures/chat_template/goldens.json");
+    let goldens: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut checked = 0;
+    for case in goldens["cases"].as_array().unwrap() {
+        let Some(text) = case["rendered"].as_str() else {
+            continue;
+        };
+        let want: Vec<u32> = case["token_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(tok.encode(text).unwrap(), want, "case {}", case["name"]);
+        // The tokenizer normalises to NFC: the decomposed "e\u{301}" of one
+        // case comes back composed.
+        let nfc = text.replace("e\u{301}", "\u{e9}");
+        assert_eq!(tok.decode(&want).unwrap(), nfc, "case {}", case["name"]);
+        checked += 1;
+    }
+    assert!(checked >= 10, "only {checked} rendered cases");
+}
+
 #[test]
 fn demo_checkpoint_runs_on_the_cpu_forward() {
     let dir = demo_dir();
