@@ -9,7 +9,8 @@
 //! overtaken forever.
 //!
 //! When a running sequence needs a page and none is free, the most recently
-//! admitted running sequence is preempted by recompute: its slot and pages
+//! admitted running sequence is preempted by recompute (if that is the one
+//! in need, it waits a step instead, keeping its work): its slot and pages
 //! are freed and it goes back to the front of the waiting queue with its
 //! output so far; readmitted, it prefills prompt + output again and samples
 //! its next token with the same draw index, so its continuation is the one
@@ -237,8 +238,8 @@ impl Scheduler {
                     self.chunk_cap(remaining, budget)
                 };
                 let Some(len) = self.grant_pages(id, want, &mut plan, &mut budget) else {
-                    // It was the latest admitted and preempted itself: it
-                    // was the last running sequence, so this phase is done.
+                    // The latest admitted waits for pages: it is the last
+                    // running sequence, so this phase is done.
                     break;
                 };
                 let seq = &self.seqs[&id];
@@ -258,8 +259,8 @@ impl Scheduler {
 
     /// Pages for `want` more tokens of running `id`. A prefill chunk shrinks
     /// to what the free pages hold; when not one more token fits, the latest
-    /// admitted sequence is preempted (repeatedly). `None`: `id` itself was
-    /// preempted.
+    /// admitted sequence is preempted (repeatedly). `None`: `id` is itself
+    /// the latest admitted and waits for pages (no row this step).
     fn grant_pages(
         &mut self,
         id: RequestId,
@@ -278,11 +279,14 @@ impl Scheduler {
                 debug_assert!(grown);
                 return Some(len);
             }
-            let victim = self.preempt_latest(&mut plan.rows, budget);
-            plan.preempted.push(victim);
-            if victim == id {
+            if self.running.last() == Some(&id) {
+                // It is the latest admitted itself: rather than throw its
+                // work away, it sits this step out holding what it has;
+                // older sequences preempt it if they need its pages.
                 return None;
             }
+            let victim = self.preempt_latest(&mut plan.rows, budget);
+            plan.preempted.push(victim);
         }
     }
 
