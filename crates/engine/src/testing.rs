@@ -49,6 +49,8 @@ struct ControlState {
     failures: VecDeque<FakeFailure>,
     /// `Some(n)`: n more steps may start, then each waits for a release.
     permits: Option<u64>,
+    /// A step is waiting for a permit.
+    blocked: bool,
     delay: Duration,
 }
 
@@ -109,6 +111,18 @@ impl FakeControl {
         self.0 .1.notify_all();
     }
 
+    /// Waits (polling) until a held step is waiting for a permit; false on timeout.
+    pub fn wait_blocked(&self, timeout: Duration) -> bool {
+        let until = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < until {
+            if self.lock().blocked {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        false
+    }
+
     /// Waits (polling) until at least `n` steps were recorded; false on timeout.
     pub fn wait_steps(&self, n: usize, timeout: Duration) -> bool {
         let until = std::time::Instant::now() + timeout;
@@ -149,6 +163,8 @@ pub struct FakeExecutor {
     /// Per page: the slot that last wrote it, and the token at each offset.
     page_owner: Vec<Option<SlotId>>,
     page_tokens: Vec<Vec<u32>>,
+    /// Each slot's page list as of its last row.
+    slot_pages: Vec<Vec<PageId>>,
 }
 
 impl FakeExecutor {
@@ -159,6 +175,7 @@ impl FakeExecutor {
             slot_history: vec![None; geometry.num_slots],
             page_owner: vec![None; geometry.num_pages],
             page_tokens: vec![vec![0; geometry.page_size]; geometry.num_pages],
+            slot_pages: vec![Vec::new(); geometry.num_slots],
         }
     }
 
@@ -247,19 +264,41 @@ impl FakeExecutor {
         Ok(())
     }
 
+    /// Whether `slot`'s current sequence keeps KV in `page`.
+    fn holds(&self, slot: SlotId, page: PageId) -> bool {
+        let Some(history) = &self.slot_history[slot.0 as usize] else {
+            return false;
+        };
+        let used = history.len().div_ceil(self.geometry.page_size);
+        self.slot_pages[slot.0 as usize]
+            .iter()
+            .take(used)
+            .any(|&p| p == page)
+    }
+
     fn run_row(&mut self, row: &StepRow<'_>) -> Option<SampledToken> {
         let slot = row.slot.0 as usize;
         let page_size = self.geometry.page_size;
         let mut history = if row.start == 0 {
             Vec::new()
         } else {
-            self.slot_history[slot].take().expect("checked")
+            // Checked before the step; gone only if an earlier row of this
+            // step overwrote its KV.
+            match self.slot_history[slot].take() {
+                Some(history) => history,
+                None => {
+                    let violation = format!("slot {slot}: KV overwritten within the step");
+                    self.control.lock().violations.push(violation);
+                    Vec::new()
+                }
+            }
         };
+        self.slot_pages[slot] = row.pages.to_vec();
         for (k, &token) in row.tokens.iter().enumerate() {
             let pos = row.start + k;
             let page = row.pages[pos / page_size];
             if let Some(previous) = self.page_owner[page.0 as usize] {
-                if previous != row.slot {
+                if previous != row.slot && self.holds(previous, page) {
                     // That sequence's KV is gone: continuing it is a bug.
                     self.slot_history[previous.0 as usize] = None;
                 }
@@ -268,14 +307,17 @@ impl FakeExecutor {
             self.page_tokens[page.0 as usize][pos % page_size] = token;
             history.push(token);
         }
+        self.slot_history[slot] = Some(history);
+        let spec = row.sample.as_ref()?;
         // The model reads its context back through the pages.
-        let context: Vec<u32> = (0..history.len())
+        let end = row.start + row.tokens.len();
+        let context: Vec<u32> = (0..end)
             .map(|pos| self.page_tokens[row.pages[pos / page_size].0 as usize][pos % page_size])
             .collect();
-        self.slot_history[slot] = Some(history);
-        row.sample
-            .as_ref()
-            .map(|spec| sampler::sample(&fake_logits(&context, self.geometry.vocab_size), spec))
+        Some(sampler::sample(
+            &fake_logits(&context, self.geometry.vocab_size),
+            spec,
+        ))
     }
 }
 
@@ -289,8 +331,10 @@ impl Executor for FakeExecutor {
             let (lock, ready) = &*self.control.0;
             let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
             while state.permits == Some(0) {
+                state.blocked = true;
                 state = ready.wait(state).unwrap_or_else(|e| e.into_inner());
             }
+            state.blocked = false;
             if let Some(permits) = state.permits.as_mut() {
                 *permits -= 1;
             }

@@ -56,11 +56,58 @@ pub fn start(config: EngineConfig, geometry: CacheGeometry) -> Started {
     }
 }
 
-/// A prompt of `len` tokens that differs per `tag` (and avoids EOS).
+/// A prompt of `len` tokens starting with `tag + 1` (so a test can tell
+/// requests apart in the executor's log; tags below 60) and avoiding EOS.
 pub fn prompt(tag: u32, len: usize) -> Vec<u32> {
+    assert!(tag < 60);
     (0..len as u32)
-        .map(|i| 1 + (tag * 7 + i * 13) % (VOCAB as u32 - 1))
+        .map(|i| {
+            if i == 0 {
+                tag + 1
+            } else {
+                1 + (tag * 7 + i * 13) % (VOCAB as u32 - 1)
+            }
+        })
         .collect()
+}
+
+/// The slot of the request whose prompt starts with `tag + 1`, from the
+/// first row that starts it.
+pub fn slot_of(steps: &[Vec<engine::testing::RowRecord>], tag: u32) -> Option<engine::SlotId> {
+    steps
+        .iter()
+        .flatten()
+        .find(|r| r.start == 0 && r.tokens[0] == tag + 1)
+        .map(|r| r.slot)
+}
+
+/// The value of a sample line `name` or `name{labels}` in Prometheus text.
+pub fn metric_value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("{series} not in metrics:\n{text}"))
+        .trim()
+        .parse()
+        .expect("a number")
+}
+
+pub fn metrics_text(registry: &prometheus::Registry) -> String {
+    use prometheus::Encoder;
+    let mut buf = Vec::new();
+    prometheus::TextEncoder::new()
+        .encode(&registry.gather(), &mut buf)
+        .unwrap();
+    String::from_utf8(buf).unwrap()
+}
+
+/// No contract breach seen by the fake, and every slot and page released.
+pub fn assert_clean(s: &Started) {
+    assert!(
+        s.control.violations().is_empty(),
+        "{:?}",
+        s.control.violations()
+    );
+    wait_released(&s.handle);
 }
 
 /// Sampled (temperature 1, fixed seed), EOS ignored, exactly `max_tokens` tokens.
