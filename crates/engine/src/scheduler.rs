@@ -296,16 +296,20 @@ impl Scheduler {
             let Some(&id) = self.waiting.front() else {
                 break;
             };
-            // Do not readmit in the step that preempted it: its pages were
-            // just taken for someone older.
-            if plan.preempted.contains(&id) {
+            // Pages ran out in this step: admitting now would only make the
+            // next preemption victim (vLLM v1 skips admission likewise).
+            if !plan.preempted.is_empty() {
                 break;
             }
             let seq = &self.seqs[&id];
-            let free_positions = self.alloc.pages_free() * self.alloc.page_size();
+            // Leave one free page per running sequence for its growth in the
+            // next steps, or the newcomer would be preempted at once (and
+            // its prefill thrown away) as soon as an older one needs a page.
+            let reserve = self.running.len();
+            let spare_pages = self.alloc.pages_free().saturating_sub(reserve);
             let len = self
                 .chunk_cap(seq.tokens.len(), *budget)
-                .min(free_positions);
+                .min(spare_pages * self.alloc.page_size());
             if len == 0 {
                 break;
             }

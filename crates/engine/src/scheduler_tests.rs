@@ -382,3 +382,18 @@ fn remove_frees_running_and_waiting() {
     assert!(s.is_idle());
     assert_eq!(s.alloc.slots_used() + s.alloc.pages_used(), 0);
 }
+
+#[test]
+fn admission_leaves_a_page_per_running_sequence() {
+    // 6 pages of 4. Request 0 (prompt 8) holds 2 pages and decodes.
+    let mut s = scheduler(64, 4, 0, geometry(4, 6, 4));
+    add(&mut s, 0, 8, 10);
+    drive_steps(&mut s, 1);
+    // Its decode at position 8 takes a third page: 3 free, 1 kept for
+    // request 0, so a 16-token prompt is granted 8 positions (2 pages).
+    add(&mut s, 1, 16, 2);
+    let plan = s.schedule();
+    let row = plan.rows.iter().find(|r| r.id == RequestId(1)).unwrap();
+    assert_eq!((row.start, row.len), (0, 8));
+    assert_eq!(s.alloc.pages_free(), 1);
+}
