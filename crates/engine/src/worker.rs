@@ -162,7 +162,8 @@ impl Worker {
             }
             if let Some(deadline) = self.deadline {
                 if Instant::now() >= deadline {
-                    self.fail_all(SHUT_DOWN, "error");
+                    // vLLM counts requests cut off at shutdown as aborted.
+                    self.fail_all(SHUT_DOWN, "abort");
                     self.publish();
                     return;
                 }
@@ -267,10 +268,7 @@ impl Worker {
     fn die(&mut self, why: String) {
         log::error!("engine stopped: {why}");
         self.shared.set_state(EngineState::Dead(why));
-        self.fail_all(
-            "the engine stopped (device lost); the request did not complete",
-            "error",
-        );
+        self.fail_all("the engine stopped; the request did not complete", "error");
         self.publish();
     }
 
