@@ -190,6 +190,14 @@ pub struct EngineHandle {
     commands: mpsc::Sender<Command>,
 }
 
+impl std::fmt::Debug for EngineHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineHandle")
+            .field("state", &self.state())
+            .finish_non_exhaustive()
+    }
+}
+
 impl EngineHandle {
     /// Validates against the engine's limits, queues, and returns the
     /// request's stream at once (never blocks).
@@ -302,6 +310,7 @@ impl EngineHandle {
 /// A request's events: tokens, then exactly one `Finished` or `Failed`.
 /// Dropping it before the terminal event aborts the request (the engine
 /// frees its slot and pages within one step).
+#[derive(Debug)]
 pub struct RequestStream {
     id: RequestId,
     events: tokio_mpsc::UnboundedReceiver<Event>,
