@@ -6,7 +6,10 @@
 //! sequences in arrival order (FCFS) while a state slot, pages for the
 //! granted chunk and budget remain. Admission stops at the first waiting
 //! sequence that does not fit, so a long prompt at the head is never
-//! overtaken forever.
+//! overtaken forever. Pages are taken as positions need them; admission
+//! leaves one free page per running sequence (their next growth) and is
+//! skipped in a step that had to preempt, so newcomers are not admitted
+//! only to be thrown out at the next page boundary.
 //!
 //! When a running sequence needs a page and none is free, the most recently
 //! admitted running sequence is preempted by recompute (if that is the one
