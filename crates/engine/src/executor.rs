@@ -1,0 +1,114 @@
+//! The seam between the engine and a model runtime. The engine decides
+//! which sequence sits in which state slot, which KV pages it owns and which
+//! tokens run in a step; an executor only runs the rows it is given on the
+//! device buffers those ids address, and samples where asked.
+
+use crate::request::SamplingParams;
+
+/// A recurrent/conv state slot of the executor (one per live sequence).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SlotId(pub u32);
+
+/// A KV-cache page of the executor (`page_size` positions of every attention layer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PageId(pub u32);
+
+/// What an executor holds; the engine's allocator hands these out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheGeometry {
+    pub num_slots: usize,
+    pub num_pages: usize,
+    /// Positions per KV page.
+    pub page_size: usize,
+    pub vocab_size: usize,
+    /// The longest sequence (prompt + output) the executor can run.
+    pub max_model_len: usize,
+}
+
+/// Where a sampled token's randomness comes from: a pure function of
+/// (`seed`, `draw`), so a request's samples do not depend on the batch it
+/// ran in, nor on preemption (a recomputed request draws the same numbers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SampleSeed {
+    pub seed: u64,
+    /// Index of this draw within the request (0 for its first output token).
+    pub draw: u64,
+}
+
+/// A request to sample one token after the last token of a row.
+#[derive(Clone, Copy, Debug)]
+pub struct SampleSpec<'a> {
+    pub params: &'a SamplingParams,
+    /// Every token of the sequence so far (prompt, then output), for the
+    /// penalties: repetition applies to all of them, presence and frequency
+    /// to the output only (`history[prompt_len..]`), as in vLLM.
+    pub history: &'a [u32],
+    pub prompt_len: usize,
+    pub seed: SampleSeed,
+    /// Tokens that may not be sampled (EOS and stop ids while `min_tokens`
+    /// is not reached).
+    pub banned: &'a [u32],
+}
+
+/// One sequence's part of a step.
+#[derive(Clone, Copy, Debug)]
+pub struct StepRow<'a> {
+    pub slot: SlotId,
+    /// Position of `tokens[0]`. 0: the slot's state starts from zero (the
+    /// executor resets it); otherwise the slot holds the state after
+    /// exactly `start` tokens of this sequence.
+    pub start: usize,
+    pub tokens: &'a [u32],
+    /// The sequence's KV pages in position order, covering at least
+    /// `start + tokens.len()` positions.
+    pub pages: &'a [PageId],
+    /// Sample a token after the row's last token (`None`: a prefill chunk
+    /// that is not the prompt's last).
+    pub sample: Option<SampleSpec<'a>>,
+}
+
+/// A sampled token with its log-probability and the top alternatives when
+/// asked. Log-probabilities are the raw model log-softmax (before penalties,
+/// temperature and truncation), as vLLM's default `raw_logprobs` mode.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SampledToken {
+    pub token: u32,
+    pub logprob: f32,
+    /// `(token, logprob)`, best first; `params.logprobs` of them.
+    pub top_logprobs: Vec<(u32, f32)>,
+}
+
+#[derive(Debug)]
+pub enum ExecError {
+    /// The executor refused the step before touching any state (a bug in the
+    /// engine or an unsupported shape); the rows' states are unchanged.
+    Refused(String),
+    /// The device failed while running the step: the states of the step's
+    /// slots are undefined (the engine fails or recomputes those requests),
+    /// other slots are intact.
+    StepFailed(String),
+    /// The executor is unusable (lost device): the engine stops.
+    Fatal(String),
+}
+
+impl std::fmt::Display for ExecError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExecError::Refused(m) => write!(f, "step refused: {m}"),
+            ExecError::StepFailed(m) => write!(f, "step failed: {m}"),
+            ExecError::Fatal(m) => write!(f, "executor lost: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for ExecError {}
+
+/// A model runtime driven by the engine. It lives on the engine thread (it
+/// is created there by a factory, so it need not be `Send`).
+pub trait Executor {
+    fn geometry(&self) -> CacheGeometry;
+
+    /// Runs one forward over `rows` (each slot at most once) and returns one
+    /// [`SampledToken`] per row with `sample: Some(..)`, in row order.
+    fn step(&mut self, rows: &[StepRow<'_>]) -> Result<Vec<SampledToken>, ExecError>;
+}

@@ -1,0 +1,202 @@
+//! The engine's request API: what the server submits and what it receives.
+//! Every value here is already validated by the caller (the server turns
+//! client JSON into these types); the engine checks only what depends on
+//! its own limits (prompt length against `max_model_len`, queue size).
+
+use std::time::Duration;
+
+/// Engine-assigned request identity (unique for the engine's lifetime).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+/// Sampling policy of one request. Ranges follow vLLM's
+/// `SamplingParams._verify_args`; [`SamplingParams::check`] enforces them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// In (0, 1]; 1 is off.
+    pub top_p: f32,
+    /// 0 is off.
+    pub top_k: u32,
+    /// In [0, 1]; 0 is off.
+    pub min_p: f32,
+    /// Positive; 1 is off. Divides positive logits / multiplies negative ones of
+    /// every token seen (prompt and output).
+    pub repetition_penalty: f32,
+    /// In [-2, 2]; subtracted once from the logit of every output token seen.
+    pub presence_penalty: f32,
+    /// In [-2, 2]; subtracted per occurrence in the output.
+    pub frequency_penalty: f32,
+    /// `None`: the engine draws a seed for the request.
+    pub seed: Option<u64>,
+    /// `Some(k)`: return the chosen token's logprob and the top `k`.
+    pub logprobs: Option<u32>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: None,
+            logprobs: None,
+        }
+    }
+}
+
+/// The most top log-probabilities a request may ask for (OpenAI's
+/// `top_logprobs` limit, vLLM's default `max_logprobs`).
+pub const MAX_LOGPROBS: u32 = 20;
+
+impl SamplingParams {
+    /// vLLM's `SamplingParams._verify_args` ranges; the error names the field.
+    pub fn check(&self) -> Result<(), String> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(format!(
+                "temperature must be finite and >= 0, got {}",
+                self.temperature
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
+        }
+        if !(self.min_p >= 0.0 && self.min_p <= 1.0) {
+            return Err(format!("min_p must be in [0, 1], got {}", self.min_p));
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return Err(format!(
+                "repetition_penalty must be finite and > 0, got {}",
+                self.repetition_penalty
+            ));
+        }
+        for (name, value) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&value) {
+                return Err(format!("{name} must be in [-2, 2], got {value}"));
+            }
+        }
+        if let Some(k) = self.logprobs {
+            if k > MAX_LOGPROBS {
+                return Err(format!("logprobs must be at most {MAX_LOGPROBS}, got {k}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// When a request stops.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StopParams {
+    /// Output tokens at most (>= 1).
+    pub max_tokens: usize,
+    /// EOS and stop ids are banned until this many tokens were produced.
+    pub min_tokens: usize,
+    /// Extra token ids that end the request (the token is emitted).
+    pub stop_token_ids: Vec<u32>,
+    /// Do not stop at the model's EOS ids.
+    pub ignore_eos: bool,
+}
+
+impl StopParams {
+    /// `max_tokens` >= 1 and `min_tokens` <= `max_tokens` (vLLM's ranges).
+    pub fn check(&self) -> Result<(), String> {
+        if self.max_tokens < 1 {
+            return Err(format!(
+                "max_tokens must be at least 1, got {}",
+                self.max_tokens
+            ));
+        }
+        if self.min_tokens > self.max_tokens {
+            return Err(format!(
+                "min_tokens must be less than or equal to max_tokens={}, got {}",
+                self.max_tokens, self.min_tokens
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenerateRequest {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub stop: StopParams,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An EOS or stop token id (given) was produced.
+    Stop { token: u32 },
+    /// `max_tokens` reached, or the sequence reached `max_model_len`.
+    Length,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens served from the prefix cache (0 until it exists).
+    pub cached_tokens: usize,
+}
+
+/// One token of output.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenEvent {
+    pub token: u32,
+    /// Present when the request asked for logprobs.
+    pub logprob: Option<f32>,
+    pub top_logprobs: Vec<(u32, f32)>,
+}
+
+/// What a request's stream yields, in order: tokens, then exactly one
+/// `Finished` or `Failed`, then the stream ends.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    Token(TokenEvent),
+    Finished {
+        reason: FinishReason,
+        usage: Usage,
+    },
+    /// The request could not complete (device failure in its step, engine
+    /// stopped); the text is safe to show a client.
+    Failed(String),
+}
+
+/// Why `submit` refused a request (nothing was queued).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SubmitError {
+    /// The prompt alone is too long: `prompt_tokens` >= `max_model_len`
+    /// (no room for one output token), or prompt + `max_tokens` exceeds it.
+    TooLong {
+        prompt_tokens: usize,
+        max_tokens: usize,
+        max_model_len: usize,
+    },
+    /// A value outside its range (names the field).
+    Invalid(String),
+    /// `max_num_queued_reqs` reached.
+    Overloaded { retry_after: Duration },
+    /// Shutdown in progress: no new work.
+    ShuttingDown,
+    /// Still loading the model.
+    Loading,
+    /// The engine thread stopped (lost device, panic).
+    Dead(String),
+}
+
+/// Engine lifecycle, as `/health` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EngineState {
+    Loading,
+    Ready,
+    Draining,
+    Dead(String),
+}
