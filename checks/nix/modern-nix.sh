@@ -19,7 +19,7 @@
 set -uo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-cd "$repo"
+cd "$repo" || exit 1
 
 chroot_dir="${GDN_NIX_CHROOT:-/var/cache/gdn/nix-chroot-trixie}"
 mirror="${GDN_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
@@ -63,12 +63,18 @@ remove_tree() {
 }
 
 # Runs a command inside the chroot with /proc mounted (Nix reads
-# /proc/self/exe); the mount dies with the namespace, whatever happens.
+# /proc/self/exe). In its own mount and PID namespaces: if unshare is killed
+# (timeout, CI cancelled), its child gets SIGKILL, the kernel kills everything
+# else in the PID namespace, and the mount goes with the namespace.
+# `timeout --foreground` stays in this script's process group, so a signal
+# to the group (CI cancelled, an outer timeout) reaches unshare too; fd 9
+# (the chroot lock) is closed so that nothing can hold the lock after us.
 in_chroot() {
-  timeout "$nix_timeout_s" unshare --mount --fork --kill-child -- sh -c '
+  # shellcheck disable=SC2016 # $1 and $@ belong to the inner sh
+  timeout --foreground "$nix_timeout_s" unshare --mount --pid --fork --kill-child -- sh -c '
     root=$1; shift
     mount -t proc proc "$root/proc" && exec chroot "$root" "$@"' sh "$chroot_dir" \
-    env -i PATH=/usr/bin:/bin HOME=/root "$@" </dev/null
+    env -i PATH=/usr/bin:/bin HOME=/root "$@" </dev/null 9>&-
 }
 
 chroot_nix_version() {
@@ -82,10 +88,11 @@ create_chroot() {
   for attempt in 1 2; do
     remove_tree "$fresh"
     # debootstrap mounts /proc and /sys in the target while configuring;
-    # the private namespace keeps those mounts from outliving it.
+    # the private namespaces keep those mounts, and any dpkg or wget left
+    # running, from outliving it (see in_chroot).
     # shellcheck disable=SC2086 # the recipe is a word list on purpose
-    if timeout "$debootstrap_timeout_s" unshare --mount --fork --kill-child -- \
-      $recipe "$fresh" "$mirror" >"$log" 2>&1; then
+    if timeout --foreground "$debootstrap_timeout_s" unshare --mount --pid --fork --kill-child -- \
+      $recipe "$fresh" "$mirror" >"$log" 2>&1 9>&-; then
       break
     fi
     echo "debootstrap attempt $attempt failed after $(elapsed "$start"); last lines of $log:"
