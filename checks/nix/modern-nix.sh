@@ -25,7 +25,12 @@ chroot_dir="${GDN_NIX_CHROOT:-/var/cache/gdn/nix-chroot-trixie}"
 mirror="${GDN_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 # debootstrap does not resolve virtual packages: nix-bin needs
 # libdbd-sqlite3-perl, which needs perl-dbdabi-94, provided by libdbi-perl.
-recipe="debootstrap --variant=minbase --include=nix-bin,libdbi-perl trixie"
+debootstrap_options="--variant=minbase --include=nix-bin,libdbi-perl"
+suite=trixie
+recipe="debootstrap $debootstrap_options $suite"
+# Named explicitly so that debootstrap refuses an unverifiable Release file
+# instead of warning and going on (Debian 12's keyring has the trixie keys).
+keyring=/usr/share/keyrings/debian-archive-keyring.gpg
 # Bounds: a stuck mirror or evaluation fails the run instead of hanging CI.
 debootstrap_timeout_s=600
 nix_timeout_s=300
@@ -44,9 +49,10 @@ abort() { fail "$*"; finish; }
 elapsed() { echo "$(($(date +%s) - $1)) s"; }
 
 [ "$(id -u)" -eq 0 ] || abort "needs root (debootstrap, chroot and unshare); CI runs as root"
-for tool in debootstrap unshare chroot flock timeout findmnt jq git tar; do
-  command -v "$tool" >/dev/null || abort "required tool '$tool' not on PATH (Debian: apt-get install debootstrap util-linux jq git tar)"
+for tool in debootstrap gpgv unshare chroot flock timeout findmnt jq git tar; do
+  command -v "$tool" >/dev/null || abort "required tool '$tool' not on PATH (Debian: apt-get install debootstrap gpgv util-linux jq git tar)"
 done
+[ -f "$keyring" ] || abort "$keyring missing (Debian: apt-get install debian-archive-keyring)"
 
 # Deleting a directory with something mounted below it would delete through
 # the mount: refuse instead. (Every mount made here lives in a private mount
@@ -90,9 +96,9 @@ create_chroot() {
     # debootstrap mounts /proc and /sys in the target while configuring;
     # the private namespaces keep those mounts, and any dpkg or wget left
     # running, from outliving it (see in_chroot).
-    # shellcheck disable=SC2086 # the recipe is a word list on purpose
+    # shellcheck disable=SC2086 # the options are a word list on purpose
     if timeout --foreground "$debootstrap_timeout_s" unshare --mount --pid --fork --kill-child -- \
-      $recipe "$fresh" "$mirror" >"$log" 2>&1 9>&-; then
+      debootstrap $debootstrap_options --keyring="$keyring" "$suite" "$fresh" "$mirror" >"$log" 2>&1 9>&-; then
       break
     fi
     echo "debootstrap attempt $attempt failed after $(elapsed "$start"); last lines of $log:"
