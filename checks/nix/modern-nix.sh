@@ -12,7 +12,7 @@
 # with the path: flakes in checks/nix/fake-nixpkgs and checks/nix/fake-crane.
 #
 # Needs root (debootstrap, chroot, unshare), debootstrap, util-linux, jq and
-# a Debian mirror for the first run (about 2 minutes; later runs seconds).
+# a Debian mirror for the first run (1 to 3 minutes; later runs seconds).
 # Environment:
 #   GDN_NIX_CHROOT      cached chroot (default /var/cache/gdn/nix-chroot-trixie)
 #   GDN_DEBIAN_MIRROR   mirror for debootstrap (default http://deb.debian.org/debian)
@@ -53,6 +53,8 @@ for tool in debootstrap gpgv unshare chroot flock timeout findmnt jq git tar; do
   command -v "$tool" >/dev/null || abort "required tool '$tool' not on PATH (Debian: apt-get install debootstrap gpgv util-linux jq git tar)"
 done
 [ -f "$keyring" ] || abort "$keyring missing (Debian: apt-get install debian-archive-keyring)"
+unshare --mount --pid --fork true 2>/dev/null ||
+  abort "cannot create mount and PID namespaces here (unshare --mount --pid needs CAP_SYS_ADMIN)"
 
 # Deleting a directory with something mounted below it would delete through
 # the mount: refuse instead. (Every mount made here lives in a private mount
@@ -161,7 +163,7 @@ nix_in_chroot() {
 nix_eval_json() { nix_in_chroot fake-nixpkgs eval --json "$flake#$1" --apply "$2"; }
 
 out=$(mktemp)
-trap 'rm -f "$out"; remove_tree "$run_dir"' EXIT
+trap 'rm -f "$out" "$out.json"; remove_tree "$run_dir"' EXIT
 fail_with_log() { fail "$1: $(tail -n 20 "$out")"; }
 
 # 1. nix flake show: every advertised output is there.
@@ -259,10 +261,11 @@ rm -f "$out.json"
 
 # 6. A nixpkgs whose nvcc differs from the lock: evaluation must refuse, and
 #    say why. (Checks that this script's nix failures do reach the report.)
+lock_nvcc=$(jq -r .nvcc_version gdn-bundle.lock.json)
 if nix_in_chroot fake-nixpkgs-nvcc-mismatch flake check --no-build "$flake" >"$out" 2>&1; then
   fail "nix flake check --no-build succeeded with an nvcc (13.0.0) that the lock does not record"
-elif grep -q 'gives nvcc 13.0.0 for cuda-13.0' "$out" && grep -q 'records nvcc V13.0.88' "$out"; then
-  pass "nix flake check --no-build refuses nixpkgs with nvcc 13.0.0 (lock: V13.0.88), naming both"
+elif grep -q -F 'gives nvcc 13.0.0 for cuda-13.0' "$out" && grep -q -F "records nvcc $lock_nvcc" "$out"; then
+  pass "nix flake check --no-build refuses nixpkgs with nvcc 13.0.0 (lock: $lock_nvcc), naming both"
 else
   fail_with_log "nvcc mismatch: failed, but not with the nvcc error"
 fi
