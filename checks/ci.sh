@@ -32,6 +32,9 @@ checks/reproducibility.sh
 step "nix static checks"
 checks/nix/run.sh
 
+step "nix flake show/check/drvPaths with Nix 2.26 (Debian 13 chroot) against the test doubles"
+checks/nix/modern-nix.sh
+
 step "cargo test (GPU tests skip without a GPU)"
 cargo test --workspace -- --show-output 2>&1 | tee target/cargo-test.log
 # Without a GPU the GPU tests pass by returning early; say how many did.

@@ -47,7 +47,7 @@ in
   apps.server = {
     type = "app";
     program = "${server.launcher}/bin/gdn-server";
-    meta.description = "Run gdn-server (placeholder until the runtime lands)";
+    meta.description = "Run gdn-server (OpenAI-compatible server; the embedded demo model without --model)";
   };
 
   inherit (allChecks) checks gpuChecks;

@@ -17,6 +17,13 @@ let
       # Test fixtures and snapshots (sample locks, manifests).
       (lib.fileset.fileFilter (file: file.hasExt "json") (src + "/crates"))
       (lib.fileset.fileFilter (file: file.hasExt "json") (src + "/generator"))
+      # Whole fixture directories: checkpoints (.safetensors), tokenizers,
+      # chat templates (.jinja) and their golden renders, read by the tests.
+      (lib.fileset.maybeMissing (src + "/crates/qwen35/tests/fixtures"))
+      (lib.fileset.maybeMissing (src + "/crates/server/tests/fixtures"))
+      # The demo checkpoint, tokenizer and chat template that the gdn-server
+      # binary embeds with include_bytes!.
+      (lib.fileset.maybeMissing (src + "/crates/server/demo"))
     ];
   };
 

@@ -1,16 +1,14 @@
-# packages.server: the workspace built with crane against the Nix-built bundle.
-#
-# No server binary exists yet; `gdn-server` is the placeholder name the
-# package, the app and the launcher use. Until it lands, this builds every
-# workspace binary (today: gdn-gen) and `nix run .#server` reports the missing
-# binary.
+# packages.server: the `gdn-server` binary (crates/server) built with crane
+# against the Nix-built bundle, and the launcher that apps.server runs.
 { pkgs, rust, bundle }:
 let
   package = rust.craneLib.buildPackage (rust.commonArgs // {
     inherit (rust) cargoArtifacts;
     pname = "gdn-server";
-    cargoExtraArgs = "--locked --workspace";
-    # Read by gdn-kernels' build.rs, which verifies the bundle.
+    # Only the server package: its dependencies (engine, qwen35, gdn-kernels)
+    # are built as libraries, and gdn-gen is not installed next to it.
+    cargoExtraArgs = "--locked --package gdn-server --bin gdn-server";
+    # Read by gdn-kernels' build.rs, which verifies the bundle and embeds it.
     GDN_BUNDLE_DIR = "${bundle}";
     # Host objects from nixpkgs' compiler (not the lock's); device code is
     # still checked against the lock by build.rs.
@@ -21,23 +19,22 @@ let
     # The test suite runs in checks.cargo-test.
     doCheck = false;
     passthru = { inherit bundle launcher; };
-    meta.mainProgram = "gdn-server";
+    meta = {
+      description = "OpenAI-compatible server for Qwen3.5 on the GDN kernel bundle";
+      mainProgram = "gdn-server";
+    };
   });
 
   # apps.server. On hosts without /run/opengl-driver (non-NixOS), point
   # GDN_CUDA_DRIVER_DIR at a directory holding only the driver's libcuda.so.1
   # (and its libnvidia-* companions); putting the whole host lib directory on
-  # LD_LIBRARY_PATH would shadow Nix's glibc and libstdc++.
+  # LD_LIBRARY_PATH would shadow Nix's glibc and libstdc++. Without a driver
+  # the server falls back to the CPU (`--device auto`).
   launcher = pkgs.writeShellScriptBin "gdn-server" ''
     if [ -n "''${GDN_CUDA_DRIVER_DIR:-}" ]; then
       export LD_LIBRARY_PATH="$GDN_CUDA_DRIVER_DIR''${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     fi
-    server=${package}/bin/gdn-server
-    if [ ! -x "$server" ]; then
-      echo "gdn-server: no server binary in ${package}/bin yet (the runtime has not landed)." >&2
-      exit 127
-    fi
-    exec "$server" "$@"
+    exec ${package}/bin/gdn-server "$@"
   '';
 in
 {

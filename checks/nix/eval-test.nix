@@ -26,7 +26,9 @@ let
   bundle12 = packages.gdn-bundle-cuda12_8;
 
   # Small helpers (no nixpkgs lib here on purpose).
-  hasInfix = needle: haystack: builtins.length (builtins.split (escapeRegex needle) haystack) > 1;
+  # Regexes may not carry string context (the fakes' paths are real derivations).
+  noContext = builtins.unsafeDiscardStringContext;
+  hasInfix = needle: haystack: builtins.length (builtins.split (escapeRegex (noContext needle)) (noContext haystack)) > 1;
   escapeRegex = builtins.replaceStrings
     [ "\\" "." "[" "]" "(" ")" "{" "}" "*" "+" "?" "^" "$" "|" ]
     [ "\\\\" "\\." "\\[" "\\]" "\\(" "\\)" "\\{" "\\}" "\\*" "\\+" "\\?" "\\^" "\\$" "\\|" ];
@@ -61,8 +63,11 @@ let
   toolkit12 = bundle12.toolkit.root;
 
   storePathsOf = pattern: text:
-    map builtins.head (builtins.filter builtins.isList (builtins.split "(/nix/store/[0-9a-f]+-${pattern})" text));
+    map builtins.head (builtins.filter builtins.isList (builtins.split "(/nix/store/[0-9a-z]{32}-${pattern})" (noContext text)));
   deterministicPaths = storePathsOf "gdn-bundle-cuda-13\\.0" checks.bundle-deterministic.buildCommand;
+
+  # Directories the crane source must keep whole (beyond Rust files and JSON).
+  serverSourceDirs = [ "crates/server/demo" "crates/server/tests/fixtures" "crates/qwen35/tests/fixtures" ];
 
   wantedPackages = [ "default" "gdn-bundle" "gdn-bundle-cuda12_8" "gdn-gen" "server" "gdn-server" ];
   wantedChecks = [ "bundle-matches-lock" "bundle-deterministic" "cargo-clippy" "cargo-fmt" "cargo-doc" "cargo-test" ];
@@ -81,8 +86,9 @@ in
     (out.apps.${system}.server.type == "app"
       && out.apps.${system}.server.program == "${packages.server.launcher}/bin/gdn-server")
     "apps.server = ${show out.apps.${system}.server}")
-  (check "apps.server launcher execs the server package's bin/gdn-server"
-    (hasInfix "${packages.server}/bin/gdn-server" packages.server.launcher.text)
+  (check "apps.server launcher execs the server package's bin/gdn-server unconditionally"
+    (hasInfix "exec ${packages.server}/bin/gdn-server \"$@\"" packages.server.launcher.text
+      && !(hasInfix "if [ ! -x" packages.server.launcher.text))
     "launcher: ${packages.server.launcher.text}")
   (check "flake outputs: devShells.${system}.default exists and carries the toolkit"
     (out.devShells.${system} ? default
@@ -159,6 +165,16 @@ in
   (check "server: GDN_BUNDLE_DIR = \"\${bundle}\""
     ((packages.server.GDN_BUNDLE_DIR or "") == "${bundle}")
     "GDN_BUNDLE_DIR = ${show (packages.server.GDN_BUNDLE_DIR or null)}")
+  (check "server: crane builds only the gdn-server binary of package gdn-server, --locked"
+    (all (map (flag: hasInfix flag packages.server.cargoExtraArgs) [ "--locked" "--package gdn-server" "--bin gdn-server" ])
+      && !(hasInfix "--workspace" packages.server.cargoExtraArgs)
+      && packages.server.pname == "gdn-server"
+      && packages.server.meta.mainProgram == "gdn-server")
+    "cargoExtraArgs = ${packages.server.cargoExtraArgs}, pname = ${packages.server.pname}")
+  (check "server: source keeps the demo checkpoint (include_bytes!) and the test fixture directories"
+    (all (map (needle: builtins.elem needle (map (member: noContext (toString' member)) packages.server.src.fakeFileset.fakeUnion))
+      (map (dir: "${toString root}/${dir}") serverSourceDirs)))
+    "fileset ${show (map toString' packages.server.src.fakeFileset.fakeUnion)}")
   (check "server: autoAddDriverRunpath in nativeBuildInputs"
     (builtins.any (d: d.name == "auto-add-driver-runpath-hook") packages.server.nativeBuildInputs)
     "nativeBuildInputs ${show (map nameOf packages.server.nativeBuildInputs)}")

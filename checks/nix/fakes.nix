@@ -1,32 +1,54 @@
-# Test doubles of nixpkgs and crane for eval-test.nix.
+# Test doubles of nixpkgs and crane for eval-test.nix and for the flake
+# evaluation with a current Nix (checks/nix/modern-nix.sh, through the flakes
+# in fake-nixpkgs/ and fake-crane/).
 #
-# Every builder returns an attrset that records its arguments (`fakeArgs`),
-# the builder used (`fakeKind`) and a fake `outPath` derived from those
-# arguments, so string interpolation works and changed arguments give a
-# different path, as with real derivations.
+# Every builder returns a real derivation that is never built (its builder
+# fails on purpose), so `nix flake show`, `nix flake check --no-build` and
+# `.drvPath` work on it, with its arguments kept as attributes next to
+# `fakeArgs` (all of them) and `fakeKind` (the builder used). The arguments
+# that can be derivation attributes are also passed to `derivation`, so
+# changed arguments give a different drvPath and outPath, as with real
+# builders, and references between fakes become input derivations.
 { nvccVersion }:
 let
-  isSerializable = value: !(builtins.isFunction value);
+  system = "x86_64-linux";
 
-  # passthru may hold package sets with functions; toJSON cannot take them.
-  hashedArgs = args:
-    let
-      kept = builtins.filter
-        (name: name != "passthru" && isSerializable args.${name})
-        (builtins.attrNames args);
-    in
-    builtins.listToAttrs (map (name: { inherit name; value = args.${name}; }) kept);
+  # Attributes `derivation` reserves or that real builders do not pass on.
+  notEnv = [ "name" "system" "builder" "args" "outputs" "passthru" "meta" "__structuredAttrs" "__ignoreNulls" ];
+
+  isPlain = value:
+    builtins.isString value || builtins.isInt value || builtins.isBool value
+    || value == null || (builtins.isAttrs value && value ? outPath);
+
+  # Lists of strings/derivations and plain values go in as they are; other
+  # values (attrsets, lists of records) as JSON text.
+  toEnvValue = value:
+    if isPlain value || (builtins.isList value && builtins.all isPlain value)
+    then value
+    else builtins.toJSON value;
+
+  envOf = args: builtins.listToAttrs (map
+    (name: { inherit name; value = toEnvValue args.${name}; })
+    (builtins.filter
+      (name: !(builtins.elem name notEnv) && !(builtins.isFunction args.${name}))
+      (builtins.attrNames args)));
 
   mkFake = kind: args:
     let
       name = args.name or "${args.pname or "anonymous"}-${args.version or "0"}";
-      hash = builtins.hashString "sha256" (kind + name + builtins.toJSON (hashedArgs args));
+      drv = derivation (envOf args // {
+        inherit name system;
+        fakeKind = kind;
+        builder = "/bin/sh";
+        args = [ "-c" "echo 'test double (${kind}) from checks/nix/fakes.nix: never built' >&2; exit 1" ];
+      });
     in
     (args.passthru or { }) // args // {
-      inherit name;
+      inherit name system;
+      inherit (drv) type drvPath outPath drvAttrs;
+      outputName = "out";
       fakeKind = kind;
       fakeArgs = args;
-      outPath = "/nix/store/${builtins.substring 0 32 hash}-${name}";
     };
 
   mkRedist = pname: version: outputs:
