@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};
 
 use crate::digest::{Digests, Sha256Hex};
-use crate::error::{Error, Result, REMEDY_REBUILD, REMEDY_RELOCK};
+use crate::error::{Error, Result, REMEDY_BYTES_DIFFER, REMEDY_LOCK_EDITED, REMEDY_REBUILD};
 use crate::lock::Lock;
 use crate::manifest::{ArtifactKind, Manifest, ManifestArtifact};
 use crate::table::{file_name, ArtifactTable, InputRole, UnitOutput};
@@ -90,34 +90,15 @@ fn read_inside(root: &Path, rel: &str) -> Result<Vec<u8>> {
             });
         }
     }
-    let io = |source| Error::Io {
+    // The type is checked before opening: a FIFO would block the open.
+    let (mut file, len) = crate::fsread::open_regular_file(&cur)?;
+    let mut bytes = Vec::with_capacity(len as usize);
+    std::io::Read::read_to_end(&mut file, &mut bytes).map_err(|source| Error::Io {
         path: cur.clone(),
         action: "read",
         source,
-    };
-    let mut file = std::fs::File::open(&cur).map_err(io)?;
-    let opened = file.metadata().map_err(io)?;
-    let named = std::fs::symlink_metadata(&cur).map_err(io)?;
-    if !opened.is_file() || !named.is_file() || !same_file(&opened, &named) {
-        return Err(Error::UnsafePath {
-            path: rel.to_owned(),
-            reason: "not a regular file (or replaced while being read)",
-        });
-    }
-    let mut bytes = Vec::with_capacity(opened.len() as usize);
-    std::io::Read::read_to_end(&mut file, &mut bytes).map_err(io)?;
+    })?;
     Ok(bytes)
-}
-
-#[cfg(unix)]
-fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    a.dev() == b.dev() && a.ino() == b.ino()
-}
-
-#[cfg(not(unix))]
-fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
-    a.len() == b.len()
 }
 
 /// Lists every file under `root` (bundle-relative, `/`-separated).
@@ -193,6 +174,46 @@ pub fn check_lock_matches_table(
     }
     expect_same("lock abi_version", &table.abi_version, &lock.abi_version)?;
     expect_same("lock nvcc_version", &table.nvcc_version, &lock.nvcc_version)?;
+    Ok(())
+}
+
+/// What to do when one of our sources differs from the lock's hash.
+const REMEDY_SOURCE: &str = "bundles are built from the locked sources only: restore the file \
+     (`git checkout -- <file>`), or, if the edit is intended, record it with \
+     `cargo run --release -p gdn-gen -- lock` (which also rebuilds the bundle) and review the diff";
+
+/// Checks that our sources and patches in the repository at `repo` (the
+/// table's `sources` and `patches`) are the files the lock pins: an edit
+/// after the bundle was built means the bundle no longer comes from the
+/// working tree.
+pub fn check_sources_match_lock(repo: &Path, table: &ArtifactTable, lock: &Lock) -> Result<()> {
+    let listed: BTreeSet<&String> = table.sources.iter().chain(&table.patches).collect();
+    if let Some(extra) = lock.sources.keys().find(|p| !listed.contains(p)) {
+        return Err(Error::Unexpected {
+            what: format!("lock entry for source {extra} (the table lists no such source)"),
+            remedy: REMEDY_LOCK_EDITED,
+        });
+    }
+    for path in listed {
+        let pinned = lock.sources.get(path).ok_or_else(|| Error::Missing {
+            what: format!("lock entry for source {path}"),
+            remedy: REMEDY_LOCK_EDITED,
+        })?;
+        let actual = Digests::of_file(&repo.join(path))
+            .map_err(|e| Error::Missing {
+                what: format!("source {path} ({e})"),
+                remedy: REMEDY_SOURCE,
+            })?
+            .sha256;
+        if &actual != pinned {
+            return Err(Error::mismatch(
+                format!("source {path} (sha256 pinned by the lock)"),
+                pinned,
+                actual,
+                REMEDY_SOURCE,
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -338,7 +359,7 @@ pub fn verify_bundle(
             "device artifacts of the lock",
             format!("{table_device:?} (from the table)"),
             format!("{lock_device:?}"),
-            REMEDY_RELOCK,
+            REMEDY_LOCK_EDITED,
         ));
     }
     for (path, art) in &manifest.artifacts {
@@ -354,7 +375,7 @@ pub fn verify_bundle(
         locked.expect_eq(
             &format!("device artifact {path} (against the lock)"),
             &actual[path],
-            REMEDY_RELOCK,
+            REMEDY_BYTES_DIFFER,
         )?;
     }
 
@@ -392,7 +413,7 @@ pub fn verify_bundle(
             "DSL artifacts of the lock",
             format!("{table_dsl:?} (from the table)"),
             format!("{lock_dsl:?}"),
-            REMEDY_RELOCK,
+            REMEDY_LOCK_EDITED,
         ));
     }
     for (path, locked) in &lock.dsl_artifacts {
@@ -407,7 +428,7 @@ pub fn verify_bundle(
         locked.expect_eq(
             &format!("DSL artifact {path} (against the lock)"),
             &actual[path],
-            REMEDY_RELOCK,
+            REMEDY_BYTES_DIFFER,
         )?;
     }
     for unit in table.units.iter().filter(|u| u.dsl.is_some()) {
@@ -431,7 +452,7 @@ pub fn verify_bundle(
         .get(&table.abi_header)
         .ok_or_else(|| Error::Missing {
             what: format!("lock entry for source {}", table.abi_header),
-            remedy: REMEDY_RELOCK,
+            remedy: REMEDY_LOCK_EDITED,
         })?;
     expect_same(
         &format!("sha256 of {header_rel}"),
@@ -462,7 +483,7 @@ pub fn verify_bundle(
             locked.expect_eq(
                 &format!("host artifact {path} (against the lock)"),
                 got,
-                REMEDY_RELOCK,
+                REMEDY_BYTES_DIFFER,
             )?;
         }
     }
