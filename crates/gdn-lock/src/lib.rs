@@ -76,11 +76,6 @@ pub(crate) fn parse_versioned<T: serde::de::DeserializeOwned>(
     parse(path, bytes)
 }
 
-/// Reads and parses a JSON document with a size cap, naming the file on error.
-pub fn read_document<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T> {
-    parse(path, &read_capped(path)?)
-}
-
 /// The file's bytes, refused before reading if it is not a regular file (a
 /// FIFO or device would block or never end) or over [`MAX_DOCUMENT_BYTES`]
 /// (a corrupt or hostile file should not make us allocate without bound).

@@ -88,7 +88,22 @@ impl Lock {
         Ok(lock)
     }
 
-    pub fn input(&self, filename: &str) -> Option<&LockedInput> {
-        self.inputs.iter().find(|i| i.filename == filename)
+    /// The inputs one build uses, in lock order: the kernel source always;
+    /// the toolchain wheels when the pinned toolkit is used (not an existing
+    /// toolkit root); the DSL kernel source and the runtime wheels for
+    /// `dsl_python` (`major.minor` of the interpreter that ran the export)
+    /// when there is one. The one place this is decided: gdn-gen's plan and
+    /// manifest and every bundle check ask here.
+    pub fn used_inputs(&self, pinned_toolkit: bool, dsl_python: Option<&str>) -> Vec<&LockedInput> {
+        self.inputs
+            .iter()
+            .filter(|i| match i.role {
+                InputRole::KernelSource => true,
+                InputRole::Toolchain => pinned_toolkit,
+                InputRole::DslKernelSource | InputRole::DslRuntime => {
+                    dsl_python.is_some_and(|p| i.used_with_python(p))
+                }
+            })
+            .collect()
     }
 }

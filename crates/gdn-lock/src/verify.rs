@@ -8,7 +8,7 @@ use crate::digest::{Digests, Sha256Hex};
 use crate::error::{Error, Result, REMEDY_BYTES_DIFFER, REMEDY_LOCK_EDITED, REMEDY_REBUILD};
 use crate::lock::Lock;
 use crate::manifest::{ArtifactKind, Manifest, ManifestArtifact};
-use crate::table::{file_name, ArtifactTable, InputRole, UnitOutput};
+use crate::table::{file_name, ArtifactTable, UnitOutput};
 use crate::MANIFEST_FILE;
 
 /// A bundle whose every file was read once, hashed and matched. `files`
@@ -262,17 +262,9 @@ pub fn verify_bundle(
         (false, _) => None,
     };
     let mut expected_inputs = BTreeMap::new();
-    for input in &lock.inputs {
-        let used = match input.role {
-            InputRole::KernelSource => true,
-            InputRole::Toolchain => manifest.toolchain.toolkit == "pypi-wheels",
-            InputRole::DslKernelSource | InputRole::DslRuntime => {
-                dsl_python.is_some_and(|p| input.used_with_python(p))
-            }
-        };
-        if used {
-            expected_inputs.insert(input.filename.clone(), input.sha256.clone());
-        }
+    let pinned_toolkit = manifest.toolchain.toolkit == "pypi-wheels";
+    for input in lock.used_inputs(pinned_toolkit, dsl_python) {
+        expected_inputs.insert(input.filename.clone(), input.sha256.clone());
     }
     for (path, sha) in &lock.sources {
         expected_inputs.insert(path.clone(), sha.clone());
