@@ -287,3 +287,72 @@ fn check_refuses_a_fifo_in_the_bundle_without_blocking_and_advises_no_relock() {
         "{err}"
     );
 }
+
+#[test]
+fn plan_prints_what_build_will_do_and_runs_nothing() {
+    let r = locked_repo();
+    let out = Command::new(env!("CARGO_BIN_EXE_gdn-gen"))
+        .current_dir(r.repo())
+        .args(["plan", "--toolkit-root"])
+        .arg(r.dir.path().join("toolkit"))
+        .arg("--cache")
+        .arg(r.cache())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("variant: cuda-13.0 (nvcc V13.0.88, recorded in the lock)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("fetch fake_kernels-1-py3-none-any.whl"),
+        "{text}"
+    );
+    for unit in ["k", "j"] {
+        for t in TARGETS {
+            assert!(
+                text.contains(&format!(
+                    "-cubin src/{unit}.cu -o <unit-cache>/{unit}.{t}.cubin"
+                )),
+                "{unit} {t}: {text}"
+            );
+        }
+    }
+    assert!(
+        text.contains(&format!(
+            "unit cache: {}",
+            r.cache().canonicalize().unwrap().join("units").display()
+        )),
+        "{text}"
+    );
+}
+
+#[test]
+fn errors_name_the_step_and_the_file() {
+    let r = locked_repo();
+    // A source gone: the step and the file are named.
+    std::fs::remove_file(r.repo().join("src/j.cu")).unwrap();
+    let (ok, err) = r.gen("build");
+    assert!(!ok);
+    assert!(
+        err.contains("check our sources against the lock") && err.contains("src/j.cu"),
+        "{err}"
+    );
+    // A compile that fails: the step, the command line and the compiler's words.
+    std::fs::write(r.repo().join("src/j.cu"), "__global__ void j() {}\n").unwrap();
+    script(
+        &r.dir.path().join("toolkit/bin/nvcc"),
+        "#!/bin/sh\nif [ \"$1\" = --version ]; then\n  echo 'Cuda compilation tools, release 13.0, V13.0.88'\n  echo 'Build fake'\n  exit 0\nfi\necho 'fake nvcc: refusing' >&2\nexit 3\n",
+    );
+    // Neither the unit cache nor an up-to-date bundle may spare the compile.
+    std::fs::remove_dir_all(r.cache().join("units")).unwrap();
+    std::fs::remove_dir_all(r.bundle()).unwrap();
+    let (ok, err) = r.gen("build");
+    assert!(!ok, "{err}");
+    let named = TARGETS
+        .iter()
+        .flat_map(|t| ["k", "j"].map(|u| format!("compile {u} ({t}) failed (exit status: 3)")))
+        .any(|step| err.contains(&step));
+    assert!(named && err.contains("fake nvcc: refusing"), "{err}");
+}
