@@ -356,3 +356,26 @@ fn errors_name_the_step_and_the_file() {
         .any(|step| err.contains(&step));
     assert!(named && err.contains("fake nvcc: refusing"), "{err}");
 }
+
+#[test]
+fn lock_follows_an_nvcc_bump_in_the_table() {
+    let r = locked_repo();
+    let bump = |path: &Path| {
+        let text = std::fs::read_to_string(path).unwrap();
+        assert!(text.contains("V13.0.88"), "{}", path.display());
+        std::fs::write(path, text.replace("V13.0.88", "V13.0.99")).unwrap();
+    };
+    bump(&r.repo().join("generator/artifacts.json"));
+    bump(&r.dir.path().join("toolkit/bin/nvcc"));
+    // The old lock is stale (the table changed): build refuses, lock records.
+    let (ok, err) = r.gen("build");
+    assert!(!ok && err.contains("table_sha256"), "{err}");
+    r.gen_ok("lock");
+    let lock = r.lock();
+    assert_eq!(lock.nvcc_version, "V13.0.99");
+    assert_eq!(lock.variants["cuda-13.0"].nvcc_version, "V13.0.99");
+    assert_eq!(lock.variants["cuda-13.0"].status, "recorded");
+    r.gen_ok("check");
+    let err = r.gen_ok("build");
+    assert!(err.contains("up to date"), "{err}");
+}

@@ -133,6 +133,16 @@ pub(crate) fn pin_inputs(args: &BuildArgs) -> Result<(PathBuf, ArtifactTable, Lo
             python: spec.python.clone(),
         });
     }
+    let mut variants = old
+        .as_ref()
+        .map(|l| l.variants.clone())
+        .unwrap_or_else(default_variants);
+    // The variant being recorded is the table's nvcc (which may have moved).
+    let recorded = variants
+        .entry(args.variant.clone())
+        .or_insert_with(|| default_variants()["cuda-13.0"].clone());
+    recorded.status = "recorded".into();
+    recorded.nvcc_version = table.nvcc_version.clone();
     let lock = Lock {
         schema_version: SCHEMA_VERSION,
         table_sha256: table_sha,
@@ -146,10 +156,7 @@ pub(crate) fn pin_inputs(args: &BuildArgs) -> Result<(PathBuf, ArtifactTable, Lo
             toolkit: String::new(),
             artifacts: BTreeMap::new(),
         },
-        variants: old
-            .as_ref()
-            .map(|l| l.variants.clone())
-            .unwrap_or_else(default_variants),
+        variants,
         dsl_artifacts: BTreeMap::new(),
         dsl_recorded_with_python: None,
     };
