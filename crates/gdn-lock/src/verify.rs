@@ -172,8 +172,23 @@ pub fn check_lock_matches_table(
              run `cargo run --release -p gdn-gen -- lock` and review the diff",
         ));
     }
-    expect_same("lock abi_version", &table.abi_version, &lock.abi_version)?;
-    expect_same("lock nvcc_version", &table.nvcc_version, &lock.nvcc_version)?;
+    // The table's hash matched, so a disagreement means the lock was edited.
+    if table.abi_version != lock.abi_version {
+        return Err(Error::mismatch(
+            "lock abi_version",
+            table.abi_version,
+            lock.abi_version,
+            REMEDY_LOCK_EDITED,
+        ));
+    }
+    if table.nvcc_version != lock.nvcc_version {
+        return Err(Error::mismatch(
+            "lock nvcc_version",
+            &table.nvcc_version,
+            &lock.nvcc_version,
+            REMEDY_LOCK_EDITED,
+        ));
+    }
     Ok(())
 }
 

@@ -250,3 +250,23 @@ fn sources_are_checked_against_the_lock() {
         .to_string();
     assert!(err.contains(edited), "{err}");
 }
+
+#[test]
+fn a_lock_edited_against_its_own_table_is_to_be_restored_not_rebuilt_against() {
+    let (table, table_sha) = ArtifactTable::load_with_sha256(&repo().join(TABLE_FILE)).unwrap();
+    let lock = Lock::load(&repo().join(LOCK_FILE)).unwrap();
+    gdn_lock::check_lock_matches_table(&table, &table_sha, &lock).unwrap();
+    let mut edited = lock.clone();
+    edited.abi_version += 1;
+    let mut other_nvcc = lock;
+    other_nvcc.nvcc_version = "V13.0.99".into();
+    for (what, l) in [("abi_version", edited), ("nvcc_version", other_nvcc)] {
+        let err = gdn_lock::check_lock_matches_table(&table, &table_sha, &l)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(what) && err.contains("restore gdn-bundle.lock.json"),
+            "{err}"
+        );
+    }
+}
