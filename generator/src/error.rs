@@ -38,7 +38,7 @@ pub enum GenError {
     },
     /// Bytes gdn-gen built that are not the lock's, after every cached unit
     /// involved was compiled again (so the cache is not the cause).
-    BuiltBundleDiffers { detail: String },
+    BuiltBundleDiffers { detail: String, cache: PathBuf },
     /// The command line, the table or the lock ask for something that
     /// cannot be done; `problem` says what and what to do instead.
     Refused { step: String, problem: String },
@@ -93,11 +93,13 @@ impl fmt::Display for GenError {
                 }
                 write!(f, ": {problem}; {remedy}")
             }
-            GenError::BuiltBundleDiffers { detail } => write!(
+            GenError::BuiltBundleDiffers { detail, cache } => write!(
                 f,
                 "the built bundle does not match the lock: {detail}\n(no bundle was written; every \
-                 unit involved was compiled afresh, so the unit cache is not the cause; \
-                 `cargo run --release -p gdn-gen -- verify` lists every difference)"
+                 unit involved was compiled afresh, so the unit cache is not the cause; the extracted \
+                 toolkit and DSL wheels under {0}/toolkit and {0}/dsl-site are reused: delete them to \
+                 rule them out; `cargo run --release -p gdn-gen -- verify` lists every difference)",
+                cache.display()
             ),
             GenError::Refused { step, problem } => write!(f, "{step}: {problem}"),
         }

@@ -379,3 +379,29 @@ fn lock_follows_an_nvcc_bump_in_the_table() {
     let err = r.gen_ok("build");
     assert!(err.contains("up to date"), "{err}");
 }
+
+#[test]
+fn a_compiler_that_gives_other_bytes_fails_the_build_after_one_recompile_and_writes_nothing() {
+    let r = locked_repo();
+    r.poison("k", "sm_90a");
+    // From now on the "compiler" makes other bytes than the lock's.
+    let nvcc = r.dir.path().join("toolkit/bin/nvcc");
+    let text = std::fs::read_to_string(&nvcc).unwrap();
+    std::fs::write(&nvcc, text.replace("FAKECUBIN", "OTHERCUBIN")).unwrap();
+    std::fs::remove_dir_all(r.bundle()).unwrap();
+    let (ok, err) = r.gen("build");
+    assert!(!ok);
+    assert!(
+        err.contains("evicted"),
+        "the poisoned entry is evicted first: {err}"
+    );
+    assert!(
+        err.contains("does not match the lock")
+            && err.contains("cubin/k.sm_90a.cubin")
+            && err.contains("the unit cache is not the cause")
+            && err.contains("/toolkit")
+            && !err.contains("gdn-gen -- lock"),
+        "{err}"
+    );
+    assert!(!r.bundle().exists(), "no bundle may be installed");
+}

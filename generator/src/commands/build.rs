@@ -56,6 +56,7 @@ pub fn build(args: &BuildArgs) -> Result<PathBuf> {
             if suspects.is_empty() {
                 return Err(GenError::BuiltBundleDiffers {
                     detail: first.to_string(),
+                    cache: plan.args.cache.clone(),
                 });
             }
             for (entry, artifact) in &suspects {
@@ -72,6 +73,7 @@ pub fn build(args: &BuildArgs) -> Result<PathBuf> {
             assemble(&plan, &env, tmp.path(), units)?;
             check(&plan, tmp.path()).map_err(|e| GenError::BuiltBundleDiffers {
                 detail: e.to_string(),
+                cache: plan.args.cache.clone(),
             })?
         }
     };
