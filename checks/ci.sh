@@ -5,6 +5,18 @@ set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 step() { echo; echo "==== $* ($(date -u +%H:%M:%S))"; }
 
+# Every tool this script needs besides cargo, named before anything runs
+# (`.ci/run` installs them on Debian).
+missing=()
+for pair in nix-instantiate:nix-bin jq:jq taskset:util-linux /usr/bin/time:time curl:curl patch:patch \
+            g++:g++ python3:python3 mkfifo:coreutils; do
+  command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair%%:*} (Debian: ${pair#*:})")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "checks/ci.sh needs these tools: ${missing[*]}; .ci/run installs them" >&2
+  exit 1
+fi
+
 step "format"
 cargo fmt --all -- --check
 

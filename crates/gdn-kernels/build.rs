@@ -41,8 +41,10 @@ fn run() -> Result<(), String> {
         .map_err(|e| format!("repository root: {e}"))?;
     let out = PathBuf::from(env("OUT_DIR")?);
     println!("cargo:rerun-if-env-changed={BUNDLE_ENV}");
+    // build.rs runs in the crate's directory; a relative GDN_BUNDLE_DIR means
+    // the workspace root's (where gdn-gen writes and where people type it).
     let (bundle, origin) = match std::env::var_os(BUNDLE_ENV) {
-        Some(p) => (PathBuf::from(p), BUNDLE_ENV),
+        Some(p) => (repo.join(p), BUNDLE_ENV),
         None => (repo.join(DEFAULT_BUNDLE), "the generator's default output"),
     };
     println!(
@@ -59,10 +61,15 @@ fn run() -> Result<(), String> {
         ));
     }
 
-    // 1. Verify every file of the bundle against the table and the lock.
+    // 1. Our sources must be the locked ones (the bundle was built from
+    //    those), and every file of the bundle must match the table and the lock.
     let (table, lock) =
         gdn_lock::load_table_and_lock(&repo.join(TABLE_FILE), &repo.join(LOCK_FILE))
             .map_err(|e| e.to_string())?;
+    for source in table.sources.iter().chain(&table.patches) {
+        println!("cargo:rerun-if-changed={}", repo.join(source).display());
+    }
+    gdn_lock::check_sources_match_lock(&repo, &table, &lock).map_err(|e| e.to_string())?;
     println!("cargo:rerun-if-env-changed={FOREIGN_HOST_ENV}");
     let policy = if std::env::var(FOREIGN_HOST_ENV).is_ok_and(|v| v == "1") {
         HostPolicy::AllowForeignHostCompiler

@@ -5,18 +5,30 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use gdn_lock::{ArtifactTable, DslIdentity, InputRole, Lock, LockedInput, Sha256Hex};
+use gdn_lock::{ArtifactTable, DslIdentity, InputRole, LockedInput, Sha256Hex};
 
 use crate::cli::BuildArgs;
+use crate::error::{GenError, Result};
 use crate::fetch::ensure_input;
-use crate::process::{hermetic, run, Result};
+use crate::plan::Plan;
+use crate::process::{hermetic, run};
 use crate::toolkit::extract_zip;
+
+/// The interpreter that runs the export, as found by [`probe_python`].
+#[derive(Debug, Clone)]
+pub struct Python {
+    /// Absolute path (`sys.executable`), so the hermetic environment's PATH
+    /// cannot swap it (pyenv shims read HOME).
+    pub exe: PathBuf,
+    /// `3.11.2`
+    pub version: String,
+    /// `3.11`: which pinned wheel set it uses.
+    pub abi: String,
+}
 
 /// The interpreter and the unpacked wheels a DSL export runs with.
 #[derive(Debug, Clone)]
 pub struct DslEnv {
-    /// Absolute path of the interpreter (`sys.executable`), so the hermetic
-    /// environment's PATH cannot swap it (pyenv shims read HOME).
     pub python: PathBuf,
     pub identity: DslIdentity,
     /// The private site directory: every wheel of the set for this Python,
@@ -41,70 +53,84 @@ pub fn python_abi(version: &str) -> Result<String> {
     let mut parts = version.split('.');
     match (parts.next(), parts.next()) {
         (Some(a), Some(b)) if !a.is_empty() && !b.is_empty() => Ok(format!("{a}.{b}")),
-        _ => Err(format!("cannot read a Python version from {version:?}")),
+        _ => Err(GenError::refused(
+            "read the Python version",
+            format!("cannot read a Python version from {version:?}"),
+        )),
     }
 }
 
-/// The lock's DSL inputs a build with Python `abi` uses.
-pub fn inputs_for(lock: &Lock, abi: &str) -> Vec<LockedInput> {
-    lock.inputs
-        .iter()
-        .filter(|i| {
-            matches!(i.role, InputRole::DslRuntime | InputRole::DslKernelSource)
-                && i.used_with_python(abi)
-        })
-        .cloned()
-        .collect()
-}
-
-/// Finds the interpreter, picks the wheel set for its version and unpacks it
-/// (once per content key). `None` when the table has no DSL units.
-pub fn resolve(args: &BuildArgs, table: &ArtifactTable, lock: &Lock) -> Result<Option<DslEnv>> {
+/// Finds the `--python` interpreter and checks the table pins a wheel set
+/// for its version. `None` when the table has no DSL units.
+pub fn probe_python(args: &BuildArgs, table: &ArtifactTable) -> Result<Option<Python>> {
     let Some(cfg) = table.dsl.as_ref().filter(|_| table.has_dsl_units()) else {
         return Ok(None);
     };
+    let step = "find the Python interpreter for the CuTe DSL export (--python)";
     let probe = "import sys; print(sys.executable); print('%d.%d.%d' % sys.version_info[:3])";
-    let out = run(
-        "find the Python interpreter for the CuTe DSL export (--python)",
-        Command::new(&args.python).args(["-c", probe]),
-    )?;
+    let out = run(step, Command::new(&args.python).args(["-c", probe]))?;
     let mut lines = out.lines();
-    let (python, version) = match (lines.next(), lines.next()) {
+    let (exe, version) = match (lines.next(), lines.next()) {
         (Some(exe), Some(v)) => (PathBuf::from(exe.trim()), v.trim().to_string()),
-        _ => return Err(format!("{} printed no version: {out:?}", args.python)),
+        _ => {
+            return Err(GenError::refused(
+                step,
+                format!("{} printed no version: {out:?}", args.python),
+            ))
+        }
     };
     let abi = python_abi(&version)?;
     if !cfg.pythons.contains(&abi) {
-        return Err(format!(
+        return Err(GenError::refused(step, format!(
             "Python {version} ({}) has no pinned CuTe DSL wheel set; the table pins {:?}. \
              Pass --python with one of those, or add that version's wheels to generator/artifacts.json and run `gdn-gen lock`",
-            python.display(),
+            exe.display(),
             cfg.pythons
-        ));
+        )));
     }
-    let inputs = inputs_for(lock, &abi);
+    Ok(Some(Python { exe, version, abi }))
+}
+
+/// Unpacks the plan's DSL inputs into a private site directory (once per
+/// content key). `None` when the plan has no DSL export.
+pub fn prepare(plan: &Plan) -> Result<Option<DslEnv>> {
+    let (Some(cfg), Some(py)) = (&plan.table.dsl, &plan.python) else {
+        return Ok(None);
+    };
+    let step = "prepare the CuTe DSL environment";
+    let inputs: Vec<LockedInput> = plan
+        .inputs_with(&[InputRole::DslRuntime, InputRole::DslKernelSource])
+        .cloned()
+        .collect();
     let kernel_sources = inputs
         .iter()
         .filter(|i| i.role == InputRole::DslKernelSource)
         .count();
     if kernel_sources != 1 {
-        return Err("the lock has no dsl-kernel-source input; run `gdn-gen lock`".into());
+        return Err(GenError::refused(
+            step,
+            "the lock has no dsl-kernel-source input; restore gdn-bundle.lock.json",
+        ));
     }
     let key = Sha256Hex::of_bytes(
         serde_json::json!({
-            "abi": abi,
+            "abi": py.abi,
             "inputs": inputs.iter().map(|i| i.sha256.as_str()).collect::<Vec<_>>(),
             "members": cfg.kernel_source_members,
         })
         .to_string()
         .as_bytes(),
     );
+    let args = &plan.args;
     let site = args.cache.join("dsl-site").join(&key.as_str()[..16]);
     if !site.join(".complete").exists() {
         let _ = std::fs::remove_dir_all(&site);
         for input in &inputs {
             let wheel = ensure_input(input, &args.cache, args.inputs_dir.as_deref(), args.offline)?;
-            eprintln!("gdn-gen: unpacking {} for Python {abi}", input.filename);
+            eprintln!(
+                "gdn-gen: unpacking {} for Python {}",
+                input.filename, py.abi
+            );
             let n = if input.role == InputRole::DslKernelSource {
                 let members = &cfg.kernel_source_members;
                 extract_zip(&wheel, &site, |name| {
@@ -114,23 +140,32 @@ pub fn resolve(args: &BuildArgs, table: &ArtifactTable, lock: &Lock) -> Result<O
                 extract_zip(&wheel, &site, |_| true)?
             };
             if n == 0 {
-                return Err(format!("nothing unpacked from {}", input.filename));
+                return Err(GenError::Input {
+                    filename: input.filename.clone(),
+                    path: Some(wheel),
+                    problem: "nothing was unpacked from it".into(),
+                    remedy: "check the table's dsl.kernel_source_members".into(),
+                });
             }
         }
-        std::fs::write(site.join(".complete"), b"").map_err(|e| e.to_string())?;
+        let done = site.join(".complete");
+        std::fs::write(&done, b"").map_err(|e| GenError::io(step, &done, e))?;
     }
     let runtime = site.join(&cfg.runtime_library);
     if !runtime.is_file() {
-        return Err(format!(
-            "the DSL wheels have no {} (dsl.runtime_library in the table)",
-            cfg.runtime_library
+        return Err(GenError::refused(
+            step,
+            format!(
+                "the DSL wheels have no {} (dsl.runtime_library in the table)",
+                cfg.runtime_library
+            ),
         ));
     }
     Ok(Some(DslEnv {
-        python,
+        python: py.exe.clone(),
         identity: DslIdentity {
-            python: version,
-            python_abi: abi,
+            python: py.version.clone(),
+            python_abi: py.abi.clone(),
         },
         site,
         inputs,
@@ -176,16 +211,18 @@ pub fn check_outputs(unit: &gdn_lock::Unit, out_dir: &Path) -> Result<()> {
         .collect();
     expected.insert(format!("{}.manifest.json", d.kernel));
     let found: std::collections::BTreeSet<String> = std::fs::read_dir(out_dir)
-        .map_err(|e| format!("list {}: {e}", out_dir.display()))?
+        .map_err(|e| GenError::io("list the DSL export's outputs", out_dir, e))?
         .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
         .collect();
     if found != expected {
         let missing: Vec<_> = expected.difference(&found).collect();
         let extra: Vec<_> = found.difference(&expected).collect();
-        return Err(format!(
-            "DSL unit {}: the export does not match the table's variants (missing {missing:?}, unexpected {extra:?}); \
-             update `dsl.variants` in generator/artifacts.json or the driver",
-            unit.name
+        return Err(GenError::refused(
+            format!("export DSL unit {}", unit.name),
+            format!(
+                "the export does not match the table's variants (missing {missing:?}, unexpected {extra:?}); \
+                 update `dsl.variants` in generator/artifacts.json or the driver"
+            ),
         ));
     }
     Ok(())

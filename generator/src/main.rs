@@ -1,18 +1,22 @@
 //! `gdn-gen`: builds the reproducible GDN kernel bundle from the pinned inputs.
 //!
-//! Plan, then execute: every command resolves the artifact table and the lock
-//! into a [`plan::Plan`] (inputs, staging, compile units, bundle layout) and then
-//! runs it. Progress goes to stderr.
+//! Plan, then execute: `build`, `verify` and `lock` resolve the artifact table
+//! and the lock into one [`plan::Plan`] (variant, interpreter, the inputs
+//! used, the unit cache), which `plan` prints, and execute it (`bundle`:
+//! stage, compile through the unit cache, assemble, install). Progress goes
+//! to stderr; errors are [`error::GenError`]s naming the step and the file.
 
+mod bundle;
 mod cli;
+mod commands;
 mod dsl;
+mod error;
 mod fetch;
-mod lockcmd;
 mod plan;
 mod process;
 mod stage;
 mod toolkit;
-mod workflow;
+mod units;
 
 use std::process::ExitCode;
 
@@ -21,16 +25,16 @@ use clap::Parser;
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let result = match cli.command {
-        cli::Command::Plan(args) => workflow::plan(&args),
-        cli::Command::Build(args) => workflow::build(&args).map(|_| ()),
-        cli::Command::Verify(args) => workflow::verify(&args),
-        cli::Command::Lock(args) => lockcmd::lock(&args),
-        cli::Command::Check(args) => workflow::check(&args),
+        cli::Command::Plan(args) => commands::plan(&args),
+        cli::Command::Build(args) => commands::build::build(&args).map(|_| ()),
+        cli::Command::Verify(args) => commands::verify::verify(&args),
+        cli::Command::Lock(args) => commands::lock::lock(&args),
+        cli::Command::Check(args) => commands::check::check(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("gdn-gen: error: {e:#}");
+            eprintln!("gdn-gen: error: {e}");
             ExitCode::FAILURE
         }
     }

@@ -1,374 +1,292 @@
-//! Compile units: the table's declarative units turned into nvcc command
-//! lines, cached by content, run with parallelism bounded by memory.
+//! The plan: what one command will do, decided once before anything is
+//! compiled. `plan` prints it; `build`, `verify` and `lock` execute it. The
+//! inputs a build uses, the variant and its nvcc, the interpreter of the DSL
+//! export and where compiled units are cached are all settled here.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Instant;
 
-use gdn_lock::{ArtifactTable, Sha256Hex, Unit, UnitOutput};
+use gdn_lock::{ArtifactTable, InputRole, Lock, LockedInput, TABLE_FILE};
 
-use crate::dsl::{self, DslEnv};
-use crate::process::{hermetic, run, Result};
-use crate::stage::staged_source;
-use crate::toolkit::Toolkit;
+use crate::cli::BuildArgs;
+use crate::dsl::{self, Python};
+use crate::error::{GenError, Result};
+use crate::units::steps_for;
 
-/// Which program a step runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Program {
-    Nvcc,
-    /// The interpreter of the DSL environment, running the export driver.
-    Python,
+/// What the plan is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    /// Build the bundle (or show what a build would do).
+    Build,
+    /// Rebuild from scratch and compare with the lock.
+    Verify,
+    /// Pin the inputs, build from scratch, record the outputs.
+    Lock,
 }
 
-/// One compiler invocation and the files it leaves behind.
-#[derive(Debug, Clone)]
-pub struct Step {
-    pub program: Program,
-    pub unit: String,
-    pub target: Option<String>,
-    /// Arguments after `nvcc`, relative to the staging directory, except the
-    /// output/keep paths, which live in the unit's cache directory.
-    pub args: Vec<String>,
-    pub peak_memory_mib: u64,
+/// Where compiled units come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnitCache {
+    /// `<cache>/units`, reused across builds (entries that turn out to differ
+    /// from the lock are evicted and compiled again).
+    Shared,
+    /// An empty directory: everything is compiled again. For `verify` and
+    /// `lock`, which must not trust what an earlier build left behind.
+    Fresh,
 }
 
-/// Outputs of one unit, in its cache directory.
-pub struct UnitOutputs {
-    pub unit: Unit,
-    pub dir: PathBuf,
+/// Where [`Plan::unit_cache_dir`] put the unit cache.
+pub enum UnitCacheDir {
+    Shared(PathBuf),
+    Fresh(tempfile::TempDir),
 }
 
-impl UnitOutputs {
-    pub fn object(&self) -> PathBuf {
-        self.dir.join(format!("{}.o", self.unit.name))
-    }
-    pub fn cubin(&self, target: &str) -> PathBuf {
-        self.dir.join(format!("{}.{target}.cubin", self.unit.name))
-    }
-    /// A DSL export output (`<variant>.h`, `.o`, `.cubin`).
-    pub fn dsl_file(&self, variant: &str, ext: &str) -> PathBuf {
-        self.dir.join("out").join(format!("{variant}.{ext}"))
-    }
-}
-
-fn gencode(target: &str) -> String {
-    let arch = target.trim_start_matches("sm_");
-    format!("-gencode=arch=compute_{arch},code=sm_{arch}")
-}
-
-/// The flags that make nvcc's output independent of where it runs (see
-/// docs/reproducibility.md): a fixed original-source name for cudafe++'s
-/// module ID, and a keep-dir so the host object names no PID-stamped temp file.
-fn determinism_flags(unit: &Unit, keep_dir: &Path) -> Vec<String> {
-    let mut flags = vec![];
-    if unit.source.ends_with(".cu") {
-        flags.push("-Xcudafe".into());
-        flags.push(format!("--orig_src_path_name={}.cu", unit.name));
-        flags.push("--keep".into());
-        flags.push("--keep-dir".into());
-        flags.push(keep_dir.display().to_string());
-    }
-    flags
-}
-
-pub fn steps_for(unit: &Unit, host_cxx: &str, site: &Path, out_dir: &Path) -> Vec<Step> {
-    let src = staged_source(&unit.source);
-    if unit.output == UnitOutput::DslObjects {
-        return vec![Step {
-            program: Program::Python,
-            unit: unit.name.clone(),
-            target: unit.targets.first().cloned(),
-            args: dsl::export_args(unit, &src, site, &out_dir.join("out")),
-            peak_memory_mib: unit.peak_memory_mib,
-        }];
-    }
-    let mut common = vec!["-ccbin".to_string(), host_cxx.to_string()];
-    common.extend(unit.flags.iter().cloned());
-    for inc in &unit.includes {
-        common.push(format!("-I{inc}"));
-    }
-    for inc in &unit.system_includes {
-        common.push("-isystem".into());
-        common.push(inc.clone());
-    }
-    match unit.output {
-        UnitOutput::HostObject => {
-            let keep = out_dir.join("keep");
-            let mut args = common;
-            args.extend(unit.targets.iter().map(|t| gencode(t)));
-            args.extend(determinism_flags(unit, &keep));
-            args.extend(["-c".into(), src, "-o".into()]);
-            args.push(
-                out_dir
-                    .join(format!("{}.o", unit.name))
-                    .display()
-                    .to_string(),
-            );
-            vec![Step {
-                program: Program::Nvcc,
-                unit: unit.name.clone(),
-                target: None,
-                args,
-                peak_memory_mib: unit.peak_memory_mib,
-            }]
-        }
-        UnitOutput::DslObjects => unreachable!("handled above"),
-        UnitOutput::Cubin => unit
-            .targets
-            .iter()
-            .map(|t| {
-                let mut args = common.clone();
-                args.push(gencode(t));
-                args.extend([
-                    "-Xcudafe".into(),
-                    format!("--orig_src_path_name={}.cu", unit.name),
-                ]);
-                args.extend(["-cubin".into(), src.clone(), "-o".into()]);
-                args.push(
-                    out_dir
-                        .join(format!("{}.{t}.cubin", unit.name))
-                        .display()
-                        .to_string(),
-                );
-                Step {
-                    program: Program::Nvcc,
-                    unit: unit.name.clone(),
-                    target: Some(t.clone()),
-                    args,
-                    peak_memory_mib: unit.peak_memory_mib,
-                }
-            })
-            .collect(),
-    }
-}
-
-/// Content key of a unit: the unit's description, what is staged (members,
-/// patches and the hashes of every source and patch of ours), the
-/// kernel-source hash, and the toolchain identity; for DSL units and the
-/// nvcc units that include their headers, also the DSL environment.
-pub fn unit_key(
-    unit: &Unit,
-    table: &ArtifactTable,
-    sources: &[(String, Sha256Hex)],
-    kernel_source: &Sha256Hex,
-    tk: &Toolkit,
-    dsl: Option<&DslEnv>,
-) -> Sha256Hex {
-    let uses_dsl = unit.dsl.is_some()
-        || table
-            .dsl
-            .as_ref()
-            .is_some_and(|d| unit.includes.contains(&d.header_dir));
-    let doc = serde_json::json!({
-        "dsl": if uses_dsl { dsl.map(DslEnv::key) } else { None },
-        "unit": unit,
-        "kernel_source_members": table.kernel_source_members,
-        "patches": table.patches,
-        "sources": sources,
-        "kernel_source": kernel_source,
-        "toolchain": tk.identity,
-        "host_cxx": tk.host_cxx,
-        "generator": env!("CARGO_PKG_VERSION"),
-    });
-    Sha256Hex::of_bytes(doc.to_string().as_bytes())
-}
-
-/// Compiles every unit that is not already cached; returns the outputs in
-/// table order. DSL exports run first: their headers are copied into the
-/// staging tree (`dsl.header_dir`) for the nvcc units that include them.
-pub fn compile_all(
-    table: &ArtifactTable,
-    stage_dir: &Path,
-    cache: &Path,
-    tk: &Toolkit,
-    dsl: Option<&DslEnv>,
-    keys: &[Sha256Hex],
-    jobs: usize,
-) -> Result<Vec<UnitOutputs>> {
-    let mut outputs = vec![];
-    let mut pending: [Vec<(Step, PathBuf)>; 2] = [vec![], vec![]];
-    for (unit, key) in table.units.iter().zip(keys) {
-        let dir = cache
-            .join("units")
-            .join(format!("{}-{}", unit.name, &key.as_str()[..16]));
-        if !dir.join(".complete").exists() {
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(dir.join("keep"))
-                .map_err(|e| format!("create {}: {e}", dir.display()))?;
-            let site = match (unit.dsl.is_some(), dsl) {
-                (true, None) => {
-                    return Err(format!("unit {} needs the DSL environment", unit.name))
-                }
-                (_, d) => d.map(|d| d.site.clone()).unwrap_or_default(),
-            };
-            for step in steps_for(unit, &tk.host_cxx, &site, &dir) {
-                let phase = (step.program == Program::Nvcc) as usize;
-                pending[phase].push((step, dir.clone()));
-            }
-        }
-        outputs.push(UnitOutputs {
-            unit: unit.clone(),
-            dir,
-        });
-    }
-    let [dsl_steps, nvcc_steps] = pending;
-    run_bounded(dsl_steps.clone(), stage_dir, tk, dsl, jobs)?;
-    for (step, dir) in &dsl_steps {
-        let o = outputs
-            .iter()
-            .find(|o| o.unit.name == step.unit)
-            .expect("a step belongs to a unit");
-        dsl::check_outputs(&o.unit, &dir.join("out"))?;
-        std::fs::write(dir.join(".complete"), b"").map_err(|e| e.to_string())?;
-    }
-    if let Some(cfg) = &table.dsl {
-        let headers = stage_dir.join(&cfg.header_dir);
-        std::fs::create_dir_all(&headers).map_err(|e| e.to_string())?;
-        for o in outputs.iter().filter(|o| o.unit.dsl.is_some()) {
-            for v in o.unit.dsl_variants() {
-                std::fs::copy(o.dsl_file(v, "h"), headers.join(format!("{v}.h")))
-                    .map_err(|e| format!("stage DSL header {v}.h: {e}"))?;
-            }
+impl UnitCacheDir {
+    pub fn path(&self) -> &Path {
+        match self {
+            UnitCacheDir::Shared(p) => p,
+            UnitCacheDir::Fresh(t) => t.path(),
         }
     }
-    run_bounded(nvcc_steps.clone(), stage_dir, tk, dsl, jobs)?;
-    for (_, dir) in &nvcc_steps {
-        std::fs::write(dir.join(".complete"), b"").map_err(|e| e.to_string())?;
-    }
-    for o in &outputs {
-        collect_kept_cubin(o)?;
-    }
-    Ok(outputs)
 }
 
-/// For host-object units nvcc's own cubin is kept in keep/; copy it to the
-/// unit's canonical cubin name so bundle assembly treats all units alike.
-fn collect_kept_cubin(o: &UnitOutputs) -> Result<()> {
-    if o.unit.output != UnitOutput::HostObject || o.unit.targets.is_empty() {
-        return Ok(());
-    }
-    if o.unit.targets.len() != 1 {
-        return Err(format!(
-            "host-object unit {} must have at most one target",
-            o.unit.name
-        ));
-    }
-    let dest = o.cubin(&o.unit.targets[0]);
-    if dest.exists() {
-        return Ok(());
-    }
-    let keep = o.dir.join("keep");
-    let cubins: Vec<_> = std::fs::read_dir(&keep)
-        .map_err(|e| format!("list {}: {e}", keep.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "cubin"))
-        .collect();
-    match cubins.as_slice() {
-        [one] => std::fs::copy(one, &dest)
-            .map(|_| ())
-            .map_err(|e| format!("copy {}: {e}", one.display())),
-        _ => Err(format!(
-            "unit {}: expected one kept cubin in {}, found {}",
-            o.unit.name,
-            keep.display(),
-            cubins.len()
-        )),
-    }
+/// The toolchain variant (a key of the lock's `variants`).
+#[derive(Clone, Debug)]
+pub struct Variant {
+    pub name: String,
+    /// The nvcc the toolkit must be (`V13.0.88`, or a `V12.8.x` pattern).
+    pub nvcc_version: String,
+    /// Whether the lock records this variant's bytes.
+    pub recorded: bool,
 }
 
-/// Memory the compiles may use at once: 80% of MemAvailable.
-fn memory_budget_mib() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemAvailable:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
+pub struct Plan {
+    /// The command's arguments, with the cache made absolute (compiles run
+    /// in the staging directory).
+    pub args: BuildArgs,
+    pub repo: PathBuf,
+    pub table: ArtifactTable,
+    /// The lock this command builds against; for `lock`, the one being
+    /// written (inputs pinned, outputs not yet recorded).
+    pub lock: Lock,
+    pub variant: Variant,
+    /// The interpreter of the CuTe DSL export (`None` without DSL units).
+    pub python: Option<Python>,
+    /// Exactly the inputs this build uses, in lock order.
+    pub inputs: Vec<LockedInput>,
+    pub unit_cache: UnitCache,
+}
+
+impl Plan {
+    /// Reads the table and the lock (for `lock`: pins the table's inputs
+    /// first, which downloads them), checks our sources against the lock,
+    /// and settles the variant, the interpreter and the inputs.
+    pub fn resolve(args: &BuildArgs, purpose: Purpose) -> Result<Plan> {
+        let args = absolute_cache(args)?;
+        let (repo, table, lock) = match purpose {
+            Purpose::Lock => crate::commands::lock::pin_inputs(&args)?,
+            Purpose::Build | Purpose::Verify => load_locked(&args.lock)?,
+        };
+        let variant = variant_of(&args, &lock)?;
+        if purpose != Purpose::Build && !variant.recorded {
+            return Err(GenError::refused(
+                "choose the variant",
+                format!(
+                    "variant {} is unrecorded: there are no locked bytes to {} against; \
+                     schema 1 records the default variant only",
+                    variant.name,
+                    if purpose == Purpose::Verify {
+                        "verify"
+                    } else {
+                        "record"
+                    }
+                ),
+            ));
+        }
+        let python = dsl::probe_python(&args, &table)?;
+        let inputs = lock
+            .used_inputs(
+                args.toolkit_root.is_none(),
+                python.as_ref().map(|p| p.abi.as_str()),
+            )
+            .into_iter()
+            .cloned()
+            .collect();
+        Ok(Plan {
+            unit_cache: match purpose {
+                Purpose::Build => UnitCache::Shared,
+                Purpose::Verify | Purpose::Lock => UnitCache::Fresh,
+            },
+            args,
+            repo,
+            table,
+            lock,
+            variant,
+            python,
+            inputs,
         })
-        .map(|kb| kb / 1024 * 8 / 10)
-        .unwrap_or(8192)
-}
+    }
 
-/// Runs steps in waves: each wave holds at most `jobs` steps whose declared
-/// peak memory fits the budget (always at least one).
-fn run_bounded(
-    mut steps: Vec<(Step, PathBuf)>,
-    stage_dir: &Path,
-    tk: &Toolkit,
-    dsl: Option<&DslEnv>,
-    jobs: usize,
-) -> Result<()> {
-    let total = steps.len();
-    let budget = memory_budget_mib();
-    steps.sort_by_key(|(s, _)| std::cmp::Reverse(s.peak_memory_mib));
-    let mut done = 0;
-    while !steps.is_empty() {
-        let mut wave = vec![];
-        let mut mem = 0;
-        let mut i = 0;
-        while i < steps.len() && wave.len() < jobs.max(1) {
-            if wave.is_empty() || mem + steps[i].0.peak_memory_mib <= budget {
-                mem += steps[i].0.peak_memory_mib;
-                wave.push(steps.remove(i));
+    /// The directory compiled units are cached under (`units/` inside it):
+    /// the shared cache, or a fresh one that lives as long as the value.
+    pub fn unit_cache_dir(&self) -> Result<UnitCacheDir> {
+        match self.unit_cache {
+            UnitCache::Shared => Ok(UnitCacheDir::Shared(self.args.cache.clone())),
+            UnitCache::Fresh => tempfile::tempdir_in(&self.args.cache)
+                .map(UnitCacheDir::Fresh)
+                .map_err(|e| GenError::io("create a fresh unit cache", &self.args.cache, e)),
+        }
+    }
+
+    /// The inputs of the given roles, among those this build uses.
+    pub fn inputs_with(&self, roles: &[InputRole]) -> impl Iterator<Item = &LockedInput> {
+        let roles = roles.to_vec();
+        self.inputs.iter().filter(move |i| roles.contains(&i.role))
+    }
+
+    /// The single kernel-source input.
+    pub fn kernel_source(&self) -> Result<&LockedInput> {
+        self.inputs_with(&[InputRole::KernelSource])
+            .next()
+            .ok_or_else(|| {
+                GenError::refused(
+                    "find the kernel source",
+                    "the lock has no kernel-source input; restore gdn-bundle.lock.json",
+                )
+            })
+    }
+
+    /// What `gdn-gen plan` shows.
+    pub fn print(&self) -> Result<()> {
+        println!(
+            "variant: {} (nvcc {}, {})",
+            self.variant.name,
+            self.variant.nvcc_version,
+            if self.variant.recorded {
+                "recorded in the lock"
             } else {
-                i += 1;
+                "UNRECORDED: built, not compared with the lock"
+            }
+        );
+        println!("inputs:");
+        for i in &self.lock.inputs {
+            let used = self.inputs.iter().any(|u| u.filename == i.filename);
+            println!(
+                "  {} {} {} {}",
+                if used { "fetch" } else { "skip " },
+                i.filename,
+                i.sha256,
+                i.size
+            );
+        }
+        println!(
+            "stage: extract {:?} from {}; apply {} patch(es); copy {} source(s)",
+            self.table.kernel_source_members,
+            self.kernel_source()?.filename,
+            self.table.patches.len(),
+            self.table.sources.len()
+        );
+        if let (Some(cfg), Some(py)) = (&self.table.dsl, &self.python) {
+            println!(
+                "CuTe DSL: Python {} ({}) with the {} wheel set, and {:?} of the dsl-kernel-source, unpacked into a private site dir",
+                py.version,
+                py.exe.display(),
+                py.abi,
+                cfg.kernel_source_members
+            );
+        }
+        println!(
+            "compile (cwd = stage dir; unit cache: {}; DSL exports first, their headers go to the stage dir for the nvcc units):",
+            match self.unit_cache {
+                UnitCache::Shared => format!("{}", self.args.cache.join("units").display()),
+                UnitCache::Fresh => "a fresh one".to_string(),
+            }
+        );
+        for unit in &self.table.units {
+            for step in steps_for(
+                unit,
+                "<c++>",
+                Path::new("<dsl-site>"),
+                Path::new("<unit-cache>"),
+            ) {
+                let program = match step.program {
+                    crate::units::Program::Nvcc => "nvcc",
+                    crate::units::Program::Python => "<python>",
+                };
+                println!("  {program} {}", step.args.join(" "));
             }
         }
-        let results: Vec<Result<()>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = wave
-                .iter()
-                .map(|(step, dir)| {
-                    done += 1;
-                    let n = done;
-                    scope.spawn(move || run_step(step, dir, stage_dir, tk, dsl, n, total))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("compile thread panicked"))
-                .collect()
-        });
-        results.into_iter().collect::<Result<Vec<()>>>()?;
+        println!(
+            "bundle: {} device artifact(s) pinned by the lock, manifest.json",
+            self.lock.device_artifacts.len()
+        );
+        Ok(())
     }
-    Ok(())
 }
 
-fn run_step(
-    step: &Step,
-    dir: &Path,
-    stage_dir: &Path,
-    tk: &Toolkit,
-    dsl: Option<&DslEnv>,
-    n: usize,
-    total: usize,
-) -> Result<()> {
-    let what = match &step.target {
-        Some(t) => format!("{} ({t})", step.unit),
-        None => step.unit.clone(),
+/// The repository root: the lock's directory.
+pub(crate) fn repo_root(lock_path: &Path) -> Result<PathBuf> {
+    let abs = std::fs::canonicalize(lock_path).map_err(|e| {
+        GenError::refused(
+            "find the repository",
+            format!(
+                "lock {}: {e}; run from the repository root or pass --lock",
+                lock_path.display()
+            ),
+        )
+    })?;
+    Ok(abs.parent().expect("a file has a parent").to_path_buf())
+}
+
+/// Table, lock, and a check that our sources are the ones the lock pins.
+fn load_locked(lock_path: &Path) -> Result<(PathBuf, ArtifactTable, Lock)> {
+    let repo = repo_root(lock_path)?;
+    let (table, lock) = gdn_lock::load_table_and_lock(&repo.join(TABLE_FILE), lock_path)
+        .map_err(|e| GenError::document("read the table and the lock", e))?;
+    gdn_lock::check_sources_match_lock(&repo, &table, &lock)
+        .map_err(|e| GenError::document("check our sources against the lock", e))?;
+    Ok((repo, table, lock))
+}
+
+/// Compiles run in the staging directory, so every path handed to them must be absolute.
+fn absolute_cache(args: &BuildArgs) -> Result<BuildArgs> {
+    std::fs::create_dir_all(&args.cache)
+        .map_err(|e| GenError::io("create the cache", &args.cache, e))?;
+    let cache = std::fs::canonicalize(&args.cache)
+        .map_err(|e| GenError::io("find the cache", &args.cache, e))?;
+    Ok(BuildArgs {
+        cache,
+        ..args.clone()
+    })
+}
+
+/// The nvcc version a variant must use and whether the lock records its bytes.
+fn variant_of(args: &BuildArgs, lock: &Lock) -> Result<Variant> {
+    let step = "choose the variant";
+    let v = lock.variants.get(&args.variant).ok_or_else(|| {
+        let known: Vec<&str> = lock.variants.keys().map(String::as_str).collect();
+        GenError::refused(
+            step,
+            format!(
+                "unknown --variant {:?}; the lock knows {known:?}",
+                args.variant
+            ),
+        )
+    })?;
+    let variant = |nvcc: &str, recorded| Variant {
+        name: args.variant.clone(),
+        nvcc_version: nvcc.to_string(),
+        recorded,
     };
-    let verb = match step.program {
-        Program::Nvcc => "compiling",
-        Program::Python => "exporting (CuTe DSL)",
-    };
-    eprintln!("gdn-gen: [{n}/{total}] {verb} {what} ...");
-    let start = Instant::now();
-    let tmp = dir.join("tmp");
-    std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
-    let mut cmd = match (step.program, dsl) {
-        (Program::Nvcc, _) => {
-            let mut cmd = Command::new(tk.nvcc());
-            hermetic(&mut cmd, &tmp);
-            cmd
-        }
-        (Program::Python, Some(env)) => dsl::command(env, &tmp),
-        (Program::Python, None) => return Err(format!("{what}: no DSL environment")),
-    };
-    cmd.current_dir(stage_dir).args(&step.args);
-    run(&format!("compile {what}"), &mut cmd)?;
-    eprintln!(
-        "gdn-gen: [{n}/{total}] {what} done in {:.1} s",
-        start.elapsed().as_secs_f64()
-    );
-    Ok(())
+    match v.status.as_str() {
+        "recorded" if v.nvcc_version == lock.nvcc_version => Ok(variant(&lock.nvcc_version, true)),
+        "unrecorded" if args.toolkit_root.is_some() => Ok(variant(&v.nvcc_version, false)),
+        "unrecorded" => Err(GenError::refused(step, format!(
+            "variant {} is unrecorded and has no pinned toolkit wheels; pass --toolkit-root <CUDA {} toolkit>",
+            args.variant, v.nvcc_version
+        ))),
+        other => Err(GenError::refused(step, format!(
+            "variant {} has status {other:?} with nvcc {}: schema 1 records device bytes for the default variant only",
+            args.variant, v.nvcc_version
+        ))),
+    }
 }

@@ -3,21 +3,28 @@
 use std::path::Path;
 use std::process::Command;
 
-pub type Result<T> = std::result::Result<T, String>;
+use crate::error::{GenError, Result};
 
 /// Runs `cmd` and returns its stdout; on failure the error names the step,
 /// the command line, the exit status and the tail of stderr.
 pub fn run(step: &str, cmd: &mut Command) -> Result<String> {
     let line = format!("{cmd:?}");
-    let out = cmd
-        .output()
-        .map_err(|e| format!("{step}: cannot start {line}: {e}"))?;
+    let out = cmd.output().map_err(|e| GenError::Process {
+        step: step.to_string(),
+        command: line.clone(),
+        outcome: format!("cannot start it: {e}"),
+        tail: String::new(),
+    })?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let stdout = String::from_utf8_lossy(&out.stdout);
         let tail: Vec<&str> = stderr.lines().chain(stdout.lines()).collect();
-        let tail = tail[tail.len().saturating_sub(25)..].join("\n");
-        return Err(format!("{step} failed ({}):\n  {line}\n{tail}", out.status));
+        return Err(GenError::Process {
+            step: step.to_string(),
+            command: line,
+            outcome: out.status.to_string(),
+            tail: tail[tail.len().saturating_sub(25)..].join("\n"),
+        });
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

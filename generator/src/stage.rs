@@ -8,7 +8,8 @@ use std::process::Command;
 
 use gdn_lock::ArtifactTable;
 
-use crate::process::{run, Result};
+use crate::error::{GenError, Result};
+use crate::process::run;
 use crate::toolkit::extract_zip;
 
 /// Staged path of one of our sources (by repository path).
@@ -18,17 +19,19 @@ pub fn staged_source(repo_path: &str) -> String {
 
 pub fn prepare(table: &ArtifactTable, repo: &Path, kernel_wheel: &Path, dir: &Path) -> Result<()> {
     let _ = std::fs::remove_dir_all(dir);
-    std::fs::create_dir_all(dir.join("src"))
-        .map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let step = "prepare the staging tree";
+    std::fs::create_dir_all(dir.join("src")).map_err(|e| GenError::io(step, dir, e))?;
     let members = &table.kernel_source_members;
     let n = extract_zip(kernel_wheel, dir, |name| {
         members.iter().any(|m| name.starts_with(m.as_str()))
     })?;
     if n == 0 {
-        return Err(format!(
-            "no kernel-source members {members:?} in {}",
-            kernel_wheel.display()
-        ));
+        return Err(GenError::Input {
+            filename: file_name(kernel_wheel),
+            path: Some(kernel_wheel.to_owned()),
+            problem: format!("has no kernel-source members {members:?}"),
+            remedy: "check the table's kernel_source_members".into(),
+        });
     }
     for patch in &table.patches {
         apply_patch(&repo.join(patch), dir, patch)?;
@@ -37,12 +40,21 @@ pub fn prepare(table: &ArtifactTable, repo: &Path, kernel_wheel: &Path, dir: &Pa
     for src in &table.sources {
         let staged = staged_source(src);
         if !seen.insert(staged.clone()) {
-            return Err(format!("two sources stage to the same name {staged}"));
+            return Err(GenError::refused(
+                step,
+                format!("two sources stage to the same name {staged}"),
+            ));
         }
         std::fs::copy(repo.join(src), dir.join(&staged))
-            .map_err(|e| format!("copy source {src}: {e}"))?;
+            .map_err(|e| GenError::io(step, &repo.join(src), e))?;
     }
     Ok(())
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// Applies one patch with `patch -p1` inside the staging root; a patch that
@@ -80,8 +92,9 @@ mod tests {
             "--- a/a/f.txt\n+++ b/a/f.txt\n@@ -1,2 +1,2 @@\n-uno\n+ONE\n two\n",
         )
         .unwrap();
-        let err =
-            apply_patch(&patch, &dir.path().join("stage"), "patches/0001-x.patch").unwrap_err();
+        let err = apply_patch(&patch, &dir.path().join("stage"), "patches/0001-x.patch")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("patches/0001-x.patch"), "{err}");
         assert_eq!(
             std::fs::read_to_string(dir.path().join("stage/a/f.txt")).unwrap(),

@@ -5,11 +5,12 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use gdn_lock::{InputRole, Lock, Sha256Hex, ToolchainIdentity};
+use gdn_lock::{InputRole, Sha256Hex, ToolchainIdentity};
 
-use crate::cli::BuildArgs;
+use crate::error::{GenError, Result};
 use crate::fetch::ensure_input;
-use crate::process::{run, Result};
+use crate::plan::Plan;
+use crate::process::run;
 
 pub struct Toolkit {
     pub root: PathBuf,
@@ -29,36 +30,43 @@ impl Toolkit {
             .map(|d| self.root.join(d).join(name))
             .find(|p| p.is_file())
             .ok_or_else(|| {
-                format!(
-                    "{name} not found under {}/lib or lib64",
-                    self.root.display()
+                GenError::refused(
+                    "find a toolkit library",
+                    format!(
+                        "{name} not found under {}/lib or lib64",
+                        self.root.display()
+                    ),
                 )
             })
     }
 }
 
-/// `expected_nvcc` is the exact version (`V13.0.88`) or, for an unrecorded
-/// variant, a release pattern ending in `.x` (`V12.8.x`).
-pub fn resolve(args: &BuildArgs, expected_nvcc: &str, lock: &Lock) -> Result<Toolkit> {
+/// The plan's toolkit: `--toolkit-root` or the pinned wheels, with the nvcc
+/// of the plan's variant (the exact version, `V13.0.88`, or for an
+/// unrecorded variant a release pattern ending in `.x`, `V12.8.x`).
+pub fn resolve(plan: &Plan) -> Result<Toolkit> {
+    let args = &plan.args;
+    let expected_nvcc = plan.variant.nvcc_version.as_str();
     let (root, kind) = match &args.toolkit_root {
         Some(root) => (root.clone(), "external-root"),
-        None => (extract_pinned_wheels(args, lock)?, "pypi-wheels"),
+        None => (extract_pinned_wheels(plan)?, "pypi-wheels"),
     };
+    let step = "check the toolkit";
     let nvcc = root.join("bin/nvcc");
     if !nvcc.is_file() {
-        return Err(format!(
-            "toolkit root {}: bin/nvcc does not exist",
-            root.display()
+        return Err(GenError::refused(
+            step,
+            format!("toolkit root {}: bin/nvcc does not exist", root.display()),
         ));
     }
     let version = run("nvcc --version", Command::new(&nvcc).arg("--version"))?;
     let (nvcc_version, nvcc_build) = parse_nvcc_version(&version)?;
     if !nvcc_matches(&nvcc_version, expected_nvcc) {
-        return Err(format!(
+        return Err(GenError::refused(step, format!(
             "toolkit {}: nvcc is {nvcc_version}, the lock pins {expected_nvcc}; use a toolkit of that version \
              or drop --toolkit-root to use the pinned wheels",
             root.display(),
-        ));
+        )));
     }
     let host_cxx = args
         .host_cxx
@@ -108,17 +116,17 @@ pub fn parse_nvcc_version(text: &str) -> Result<(String, String)> {
         .map(|l| l.trim().to_string());
     match (release, build) {
         (Some(r), Some(b)) => Ok((r, b)),
-        _ => Err(format!("cannot parse `nvcc --version` output:\n{text}")),
+        _ => Err(GenError::refused(
+            "read the nvcc version",
+            format!("cannot parse `nvcc --version` output:\n{text}"),
+        )),
     }
 }
 
-/// Extracts the toolchain wheels into a directory named by their hashes, once.
-fn extract_pinned_wheels(args: &BuildArgs, lock: &Lock) -> Result<PathBuf> {
-    let wheels: Vec<_> = lock
-        .inputs
-        .iter()
-        .filter(|i| i.role == InputRole::Toolchain)
-        .collect();
+/// Extracts the plan's toolchain wheels into a directory named by their hashes, once.
+fn extract_pinned_wheels(plan: &Plan) -> Result<PathBuf> {
+    let args = &plan.args;
+    let wheels: Vec<_> = plan.inputs_with(&[InputRole::Toolchain]).collect();
     let key = Sha256Hex::of_bytes(
         wheels
             .iter()
@@ -138,14 +146,23 @@ fn extract_pinned_wheels(args: &BuildArgs, lock: &Lock) -> Result<PathBuf> {
         eprintln!("gdn-gen: extracting {}", wheel.filename);
         extract_zip(&path, &dir, |_| true)?;
     }
-    std::fs::write(dir.join(".complete"), b"").map_err(|e| e.to_string())?;
+    let done = dir.join(".complete");
+    std::fs::write(&done, b"").map_err(|e| GenError::io("extract the toolkit", &done, e))?;
     Ok(root)
 }
 
 /// Extracts the members of a zip (wheel) accepted by `keep`, refusing any
 /// member whose name would land outside `dest`; keeps the executable bit.
 pub fn extract_zip(zip_path: &Path, dest: &Path, keep: impl Fn(&str) -> bool) -> Result<usize> {
-    let err = |e: &dyn std::fmt::Display| format!("extract {}: {e}", zip_path.display());
+    let err = |e: &dyn std::fmt::Display| GenError::Input {
+        filename: zip_path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        path: Some(zip_path.to_owned()),
+        problem: format!("cannot be extracted: {e}"),
+        remedy: "remove it from the cache so it is fetched again".into(),
+    };
     let file = std::fs::File::open(zip_path).map_err(|e| err(&e))?;
     let mut archive = zip::ZipArchive::new(file).map_err(|e| err(&e))?;
     let mut count = 0;
@@ -212,7 +229,9 @@ mod tests {
             std::io::Write::write_all(&mut w, b"x").unwrap();
             w.finish().unwrap();
         }
-        let err = extract_zip(&zpath, &dir.path().join("out"), |_| true).unwrap_err();
+        let err = extract_zip(&zpath, &dir.path().join("out"), |_| true)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("escapes"), "{err}");
         assert!(!dir.path().join("escape.txt").exists());
     }

@@ -74,7 +74,7 @@ impl Digests {
             action: "read",
             source,
         };
-        let mut file = std::fs::File::open(path).map_err(io)?;
+        let (mut file, _) = crate::fsread::open_regular_file(path)?;
         let mut sha = Sha256::new();
         let mut b3 = blake3::Hasher::new();
         let mut size = 0u64;

@@ -44,6 +44,10 @@ pub enum Error {
         path: String,
         reason: &'static str,
     },
+    /// A FIFO, socket, device or directory where a regular file must be.
+    NotRegularFile {
+        path: PathBuf,
+    },
 }
 
 impl Error {
@@ -65,8 +69,17 @@ impl Error {
 /// Remedies shared by several checks.
 pub const REMEDY_REBUILD: &str =
     "rebuild the bundle with `cargo run --release -p gdn-gen -- build`";
-pub const REMEDY_RELOCK: &str =
-    "if the change is intended, record it with `cargo run --release -p gdn-gen -- lock` and review the diff";
+/// For a bundle whose bytes are not the locked ones. Said to consumers
+/// (build.rs, `gdn-gen check`): re-locking would make the lock follow a
+/// bundle nobody has explained, so it is not the advice.
+pub const REMEDY_BYTES_DIFFER: &str =
+    "the bundle's bytes are not the locked ones: rebuild it with `cargo run --release -p gdn-gen -- build`; \
+     if a fresh build differs too, find out why with `cargo run --release -p gdn-gen -- verify` \
+     (it lists every difference); do not re-lock to make a bundle pass";
+/// For a lock that disagrees with the very table it records the hash of.
+pub const REMEDY_LOCK_EDITED: &str =
+    "the lock disagrees with the artifact table it was written for (edited by hand?); \
+     restore gdn-bundle.lock.json from version control";
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -115,6 +128,12 @@ impl fmt::Display for Error {
             Error::UnsafePath { path, reason } => {
                 write!(f, "refusing artifact path {path:?}: {reason}")
             }
+            Error::NotRegularFile { path } => write!(
+                f,
+                "{} is not a regular file (a FIFO, socket, device or directory, or replaced \
+                 while being opened); refusing to read it",
+                path.display()
+            ),
         }
     }
 }

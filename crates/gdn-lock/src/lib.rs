@@ -14,6 +14,8 @@
 
 mod digest;
 mod error;
+mod fsread;
+mod json;
 mod lock;
 mod manifest;
 mod table;
@@ -28,7 +30,8 @@ pub use table::{
     Specialization, Unit, UnitOutput,
 };
 pub use verify::{
-    check_lock_matches_table, check_relative_path, verify_bundle, HostPolicy, VerifiedBundle,
+    check_lock_matches_table, check_relative_path, check_sources_match_lock, verify_bundle,
+    HostPolicy, VerifiedBundle,
 };
 
 /// Schema version of all three documents. A reader refuses any other value.
@@ -73,35 +76,23 @@ pub(crate) fn parse_versioned<T: serde::de::DeserializeOwned>(
     parse(path, bytes)
 }
 
-/// Reads and parses a JSON document with a size cap, naming the file on error.
-pub fn read_document<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T> {
-    parse(path, &read_capped(path)?)
-}
-
-/// The file's bytes, refused before reading if over [`MAX_DOCUMENT_BYTES`] (a
-/// corrupt or hostile file should not make us allocate without bound).
+/// The file's bytes, refused before reading if it is not a regular file (a
+/// FIFO or device would block or never end) or over [`MAX_DOCUMENT_BYTES`]
+/// (a corrupt or hostile file should not make us allocate without bound).
 pub(crate) fn read_capped(path: &std::path::Path) -> Result<Vec<u8>> {
-    let io = |source| Error::Io {
-        path: path.to_owned(),
-        action: "read",
-        source,
-    };
-    let meta = std::fs::metadata(path).map_err(io)?;
-    if meta.len() > MAX_DOCUMENT_BYTES {
-        return Err(Error::TooLarge {
-            path: path.to_owned(),
-            limit: MAX_DOCUMENT_BYTES,
-            actual: meta.len(),
-        });
-    }
-    std::fs::read(path).map_err(io)
+    fsread::read_regular_file(path, MAX_DOCUMENT_BYTES)
 }
 
+/// Parses one of our documents. Any object naming a key twice is refused
+/// first: serde would keep one of the values silently, and a reviewer
+/// reading the file may see the other.
 fn parse<T: serde::de::DeserializeOwned>(path: &std::path::Path, bytes: &[u8]) -> Result<T> {
-    serde_json::from_slice(bytes).map_err(|e| Error::Parse {
+    let invalid = |e: serde_json::Error| Error::Parse {
         path: path.to_owned(),
         message: e.to_string(),
-    })
+    };
+    json::reject_duplicate_keys(bytes).map_err(invalid)?;
+    serde_json::from_slice(bytes).map_err(invalid)
 }
 
 /// The artifact table and the lock, checked to belong together (the lock was

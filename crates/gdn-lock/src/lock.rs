@@ -88,7 +88,67 @@ impl Lock {
         Ok(lock)
     }
 
-    pub fn input(&self, filename: &str) -> Option<&LockedInput> {
-        self.inputs.iter().find(|i| i.filename == filename)
+    /// The inputs one build uses, in lock order: the kernel source always;
+    /// the toolchain wheels when the pinned toolkit is used (not an existing
+    /// toolkit root); the DSL kernel source and the runtime wheels for
+    /// `dsl_python` (`major.minor` of the interpreter that ran the export)
+    /// when there is one. The one place this is decided: gdn-gen's plan and
+    /// manifest and every bundle check ask here.
+    pub fn used_inputs(&self, pinned_toolkit: bool, dsl_python: Option<&str>) -> Vec<&LockedInput> {
+        self.inputs
+            .iter()
+            .filter(|i| match i.role {
+                InputRole::KernelSource => true,
+                InputRole::Toolchain => pinned_toolkit,
+                InputRole::DslKernelSource | InputRole::DslRuntime => {
+                    dsl_python.is_some_and(|p| i.used_with_python(p))
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lock() -> Lock {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .join(crate::LOCK_FILE);
+        Lock::load(&p).unwrap()
+    }
+
+    fn names(inputs: Vec<&LockedInput>) -> Vec<String> {
+        inputs.iter().map(|i| i.filename.clone()).collect()
+    }
+
+    #[test]
+    fn used_inputs_follow_the_toolkit_and_the_interpreter() {
+        let lock = lock();
+        let all = names(lock.used_inputs(true, Some("3.11")));
+        // The pinned toolkit: every toolchain wheel; Python 3.11: the cp311
+        // wheels and no cp312 one; the kernel sources always.
+        for i in &lock.inputs {
+            let expected = match (i.role, i.python.as_deref()) {
+                (InputRole::DslRuntime, Some(p)) => p == "3.11",
+                _ => true,
+            };
+            assert_eq!(all.contains(&i.filename), expected, "{}", i.filename);
+        }
+        assert!(all.iter().any(|f| f.contains("cp311")));
+        assert!(!all.iter().any(|f| f.contains("cp312")));
+        let py312 = names(lock.used_inputs(true, Some("3.12")));
+        assert!(
+            py312.iter().any(|f| f.contains("cp312")) && !py312.iter().any(|f| f.contains("cp311"))
+        );
+        // An existing toolkit root: no toolchain wheel. No DSL export: no DSL input.
+        let bare = lock.used_inputs(false, None);
+        assert!(
+            bare.iter().all(|i| i.role == InputRole::KernelSource),
+            "{:?}",
+            names(bare)
+        );
+        assert_eq!(lock.used_inputs(false, None).len(), 1);
     }
 }

@@ -91,13 +91,6 @@ pub enum InputRole {
     DslRuntime,
 }
 
-impl InputSpec {
-    /// Whether a build with Python `python` (`major.minor`) uses this input.
-    pub fn used_with_python(&self, python: &str) -> bool {
-        self.python.as_deref().is_none_or(|p| p == python)
-    }
-}
-
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Geometry {
@@ -346,14 +339,6 @@ impl ArtifactTable {
         Ok(())
     }
 
-    pub fn kernel_source(&self) -> &InputSpec {
-        // validate() guarantees exactly one.
-        self.inputs
-            .iter()
-            .find(|i| i.role == InputRole::KernelSource)
-            .expect("validated table has a kernel-source input")
-    }
-
     /// Every bundle-relative path of device code the table produces.
     pub fn device_artifact_paths(&self) -> Vec<String> {
         self.units
@@ -383,13 +368,6 @@ impl ArtifactTable {
             out.push(format!("lib/{}", file_name(&dsl.runtime_library)));
         }
         out
-    }
-
-    /// The single `dsl-kernel-source` input, when the table has DSL units.
-    pub fn dsl_kernel_source(&self) -> Option<&InputSpec> {
-        self.inputs
-            .iter()
-            .find(|i| i.role == InputRole::DslKernelSource)
     }
 
     pub fn has_dsl_units(&self) -> bool {

@@ -5,10 +5,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};
 
 use crate::digest::{Digests, Sha256Hex};
-use crate::error::{Error, Result, REMEDY_REBUILD, REMEDY_RELOCK};
+use crate::error::{Error, Result, REMEDY_BYTES_DIFFER, REMEDY_LOCK_EDITED, REMEDY_REBUILD};
 use crate::lock::Lock;
 use crate::manifest::{ArtifactKind, Manifest, ManifestArtifact};
-use crate::table::{file_name, ArtifactTable, InputRole, UnitOutput};
+use crate::table::{file_name, ArtifactTable, UnitOutput};
 use crate::MANIFEST_FILE;
 
 /// A bundle whose every file was read once, hashed and matched. `files`
@@ -90,34 +90,15 @@ fn read_inside(root: &Path, rel: &str) -> Result<Vec<u8>> {
             });
         }
     }
-    let io = |source| Error::Io {
+    // The type is checked before opening: a FIFO would block the open.
+    let (mut file, len) = crate::fsread::open_regular_file(&cur)?;
+    let mut bytes = Vec::with_capacity(len as usize);
+    std::io::Read::read_to_end(&mut file, &mut bytes).map_err(|source| Error::Io {
         path: cur.clone(),
         action: "read",
         source,
-    };
-    let mut file = std::fs::File::open(&cur).map_err(io)?;
-    let opened = file.metadata().map_err(io)?;
-    let named = std::fs::symlink_metadata(&cur).map_err(io)?;
-    if !opened.is_file() || !named.is_file() || !same_file(&opened, &named) {
-        return Err(Error::UnsafePath {
-            path: rel.to_owned(),
-            reason: "not a regular file (or replaced while being read)",
-        });
-    }
-    let mut bytes = Vec::with_capacity(opened.len() as usize);
-    std::io::Read::read_to_end(&mut file, &mut bytes).map_err(io)?;
+    })?;
     Ok(bytes)
-}
-
-#[cfg(unix)]
-fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    a.dev() == b.dev() && a.ino() == b.ino()
-}
-
-#[cfg(not(unix))]
-fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
-    a.len() == b.len()
 }
 
 /// Lists every file under `root` (bundle-relative, `/`-separated).
@@ -191,8 +172,63 @@ pub fn check_lock_matches_table(
              run `cargo run --release -p gdn-gen -- lock` and review the diff",
         ));
     }
-    expect_same("lock abi_version", &table.abi_version, &lock.abi_version)?;
-    expect_same("lock nvcc_version", &table.nvcc_version, &lock.nvcc_version)?;
+    // The table's hash matched, so a disagreement means the lock was edited.
+    if table.abi_version != lock.abi_version {
+        return Err(Error::mismatch(
+            "lock abi_version",
+            table.abi_version,
+            lock.abi_version,
+            REMEDY_LOCK_EDITED,
+        ));
+    }
+    if table.nvcc_version != lock.nvcc_version {
+        return Err(Error::mismatch(
+            "lock nvcc_version",
+            &table.nvcc_version,
+            &lock.nvcc_version,
+            REMEDY_LOCK_EDITED,
+        ));
+    }
+    Ok(())
+}
+
+/// What to do when one of our sources differs from the lock's hash.
+const REMEDY_SOURCE: &str = "bundles are built from the locked sources only: restore the file \
+     (`git checkout -- <file>`), or, if the edit is intended, record it with \
+     `cargo run --release -p gdn-gen -- lock` (which also rebuilds the bundle) and review the diff";
+
+/// Checks that our sources and patches in the repository at `repo` (the
+/// table's `sources` and `patches`) are the files the lock pins: an edit
+/// after the bundle was built means the bundle no longer comes from the
+/// working tree.
+pub fn check_sources_match_lock(repo: &Path, table: &ArtifactTable, lock: &Lock) -> Result<()> {
+    let listed: BTreeSet<&String> = table.sources.iter().chain(&table.patches).collect();
+    if let Some(extra) = lock.sources.keys().find(|p| !listed.contains(p)) {
+        return Err(Error::Unexpected {
+            what: format!("lock entry for source {extra} (the table lists no such source)"),
+            remedy: REMEDY_LOCK_EDITED,
+        });
+    }
+    for path in listed {
+        let pinned = lock.sources.get(path).ok_or_else(|| Error::Missing {
+            what: format!("lock entry for source {path}"),
+            remedy: REMEDY_LOCK_EDITED,
+        })?;
+        let actual = Digests::of_file(&repo.join(path))
+            .map_err(|e| Error::Missing {
+                what: format!("source {path} ({e})"),
+                remedy: REMEDY_SOURCE,
+            })?
+            .sha256;
+        if &actual != pinned {
+            return Err(Error::mismatch(
+                format!("source {path} (sha256 pinned by the lock)"),
+                pinned,
+                actual,
+                REMEDY_SOURCE,
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -241,17 +277,9 @@ pub fn verify_bundle(
         (false, _) => None,
     };
     let mut expected_inputs = BTreeMap::new();
-    for input in &lock.inputs {
-        let used = match input.role {
-            InputRole::KernelSource => true,
-            InputRole::Toolchain => manifest.toolchain.toolkit == "pypi-wheels",
-            InputRole::DslKernelSource | InputRole::DslRuntime => {
-                dsl_python.is_some_and(|p| input.used_with_python(p))
-            }
-        };
-        if used {
-            expected_inputs.insert(input.filename.clone(), input.sha256.clone());
-        }
+    let pinned_toolkit = manifest.toolchain.toolkit == "pypi-wheels";
+    for input in lock.used_inputs(pinned_toolkit, dsl_python) {
+        expected_inputs.insert(input.filename.clone(), input.sha256.clone());
     }
     for (path, sha) in &lock.sources {
         expected_inputs.insert(path.clone(), sha.clone());
@@ -338,7 +366,7 @@ pub fn verify_bundle(
             "device artifacts of the lock",
             format!("{table_device:?} (from the table)"),
             format!("{lock_device:?}"),
-            REMEDY_RELOCK,
+            REMEDY_LOCK_EDITED,
         ));
     }
     for (path, art) in &manifest.artifacts {
@@ -354,7 +382,7 @@ pub fn verify_bundle(
         locked.expect_eq(
             &format!("device artifact {path} (against the lock)"),
             &actual[path],
-            REMEDY_RELOCK,
+            REMEDY_BYTES_DIFFER,
         )?;
     }
 
@@ -392,7 +420,7 @@ pub fn verify_bundle(
             "DSL artifacts of the lock",
             format!("{table_dsl:?} (from the table)"),
             format!("{lock_dsl:?}"),
-            REMEDY_RELOCK,
+            REMEDY_LOCK_EDITED,
         ));
     }
     for (path, locked) in &lock.dsl_artifacts {
@@ -407,7 +435,7 @@ pub fn verify_bundle(
         locked.expect_eq(
             &format!("DSL artifact {path} (against the lock)"),
             &actual[path],
-            REMEDY_RELOCK,
+            REMEDY_BYTES_DIFFER,
         )?;
     }
     for unit in table.units.iter().filter(|u| u.dsl.is_some()) {
@@ -431,7 +459,7 @@ pub fn verify_bundle(
         .get(&table.abi_header)
         .ok_or_else(|| Error::Missing {
             what: format!("lock entry for source {}", table.abi_header),
-            remedy: REMEDY_RELOCK,
+            remedy: REMEDY_LOCK_EDITED,
         })?;
     expect_same(
         &format!("sha256 of {header_rel}"),
@@ -462,7 +490,7 @@ pub fn verify_bundle(
             locked.expect_eq(
                 &format!("host artifact {path} (against the lock)"),
                 got,
-                REMEDY_RELOCK,
+                REMEDY_BYTES_DIFFER,
             )?;
         }
     }

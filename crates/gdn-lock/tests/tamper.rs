@@ -28,8 +28,9 @@ fn table_and_lock() -> (ArtifactTable, Lock) {
 }
 
 fn real_bundle() -> PathBuf {
+    // A relative GDN_BUNDLE_DIR means the workspace root's relative path, as for build.rs.
     let p = std::env::var_os("GDN_BUNDLE_DIR")
-        .map(PathBuf::from)
+        .map(|p| repo().join(p))
         .unwrap_or_else(|| repo().join("target/gdn-bundle"));
     assert!(
         p.join(MANIFEST_FILE).exists(),
@@ -365,5 +366,60 @@ fn verified_bytes_are_the_bytes_on_disk() {
     let v = verify_bundle(d.path(), &t, &l, HostPolicy::Locked).unwrap();
     for (rel, bytes) in &v.files {
         assert_eq!(bytes, &std::fs::read(d.path().join(rel)).unwrap(), "{rel}");
+    }
+}
+
+/// Runs `f` on another thread and fails the test if it has not returned
+/// within 20 s (a reader blocked on a FIFO never returns).
+fn within_20s<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(20))
+        .expect("verification blocked for 20 s")
+}
+
+#[cfg(unix)]
+#[test]
+fn fifo_in_place_of_an_artifact_or_the_manifest_is_refused_without_blocking() {
+    for rel in [GVA, MANIFEST_FILE] {
+        let d = copy();
+        std::fs::remove_file(d.path().join(rel)).unwrap();
+        let status = std::process::Command::new("mkfifo")
+            .arg(d.path().join(rel))
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let root = d.path().to_path_buf();
+        let e = within_20s(move || refused(&root));
+        assert!(
+            e.contains(rel) && e.contains("not a regular file"),
+            "{rel}: {e}"
+        );
+    }
+}
+
+#[test]
+fn consumer_advice_is_to_rebuild_or_investigate_never_to_relock() {
+    // Bytes that differ from the lock, with a manifest made to agree: what a
+    // consumer (build.rs, `gdn-gen check`) must not "fix" by re-locking.
+    for rel in [GVA, "obj/dsl/sm90_prefill.o", "obj/gdn_abi.o"] {
+        let d = copy();
+        let p = d.path().join(rel);
+        let mut b = std::fs::read(&p).unwrap();
+        b.push(0);
+        std::fs::write(&p, b).unwrap();
+        rehash(d.path(), rel);
+        let e = refused(d.path());
+        assert!(e.contains(rel) && e.contains("against the lock"), "{e}");
+        assert!(
+            e.contains("gdn-gen -- build") && e.contains("gdn-gen -- verify"),
+            "{rel}: the advice must be to rebuild and find out why: {e}"
+        );
+        assert!(
+            !e.contains("gdn-gen -- lock"),
+            "{rel}: advises re-locking: {e}"
+        );
     }
 }

@@ -39,7 +39,8 @@ pub enum Logits {
 /// Options of the GPU model.
 #[derive(Clone, Copy, Debug)]
 pub struct GpuOptions {
-    /// GDN prefill backend (Auto: FlashInfer on SM90, the portable kernel elsewhere).
+    /// GDN prefill backend (Auto: the CuTe DSL SM90 kernels on SM90, context-parallel
+    /// per call; the portable kernel elsewhere; see gdn_kernels::dispatch).
     pub gdn_backend: BackendRequest,
 }
 

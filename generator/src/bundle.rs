@@ -1,0 +1,294 @@
+//! Executing a plan into a bundle directory: stage, compile (through a unit
+//! cache), copy the outputs and write the manifest; and installing a finished
+//! bundle in place of the old one.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use gdn_lock::{
+    to_canonical_json, ArtifactKind, Digests, Lock, Manifest, ManifestArtifact, Sha256Hex,
+    MANIFEST_FILE, SCHEMA_VERSION,
+};
+
+use crate::dsl::{self, DslEnv};
+use crate::error::{GenError, Result};
+use crate::fetch::ensure_input;
+use crate::plan::Plan;
+use crate::stage;
+use crate::toolkit::{self, Toolkit};
+use crate::units::{compile_all, unit_key};
+
+/// The toolkit and DSL environment a plan runs with.
+pub struct Env {
+    pub tk: Toolkit,
+    pub dsl: Option<DslEnv>,
+}
+
+impl Env {
+    /// Extracts or finds the toolkit and unpacks the DSL wheels of the plan.
+    pub fn prepare(plan: &Plan) -> Result<Env> {
+        Ok(Env {
+            tk: toolkit::resolve(plan)?,
+            dsl: dsl::prepare(plan)?,
+        })
+    }
+}
+
+/// A bundle written by [`assemble`].
+pub struct Assembled {
+    pub manifest: Manifest,
+    /// For each bundle path that a compiled unit produced: that unit's cache
+    /// entry, and whether it was reused rather than compiled by this run.
+    pub from_unit: BTreeMap<String, (PathBuf, bool)>,
+}
+
+impl Assembled {
+    /// Cache entries that were reused and produced bytes other than the
+    /// lock's, with one such bundle path each. Host code is only compared
+    /// when it was built like the lock's (same host compiler and toolkit).
+    pub fn reused_entries_differing_from(&self, lock: &Lock) -> BTreeMap<PathBuf, String> {
+        let host_like_lock = self.manifest.toolchain.host_compiler
+            == lock.host_artifacts.host_compiler
+            && self.manifest.toolchain.toolkit == lock.host_artifacts.toolkit;
+        let mut out = BTreeMap::new();
+        for (path, art) in &self.manifest.artifacts {
+            let Some((entry, true)) = self.from_unit.get(path) else {
+                continue;
+            };
+            let locked = lock
+                .device_artifacts
+                .get(path)
+                .or_else(|| lock.dsl_artifacts.get(path))
+                .or_else(|| {
+                    host_like_lock
+                        .then(|| lock.host_artifacts.artifacts.get(path))
+                        .flatten()
+                });
+            if locked.is_some_and(|l| l != &art.digests) {
+                out.entry(entry.clone()).or_insert_with(|| path.clone());
+            }
+        }
+        out
+    }
+}
+
+/// Stamp beside the bundle: the content key of the last successful build.
+pub fn stamp_path(out: &Path) -> PathBuf {
+    let mut s = out.as_os_str().to_owned();
+    s.push(".stamp");
+    PathBuf::from(s)
+}
+
+/// What a bundle built from this plan depends on.
+pub fn build_key(plan: &Plan, lock: &Lock, env: &Env) -> Sha256Hex {
+    let doc = serde_json::json!({ "table": plan.table, "lock": lock, "toolchain": env.tk.identity,
+                                  "cxx": env.tk.host_cxx, "dsl": env.dsl.as_ref().map(DslEnv::key),
+                                  "generator": env!("CARGO_PKG_VERSION") });
+    Sha256Hex::of_bytes(doc.to_string().as_bytes())
+}
+
+/// Compiles everything and assembles a bundle in a fresh directory `dest`.
+/// Does not compare with the lock's outputs. Compiled units are taken from
+/// and put in `unit_cache` (by content key).
+pub fn assemble(plan: &Plan, env: &Env, dest: &Path, unit_cache: &Path) -> Result<Assembled> {
+    let (table, args, tk) = (&plan.table, &plan.args, &env.tk);
+    let dsl = env.dsl.as_ref();
+    let ks = plan.kernel_source()?;
+    let wheel = ensure_input(ks, &args.cache, args.inputs_dir.as_deref(), args.offline)?;
+    let sources: Vec<(String, Sha256Hex)> = plan.lock.sources.clone().into_iter().collect();
+    let keys: Vec<Sha256Hex> = table
+        .units
+        .iter()
+        .map(|u| unit_key(u, table, &sources, &ks.sha256, tk, dsl))
+        .collect();
+    // A private staging tree per build: builds sharing a cache never touch
+    // each other's sources (paths do not reach the outputs; see units.rs).
+    let stage_root = args.cache.join("stage");
+    std::fs::create_dir_all(&stage_root)
+        .map_err(|e| GenError::io("create the staging area", &stage_root, e))?;
+    let stage_tmp = tempfile::tempdir_in(&stage_root)
+        .map_err(|e| GenError::io("create a staging tree", &stage_root, e))?;
+    let stage_dir = stage_tmp.path().join("src-root");
+    stage::prepare(table, &plan.repo, &wheel, &stage_dir)?;
+    let outputs = compile_all(table, &stage_dir, unit_cache, tk, dsl, &keys, args.jobs)?;
+
+    // (bundle path, file to copy, kind, producing unit)
+    let mut files: Vec<(String, PathBuf, ArtifactKind, Option<usize>)> = vec![];
+    for (i, o) in outputs.iter().enumerate() {
+        if o.unit.dsl.is_some() {
+            let target = &o.unit.targets[0];
+            for v in o.unit.dsl_variants() {
+                for (rel, ext, kind) in [
+                    (
+                        o.unit.dsl_cubin_path(v, target),
+                        "cubin",
+                        ArtifactKind::DeviceCubin,
+                    ),
+                    (
+                        gdn_lock::Unit::dsl_object_path(v),
+                        "o",
+                        ArtifactKind::DslObject,
+                    ),
+                    (
+                        gdn_lock::Unit::dsl_header_path(v),
+                        "h",
+                        ArtifactKind::DslHeader,
+                    ),
+                ] {
+                    files.push((rel, o.dsl_file(v, ext), kind, Some(i)));
+                }
+            }
+            continue;
+        }
+        for t in &o.unit.targets {
+            files.push((
+                o.unit.cubin_path(t),
+                o.cubin(t),
+                ArtifactKind::DeviceCubin,
+                Some(i),
+            ));
+        }
+        if o.unit.output == gdn_lock::UnitOutput::HostObject {
+            files.push((
+                o.unit.object_path(),
+                o.object(),
+                ArtifactKind::HostObject,
+                Some(i),
+            ));
+        }
+    }
+    files.push((
+        format!("include/{}", gdn_lock::file_name(&table.abi_header)),
+        plan.repo.join(&table.abi_header),
+        ArtifactKind::Header,
+        None,
+    ));
+    for lib in &table.toolkit_libraries {
+        files.push((
+            format!("lib/{lib}"),
+            tk.library(lib)?,
+            ArtifactKind::HostLibrary,
+            None,
+        ));
+    }
+    if let (Some(cfg), Some(env), true) = (&table.dsl, dsl, table.has_dsl_units()) {
+        files.push((
+            format!("lib/{}", gdn_lock::file_name(&cfg.runtime_library)),
+            env.site.join(&cfg.runtime_library),
+            ArtifactKind::DslLibrary,
+            None,
+        ));
+    }
+    let step = "assemble the bundle";
+    let mut artifacts = BTreeMap::new();
+    let mut from_unit = BTreeMap::new();
+    for (rel, src, kind, unit) in &files {
+        let to = dest.join(rel);
+        let parent = to.parent().expect("artifact paths have a parent");
+        std::fs::create_dir_all(parent).map_err(|e| GenError::io(step, parent, e))?;
+        let bytes = std::fs::read(src).map_err(|e| GenError::io(step, src, e))?;
+        write_file(&to, &bytes)?;
+        artifacts.insert(
+            rel.clone(),
+            ManifestArtifact {
+                kind: *kind,
+                digests: Digests::of_bytes(&bytes),
+            },
+        );
+        if let Some(i) = unit {
+            from_unit.insert(
+                rel.clone(),
+                (outputs[*i].dir.clone(), !outputs[*i].compiled_now),
+            );
+        }
+    }
+    // The inputs are the plan's: decided once, in Lock::used_inputs.
+    let mut inputs: BTreeMap<String, Sha256Hex> = plan
+        .inputs
+        .iter()
+        .map(|i| (i.filename.clone(), i.sha256.clone()))
+        .collect();
+    inputs.extend(plan.lock.sources.clone());
+    let manifest = Manifest {
+        schema_version: SCHEMA_VERSION,
+        abi_version: table.abi_version,
+        geometry: table.geometry.clone(),
+        toolchain: tk.identity.clone(),
+        inputs,
+        artifacts,
+        dsl: dsl.map(|d| d.identity.clone()),
+    };
+    write_file(
+        &dest.join(MANIFEST_FILE),
+        to_canonical_json(&manifest).as_bytes(),
+    )?;
+    Ok(Assembled {
+        manifest,
+        from_unit,
+    })
+}
+
+/// Files in a bundle are written with fixed permissions (umask-independent).
+fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    let step = "write the bundle";
+    std::fs::write(path, bytes).map_err(|e| GenError::io(step, path, e))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+            .map_err(|e| GenError::io(step, path, e))?;
+    }
+    Ok(())
+}
+
+/// A temporary sibling of `out`, so the final rename stays on one filesystem.
+pub fn temp_sibling(out: &Path, tag: &str) -> Result<tempfile::TempDir> {
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let step = "create a directory beside the bundle";
+    std::fs::create_dir_all(&parent).map_err(|e| GenError::io(step, &parent, e))?;
+    tempfile::Builder::new()
+        .prefix(&format!(
+            ".{}.{tag}-",
+            out.file_name().and_then(|s| s.to_str()).unwrap_or("bundle")
+        ))
+        .tempdir_in(&parent)
+        .map_err(|e| GenError::io(step, &parent, e))
+}
+
+/// Replaces `out` with the complete bundle in `new` by two renames (old aside,
+/// new in). `out` never holds a partial bundle: it is the old one, the new
+/// one, or, between the two renames, absent. If the second rename fails the
+/// old bundle is put back.
+pub fn install(new: tempfile::TempDir, out: &Path) -> Result<()> {
+    let new = new.keep();
+    let step = "install the bundle";
+    if out.exists() {
+        let old = temp_sibling(out, "old")?.keep();
+        std::fs::remove_dir(&old).ok();
+        std::fs::rename(out, &old)
+            .map_err(|e| GenError::io("move the old bundle aside", out, e))?;
+        if let Err(e) = std::fs::rename(&new, out) {
+            let restored = std::fs::rename(&old, out).is_ok();
+            std::fs::remove_dir_all(&new).ok();
+            return Err(GenError::refused(
+                step,
+                format!(
+                    "{}: {e}; {}",
+                    out.display(),
+                    if restored {
+                        "the previous bundle was restored".to_string()
+                    } else {
+                        format!("the previous bundle is at {}", old.display())
+                    }
+                ),
+            ));
+        }
+        std::fs::remove_dir_all(&old).ok();
+    } else {
+        std::fs::rename(&new, out).map_err(|e| GenError::io(step, out, e))?;
+    }
+    Ok(())
+}
