@@ -45,7 +45,11 @@ in
     cargo-doc = craneLib.cargoDoc withBundle;
 
     # Tests that need a GPU must skip themselves when none is present.
-    cargo-test = craneLib.cargoNextest withBundle;
+    # generator/tests/fake_repo.rs drives gdn-gen's fetch step (curl) and
+    # makes FIFOs (coreutils, in stdenv).
+    cargo-test = craneLib.cargoNextest (withBundle // {
+      nativeBuildInputs = (commonArgs.nativeBuildInputs or [ ]) ++ [ pkgs.curl ];
+    });
   };
 
   gpuChecks = {

@@ -13,6 +13,8 @@ let
       (src + "/gdn-bundle.lock.json")
       (src + "/generator/artifacts.json")
       (src + "/crates/gdn-kernels/cuda")
+      # The CuTe DSL export driver: a locked source (build.rs and gdn-gen check it).
+      (src + "/generator/cute_dsl")
       (lib.fileset.maybeMissing (src + "/patches"))
       # Test fixtures and snapshots (sample locks, manifests).
       (lib.fileset.fileFilter (file: file.hasExt "json") (src + "/crates"))

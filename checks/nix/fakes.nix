@@ -96,6 +96,7 @@ let
     deadnix = mkFake "tool" { name = "deadnix"; };
     cachix = mkFake "tool" { name = "cachix"; };
     jq = mkFake "tool" { name = "jq"; };
+    curl = mkFake "tool" { name = "curl"; };
   };
 
   # The subset of nixpkgs.lib that flake.nix and nix/*.nix use.
