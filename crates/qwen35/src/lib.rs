@@ -7,6 +7,9 @@ pub mod config;
 pub mod cpu;
 pub mod engine_exec;
 mod error;
+/// The accuracy gate of the GPU tests, only with the `testing` feature
+/// (dev-dependencies enable it): shipped binaries do not carry it.
+#[cfg(feature = "testing")]
 pub mod gate;
 pub mod gpu;
 pub mod tokenizer;
