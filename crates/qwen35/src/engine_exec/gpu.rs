@@ -191,7 +191,15 @@ impl Executor for GpuExecutor {
                 });
             }
         };
-        let specs = rows.iter().filter_map(|r| r.sample.as_ref());
+        let specs: Vec<_> = rows.iter().filter_map(|r| r.sample.as_ref()).collect();
+        if logits.len() != specs.len() {
+            // The step ran: its slots moved on, so this is no refusal.
+            return Err(ExecError::StepFailed(format!(
+                "the model returned {} logits rows for {} sampling rows",
+                logits.len(),
+                specs.len()
+            )));
+        }
         Ok(logits
             .iter()
             .zip(specs)

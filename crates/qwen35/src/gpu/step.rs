@@ -170,8 +170,10 @@ impl GpuModel {
         }
         let vocab = self.config.vocab_size;
         let padding = cache.graphs.as_ref().map(|g| g.padding);
-        let mut slots = std::collections::HashSet::new();
-        let mut pages = std::collections::HashSet::new();
+        // Bitmaps, not hash sets: a decode step of hundreds of long
+        // sequences names tens of thousands of pages.
+        let mut slots = vec![false; cache.num_slots()];
+        let mut pages = vec![false; cache.num_pages()];
         let mut max_pages = 1;
         for (i, r) in rows.iter().enumerate() {
             let s = r.slot.0 as usize;
@@ -184,7 +186,7 @@ impl GpuModel {
             if s >= cache.num_slots() || padding.is_some_and(|p| p.slot == s as i32) {
                 return Err(format!("row {i}: slot {s} is not a slot of this cache"));
             }
-            if !slots.insert(s) {
+            if std::mem::replace(&mut slots[s], true) {
                 return Err(format!("slot {s} appears twice in one step"));
             }
             let end = r.start + r.tokens.len();
@@ -205,7 +207,7 @@ impl GpuModel {
                 if pi >= cache.num_pages() || padding.is_some_and(|x| x.page == pi as i32) {
                     return Err(format!("row {i}: page {pi} is not a page of this cache"));
                 }
-                if !pages.insert(pi) {
+                if std::mem::replace(&mut pages[pi], true) {
                     return Err(format!("page {pi} is given twice in one step"));
                 }
             }
