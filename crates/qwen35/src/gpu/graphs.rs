@@ -101,7 +101,7 @@ impl GpuModel {
         cache.graphs = None;
         let mut graphs = BTreeMap::new();
         for &bucket in buckets {
-            let layout = self.padded_layout(&[], &[], bucket, page_width, cache.page_size, padding);
+            let layout = padded_layout(&[], &[], bucket, page_width, cache.page_size, padding);
             let mut batch = DeviceBatch::upload(&self.stream, &layout)?;
             // Bounds = the cache's capacity, so any later decode step fits
             // the captured graph.
@@ -152,38 +152,6 @@ impl GpuModel {
         })
     }
 
-    /// `rows` in `order`, then padding rows up to `bucket`, `width` pages wide.
-    fn padded_layout(
-        &self,
-        rows: &[Row],
-        order: &[usize],
-        bucket: usize,
-        width: usize,
-        page_size: usize,
-        padding: Padding,
-    ) -> gdn_kernels::BatchLayout {
-        let mut layout = layout_of(rows, order, width, page_size);
-        let pad_page = [PageId(padding.page as u32)];
-        let pad = Row {
-            slot: SlotId(padding.slot as u32),
-            start: 0,
-            tokens: &[0],
-            pages: &pad_page,
-            logits: RowLogits::None,
-        };
-        let extra = layout_of(&[pad], &[0], width, page_size);
-        for _ in order.len()..bucket {
-            let end = layout.cu_seqlens.last().expect("starts with 0") + 1;
-            layout.cu_seqlens.push(end);
-            layout.tokens.push(0);
-            layout.start_positions.push(0);
-            layout.slots.push(padding.slot);
-            layout.block_table.extend_from_slice(&extra.block_table);
-        }
-        layout.padding = Some(padding);
-        layout
-    }
-
     /// A decode step through the graph of `bucket`: the batch buffers are
     /// rewritten in place and the graph replayed.
     pub(crate) fn replay_decode(
@@ -194,7 +162,7 @@ impl GpuModel {
         bucket: usize,
     ) -> Result<()> {
         let graphs = cache.graphs.as_mut().expect("replay needs graphs");
-        let layout = self.padded_layout(
+        let layout = padded_layout(
             rows,
             order,
             bucket,
@@ -206,5 +174,65 @@ impl GpuModel {
         g.batch.update(&self.stream, &layout)?;
         g.graph.launch()?;
         Ok(())
+    }
+}
+
+/// `rows` in `order`, then padding rows up to `bucket`, `width` pages wide.
+fn padded_layout(
+    rows: &[Row],
+    order: &[usize],
+    bucket: usize,
+    width: usize,
+    page_size: usize,
+    padding: Padding,
+) -> gdn_kernels::BatchLayout {
+    let mut layout = layout_of(rows, order, width, page_size);
+    let pad_page = [PageId(padding.page as u32)];
+    let pad = Row {
+        slot: SlotId(padding.slot as u32),
+        start: 0,
+        tokens: &[0],
+        pages: &pad_page,
+        logits: RowLogits::None,
+    };
+    let extra = layout_of(&[pad], &[0], width, page_size);
+    for _ in order.len()..bucket {
+        let end = layout.cu_seqlens.last().expect("starts with 0") + 1;
+        layout.cu_seqlens.push(end);
+        layout.tokens.push(0);
+        layout.start_positions.push(0);
+        layout.slots.push(padding.slot);
+        layout.block_table.extend_from_slice(&extra.block_table);
+    }
+    layout.padding = Some(padding);
+    layout
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn padding_rows_fill_the_bucket_on_the_scratch_slot_and_page() {
+        let pages = [PageId(4), PageId(5)];
+        let rows = [Row {
+            slot: SlotId(1),
+            start: 17,
+            tokens: &[9],
+            pages: &pages,
+            logits: RowLogits::Last,
+        }];
+        let pad = Padding { slot: 7, page: 30 };
+        let l = padded_layout(&rows, &[0], 4, 3, 16, pad);
+        assert_eq!(l.slots, vec![1, 7, 7, 7]);
+        assert_eq!(l.start_positions, vec![17, 0, 0, 0]);
+        assert_eq!(l.tokens, vec![9, 0, 0, 0]);
+        assert_eq!(l.cu_seqlens, vec![0, 1, 2, 3, 4]);
+        assert_eq!(l.max_blocks, 3);
+        assert_eq!(
+            l.block_table,
+            vec![4, 5, -1, 30, -1, -1, 30, -1, -1, 30, -1, -1]
+        );
+        assert_eq!(l.padding, Some(pad));
     }
 }
