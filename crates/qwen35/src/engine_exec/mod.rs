@@ -73,6 +73,27 @@ pub(crate) fn check_rows(rows: &[StepRow], g: &CacheGeometry) -> Result<(), Exec
     Ok(())
 }
 
+/// A row continues its slot's sequence: `start` is 0 (a fresh sequence) or
+/// the number of tokens the slot holds (`held`: `None` when the slot holds
+/// no sequence's state, e.g. never used or lost in a failed step).
+pub(crate) fn check_starts(
+    rows: &[StepRow],
+    held: impl Fn(usize) -> Option<usize>,
+) -> Result<(), ExecError> {
+    for (i, r) in rows.iter().enumerate() {
+        let have = held(r.slot.0 as usize);
+        if r.start != 0 && have != Some(r.start) {
+            return Err(ExecError::Refused(format!(
+                "row {i}: slot {} holds {} tokens, the row starts at {}",
+                r.slot.0,
+                have.map_or("no sequence's".into(), |n| n.to_string()),
+                r.start
+            )));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
