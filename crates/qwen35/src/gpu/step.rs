@@ -313,9 +313,9 @@ impl GpuModel {
             _ => None,
         };
         let eager;
-        let logits = if let Some(bucket) = graphed {
-            self.replay_decode(cache, rows, &plan.order, bucket)?;
-            &cache.graphs.as_ref().expect("checked").graph(bucket).logits
+        let logits = if let Some(key) = graphed {
+            self.replay_decode(cache, rows, &plan.order, key)?;
+            &cache.graphs.as_ref().expect("checked").logits
         } else {
             let batches = self.batches(&plan)?;
             let n = plan.logits.rows(batches.full.num_tokens());
