@@ -1,0 +1,273 @@
+//! Decode steps as CUDA graphs: one graph per padded batch size (bucket) and
+//! page-table width (tier), captured up front so that no step waits for a
+//! capture. A step of `n` decode rows replays the smallest bucket `>= n` of
+//! the narrowest tier that holds its longest row; the rows beyond `n` are
+//! padding rows on a scratch slot and page that the caller keeps out of
+//! every real sequence's way (gdn_kernels' `Padding`). Tiers keep the page
+//! table a step uploads near the size its sequences need: one width for a
+//! 256k-token context would upload megabytes of table per step.
+
+use std::collections::BTreeMap;
+
+use cudarc::driver::{CudaGraph, CudaSlice};
+use engine::{PageId, SlotId};
+use gdn_kernels::{DeviceBatch, Padding};
+
+use crate::error::{Error, Result};
+use crate::gpu::step::{layout_of, Batches, LogitsPlan, Row, RowLogits};
+use crate::gpu::{scratch, GpuCache, GpuModel};
+
+/// A captured decode step for one (bucket, tier): the graph and the batch
+/// buffers its kernels read (rewritten before each replay).
+struct DecodeGraph {
+    graph: CudaGraph,
+    batch: DeviceBatch,
+}
+
+/// Which graph a step replays: (bucket, page-table width).
+pub(crate) type GraphKey = (usize, usize);
+
+pub(crate) struct DecodeGraphs {
+    pub padding: Padding,
+    /// By (bucket, page-table width).
+    graphs: BTreeMap<GraphKey, DecodeGraph>,
+    /// Page-table widths, narrowest first; sequences with more pages than
+    /// the widest run eagerly.
+    widths: Vec<usize>,
+    /// `[largest bucket, vocab]`: every graph writes its rows' logits here
+    /// (one graph runs at a time on the stream).
+    pub logits: CudaSlice<f32>,
+}
+
+/// Page-table widths of the tiers for contexts up to `max_context`: 2048
+/// positions, then x8, up to the whole context (capped by the pages that
+/// exist).
+pub(crate) fn tier_widths(max_context: usize, page_size: usize, num_pages: usize) -> Vec<usize> {
+    let full = max_context.div_ceil(page_size).clamp(1, num_pages);
+    let mut widths: Vec<usize> =
+        std::iter::successors(Some(2048usize.div_ceil(page_size)), |w| Some(w * 8))
+            .take_while(|&w| w < full)
+            .collect();
+    widths.push(full);
+    widths
+}
+
+impl DecodeGraphs {
+    pub fn batch_sizes(&self) -> Vec<usize> {
+        let mut b: Vec<usize> = self.graphs.keys().map(|k| k.0).collect();
+        b.dedup();
+        b
+    }
+
+    /// The graph a decode step of `n` rows with up to `pages` pages each
+    /// replays, if any.
+    pub fn fits(&self, n: usize, pages: usize) -> Option<GraphKey> {
+        let width = *self.widths.iter().find(|&&w| w >= pages)?;
+        self.graphs
+            .range((n, 0)..)
+            .map(|(&k, _)| k)
+            .find(|&(_, w)| w == width)
+    }
+}
+
+impl GpuModel {
+    /// Captures a decode graph for each batch size in `buckets`, for
+    /// sequences of up to `max_context` positions, padding with `padding_slot`
+    /// and `padding_page` (which real rows may then no longer use). Replaces
+    /// graphs captured before. Needs a created stream (capture is not
+    /// allowed on the legacy default stream). The capture runs only padding
+    /// rows: no real slot or page is touched.
+    pub fn capture_decode_graphs(
+        &mut self,
+        cache: &mut GpuCache,
+        buckets: &[usize],
+        max_context: usize,
+        padding_slot: SlotId,
+        padding_page: PageId,
+    ) -> Result<()> {
+        if cache.model_id != self.id {
+            return Err(Error::InvalidInput(
+                "this cache was made by another model".into(),
+            ));
+        }
+        if self.stream.cu_stream().is_null() {
+            return Err(Error::InvalidInput(
+                "CUDA graphs need a created stream, not the legacy default stream".into(),
+            ));
+        }
+        if padding_slot.0 as usize >= cache.num_slots()
+            || padding_page.0 as usize >= cache.num_pages()
+        {
+            return Err(Error::InvalidInput(format!(
+                "padding slot {} / page {} outside the cache ({} slots, {} pages)",
+                padding_slot.0,
+                padding_page.0,
+                cache.num_slots(),
+                cache.num_pages()
+            )));
+        }
+        if let Some(&b) = buckets.iter().find(|&&b| b == 0 || b > 65_535) {
+            return Err(Error::InvalidInput(format!(
+                "decode graph batch size {b} is not in 1..=65535"
+            )));
+        }
+        let padding = Padding {
+            slot: padding_slot.0 as i32,
+            page: padding_page.0 as i32,
+        };
+        let widths = tier_widths(max_context, cache.page_size, cache.num_pages());
+        cache.graphs = None;
+        let top = buckets.iter().copied().max().unwrap_or(1);
+        let mut logits = scratch::<f32>(&self.stream, top * self.config.vocab_size)?;
+        let mut graphs = BTreeMap::new();
+        for &bucket in buckets {
+            for &width in &widths {
+                let layout = padded_layout(&[], &[], bucket, width, cache.page_size, padding);
+                let mut batch = DeviceBatch::upload(&self.stream, &layout)?;
+                // Bounds = the cache's capacity, so any later decode step
+                // within the width fits the captured graph.
+                batch.widen_bounds(
+                    cache.num_slots() - 1,
+                    cache.num_pages() - 1,
+                    width * cache.page_size - 1,
+                    self.config.vocab_size - 1,
+                );
+                let graph = self.capture(cache, batch, bucket, &mut logits)?;
+                graphs.insert((bucket, width), graph);
+            }
+        }
+        log::info!(
+            "qwen35 gpu: {} decode graphs captured (batch sizes {buckets:?}, page-table widths {widths:?})",
+            graphs.len()
+        );
+        cache.graphs = Some(DecodeGraphs {
+            padding,
+            graphs,
+            widths,
+            logits,
+        });
+        Ok(())
+    }
+
+    fn capture(
+        &mut self,
+        cache: &mut GpuCache,
+        batch: DeviceBatch,
+        bucket: usize,
+        logits: &mut CudaSlice<f32>,
+    ) -> Result<DecodeGraph> {
+        let s = self.stream.clone();
+        let batches = Batches {
+            full: batch,
+            parts: None,
+        };
+        s.begin_capture(
+            cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        )?;
+        let captured = self.run(cache, &batches, LogitsPlan::LastOf(0, bucket), logits);
+        // End the capture whatever happened, so the stream is usable again.
+        let graph = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+        captured?;
+        let graph = graph?.ok_or_else(|| Error::Gpu("stream capture produced no graph".into()))?;
+        // A first launch (padding rows only) so the first real step does
+        // not pay the graph's upload.
+        graph.launch()?;
+        Ok(DecodeGraph {
+            graph,
+            batch: batches.full,
+        })
+    }
+
+    /// A decode step through the graph of `key`: the batch buffers are
+    /// rewritten in place and the graph replayed; the logits land in the
+    /// graphs' shared buffer, batch row order.
+    pub(crate) fn replay_decode(
+        &mut self,
+        cache: &mut GpuCache,
+        rows: &[Row],
+        order: &[usize],
+        key: GraphKey,
+    ) -> Result<()> {
+        let graphs = cache.graphs.as_mut().expect("replay needs graphs");
+        let (bucket, width) = key;
+        let layout = padded_layout(rows, order, bucket, width, cache.page_size, graphs.padding);
+        let g = graphs.graphs.get_mut(&key).expect("key from fits");
+        g.batch.update(&self.stream, &layout)?;
+        g.graph.launch()?;
+        Ok(())
+    }
+}
+
+/// `rows` in `order`, then padding rows up to `bucket`, `width` pages wide.
+fn padded_layout(
+    rows: &[Row],
+    order: &[usize],
+    bucket: usize,
+    width: usize,
+    page_size: usize,
+    padding: Padding,
+) -> gdn_kernels::BatchLayout {
+    let mut layout = layout_of(rows, order, width, page_size);
+    let pad_page = [PageId(padding.page as u32)];
+    let pad = Row {
+        slot: SlotId(padding.slot as u32),
+        start: 0,
+        tokens: &[0],
+        pages: &pad_page,
+        logits: RowLogits::None,
+    };
+    let extra = layout_of(&[pad], &[0], width, page_size);
+    for _ in order.len()..bucket {
+        let end = layout.cu_seqlens.last().expect("starts with 0") + 1;
+        layout.cu_seqlens.push(end);
+        layout.tokens.push(0);
+        layout.start_positions.push(0);
+        layout.slots.push(padding.slot);
+        layout.block_table.extend_from_slice(&extra.block_table);
+    }
+    layout.padding = Some(padding);
+    layout
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiers_grow_by_eight_from_2048_positions_to_the_whole_context() {
+        // 256k context, pages of 16: 128, 1024, 8192 and 16384 pages.
+        assert_eq!(
+            tier_widths(262_144, 16, 1 << 20),
+            vec![128, 1024, 8192, 16384]
+        );
+        // A short context: one tier, the whole of it.
+        assert_eq!(tier_widths(1000, 16, 1 << 20), vec![63]);
+        // Never wider than the pages that exist.
+        assert_eq!(tier_widths(262_144, 16, 500), vec![128, 500]);
+        assert_eq!(tier_widths(4096, 16, 256), vec![128, 256]);
+    }
+
+    #[test]
+    fn padding_rows_fill_the_bucket_on_the_scratch_slot_and_page() {
+        let pages = [PageId(4), PageId(5)];
+        let rows = [Row {
+            slot: SlotId(1),
+            start: 17,
+            tokens: &[9],
+            pages: &pages,
+            logits: RowLogits::Last,
+        }];
+        let pad = Padding { slot: 7, page: 30 };
+        let l = padded_layout(&rows, &[0], 4, 3, 16, pad);
+        assert_eq!(l.slots, vec![1, 7, 7, 7]);
+        assert_eq!(l.start_positions, vec![17, 0, 0, 0]);
+        assert_eq!(l.tokens, vec![9, 0, 0, 0]);
+        assert_eq!(l.cu_seqlens, vec![0, 1, 2, 3, 4]);
+        assert_eq!(l.max_blocks, 3);
+        assert_eq!(
+            l.block_table,
+            vec![4, 5, -1, 30, -1, -1, 30, -1, -1, 30, -1, -1]
+        );
+        assert_eq!(l.padding, Some(pad));
+    }
+}
