@@ -1,0 +1,583 @@
+//! Raw request -> validated values. One error variant per rule, each naming
+//! the field, the limit and the value, so the client learns what to change.
+//! Ranges follow vLLM's `SamplingParams._verify_args` and OpenAI's limits.
+
+use engine::SamplingParams;
+
+use crate::openai::{GenerationRequest, MessageContent, StopField, ToolChoice};
+
+/// Most top logprobs a request may ask for (vLLM's default max_logprobs).
+pub const MAX_TOP_LOGPROBS: i64 = 20;
+/// Most choices per request.
+pub const MAX_N: i64 = 128;
+/// Most stop strings per request.
+pub const MAX_STOP_STRINGS: usize = 16;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ValidationError {
+    NotFinite { field: &'static str },
+    OutOfRange { field: &'static str, range: &'static str, value: String },
+    MissingField { field: &'static str },
+    EmptyMessages,
+    BadRole { index: usize, role: String },
+    BadContentPart { index: usize, part: usize, kind: String },
+    MissingContent { index: usize, role: String },
+    BadToolCallArguments { index: usize, reason: String },
+    StreamOptionsWithoutStream,
+    TopLogprobsWithoutLogprobs,
+    LogprobsType { value: String },
+    TooManyStops { max: usize, got: usize },
+    EmptyStop { index: usize },
+    TokenOutOfVocab { field: &'static str, value: i64, vocab_size: usize },
+    MinTokensOverMax { min_tokens: usize, max_tokens: usize },
+    Unsupported { field: &'static str, value: String },
+    EmptyTools,
+    BadToolType { index: usize, kind: String },
+    UnknownToolChoice { value: String },
+    ToolChoiceWithoutTools,
+    ConflictingFlags { a: &'static str, b: &'static str },
+    EmptyPrompt,
+    PromptTooLong { prompt_tokens: usize, max_model_len: usize },
+    MaxTokensTooLarge { max_tokens: usize, prompt_tokens: usize, max_model_len: usize },
+    Template { message: String },
+}
+
+impl std::fmt::Display for ValidationError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use ValidationError::*;
+        match self {
+            NotFinite { field } => write!(f, "{field} must be a finite number."),
+            OutOfRange { field, range, value } => write!(f, "{field} must be {range}, got {value}."),
+            MissingField { field } => write!(f, "'{field}' is a required property."),
+            EmptyMessages => write!(f, "messages must contain at least one message."),
+            BadRole { index, role } => write!(
+                f,
+                "messages[{index}].role must be one of 'system', 'developer', 'user', 'assistant', 'tool', got '{role}'."
+            ),
+            BadContentPart { index, part, kind } => write!(
+                f,
+                "messages[{index}].content[{part}] has type '{kind}': only 'text' parts with a 'text' string are supported by this text-only model."
+            ),
+            MissingContent { index, role } => {
+                write!(f, "messages[{index}] (role '{role}') needs 'content'.")
+            }
+            BadToolCallArguments { index, reason } => {
+                write!(f, "messages[{index}].tool_calls: {reason}")
+            }
+            StreamOptionsWithoutStream => {
+                write!(f, "Stream options can only be defined when `stream=True`.")
+            }
+            TopLogprobsWithoutLogprobs => {
+                write!(f, "top_logprobs can only be set when logprobs is true.")
+            }
+            LogprobsType { value } => write!(f, "logprobs must be a boolean, got {value}."),
+            TooManyStops { max, got } => write!(f, "stop may hold at most {max} strings, got {got}."),
+            EmptyStop { index } => write!(f, "stop[{index}] must not be empty."),
+            TokenOutOfVocab { field, value, vocab_size } => write!(
+                f,
+                "{field} contains token id {value}, outside the vocabulary [0, {vocab_size})."
+            ),
+            MinTokensOverMax { min_tokens, max_tokens } => write!(
+                f,
+                "min_tokens ({min_tokens}) must be less than or equal to max_tokens ({max_tokens})."
+            ),
+            Unsupported { field, value } => {
+                write!(f, "{field}={value} is not supported by this server.")
+            }
+            EmptyTools => write!(f, "tools must not be an empty list (leave it out instead)."),
+            BadToolType { index, kind } => {
+                write!(f, "tools[{index}].type must be 'function', got '{kind}'.")
+            }
+            UnknownToolChoice { value } => write!(
+                f,
+                "tool_choice must be 'none' or 'auto' (or a named function this server cannot force), got {value}."
+            ),
+            ToolChoiceWithoutTools => write!(f, "tool_choice is set but no tools are given."),
+            ConflictingFlags { a, b } => write!(f, "{a} and {b} cannot both be true."),
+            EmptyPrompt => write!(f, "The prompt must not be empty."),
+            PromptTooLong { prompt_tokens, max_model_len } => write!(
+                f,
+                "This model's maximum context length is {max_model_len} tokens. However, your request has {prompt_tokens} input tokens. Please reduce the length of the input."
+            ),
+            MaxTokensTooLarge { max_tokens, prompt_tokens, max_model_len } => write!(
+                f,
+                "'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum context length is {max_model_len} tokens and your request has {prompt_tokens} input tokens ({max_tokens} > {max_model_len} - {prompt_tokens})."
+            ),
+            Template { message } => write!(f, "{message}"),
+        }
+    }
+}
+
+impl ValidationError {
+    /// The request field at fault, as OpenAI's `param`.
+    pub fn param(&self) -> Option<String> {
+        use ValidationError::*;
+        Some(match self {
+            NotFinite { field } | OutOfRange { field, .. } | MissingField { field } => field.to_string(),
+            Unsupported { field, .. } | TokenOutOfVocab { field, .. } => field.to_string(),
+            EmptyMessages | Template { .. } => "messages".into(),
+            BadRole { index, .. } => format!("messages[{index}].role"),
+            BadContentPart { index, part, .. } => format!("messages[{index}].content[{part}]"),
+            MissingContent { index, .. } => format!("messages[{index}].content"),
+            BadToolCallArguments { index, .. } => format!("messages[{index}].tool_calls"),
+            StreamOptionsWithoutStream => "stream_options".into(),
+            TopLogprobsWithoutLogprobs => "top_logprobs".into(),
+            LogprobsType { .. } => "logprobs".into(),
+            TooManyStops { .. } => "stop".into(),
+            EmptyStop { index } => format!("stop[{index}]"),
+            MinTokensOverMax { .. } => "min_tokens".into(),
+            EmptyTools | BadToolType { .. } => "tools".into(),
+            UnknownToolChoice { .. } | ToolChoiceWithoutTools => "tool_choice".into(),
+            ConflictingFlags { b, .. } => b.to_string(),
+            EmptyPrompt => "prompt".into(),
+            PromptTooLong { .. } => "messages".into(),
+            MaxTokensTooLarge { .. } => "max_tokens".into(),
+        })
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            ValidationError::PromptTooLong { .. } | ValidationError::MaxTokensTooLarge { .. } => {
+                "context_length_exceeded"
+            }
+            ValidationError::Unsupported { .. } => "unsupported_value",
+            ValidationError::Template { .. } => "invalid_chat_template_input",
+            _ => "invalid_value",
+        }
+    }
+}
+
+/// Server-side sampling defaults (generation_config.json), used where the
+/// client leaves a field out.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SamplingDefaults {
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub max_tokens: Option<usize>,
+}
+
+/// What both endpoints validate the same way.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidGeneration {
+    pub sampling: SamplingParams,
+    /// `None`: the rest of the context (`max_model_len - prompt_len`).
+    pub max_tokens: Option<usize>,
+    pub min_tokens: usize,
+    pub stop_strings: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub include_stop_str_in_output: bool,
+    pub ignore_eos: bool,
+    pub skip_special_tokens: bool,
+    pub n: usize,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub continuous_usage: bool,
+}
+
+/// A chat request after validation (messages are rendered separately).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidChat {
+    pub generation: ValidGeneration,
+    pub tools_enabled: bool,
+    pub add_generation_prompt: bool,
+    pub continue_final_message: bool,
+    pub include_reasoning: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidCompletion {
+    pub generation: ValidGeneration,
+    pub echo: bool,
+    pub add_special_tokens: bool,
+}
+
+fn finite(field: &'static str, v: f64) -> Result<f64, ValidationError> {
+    if v.is_finite() {
+        Ok(v)
+    } else {
+        Err(ValidationError::NotFinite { field })
+    }
+}
+
+fn in_range(
+    field: &'static str,
+    v: f64,
+    range: &'static str,
+    ok: impl Fn(f64) -> bool,
+) -> Result<f32, ValidationError> {
+    let v = finite(field, v)?;
+    if ok(v) {
+        Ok(v as f32)
+    } else {
+        Err(ValidationError::OutOfRange { field, range, value: v.to_string() })
+    }
+}
+
+fn positive_count(field: &'static str, v: i64, range: &'static str, max: i64) -> Result<usize, ValidationError> {
+    if v < 1 || v > max {
+        return Err(ValidationError::OutOfRange { field, range, value: v.to_string() });
+    }
+    Ok(v as usize)
+}
+
+fn token_ids(field: &'static str, ids: &[i64], vocab_size: usize) -> Result<Vec<u32>, ValidationError> {
+    ids.iter()
+        .map(|&id| {
+            if id < 0 || id as u64 >= vocab_size as u64 {
+                Err(ValidationError::TokenOutOfVocab { field, value: id, vocab_size })
+            } else {
+                Ok(id as u32)
+            }
+        })
+        .collect()
+}
+
+/// Validates the fields both endpoints share. `top_logprobs`: how many
+/// alternatives the endpoint-specific `logprobs` fields asked for.
+pub fn validate_generation(
+    req: &GenerationRequest,
+    top_logprobs: Option<u32>,
+    max_tokens: Option<i64>,
+    defaults: &SamplingDefaults,
+    vocab_size: usize,
+) -> Result<ValidGeneration, ValidationError> {
+    let temperature = req.temperature.or(defaults.temperature).unwrap_or(1.0);
+    let temperature = in_range("temperature", temperature, "in [0, 2]", |t| (0.0..=2.0).contains(&t))?;
+    let top_p = req.top_p.or(defaults.top_p).unwrap_or(1.0);
+    let top_p = in_range("top_p", top_p, "in (0, 1]", |p| p > 0.0 && p <= 1.0)?;
+    let top_k = req.top_k.or(defaults.top_k).unwrap_or(0);
+    if top_k < -1 {
+        return Err(ValidationError::OutOfRange {
+            field: "top_k",
+            range: "-1 or 0 (off) or at least 1",
+            value: top_k.to_string(),
+        });
+    }
+    let top_k = u32::try_from(top_k.max(0)).map_err(|_| ValidationError::OutOfRange {
+        field: "top_k",
+        range: "at most 4294967295",
+        value: top_k.to_string(),
+    })?;
+    let min_p = req.min_p.or(defaults.min_p).unwrap_or(0.0);
+    let min_p = in_range("min_p", min_p, "in [0, 1]", |p| (0.0..=1.0).contains(&p))?;
+    let repetition = req.repetition_penalty.or(defaults.repetition_penalty).unwrap_or(1.0);
+    let repetition_penalty = in_range("repetition_penalty", repetition, "in (0, 2]", |r| r > 0.0 && r <= 2.0)?;
+    let presence_penalty = in_range("presence_penalty", req.presence_penalty.unwrap_or(0.0), "in [-2, 2]", |p| {
+        (-2.0..=2.0).contains(&p)
+    })?;
+    let frequency_penalty = in_range("frequency_penalty", req.frequency_penalty.unwrap_or(0.0), "in [-2, 2]", |p| {
+        (-2.0..=2.0).contains(&p)
+    })?;
+    if let Some(bias) = &req.logit_bias {
+        if !bias.is_empty() {
+            return Err(ValidationError::Unsupported { field: "logit_bias", value: "a non-empty mapping".into() });
+        }
+    }
+    let n = positive_count("n", req.n.unwrap_or(1), "in [1, 128]", MAX_N)?;
+    if let Some(best_of) = req.best_of {
+        if best_of != n as i64 {
+            return Err(ValidationError::Unsupported { field: "best_of", value: best_of.to_string() });
+        }
+    }
+    let max_tokens = match max_tokens {
+        Some(m) => Some(positive_count("max_tokens", m, "at least 1", i64::MAX)?),
+        None => defaults.max_tokens,
+    };
+    let min_tokens = match req.min_tokens.unwrap_or(0) {
+        m if m < 0 => {
+            return Err(ValidationError::OutOfRange { field: "min_tokens", range: "at least 0", value: m.to_string() })
+        }
+        m => m as usize,
+    };
+    if let Some(max) = max_tokens {
+        if min_tokens > max {
+            return Err(ValidationError::MinTokensOverMax { min_tokens, max_tokens: max });
+        }
+    }
+    let stop_strings = match &req.stop {
+        None => Vec::new(),
+        Some(StopField::One(s)) => vec![s.clone()],
+        Some(StopField::Many(v)) => v.clone(),
+    };
+    if stop_strings.len() > MAX_STOP_STRINGS {
+        return Err(ValidationError::TooManyStops { max: MAX_STOP_STRINGS, got: stop_strings.len() });
+    }
+    if let Some(index) = stop_strings.iter().position(|s| s.is_empty()) {
+        return Err(ValidationError::EmptyStop { index });
+    }
+    let stop_token_ids = token_ids("stop_token_ids", req.stop_token_ids.as_deref().unwrap_or(&[]), vocab_size)?;
+    let stream = req.stream.unwrap_or(false);
+    let (include_usage, continuous_usage) = match &req.stream_options {
+        Some(_) if !stream => return Err(ValidationError::StreamOptionsWithoutStream),
+        Some(o) => (o.include_usage.unwrap_or(false), o.continuous_usage_stats.unwrap_or(false)),
+        None => (false, false),
+    };
+    if let Some(k) = req.prompt_logprobs {
+        return Err(ValidationError::Unsupported { field: "prompt_logprobs", value: k.to_string() });
+    }
+    if let Some(format) = &req.response_format {
+        if format.kind != "text" {
+            return Err(ValidationError::Unsupported { field: "response_format.type", value: format.kind.clone() });
+        }
+    }
+    let seed = req.seed.map(|s| s as u64);
+    Ok(ValidGeneration {
+        sampling: SamplingParams {
+            temperature,
+            top_p,
+            top_k,
+            min_p,
+            repetition_penalty,
+            presence_penalty,
+            frequency_penalty,
+            seed,
+            logprobs: top_logprobs,
+        },
+        max_tokens,
+        min_tokens,
+        stop_strings,
+        stop_token_ids,
+        include_stop_str_in_output: req.include_stop_str_in_output.unwrap_or(false),
+        ignore_eos: req.ignore_eos.unwrap_or(false),
+        skip_special_tokens: req.skip_special_tokens.unwrap_or(true),
+        n,
+        stream,
+        include_usage,
+        continuous_usage,
+    })
+}
+
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+pub fn validate_chat(
+    req: &GenerationRequest,
+    defaults: &SamplingDefaults,
+    vocab_size: usize,
+) -> Result<ValidChat, ValidationError> {
+    let messages = req.messages.as_ref().ok_or(ValidationError::MissingField { field: "messages" })?;
+    if messages.is_empty() {
+        return Err(ValidationError::EmptyMessages);
+    }
+    for (index, m) in messages.iter().enumerate() {
+        if !ROLES.contains(&m.role.as_str()) {
+            return Err(ValidationError::BadRole { index, role: m.role.clone() });
+        }
+        match &m.content {
+            Some(MessageContent::Parts(parts)) => {
+                for (part, p) in parts.iter().enumerate() {
+                    if p.kind != "text" || p.text.is_none() {
+                        return Err(ValidationError::BadContentPart { index, part, kind: p.kind.clone() });
+                    }
+                }
+            }
+            Some(MessageContent::Text(_)) => {}
+            // An assistant turn may carry only tool calls.
+            None if m.role == "assistant" => {}
+            None => return Err(ValidationError::MissingContent { index, role: m.role.clone() }),
+        }
+        for call in m.tool_calls.iter().flatten() {
+            let args = &call.function.arguments;
+            let ok = match args {
+                serde_json::Value::String(s) => {
+                    matches!(serde_json::from_str::<serde_json::Value>(s), Ok(serde_json::Value::Object(_)))
+                }
+                serde_json::Value::Object(_) => true,
+                _ => false,
+            };
+            if !ok {
+                return Err(ValidationError::BadToolCallArguments {
+                    index,
+                    reason: format!("arguments of '{}' must be a JSON object (as text)", call.function.name),
+                });
+            }
+        }
+    }
+    let logprobs = match &req.logprobs {
+        None | Some(serde_json::Value::Null) => false,
+        Some(serde_json::Value::Bool(b)) => *b,
+        Some(other) => return Err(ValidationError::LogprobsType { value: other.to_string() }),
+    };
+    let top = match req.top_logprobs {
+        Some(k) if !(0..=MAX_TOP_LOGPROBS).contains(&k) => {
+            return Err(ValidationError::OutOfRange { field: "top_logprobs", range: "in [0, 20]", value: k.to_string() })
+        }
+        Some(k) if k > 0 && !logprobs => return Err(ValidationError::TopLogprobsWithoutLogprobs),
+        Some(k) => k as u32,
+        None => 0,
+    };
+    let max_tokens = req.max_completion_tokens.or(req.max_tokens);
+    let generation = validate_generation(req, logprobs.then_some(top), max_tokens, defaults, vocab_size)?;
+    let tools_given = match &req.tools {
+        Some(tools) if tools.is_empty() => return Err(ValidationError::EmptyTools),
+        Some(tools) => {
+            if let Some((index, t)) = tools.iter().enumerate().find(|(_, t)| t.kind != "function") {
+                return Err(ValidationError::BadToolType { index, kind: t.kind.clone() });
+            }
+            true
+        }
+        None => false,
+    };
+    let tools_enabled = match &req.tool_choice {
+        None => tools_given,
+        Some(ToolChoice::Mode(m)) if m == "none" => false,
+        Some(ToolChoice::Mode(m)) if m == "auto" => {
+            if !tools_given {
+                return Err(ValidationError::ToolChoiceWithoutTools);
+            }
+            true
+        }
+        Some(ToolChoice::Mode(m)) if m == "required" => {
+            return Err(ValidationError::Unsupported { field: "tool_choice", value: "'required'".into() })
+        }
+        Some(ToolChoice::Mode(m)) => return Err(ValidationError::UnknownToolChoice { value: format!("'{m}'") }),
+        Some(ToolChoice::Named(named)) => {
+            return Err(ValidationError::Unsupported {
+                field: "tool_choice",
+                value: format!("a named function ('{}')", named.function.name),
+            })
+        }
+    };
+    let add_generation_prompt = req.add_generation_prompt.unwrap_or(true);
+    let continue_final_message = req.continue_final_message.unwrap_or(false);
+    if add_generation_prompt && continue_final_message && req.add_generation_prompt.is_some() {
+        return Err(ValidationError::ConflictingFlags { a: "add_generation_prompt", b: "continue_final_message" });
+    }
+    Ok(ValidChat {
+        generation,
+        tools_enabled,
+        // continue_final_message implies no generation prompt.
+        add_generation_prompt: add_generation_prompt && !continue_final_message,
+        continue_final_message,
+        include_reasoning: req.include_reasoning.unwrap_or(true),
+    })
+}
+
+pub fn validate_completion(
+    req: &GenerationRequest,
+    defaults: &SamplingDefaults,
+    vocab_size: usize,
+) -> Result<ValidCompletion, ValidationError> {
+    if req.prompt.is_none() {
+        return Err(ValidationError::MissingField { field: "prompt" });
+    }
+    let top = match &req.logprobs {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::Number(k)) => match k.as_i64() {
+            Some(k) if (0..=MAX_TOP_LOGPROBS).contains(&k) => Some(k as u32),
+            _ => {
+                return Err(ValidationError::OutOfRange { field: "logprobs", range: "an integer in [0, 20]", value: k.to_string() })
+            }
+        },
+        Some(other) => {
+            return Err(ValidationError::OutOfRange { field: "logprobs", range: "an integer in [0, 20]", value: other.to_string() })
+        }
+    };
+    if let Some(suffix) = &req.suffix {
+        return Err(ValidationError::Unsupported { field: "suffix", value: format!("{suffix:?}") });
+    }
+    let generation = validate_generation(req, top, req.max_tokens, defaults, vocab_size)?;
+    Ok(ValidCompletion {
+        generation,
+        echo: req.echo.unwrap_or(false),
+        add_special_tokens: req.add_special_tokens.unwrap_or(true),
+    })
+}
+
+/// Resolves `max_tokens` against the context once the prompt length is
+/// known: unset means the rest of the context; too large is an error with
+/// vLLM's message.
+pub fn resolve_max_tokens(
+    max_tokens: Option<usize>,
+    prompt_tokens: usize,
+    max_model_len: usize,
+) -> Result<usize, ValidationError> {
+    if prompt_tokens == 0 {
+        return Err(ValidationError::EmptyPrompt);
+    }
+    if prompt_tokens >= max_model_len {
+        return Err(ValidationError::PromptTooLong { prompt_tokens, max_model_len });
+    }
+    let room = max_model_len - prompt_tokens;
+    match max_tokens {
+        None => Ok(room),
+        Some(m) if m > room => Err(ValidationError::MaxTokensTooLarge { max_tokens: m, prompt_tokens, max_model_len }),
+        Some(m) => Ok(m),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(json: &str) -> GenerationRequest {
+        serde_json::from_str(json).unwrap()
+    }
+
+    fn chat(json: &str) -> Result<ValidChat, ValidationError> {
+        validate_chat(&req(json), &SamplingDefaults::default(), 1000)
+    }
+
+    const MSG: &str = r#""messages": [{"role": "user", "content": "hi"}]"#;
+
+    #[test]
+    fn ranges_name_field_limit_and_value() {
+        let e = chat(&format!(r#"{{{MSG}, "temperature": 2.5}}"#)).unwrap_err();
+        assert_eq!(e, ValidationError::OutOfRange { field: "temperature", range: "in [0, 2]", value: "2.5".into() });
+        assert_eq!(e.param().as_deref(), Some("temperature"));
+        assert!(e.to_string().contains("2.5"), "{e}");
+        let e = chat(&format!(r#"{{{MSG}, "top_p": 0}}"#)).unwrap_err();
+        assert!(matches!(e, ValidationError::OutOfRange { field: "top_p", .. }));
+        let e = chat(&format!(r#"{{{MSG}, "n": 0}}"#)).unwrap_err();
+        assert!(matches!(e, ValidationError::OutOfRange { field: "n", .. }));
+        let e = chat(&format!(r#"{{{MSG}, "stop_token_ids": [1000]}}"#)).unwrap_err();
+        assert!(matches!(e, ValidationError::TokenOutOfVocab { value: 1000, .. }));
+        let e = chat(&format!(r#"{{{MSG}, "top_logprobs": 3}}"#)).unwrap_err();
+        assert_eq!(e, ValidationError::TopLogprobsWithoutLogprobs);
+        let e = chat(&format!(r#"{{{MSG}, "stream_options": {{"include_usage": true}}}}"#)).unwrap_err();
+        assert_eq!(e, ValidationError::StreamOptionsWithoutStream);
+    }
+
+    #[test]
+    fn messages_rules() {
+        assert_eq!(chat(r#"{"messages": []}"#).unwrap_err(), ValidationError::EmptyMessages);
+        let e = chat(r#"{"messages": [{"role": "wizard", "content": "x"}]}"#).unwrap_err();
+        assert_eq!(e.param().as_deref(), Some("messages[0].role"));
+        let e = chat(r#"{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}"#).unwrap_err();
+        assert!(matches!(e, ValidationError::BadContentPart { index: 0, part: 0, .. }));
+        let e = chat(
+            r#"{"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}]}"#,
+        )
+        .unwrap_err();
+        assert!(matches!(e, ValidationError::BadToolCallArguments { index: 0, .. }));
+    }
+
+    #[test]
+    fn defaults_and_precedence() {
+        let defaults = SamplingDefaults { temperature: Some(0.6), top_k: Some(20), ..Default::default() };
+        let v = validate_chat(
+            &req(&format!(r#"{{{MSG}, "max_tokens": 5, "max_completion_tokens": 7, "top_k": -1}}"#)),
+            &defaults,
+            1000,
+        )
+        .unwrap();
+        assert_eq!(v.generation.max_tokens, Some(7));
+        assert_eq!(v.generation.sampling.temperature, 0.6);
+        assert_eq!(v.generation.sampling.top_k, 0);
+        assert!(v.add_generation_prompt);
+    }
+
+    #[test]
+    fn max_tokens_against_context() {
+        assert_eq!(resolve_max_tokens(None, 10, 64), Ok(54));
+        assert_eq!(resolve_max_tokens(Some(54), 10, 64), Ok(54));
+        let e = resolve_max_tokens(Some(55), 10, 64).unwrap_err();
+        assert!(e.to_string().contains("55 > 64 - 10"), "{e}");
+        assert_eq!(
+            resolve_max_tokens(None, 64, 64),
+            Err(ValidationError::PromptTooLong { prompt_tokens: 64, max_model_len: 64 })
+        );
+    }
+}
