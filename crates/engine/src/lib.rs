@@ -1,10 +1,31 @@
 //! Continuous-batching engine for Qwen3.5 (no CUDA types: compiles and is
-//! tested without a GPU). The API contract: /work/notes/engine-api.md during
-//! development; the crate docs below once stable.
+//! tested without a GPU).
+//!
+//! - [`Engine::start`] spawns the engine thread, which creates the
+//!   [`Executor`] (the model runtime) and owns it; [`EngineHandle::submit`]
+//!   validates and queues a [`GenerateRequest`] and returns its
+//!   [`RequestStream`] of [`Event`]s. Dropping the stream aborts the request.
+//! - [`scheduler`]: one forward per step under a token budget; decodes,
+//!   then chunked prefills in progress, then FCFS admission; preemption by
+//!   recompute when KV pages run out.
+//! - [`allocator`]: state slots and refcounted KV pages.
+//! - [`sampler`]: the CPU sampler (vLLM semantics, counter-based seeds).
+//! - [`metrics`]: the vLLM-named Prometheus series.
 
+pub mod allocator;
+mod engine;
 pub mod executor;
+pub mod metrics;
 pub mod request;
+pub mod sampler;
+pub mod scheduler;
+#[cfg(feature = "testing")]
+pub mod testing;
+mod worker;
 
+pub use engine::{
+    Engine, EngineConfig, EngineHandle, EngineStartError, EngineStats, RequestStream,
+};
 pub use executor::{
     CacheGeometry, ExecError, Executor, PageId, SampleSeed, SampleSpec, SampledToken, SlotId,
     StepRow,

@@ -21,7 +21,7 @@ pub struct SamplingParams {
     pub top_k: u32,
     /// In [0, 1]; 0 is off.
     pub min_p: f32,
-    /// > 0; 1 is off. Divides positive logits / multiplies negative ones of
+    /// Positive; 1 is off. Divides positive logits / multiplies negative ones of
     /// every token seen (prompt and output).
     pub repetition_penalty: f32,
     /// In [-2, 2]; subtracted once from the logit of every output token seen.
@@ -50,6 +50,48 @@ impl Default for SamplingParams {
     }
 }
 
+/// The most top log-probabilities a request may ask for (OpenAI's
+/// `top_logprobs` limit, vLLM's default `max_logprobs`).
+pub const MAX_LOGPROBS: u32 = 20;
+
+impl SamplingParams {
+    /// vLLM's `SamplingParams._verify_args` ranges; the error names the field.
+    pub fn check(&self) -> Result<(), String> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(format!(
+                "temperature must be finite and >= 0, got {}",
+                self.temperature
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
+        }
+        if !(self.min_p >= 0.0 && self.min_p <= 1.0) {
+            return Err(format!("min_p must be in [0, 1], got {}", self.min_p));
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return Err(format!(
+                "repetition_penalty must be finite and > 0, got {}",
+                self.repetition_penalty
+            ));
+        }
+        for (name, value) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&value) {
+                return Err(format!("{name} must be in [-2, 2], got {value}"));
+            }
+        }
+        if let Some(k) = self.logprobs {
+            if k > MAX_LOGPROBS {
+                return Err(format!("logprobs must be at most {MAX_LOGPROBS}, got {k}"));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// When a request stops.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StopParams {
@@ -61,6 +103,25 @@ pub struct StopParams {
     pub stop_token_ids: Vec<u32>,
     /// Do not stop at the model's EOS ids.
     pub ignore_eos: bool,
+}
+
+impl StopParams {
+    /// `max_tokens` >= 1 and `min_tokens` <= `max_tokens` (vLLM's ranges).
+    pub fn check(&self) -> Result<(), String> {
+        if self.max_tokens < 1 {
+            return Err(format!(
+                "max_tokens must be at least 1, got {}",
+                self.max_tokens
+            ));
+        }
+        if self.min_tokens > self.max_tokens {
+            return Err(format!(
+                "min_tokens must be less than or equal to max_tokens={}, got {}",
+                self.max_tokens, self.min_tokens
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -125,6 +125,12 @@ impl ApiError {
         e
     }
 
+    /// A request the engine could not complete (its message is written
+    /// for clients by the engine).
+    pub fn engine_failure(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "engine_failure", message.into())
+    }
+
     /// A failure that is not the client's: logged in full, shown masked.
     pub fn internal(detail: impl std::fmt::Display) -> Self {
         log::error!("internal error: {detail}");

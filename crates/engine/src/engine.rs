@@ -1,0 +1,321 @@
+//! The engine's public face: start it, submit requests, read their event
+//! streams, watch its state, shut it down. The work happens on the engine
+//! thread ([`crate::worker`]); this side validates, queues and reads
+//! shared snapshots, and never blocks.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc as tokio_mpsc, watch};
+
+use crate::executor::Executor;
+use crate::metrics::Metrics;
+use crate::request::{EngineState, Event, GenerateRequest, RequestId, SubmitError};
+use crate::worker;
+
+/// How long an overloaded client is told to wait before retrying. A fixed
+/// second: short enough for the `openai` client (it honours Retry-After up
+/// to 60 s), long enough not to hammer a full queue.
+const OVERLOADED_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Token budget per step (vLLM's default 8192).
+    pub max_num_batched_tokens: usize,
+    /// Running requests at most (also capped by the executor's slots).
+    pub max_num_seqs: usize,
+    /// Longest prompt + output (also capped by the executor).
+    pub max_model_len: usize,
+    /// Waiting requests at most before `SubmitError::Overloaded`.
+    pub max_num_queued_reqs: usize,
+    /// The model's EOS ids (generation_config / config).
+    pub eos_token_ids: Vec<u32>,
+    /// Cap per prefill chunk so one long prompt leaves room in a step for
+    /// others (0: the budget only).
+    pub long_prefill_token_threshold: usize,
+}
+
+impl EngineConfig {
+    /// vLLM's defaults where it has one; lengths are then capped by the executor.
+    pub fn new(eos_token_ids: Vec<u32>) -> Self {
+        EngineConfig {
+            max_num_batched_tokens: 8192,
+            max_num_seqs: 256,
+            max_model_len: usize::MAX,
+            max_num_queued_reqs: 1024,
+            eos_token_ids,
+            long_prefill_token_threshold: 0,
+        }
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.max_num_seqs == 0 {
+            return Err("max_num_seqs must be at least 1".into());
+        }
+        if self.max_num_batched_tokens < self.max_num_seqs {
+            // Decodes come first and take one token each: a budget below the
+            // running count would leave some decode without a turn.
+            return Err(format!(
+                "max_num_batched_tokens ({}) must be >= max_num_seqs ({})",
+                self.max_num_batched_tokens, self.max_num_seqs
+            ));
+        }
+        if self.max_model_len < 2 {
+            return Err("max_model_len must be at least 2".into());
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+pub enum EngineStartError {
+    /// A configuration value out of range (the text names it).
+    Config(String),
+    /// The metrics could not be registered (e.g. a second engine in one registry).
+    Metrics(prometheus::Error),
+    /// The engine thread could not be spawned.
+    Spawn(std::io::Error),
+}
+
+impl std::fmt::Display for EngineStartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EngineStartError::Config(m) => write!(f, "invalid engine configuration: {m}"),
+            EngineStartError::Metrics(e) => write!(f, "registering engine metrics: {e}"),
+            EngineStartError::Spawn(e) => write!(f, "spawning the engine thread: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for EngineStartError {}
+
+/// Snapshot for tests and `/metrics`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub running: usize,
+    pub waiting: usize,
+    pub slots_used: usize,
+    pub slots_total: usize,
+    pub pages_used: usize,
+    pub pages_total: usize,
+    pub preemptions: u64,
+    pub steps: u64,
+    pub aborted: u64,
+}
+
+/// A request handed to the engine thread.
+pub(crate) struct Submission {
+    pub id: RequestId,
+    pub request: GenerateRequest,
+    pub events: tokio_mpsc::UnboundedSender<Event>,
+    pub arrival: Instant,
+}
+
+pub(crate) enum Command {
+    Submit(Box<Submission>),
+    /// Finish what is running and waiting until the instant, then abort the rest and stop.
+    Shutdown(Instant),
+}
+
+/// What both sides see.
+pub(crate) struct Shared {
+    pub config: EngineConfig,
+    pub state: Mutex<EngineState>,
+    /// In force once loaded.
+    pub max_model_len: Mutex<Option<usize>>,
+    pub stats: Mutex<EngineStats>,
+    /// Submitted and not yet admitted for the first time (or gone).
+    pub queued: AtomicUsize,
+    next_id: AtomicU64,
+    /// True once the engine thread has stopped.
+    pub stopped: watch::Sender<bool>,
+}
+
+impl Shared {
+    pub fn set_state(&self, state: EngineState) {
+        *self.state.lock().unwrap() = state;
+    }
+
+    pub fn state(&self) -> EngineState {
+        self.state.lock().unwrap().clone()
+    }
+}
+
+/// Namespace for [`Engine::start`].
+pub struct Engine;
+
+impl Engine {
+    /// Spawns the engine thread. `make_executor` runs on the engine thread
+    /// (CUDA contexts are created there; the executor need not be `Send`);
+    /// while it runs, `state()` is `Loading`. Metrics are registered into
+    /// `registry`.
+    pub fn start<F>(
+        config: EngineConfig,
+        make_executor: F,
+        registry: &prometheus::Registry,
+    ) -> Result<EngineHandle, EngineStartError>
+    where
+        F: FnOnce() -> Result<Box<dyn Executor>, String> + Send + 'static,
+    {
+        config.check().map_err(EngineStartError::Config)?;
+        let metrics = Metrics::register(registry).map_err(EngineStartError::Metrics)?;
+        let (stopped, _) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            config,
+            state: Mutex::new(EngineState::Loading),
+            max_model_len: Mutex::new(None),
+            stats: Mutex::new(EngineStats::default()),
+            queued: AtomicUsize::new(0),
+            next_id: AtomicU64::new(0),
+            stopped,
+        });
+        let (commands, inbox) = mpsc::channel();
+        let thread_shared = shared.clone();
+        std::thread::Builder::new()
+            .name("gdn-engine".into())
+            .spawn(move || worker::run(thread_shared, make_executor, inbox, metrics))
+            .map_err(EngineStartError::Spawn)?;
+        Ok(EngineHandle { shared, commands })
+    }
+}
+
+/// Cheap to clone; `Send + Sync`.
+#[derive(Clone)]
+pub struct EngineHandle {
+    shared: Arc<Shared>,
+    commands: mpsc::Sender<Command>,
+}
+
+impl EngineHandle {
+    /// Validates against the engine's limits, queues, and returns the
+    /// request's stream at once (never blocks).
+    pub fn submit(&self, request: GenerateRequest) -> Result<RequestStream, SubmitError> {
+        match self.shared.state() {
+            EngineState::Loading => return Err(SubmitError::Loading),
+            EngineState::Draining => return Err(SubmitError::ShuttingDown),
+            EngineState::Dead(why) => return Err(SubmitError::Dead(why)),
+            EngineState::Ready => {}
+        }
+        if request.prompt.is_empty() {
+            return Err(SubmitError::Invalid("prompt must not be empty".into()));
+        }
+        request.sampling.check().map_err(SubmitError::Invalid)?;
+        request.stop.check().map_err(SubmitError::Invalid)?;
+        let max_model_len = self
+            .shared
+            .max_model_len
+            .lock()
+            .unwrap()
+            .expect("known once Ready");
+        let prompt_tokens = request.prompt.len();
+        let max_tokens = request.stop.max_tokens;
+        if prompt_tokens >= max_model_len || prompt_tokens + max_tokens > max_model_len {
+            return Err(SubmitError::TooLong {
+                prompt_tokens,
+                max_tokens,
+                max_model_len,
+            });
+        }
+        let limit = self.shared.config.max_num_queued_reqs;
+        let took = self
+            .shared
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
+                (queued < limit).then_some(queued + 1)
+            });
+        if took.is_err() {
+            return Err(SubmitError::Overloaded {
+                retry_after: OVERLOADED_RETRY_AFTER,
+            });
+        }
+        let id = RequestId(self.shared.next_id.fetch_add(1, Ordering::Relaxed));
+        let (events, receiver) = tokio_mpsc::unbounded_channel();
+        let submission = Submission {
+            id,
+            request,
+            events,
+            arrival: Instant::now(),
+        };
+        if self
+            .commands
+            .send(Command::Submit(Box::new(submission)))
+            .is_err()
+        {
+            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(SubmitError::Dead("the engine thread has stopped".into()));
+        }
+        Ok(RequestStream {
+            id,
+            events: receiver,
+            done: false,
+        })
+    }
+
+    pub fn state(&self) -> EngineState {
+        self.shared.state()
+    }
+
+    /// `max_model_len` in force (after capping by the executor); `None` while loading.
+    pub fn max_model_len(&self) -> Option<usize> {
+        *self.shared.max_model_len.lock().unwrap()
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.shared.stats.lock().unwrap().clone()
+    }
+
+    /// Refuses new work (`submit` gives `ShuttingDown`), lets running and
+    /// waiting requests finish until `deadline`, then aborts the rest (they
+    /// get `Event::Failed`) and stops the thread. Resolves when it stopped.
+    pub async fn shutdown(&self, deadline: Duration) {
+        {
+            let mut state = self.shared.state.lock().unwrap();
+            if !matches!(*state, EngineState::Dead(_)) {
+                *state = EngineState::Draining;
+            }
+        }
+        let mut stopped = self.shared.stopped.subscribe();
+        // Fails only when the thread is gone, which is what we wait for.
+        let _ = self
+            .commands
+            .send(Command::Shutdown(Instant::now() + deadline));
+        // Err: the sender is gone, which also means stopped.
+        let _ = stopped.wait_for(|stopped| *stopped).await;
+    }
+}
+
+/// A request's events: tokens, then exactly one `Finished` or `Failed`.
+/// Dropping it before the terminal event aborts the request (the engine
+/// frees its slot and pages within one step).
+pub struct RequestStream {
+    id: RequestId,
+    events: tokio_mpsc::UnboundedReceiver<Event>,
+    done: bool,
+}
+
+impl RequestStream {
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    /// The next event; `None` after the terminal event.
+    pub async fn next(&mut self) -> Option<Event> {
+        if self.done {
+            return None;
+        }
+        match self.events.recv().await {
+            Some(event) => {
+                self.done = matches!(event, Event::Finished { .. } | Event::Failed(_));
+                Some(event)
+            }
+            None => {
+                // The engine dropped the request without a terminal event:
+                // only a bug or a panic outside the step does that. Say so
+                // rather than end silently.
+                self.done = true;
+                Some(Event::Failed("the engine stopped".into()))
+            }
+        }
+    }
+}

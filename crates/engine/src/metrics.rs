@@ -1,0 +1,193 @@
+//! The engine's Prometheus series, under vLLM's names verbatim (so
+//! dashboards, autoscalers and benchmark scrapers work unchanged) plus the
+//! `gdn:` ones vLLM has no name for. Registered into the caller's registry;
+//! a `model_name` label, as vLLM puts on every series, is the registry's
+//! business (`Registry::new_custom` with constant labels).
+
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+
+/// vLLM's request-latency buckets (`v1/metrics/loggers.py`).
+const REQUEST_LATENCY_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+/// vLLM's time-to-first-token buckets.
+const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+/// vLLM's inter-token-latency buckets.
+const ITL_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+/// Step times: a decode step on the H200 is milliseconds, a long prefill
+/// chunk on the CPU seconds.
+const STEP_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0, 2.0, 4.0,
+    8.0, 16.0,
+];
+const TOKENS_PER_STEP_BUCKETS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
+    16384.0,
+];
+
+#[derive(Clone)]
+pub struct Metrics {
+    pub num_requests_running: IntGauge,
+    pub num_requests_waiting: IntGauge,
+    pub kv_cache_usage_perc: prometheus::Gauge,
+    pub prompt_tokens: IntCounter,
+    pub generation_tokens: IntCounter,
+    pub num_preemptions: IntCounter,
+    /// Label `finished_reason`: stop, length, abort, error (vLLM's values).
+    pub request_success: IntCounterVec,
+    pub time_to_first_token: Histogram,
+    pub inter_token_latency: Histogram,
+    pub e2e_request_latency: Histogram,
+    pub request_queue_time: Histogram,
+    pub request_prefill_time: Histogram,
+    pub request_decode_time: Histogram,
+    pub state_slots_used: IntGauge,
+    pub state_slots_total: IntGauge,
+    pub step_duration: Histogram,
+    pub tokens_per_step: Histogram,
+    pub requests_aborted: IntCounter,
+}
+
+fn histogram(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    buckets: &[f64],
+) -> prometheus::Result<Histogram> {
+    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))?;
+    registry.register(Box::new(h.clone()))?;
+    Ok(h)
+}
+
+fn int_gauge(registry: &Registry, name: &str, help: &str) -> prometheus::Result<IntGauge> {
+    let g = IntGauge::new(name, help)?;
+    registry.register(Box::new(g.clone()))?;
+    Ok(g)
+}
+
+fn int_counter(registry: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounter> {
+    let c = IntCounter::new(name, help)?;
+    registry.register(Box::new(c.clone()))?;
+    Ok(c)
+}
+
+impl Metrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<Metrics> {
+        let kv_cache_usage_perc = prometheus::Gauge::new(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+        )?;
+        registry.register(Box::new(kv_cache_usage_perc.clone()))?;
+        let request_success = IntCounterVec::new(
+            Opts::new(
+                "vllm:request_success_total",
+                "Count of finished requests by finish reason.",
+            ),
+            &["finished_reason"],
+        )?;
+        registry.register(Box::new(request_success.clone()))?;
+        // Make every reason visible from the start, as vLLM does.
+        for reason in ["stop", "length", "abort", "error"] {
+            request_success.with_label_values(&[reason]);
+        }
+        Ok(Metrics {
+            num_requests_running: int_gauge(
+                registry,
+                "vllm:num_requests_running",
+                "Number of requests in model execution batches.",
+            )?,
+            num_requests_waiting: int_gauge(
+                registry,
+                "vllm:num_requests_waiting",
+                "Number of requests waiting to be processed.",
+            )?,
+            kv_cache_usage_perc,
+            prompt_tokens: int_counter(
+                registry,
+                "vllm:prompt_tokens_total",
+                "Number of prefill tokens processed.",
+            )?,
+            generation_tokens: int_counter(
+                registry,
+                "vllm:generation_tokens_total",
+                "Number of generation tokens processed.",
+            )?,
+            num_preemptions: int_counter(
+                registry,
+                "vllm:num_preemptions_total",
+                "Cumulative number of preemptions from the engine.",
+            )?,
+            request_success,
+            time_to_first_token: histogram(
+                registry,
+                "vllm:time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+                TTFT_BUCKETS,
+            )?,
+            inter_token_latency: histogram(
+                registry,
+                "vllm:inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+                ITL_BUCKETS,
+            )?,
+            e2e_request_latency: histogram(
+                registry,
+                "vllm:e2e_request_latency_seconds",
+                "Histogram of e2e request latency in seconds.",
+                REQUEST_LATENCY_BUCKETS,
+            )?,
+            request_queue_time: histogram(
+                registry,
+                "vllm:request_queue_time_seconds",
+                "Histogram of time spent in WAITING phase for request.",
+                REQUEST_LATENCY_BUCKETS,
+            )?,
+            request_prefill_time: histogram(
+                registry,
+                "vllm:request_prefill_time_seconds",
+                "Histogram of time spent in PREFILL phase for request.",
+                REQUEST_LATENCY_BUCKETS,
+            )?,
+            request_decode_time: histogram(
+                registry,
+                "vllm:request_decode_time_seconds",
+                "Histogram of time spent in DECODE phase for request.",
+                REQUEST_LATENCY_BUCKETS,
+            )?,
+            state_slots_used: int_gauge(
+                registry,
+                "gdn:state_slots_used",
+                "Recurrent-state slots held by requests.",
+            )?,
+            state_slots_total: int_gauge(
+                registry,
+                "gdn:state_slots_total",
+                "Recurrent-state slots of the executor.",
+            )?,
+            step_duration: histogram(
+                registry,
+                "gdn:step_duration_seconds",
+                "Duration of one engine step (one forward) in seconds.",
+                STEP_BUCKETS,
+            )?,
+            tokens_per_step: histogram(
+                registry,
+                "gdn:tokens_per_step",
+                "Tokens (prefill and decode) run in one engine step.",
+                TOKENS_PER_STEP_BUCKETS,
+            )?,
+            requests_aborted: int_counter(
+                registry,
+                "gdn:requests_aborted_total",
+                "Requests aborted because their stream was dropped (client gone).",
+            )?,
+        })
+    }
+}

@@ -1,0 +1,384 @@
+//! Scheduler policy, driven directly (no executor): every planned step is
+//! checked against the rules it must keep, with tokens from a fixed
+//! function of (request, output index).
+
+use std::collections::{HashMap, HashSet};
+
+use super::*;
+
+const EOS: u32 = 0;
+
+fn geometry(num_slots: usize, num_pages: usize, page_size: usize) -> CacheGeometry {
+    CacheGeometry {
+        num_slots,
+        num_pages,
+        page_size,
+        vocab_size: 64,
+        max_model_len: num_pages * page_size,
+    }
+}
+
+fn scheduler(budget: usize, max_num_seqs: usize, threshold: usize, g: CacheGeometry) -> Scheduler {
+    Scheduler::new(
+        SchedulerConfig {
+            max_num_batched_tokens: budget,
+            max_num_seqs,
+            max_model_len: g.max_model_len,
+            long_prefill_token_threshold: threshold,
+            eos_token_ids: vec![EOS],
+        },
+        &g,
+    )
+}
+
+fn stop(max_tokens: usize) -> StopParams {
+    StopParams {
+        max_tokens,
+        min_tokens: 0,
+        stop_token_ids: Vec::new(),
+        ignore_eos: true,
+    }
+}
+
+fn add(s: &mut Scheduler, id: u64, prompt_len: usize, max_tokens: usize) {
+    let prompt = (0..prompt_len as u32).map(|i| 1 + i % 50).collect();
+    s.add(
+        RequestId(id),
+        prompt,
+        SamplingParams::default(),
+        stop(max_tokens),
+        id,
+    );
+}
+
+/// Never EOS.
+fn fake_token(id: RequestId, output_len: usize) -> u32 {
+    1 + ((id.0 as usize * 31 + output_len * 7) % 50) as u32
+}
+
+/// What the checks saw during a run.
+#[derive(Default)]
+struct Run {
+    finished: HashMap<RequestId, (usize, FinishReason)>,
+    first_admitted: Vec<RequestId>,
+    steps: usize,
+}
+
+/// Runs steps until idle or `max_steps`; `check(scheduler before the
+/// step, plan)` sees every plan; every plan is checked for the budget,
+/// max_num_seqs, slot exclusivity and decode-first.
+fn drive(
+    s: &mut Scheduler,
+    max_steps: usize,
+    mut check: impl FnMut(&Scheduler, &Plan, usize),
+) -> Run {
+    let mut run = Run::default();
+    while !s.is_idle() {
+        assert!(run.steps < max_steps, "not idle after {max_steps} steps");
+        let decoders: HashSet<RequestId> = s
+            .running
+            .iter()
+            .copied()
+            .filter(|id| s.seqs[id].tokens.len() - s.seqs[id].computed == 1)
+            .collect();
+        let plan = s.schedule();
+        assert!(!plan.rows.is_empty(), "empty step with work pending");
+        assert!(
+            plan.num_tokens() <= s.config.max_num_batched_tokens,
+            "budget exceeded"
+        );
+        assert!(s.running.len() <= s.config.max_num_seqs);
+        // Decode first: every decoder not preempted has a row, and all of
+        // them come before any prefill row.
+        for id in &decoders {
+            assert!(
+                plan.preempted.contains(id) || plan.rows.iter().any(|r| r.id == *id),
+                "decoder {id:?} got no row"
+            );
+        }
+        let first_prefill = plan.rows.iter().position(|r| !decoders.contains(&r.id));
+        if let Some(first) = first_prefill {
+            assert!(plan.rows[first..].iter().all(|r| !decoders.contains(&r.id)));
+        }
+        let slots: HashSet<_> = plan
+            .rows
+            .iter()
+            .map(|r| s.seqs[&r.id].cache.as_ref().unwrap().slot)
+            .collect();
+        assert_eq!(slots.len(), plan.rows.len(), "a slot twice in one step");
+        check(s, &plan, run.steps);
+        run.first_admitted.extend(&plan.first_admitted);
+        let sampled = plan
+            .rows
+            .iter()
+            .filter(|r| r.sample)
+            .map(|r| SampledToken {
+                token: fake_token(r.id, s.seqs[&r.id].output_len()),
+                logprob: 0.0,
+                top_logprobs: Vec::new(),
+            })
+            .collect();
+        for outcome in s.commit(&plan, sampled) {
+            if let Some(reason) = outcome.finish {
+                run.finished
+                    .insert(outcome.id, (outcome.output_len, reason));
+            }
+        }
+        run.steps += 1;
+    }
+    assert_eq!(s.alloc.slots_used(), 0);
+    assert_eq!(s.alloc.pages_used(), 0);
+    run
+}
+
+#[test]
+fn budget_decode_first_fcfs_and_counts_back_to_zero() {
+    let mut s = scheduler(32, 6, 0, geometry(8, 200, 4));
+    for id in 0..20 {
+        add(&mut s, id, 1 + (id as usize * 17) % 60, 3 + id as usize % 9);
+    }
+    let run = drive(&mut s, 10_000, |_, _, _| {});
+    let ids: Vec<RequestId> = (0..20).map(RequestId).collect();
+    assert_eq!(run.first_admitted, ids, "admission is not FCFS");
+    for id in 0..20u64 {
+        assert_eq!(
+            run.finished[&RequestId(id)],
+            (3 + id as usize % 9, FinishReason::Length)
+        );
+    }
+}
+
+#[test]
+fn max_num_seqs_caps_running() {
+    let mut s = scheduler(64, 2, 0, geometry(8, 100, 4));
+    for id in 0..5 {
+        add(&mut s, id, 3, 4);
+    }
+    let mut peak = 0;
+    drive(&mut s, 1000, |s, _, _| peak = peak.max(s.running.len()));
+    assert_eq!(peak, 2);
+}
+
+#[test]
+fn long_prefill_threshold_caps_chunks() {
+    let mut s = scheduler(64, 4, 10, geometry(4, 100, 4));
+    add(&mut s, 0, 95, 2);
+    let mut chunks = Vec::new();
+    drive(&mut s, 1000, |_, plan, _| {
+        for row in &plan.rows {
+            if row.len > 1 || row.start == 0 {
+                chunks.push((row.start, row.len, row.sample));
+            }
+        }
+    });
+    let expected: Vec<_> = (0..10)
+        .map(|i| (i * 10, if i < 9 { 10 } else { 5 }, i == 9))
+        .collect();
+    assert_eq!(chunks, expected);
+}
+
+#[test]
+fn a_100k_prompt_neither_starves_decodes_nor_waits_forever() {
+    let budget = 512;
+    let page = 16;
+    // Pages for the long prompt and the short ones, with room to spare.
+    let mut s = scheduler(budget, 8, 256, geometry(8, 100_000 / page + 200, page));
+    add(&mut s, 0, 20, 400);
+    add(&mut s, 1, 30, 400);
+    // Get the two short ones decoding first.
+    assert_eq!(drive_steps(&mut s, 2).len(), 2);
+    add(&mut s, 2, 100_000, 3);
+    for id in 3..6 {
+        add(&mut s, id, 10, 5);
+    }
+    let mut long_prefill_steps = 0;
+    let mut long_done_prefill_at = None;
+    let mut short_admitted_at = HashMap::new();
+    let run = drive(&mut s, 2000, |s, plan, step| {
+        let long = plan.rows.iter().find(|r| r.id == RequestId(2));
+        if let Some(row) = long {
+            if row.len > 1 {
+                long_prefill_steps += 1;
+                // The decoders ran in this very step (decode first).
+                for id in [0, 1] {
+                    if s.contains(RequestId(id)) {
+                        assert!(plan
+                            .rows
+                            .iter()
+                            .any(|r| r.id == RequestId(id) && r.len == 1));
+                    }
+                }
+            }
+            if row.sample && long_done_prefill_at.is_none() {
+                long_done_prefill_at = Some(step);
+            }
+        }
+        for &id in &plan.first_admitted {
+            short_admitted_at.insert(id, step);
+        }
+    });
+    // The long prompt was admitted at once (a free slot and pages for its
+    // first chunk) and prefilled in threshold-sized chunks: 100k / 256.
+    assert_eq!(short_admitted_at[&RequestId(2)], 0);
+    assert_eq!(long_prefill_steps, 100_000usize.div_ceil(256));
+    // The short requests behind it were admitted while it was still
+    // prefilling (the threshold leaves room), so they did not wait for it.
+    let done = long_done_prefill_at.expect("the long prompt finished its prefill");
+    for id in 3..6 {
+        assert!(short_admitted_at[&RequestId(id)] < done);
+    }
+    for id in 0..6 {
+        assert!(
+            run.finished.contains_key(&RequestId(id)),
+            "request {id} starved"
+        );
+    }
+    assert_eq!(run.finished[&RequestId(2)].0, 3);
+}
+
+/// Runs `n` steps and returns the finished ids (for warm-up).
+fn drive_steps(s: &mut Scheduler, n: usize) -> Vec<RequestId> {
+    let mut running = Vec::new();
+    for _ in 0..n {
+        let plan = s.schedule();
+        let sampled = plan
+            .rows
+            .iter()
+            .filter(|r| r.sample)
+            .map(|r| SampledToken {
+                token: fake_token(r.id, s.seqs[&r.id].output_len()),
+                logprob: 0.0,
+                top_logprobs: Vec::new(),
+            })
+            .collect();
+        s.commit(&plan, sampled);
+        running = s.running.clone();
+    }
+    running
+}
+
+#[test]
+fn without_threshold_the_head_is_not_overtaken() {
+    // A long prompt at the head of the queue while the pool is busy: later
+    // short requests that would fit must not be admitted before it.
+    let page = 16;
+    let mut s = scheduler(512, 8, 0, geometry(8, 4000 / page + 8, page));
+    add(&mut s, 0, 100, 60); // holds pages while decoding
+    drive_steps(&mut s, 1);
+    add(&mut s, 1, 4000, 2); // needs nearly the whole pool
+    add(&mut s, 2, 5, 2);
+    let mut admitted: Vec<RequestId> = Vec::new();
+    let run = drive(&mut s, 5000, |_, plan, _| {
+        admitted.extend(&plan.first_admitted)
+    });
+    assert_eq!(admitted, vec![RequestId(1), RequestId(2)]);
+    assert_eq!(run.finished.len(), 3);
+}
+
+#[test]
+fn out_of_pages_preempts_the_latest_admitted_and_recomputes() {
+    // 12 pages of 4 = 48 positions for three sequences that grow to 30 each.
+    let mut s = scheduler(64, 3, 0, geometry(3, 12, 4));
+    for id in 0..3 {
+        add(&mut s, id, 10, 20);
+    }
+    let mut preempted = Vec::new();
+    let mut recomputed = HashSet::new();
+    let run = drive(&mut s, 1000, |s, plan, _| {
+        for &id in &plan.preempted {
+            preempted.push(id);
+            // Requeued at the front with its output kept, nothing cached.
+            assert_eq!(s.waiting.front(), Some(&id));
+            assert_eq!(s.seqs[&id].computed, 0);
+            assert!(s.seqs[&id].cache.is_none());
+            assert!(!s.running.contains(&id));
+        }
+        for row in &plan.rows {
+            if row.start == 0 && s.seqs[&row.id].output_len() > 0 {
+                recomputed.insert(row.id);
+            }
+        }
+    });
+    assert!(!preempted.is_empty(), "the pool was meant to run out");
+    // The oldest request is never the victim while younger ones run.
+    assert!(!preempted.contains(&RequestId(0)));
+    assert_eq!(recomputed, preempted.iter().copied().collect());
+    for id in 0..3 {
+        assert_eq!(run.finished[&RequestId(id)], (20, FinishReason::Length));
+    }
+    assert_eq!(s.preemptions(), preempted.len() as u64);
+}
+
+#[test]
+fn max_model_len_ends_with_length() {
+    let mut s = scheduler(64, 2, 0, geometry(2, 3, 4)); // max_model_len 12
+    add(&mut s, 0, 9, 100);
+    let run = drive(&mut s, 100, |_, _, _| {});
+    assert_eq!(run.finished[&RequestId(0)], (3, FinishReason::Length));
+}
+
+#[test]
+fn stop_ids_eos_and_min_tokens() {
+    let mut s = scheduler(64, 2, 0, geometry(2, 20, 4));
+    let eos_stop = StopParams {
+        max_tokens: 10,
+        min_tokens: 2,
+        stop_token_ids: vec![9],
+        ignore_eos: false,
+    };
+    s.add(
+        RequestId(0),
+        vec![1, 2],
+        SamplingParams::default(),
+        eos_stop,
+        0,
+    );
+    // Below min_tokens: EOS and the stop id are banned.
+    let mut banned = s.banned(RequestId(0));
+    banned.sort();
+    assert_eq!(banned, vec![EOS, 9]);
+    let commit_one = |s: &mut Scheduler, token: u32| {
+        let plan = s.schedule();
+        let sampled = vec![SampledToken {
+            token,
+            logprob: 0.0,
+            top_logprobs: Vec::new(),
+        }];
+        s.commit(&plan, sampled).pop().unwrap()
+    };
+    assert_eq!(commit_one(&mut s, 5).finish, None);
+    assert_eq!(s.banned(RequestId(0)), vec![9, EOS]);
+    assert_eq!(commit_one(&mut s, 6).finish, None);
+    assert!(s.banned(RequestId(0)).is_empty());
+    let last = commit_one(&mut s, 9);
+    assert_eq!(last.finish, Some(FinishReason::Stop { token: 9 }));
+    assert_eq!(last.output_len, 3);
+    assert!(s.is_idle());
+
+    // ignore_eos: EOS is an ordinary token, not banned, no stop.
+    let ignore = StopParams {
+        max_tokens: 2,
+        min_tokens: 1,
+        stop_token_ids: Vec::new(),
+        ignore_eos: true,
+    };
+    s.add(RequestId(1), vec![1], SamplingParams::default(), ignore, 0);
+    assert!(s.banned(RequestId(1)).is_empty());
+    assert_eq!(commit_one(&mut s, EOS).finish, None);
+    assert_eq!(commit_one(&mut s, EOS).finish, Some(FinishReason::Length));
+    assert_eq!(s.alloc.slots_used() + s.alloc.pages_used(), 0);
+}
+
+#[test]
+fn remove_frees_running_and_waiting() {
+    let mut s = scheduler(8, 1, 0, geometry(1, 10, 4));
+    add(&mut s, 0, 5, 10);
+    add(&mut s, 1, 5, 10);
+    drive_steps(&mut s, 1);
+    assert_eq!((s.num_running(), s.num_waiting()), (1, 1));
+    assert!(s.remove(RequestId(1)));
+    assert!(s.remove(RequestId(0)));
+    assert!(!s.remove(RequestId(0)));
+    assert!(s.is_idle());
+    assert_eq!(s.alloc.slots_used() + s.alloc.pages_used(), 0);
+}

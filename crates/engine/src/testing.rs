@@ -1,0 +1,376 @@
+//! A fake executor that checks what the engine asks of it (feature
+//! `testing`; for tests only).
+//!
+//! It keeps, per slot, the tokens the slot's state has absorbed and, per
+//! page, the token written at each position, and refuses a step (recording
+//! a violation) when the engine breaks the executor contract: a slot twice
+//! in a step, a row whose `start` is not what the slot holds, pages that do
+//! not cover the row, a page shared by two rows or overwritten while its
+//! previous sequence is still being continued, a sampling history that is
+//! not the slot's. Its "model" reads the history back through the pages
+//! (so a wrong page list changes the output) and turns it into logits by
+//! hashing; the real sampler then draws with the row's `SampleSeed`. The
+//! output is thus a pure function of (history, seed, draw): a preempted and
+//! recomputed request must produce the same tokens as an unpreempted one.
+//!
+//! A [`FakeControl`] shared with the test records every step, injects
+//! failures, adds delay, and can gate steps one by one.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use crate::executor::{CacheGeometry, ExecError, Executor, PageId, SampledToken, SlotId, StepRow};
+use crate::sampler;
+
+/// One row as the fake saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowRecord {
+    pub slot: SlotId,
+    pub start: usize,
+    pub tokens: Vec<u32>,
+    pub pages: Vec<PageId>,
+    pub sample: bool,
+}
+
+/// What the next step does instead of running.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FakeFailure {
+    Refused,
+    StepFailed,
+    Fatal,
+    Panic,
+}
+
+#[derive(Default)]
+struct ControlState {
+    steps: Vec<Vec<RowRecord>>,
+    violations: Vec<String>,
+    failures: VecDeque<FakeFailure>,
+    /// `Some(n)`: n more steps may start, then each waits for a release.
+    permits: Option<u64>,
+    /// A step is waiting for a permit.
+    blocked: bool,
+    delay: Duration,
+}
+
+/// The test's side of a [`FakeExecutor`]: cheap to clone.
+#[derive(Clone, Default)]
+pub struct FakeControl(Arc<(Mutex<ControlState>, Condvar)>);
+
+impl FakeControl {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ControlState> {
+        self.0 .0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every step's rows so far, in order.
+    pub fn steps(&self) -> Vec<Vec<RowRecord>> {
+        self.lock().steps.clone()
+    }
+
+    pub fn num_steps(&self) -> usize {
+        self.lock().steps.len()
+    }
+
+    /// Contract breaches seen so far (empty when the engine behaved).
+    pub fn violations(&self) -> Vec<String> {
+        self.lock().violations.clone()
+    }
+
+    /// The next step (after those already queued) fails this way.
+    pub fn fail_next(&self, failure: FakeFailure) {
+        self.lock().failures.push_back(failure);
+    }
+
+    /// Each step sleeps this long (to let a test act while one is running).
+    pub fn set_delay(&self, delay: Duration) {
+        self.lock().delay = delay;
+    }
+
+    /// From now on steps wait for [`Self::release`] (`hold` itself grants none).
+    pub fn hold(&self) {
+        self.lock().permits = Some(0);
+    }
+
+    /// Lets `n` more held steps run.
+    pub fn release(&self, n: u64) {
+        let mut state = self.lock();
+        if let Some(permits) = state.permits.as_mut() {
+            *permits += n;
+        }
+        self.0 .1.notify_all();
+    }
+
+    /// Steps run freely again.
+    pub fn run_free(&self) {
+        self.lock().permits = None;
+        self.0 .1.notify_all();
+    }
+
+    /// Waits (polling) until a held step is waiting for a permit; false on timeout.
+    pub fn wait_blocked(&self, timeout: Duration) -> bool {
+        let until = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < until {
+            if self.lock().blocked {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        false
+    }
+
+    /// Waits (polling) until at least `n` steps were recorded; false on timeout.
+    pub fn wait_steps(&self, n: usize, timeout: Duration) -> bool {
+        let until = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < until {
+            if self.num_steps() >= n {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.num_steps() >= n
+    }
+}
+
+/// The fake model's logits after `history`: a hash of the whole history,
+/// spread over the vocabulary (values in [-4, 4)).
+pub fn fake_logits(history: &[u32], vocab_size: usize) -> Vec<f32> {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &t in history {
+        h = (h ^ t as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (0..vocab_size as u64)
+        .map(|i| {
+            let mut z = h ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            (z >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
+        })
+        .collect()
+}
+
+pub struct FakeExecutor {
+    geometry: CacheGeometry,
+    control: FakeControl,
+    /// Tokens absorbed by each slot's state; `None`: undefined (fresh, or
+    /// its pages were given to another sequence since).
+    slot_history: Vec<Option<Vec<u32>>>,
+    /// Per page: the slot that last wrote it, and the token at each offset.
+    page_owner: Vec<Option<SlotId>>,
+    page_tokens: Vec<Vec<u32>>,
+    /// Each slot's page list as of its last row.
+    slot_pages: Vec<Vec<PageId>>,
+}
+
+impl FakeExecutor {
+    pub fn new(geometry: CacheGeometry, control: FakeControl) -> Self {
+        FakeExecutor {
+            geometry,
+            control,
+            slot_history: vec![None; geometry.num_slots],
+            page_owner: vec![None; geometry.num_pages],
+            page_tokens: vec![vec![0; geometry.page_size]; geometry.num_pages],
+            slot_pages: vec![Vec::new(); geometry.num_slots],
+        }
+    }
+
+    /// A factory for [`crate::Engine::start`].
+    pub fn factory(
+        geometry: CacheGeometry,
+        control: FakeControl,
+    ) -> impl FnOnce() -> Result<Box<dyn Executor>, String> + Send + 'static {
+        move || Ok(Box::new(FakeExecutor::new(geometry, control)) as Box<dyn Executor>)
+    }
+
+    /// The contract checks that need no state change.
+    fn check_rows(&self, rows: &[StepRow<'_>]) -> Result<(), String> {
+        let mut slots = HashSet::new();
+        let mut pages_in_step = HashSet::new();
+        for (i, row) in rows.iter().enumerate() {
+            let slot = row.slot.0 as usize;
+            if slot >= self.geometry.num_slots {
+                return Err(format!("row {i}: slot {slot} out of range"));
+            }
+            if !slots.insert(row.slot) {
+                return Err(format!("row {i}: slot {slot} twice in one step"));
+            }
+            if row.tokens.is_empty() {
+                return Err(format!("row {i}: no tokens"));
+            }
+            let end = row.start + row.tokens.len();
+            if row.pages.len() * self.geometry.page_size < end {
+                return Err(format!(
+                    "row {i}: {} pages do not cover {end} positions",
+                    row.pages.len()
+                ));
+            }
+            for page in row.pages {
+                if page.0 as usize >= self.geometry.num_pages {
+                    return Err(format!("row {i}: page {page:?} out of range"));
+                }
+                if !pages_in_step.insert(*page) {
+                    return Err(format!("row {i}: page {page:?} in two rows or twice"));
+                }
+            }
+            if row.start > 0 {
+                let Some(history) = &self.slot_history[slot] else {
+                    return Err(format!(
+                        "row {i}: continues slot {slot} at {} but its state is undefined",
+                        row.start
+                    ));
+                };
+                if history.len() != row.start {
+                    return Err(format!(
+                        "row {i}: start {} but slot {slot} holds {} tokens",
+                        row.start,
+                        history.len()
+                    ));
+                }
+                // The KV of every earlier position must still be this slot's.
+                for (pos, &expected) in history.iter().enumerate() {
+                    let page = row.pages[pos / self.geometry.page_size].0 as usize;
+                    if self.page_owner[page] != Some(row.slot)
+                        || self.page_tokens[page][pos % self.geometry.page_size] != expected
+                    {
+                        return Err(format!(
+                            "row {i}: KV of position {pos} of slot {slot} is not its own"
+                        ));
+                    }
+                }
+            }
+            if let Some(spec) = &row.sample {
+                let mut history: Vec<u32> = if row.start > 0 {
+                    self.slot_history[slot].clone().unwrap_or_default()
+                } else {
+                    Vec::new()
+                };
+                history.extend_from_slice(row.tokens);
+                if spec.history != history.as_slice() {
+                    return Err(format!("row {i}: sampling history is not the slot's"));
+                }
+                if spec.prompt_len == 0 || spec.prompt_len > history.len() {
+                    return Err(format!(
+                        "row {i}: prompt_len {} out of range",
+                        spec.prompt_len
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `slot`'s current sequence keeps KV in `page`.
+    fn holds(&self, slot: SlotId, page: PageId) -> bool {
+        let Some(history) = &self.slot_history[slot.0 as usize] else {
+            return false;
+        };
+        let used = history.len().div_ceil(self.geometry.page_size);
+        self.slot_pages[slot.0 as usize]
+            .iter()
+            .take(used)
+            .any(|&p| p == page)
+    }
+
+    fn run_row(&mut self, row: &StepRow<'_>) -> Option<SampledToken> {
+        let slot = row.slot.0 as usize;
+        let page_size = self.geometry.page_size;
+        let mut history = if row.start == 0 {
+            Vec::new()
+        } else {
+            // Checked before the step; gone only if an earlier row of this
+            // step overwrote its KV.
+            match self.slot_history[slot].take() {
+                Some(history) => history,
+                None => {
+                    let violation = format!("slot {slot}: KV overwritten within the step");
+                    self.control.lock().violations.push(violation);
+                    Vec::new()
+                }
+            }
+        };
+        self.slot_pages[slot] = row.pages.to_vec();
+        for (k, &token) in row.tokens.iter().enumerate() {
+            let pos = row.start + k;
+            let page = row.pages[pos / page_size];
+            if let Some(previous) = self.page_owner[page.0 as usize] {
+                if previous != row.slot && self.holds(previous, page) {
+                    // That sequence's KV is gone: continuing it is a bug.
+                    self.slot_history[previous.0 as usize] = None;
+                }
+            }
+            self.page_owner[page.0 as usize] = Some(row.slot);
+            self.page_tokens[page.0 as usize][pos % page_size] = token;
+            history.push(token);
+        }
+        self.slot_history[slot] = Some(history);
+        let spec = row.sample.as_ref()?;
+        // The model reads its context back through the pages.
+        let end = row.start + row.tokens.len();
+        let context: Vec<u32> = (0..end)
+            .map(|pos| self.page_tokens[row.pages[pos / page_size].0 as usize][pos % page_size])
+            .collect();
+        Some(sampler::sample(
+            &fake_logits(&context, self.geometry.vocab_size),
+            spec,
+        ))
+    }
+}
+
+impl Executor for FakeExecutor {
+    fn geometry(&self) -> CacheGeometry {
+        self.geometry
+    }
+
+    fn step(&mut self, rows: &[StepRow<'_>]) -> Result<Vec<SampledToken>, ExecError> {
+        let (failure, delay) = {
+            let (lock, ready) = &*self.control.0;
+            let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
+            while state.permits == Some(0) {
+                state.blocked = true;
+                state = ready.wait(state).unwrap_or_else(|e| e.into_inner());
+            }
+            state.blocked = false;
+            if let Some(permits) = state.permits.as_mut() {
+                *permits -= 1;
+            }
+            state.steps.push(
+                rows.iter()
+                    .map(|r| RowRecord {
+                        slot: r.slot,
+                        start: r.start,
+                        tokens: r.tokens.to_vec(),
+                        pages: r.pages.to_vec(),
+                        sample: r.sample.is_some(),
+                    })
+                    .collect(),
+            );
+            (state.failures.pop_front(), state.delay)
+        };
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
+        if let Err(violation) = self.check_rows(rows) {
+            self.control.lock().violations.push(violation.clone());
+            return Err(ExecError::Refused(violation));
+        }
+        match failure {
+            None => {}
+            Some(FakeFailure::Refused) => return Err(ExecError::Refused("injected".into())),
+            Some(FakeFailure::Fatal) => return Err(ExecError::Fatal("injected".into())),
+            Some(FakeFailure::Panic) => panic!("injected executor panic"),
+            Some(FakeFailure::StepFailed) => {
+                // The step's slots are undefined afterwards.
+                for row in rows {
+                    self.slot_history[row.slot.0 as usize] = None;
+                }
+                return Err(ExecError::StepFailed("injected".into()));
+            }
+        }
+        Ok(rows.iter().filter_map(|row| self.run_row(row)).collect())
+    }
+}

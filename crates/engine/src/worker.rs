@@ -1,0 +1,426 @@
+//! The engine thread: owns the executor and the scheduler, takes commands
+//! from a channel (blocking when there is no work), runs one step at a
+//! time and sends each request its events.
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
+use std::time::Instant;
+
+use tokio::sync::mpsc as tokio_mpsc;
+
+use crate::engine::{Command, EngineStats, Shared, Submission};
+use crate::executor::{CacheGeometry, ExecError, Executor};
+use crate::metrics::Metrics;
+use crate::request::{EngineState, Event, FinishReason, RequestId, TokenEvent, Usage};
+use crate::scheduler::{Outcome, Plan, Scheduler, SchedulerConfig};
+
+/// Client-safe texts (details go to the log).
+const STEP_FAILED: &str = "the request failed on the device; it may be retried";
+const SHUT_DOWN: &str = "the server shut down before the request finished";
+
+/// A request's client side, as the engine thread keeps it.
+struct Client {
+    events: tokio_mpsc::UnboundedSender<Event>,
+    logprobs: bool,
+    arrival: Instant,
+    first_scheduled: Option<Instant>,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".into()
+    }
+}
+
+fn check_geometry(g: &CacheGeometry) -> Result<(), String> {
+    if g.num_slots == 0 || g.num_pages == 0 || g.page_size == 0 || g.vocab_size == 0 {
+        return Err(format!("executor geometry has an empty pool: {g:?}"));
+    }
+    if g.max_model_len < 2 {
+        return Err(format!("executor max_model_len {} < 2", g.max_model_len));
+    }
+    Ok(())
+}
+
+pub(crate) fn run<F>(
+    shared: Arc<Shared>,
+    make_executor: F,
+    inbox: mpsc::Receiver<Command>,
+    metrics: Metrics,
+) where
+    F: FnOnce() -> Result<Box<dyn Executor>, String>,
+{
+    let made = catch_unwind(AssertUnwindSafe(make_executor))
+        .unwrap_or_else(|p| Err(format!("executor factory panicked: {}", panic_text(&*p))));
+    let executor = made.and_then(|e| check_geometry(&e.geometry()).map(|()| e));
+    let executor = match executor {
+        Ok(executor) => executor,
+        Err(why) => {
+            log::error!("engine failed to load: {why}");
+            shared.set_state(EngineState::Dead(format!("loading failed: {why}")));
+            shared.stopped.send_replace(true);
+            return;
+        }
+    };
+    let geometry = executor.geometry();
+    let config = &shared.config;
+    // A lone sequence must always fit in the page pool, so the oldest
+    // request can always progress (preemption frees everything else).
+    let max_model_len = config
+        .max_model_len
+        .min(geometry.max_model_len)
+        .min(geometry.num_pages * geometry.page_size);
+    let scheduler = Scheduler::new(
+        SchedulerConfig {
+            max_num_batched_tokens: config.max_num_batched_tokens,
+            max_num_seqs: config.max_num_seqs.min(geometry.num_slots),
+            max_model_len,
+            long_prefill_token_threshold: config.long_prefill_token_threshold,
+            eos_token_ids: config.eos_token_ids.clone(),
+        },
+        &geometry,
+    );
+    *shared.max_model_len.lock().unwrap() = Some(max_model_len);
+    {
+        let mut state = shared.state.lock().unwrap();
+        if *state == EngineState::Loading {
+            *state = EngineState::Ready;
+        }
+    }
+    metrics.state_slots_total.set(geometry.num_slots as i64);
+    let mut worker = Worker {
+        shared: shared.clone(),
+        executor: Some(executor),
+        scheduler,
+        clients: HashMap::new(),
+        metrics,
+        seeds: RandomState::new(),
+        steps: 0,
+        aborted: 0,
+        deadline: None,
+    };
+    worker.publish();
+    worker.serve(inbox);
+    // Drop the executor here, not during unwinding elsewhere; a panic in
+    // its destructor must not take the stopped flag with it.
+    let executor = worker.executor.take();
+    if catch_unwind(AssertUnwindSafe(move || drop(executor))).is_err() {
+        log::error!("the executor panicked while being dropped");
+    }
+    shared.stopped.send_replace(true);
+}
+
+struct Worker {
+    shared: Arc<Shared>,
+    /// `None` once dead.
+    executor: Option<Box<dyn Executor>>,
+    scheduler: Scheduler,
+    clients: HashMap<RequestId, Client>,
+    metrics: Metrics,
+    /// Seeds for requests without one.
+    seeds: RandomState,
+    steps: u64,
+    aborted: u64,
+    /// Set by a shutdown command.
+    deadline: Option<Instant>,
+}
+
+impl Worker {
+    fn serve(&mut self, inbox: mpsc::Receiver<Command>) {
+        loop {
+            if self.scheduler.is_idle() {
+                if self.deadline.is_some() {
+                    return;
+                }
+                // No work: block until a command arrives (or every handle is gone).
+                match inbox.recv() {
+                    Ok(command) => self.handle(command),
+                    Err(_) => return,
+                }
+            }
+            while let Ok(command) = inbox.try_recv() {
+                self.handle(command);
+            }
+            if let Some(deadline) = self.deadline {
+                if Instant::now() >= deadline {
+                    self.fail_all(SHUT_DOWN, "error");
+                    self.publish();
+                    return;
+                }
+            }
+            self.reap_aborted();
+            if self.scheduler.is_idle() {
+                self.publish();
+                continue;
+            }
+            let outcome = catch_unwind(AssertUnwindSafe(|| self.step()));
+            match outcome {
+                Ok(Ok(())) => {}
+                Ok(Err(fatal)) => {
+                    self.die(fatal);
+                    return;
+                }
+                Err(payload) => {
+                    self.die(format!("engine panicked: {}", panic_text(&*payload)));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Submit(submission) => self.accept(*submission),
+            Command::Shutdown(deadline) => {
+                self.deadline = Some(self.deadline.map_or(deadline, |d| d.min(deadline)));
+            }
+        }
+    }
+
+    fn accept(&mut self, submission: Submission) {
+        let Submission {
+            id,
+            request,
+            events,
+            arrival,
+        } = submission;
+        let seed = request
+            .sampling
+            .seed
+            .unwrap_or_else(|| self.seeds.hash_one(id));
+        self.clients.insert(
+            id,
+            Client {
+                events,
+                logprobs: request.sampling.logprobs.is_some(),
+                arrival,
+                first_scheduled: None,
+                first_token: None,
+                last_token: None,
+            },
+        );
+        self.scheduler
+            .add(id, request.prompt, request.sampling, request.stop, seed);
+    }
+
+    /// Removes a request that ends without finishing (abort, failure).
+    fn drop_request(&mut self, id: RequestId, reason: &str) -> Option<Client> {
+        let was_queued = self.scheduler.contains(id)
+            && self
+                .clients
+                .get(&id)
+                .is_some_and(|c| c.first_scheduled.is_none());
+        self.scheduler.remove(id);
+        if was_queued {
+            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+        self.metrics
+            .request_success
+            .with_label_values(&[reason])
+            .inc();
+        self.clients.remove(&id)
+    }
+
+    /// Requests whose stream was dropped: freed before the next step.
+    fn reap_aborted(&mut self) {
+        let gone: Vec<RequestId> = self
+            .clients
+            .iter()
+            .filter(|(_, c)| c.events.is_closed())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            self.drop_request(id, "abort");
+            self.aborted += 1;
+            self.metrics.requests_aborted.inc();
+        }
+    }
+
+    fn fail_all(&mut self, message: &str, reason: &str) {
+        let ids: Vec<RequestId> = self.clients.keys().copied().collect();
+        for id in ids {
+            if let Some(client) = self.drop_request(id, reason) {
+                let _ = client.events.send(Event::Failed(message.into()));
+            }
+        }
+    }
+
+    fn die(&mut self, why: String) {
+        log::error!("engine stopped: {why}");
+        self.shared.set_state(EngineState::Dead(why));
+        self.fail_all(
+            "the engine stopped (device lost); the request did not complete",
+            "error",
+        );
+        self.publish();
+    }
+
+    /// Plans and runs one step. `Err`: the engine cannot go on.
+    fn step(&mut self) -> Result<(), String> {
+        let plan = self.scheduler.schedule();
+        let now = Instant::now();
+        for &id in &plan.first_admitted {
+            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+            if let Some(client) = self.clients.get_mut(&id) {
+                client.first_scheduled = Some(now);
+                self.metrics
+                    .request_queue_time
+                    .observe((now - client.arrival).as_secs_f64());
+            }
+        }
+        self.metrics
+            .num_preemptions
+            .inc_by(plan.preempted.len() as u64);
+        if plan.rows.is_empty() {
+            // Nothing fits (cannot happen with a non-empty scheduler and a
+            // lone sequence always fitting); do not spin without a step.
+            return Err("scheduler planned an empty step with requests pending".into());
+        }
+        let banned: Vec<Vec<u32>> = plan
+            .rows
+            .iter()
+            .map(|r| self.scheduler.banned(r.id))
+            .collect();
+        let rows = self.scheduler.step_rows(&plan, &banned);
+        let expected = rows.iter().filter(|r| r.sample.is_some()).count();
+        let executor = self.executor.as_mut().expect("alive while serving");
+        let started = Instant::now();
+        let result = catch_unwind(AssertUnwindSafe(|| executor.step(&rows)));
+        let elapsed = started.elapsed();
+        drop(rows);
+        self.steps += 1;
+        self.metrics.step_duration.observe(elapsed.as_secs_f64());
+        self.metrics
+            .tokens_per_step
+            .observe(plan.num_tokens() as f64);
+        let sampled = match result {
+            Err(payload) => return Err(format!("executor panicked: {}", panic_text(&*payload))),
+            Ok(Err(ExecError::Fatal(why))) => return Err(format!("executor lost: {why}")),
+            Ok(Err(error)) => {
+                self.fail_step(&plan, &error.to_string());
+                return Ok(());
+            }
+            Ok(Ok(sampled)) if sampled.len() != expected => {
+                let why = format!(
+                    "executor returned {} tokens for {expected} sampling rows",
+                    sampled.len()
+                );
+                self.fail_step(&plan, &why);
+                return Ok(());
+            }
+            Ok(Ok(sampled)) => sampled,
+        };
+        let outcomes = self.scheduler.commit(&plan, sampled);
+        // Resources of finished requests are already free: publish first so
+        // a client that sees its terminal event sees them released.
+        self.publish();
+        self.deliver(outcomes);
+        Ok(())
+    }
+
+    /// StepFailed / Refused: the step's requests fail, the others go on.
+    fn fail_step(&mut self, plan: &Plan, why: &str) {
+        log::error!("step failed ({} rows): {why}", plan.rows.len());
+        for row in &plan.rows {
+            if let Some(client) = self.drop_request(row.id, "error") {
+                let _ = client.events.send(Event::Failed(STEP_FAILED.into()));
+            }
+        }
+        self.publish();
+    }
+
+    fn deliver(&mut self, outcomes: Vec<Outcome>) {
+        let now = Instant::now();
+        for outcome in outcomes {
+            let Some(client) = self.clients.get_mut(&outcome.id) else {
+                continue;
+            };
+            self.metrics.generation_tokens.inc();
+            match client.last_token {
+                None => {
+                    self.metrics.prompt_tokens.inc_by(outcome.prompt_len as u64);
+                    self.metrics
+                        .time_to_first_token
+                        .observe((now - client.arrival).as_secs_f64());
+                    if let Some(scheduled) = client.first_scheduled {
+                        self.metrics
+                            .request_prefill_time
+                            .observe((now - scheduled).as_secs_f64());
+                    }
+                    client.first_token = Some(now);
+                }
+                Some(last) => self
+                    .metrics
+                    .inter_token_latency
+                    .observe((now - last).as_secs_f64()),
+            }
+            client.last_token = Some(now);
+            let token = TokenEvent {
+                token: outcome.sampled.token,
+                logprob: client.logprobs.then_some(outcome.sampled.logprob),
+                top_logprobs: outcome.sampled.top_logprobs,
+            };
+            let _ = client.events.send(Event::Token(token));
+            let Some(reason) = outcome.finish else {
+                continue;
+            };
+            let client = self.clients.remove(&outcome.id).expect("present above");
+            let label = match reason {
+                FinishReason::Stop { .. } => "stop",
+                FinishReason::Length => "length",
+            };
+            self.metrics
+                .request_success
+                .with_label_values(&[label])
+                .inc();
+            self.metrics
+                .e2e_request_latency
+                .observe((now - client.arrival).as_secs_f64());
+            if let Some(first) = client.first_token {
+                self.metrics
+                    .request_decode_time
+                    .observe((now - first).as_secs_f64());
+            }
+            let _ = client.events.send(Event::Finished {
+                reason,
+                usage: Usage {
+                    prompt_tokens: outcome.prompt_len,
+                    completion_tokens: outcome.output_len,
+                    cached_tokens: 0,
+                },
+            });
+        }
+    }
+
+    fn publish(&mut self) {
+        let alloc = self.scheduler.allocator();
+        let stats = EngineStats {
+            running: self.scheduler.num_running(),
+            waiting: self.scheduler.num_waiting(),
+            slots_used: alloc.slots_used(),
+            slots_total: alloc.slots_total(),
+            pages_used: alloc.pages_used(),
+            pages_total: alloc.pages_total(),
+            preemptions: self.scheduler.preemptions(),
+            steps: self.steps,
+            aborted: self.aborted,
+        };
+        self.metrics.num_requests_running.set(stats.running as i64);
+        self.metrics.num_requests_waiting.set(stats.waiting as i64);
+        self.metrics.state_slots_used.set(stats.slots_used as i64);
+        self.metrics
+            .kv_cache_usage_perc
+            .set(stats.pages_used as f64 / stats.pages_total.max(1) as f64);
+        *self.shared.stats.lock().unwrap() = stats;
+    }
+}

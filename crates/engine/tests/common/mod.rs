@@ -1,0 +1,217 @@
+//! Helpers shared by the engine tests (fake executor, request builders).
+#![allow(dead_code)] // each test file uses a different subset
+
+use std::time::{Duration, Instant};
+
+use engine::testing::{FakeControl, FakeExecutor};
+use engine::{
+    CacheGeometry, Engine, EngineConfig, EngineHandle, EngineStats, Event, FinishReason,
+    GenerateRequest, RequestStream, SamplingParams, StopParams,
+};
+
+pub const VOCAB: usize = 64;
+pub const EOS: u32 = 0;
+
+pub fn geometry(num_slots: usize, num_pages: usize, page_size: usize) -> CacheGeometry {
+    CacheGeometry {
+        num_slots,
+        num_pages,
+        page_size,
+        vocab_size: VOCAB,
+        max_model_len: num_pages * page_size,
+    }
+}
+
+pub fn config(budget: usize, max_num_seqs: usize) -> EngineConfig {
+    let mut config = EngineConfig::new(vec![EOS]);
+    config.max_num_batched_tokens = budget;
+    config.max_num_seqs = max_num_seqs;
+    config
+}
+
+pub struct Started {
+    pub handle: EngineHandle,
+    pub control: FakeControl,
+    pub registry: prometheus::Registry,
+}
+
+pub fn start(config: EngineConfig, geometry: CacheGeometry) -> Started {
+    let control = FakeControl::new();
+    let registry = prometheus::Registry::new();
+    let handle = Engine::start(
+        config,
+        FakeExecutor::factory(geometry, control.clone()),
+        &registry,
+    )
+    .expect("engine starts");
+    let until = Instant::now() + Duration::from_secs(10);
+    while handle.max_model_len().is_none() {
+        assert!(Instant::now() < until, "engine did not finish loading");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Started {
+        handle,
+        control,
+        registry,
+    }
+}
+
+/// A prompt of `len` tokens starting with `tag + 1` (so a test can tell
+/// requests apart in the executor's log; tags below 60) and avoiding EOS.
+pub fn prompt(tag: u32, len: usize) -> Vec<u32> {
+    assert!(tag < 60);
+    (0..len as u32)
+        .map(|i| {
+            if i == 0 {
+                tag + 1
+            } else {
+                1 + (tag * 7 + i * 13) % (VOCAB as u32 - 1)
+            }
+        })
+        .collect()
+}
+
+/// The slot of the request whose prompt starts with `tag + 1`, from the
+/// first row that starts it.
+pub fn slot_of(steps: &[Vec<engine::testing::RowRecord>], tag: u32) -> Option<engine::SlotId> {
+    steps
+        .iter()
+        .flatten()
+        .find(|r| r.start == 0 && r.tokens[0] == tag + 1)
+        .map(|r| r.slot)
+}
+
+/// The value of a sample line `name` or `name{labels}` in Prometheus text.
+pub fn metric_value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("{series} not in metrics:\n{text}"))
+        .trim()
+        .parse()
+        .expect("a number")
+}
+
+pub fn metrics_text(registry: &prometheus::Registry) -> String {
+    use prometheus::Encoder;
+    let mut buf = Vec::new();
+    prometheus::TextEncoder::new()
+        .encode(&registry.gather(), &mut buf)
+        .unwrap();
+    String::from_utf8(buf).unwrap()
+}
+
+/// No contract breach seen by the fake, and every slot and page released.
+pub fn assert_clean(s: &Started) {
+    assert!(
+        s.control.violations().is_empty(),
+        "{:?}",
+        s.control.violations()
+    );
+    wait_released(&s.handle);
+}
+
+/// Sampled (temperature 1, fixed seed), EOS ignored, exactly `max_tokens` tokens.
+pub fn request(prompt: Vec<u32>, max_tokens: usize, seed: u64) -> GenerateRequest {
+    GenerateRequest {
+        prompt,
+        sampling: SamplingParams {
+            seed: Some(seed),
+            ..SamplingParams::default()
+        },
+        stop: StopParams {
+            max_tokens,
+            min_tokens: 0,
+            stop_token_ids: Vec::new(),
+            ignore_eos: true,
+        },
+    }
+}
+
+/// Every token of a stream and its terminal event.
+pub async fn collect(mut stream: RequestStream) -> (Vec<u32>, Event) {
+    let mut tokens = Vec::new();
+    loop {
+        match stream
+            .next()
+            .await
+            .expect("a terminal event before the end")
+        {
+            Event::Token(t) => tokens.push(t.token),
+            terminal => {
+                assert!(
+                    stream.next().await.is_none(),
+                    "events after the terminal one"
+                );
+                return (tokens, terminal);
+            }
+        }
+    }
+}
+
+pub fn finished_length(event: &Event, prompt_tokens: usize, completion_tokens: usize) {
+    match event {
+        Event::Finished { reason, usage } => {
+            assert_eq!(*reason, FinishReason::Length);
+            assert_eq!(usage.prompt_tokens, prompt_tokens);
+            assert_eq!(usage.completion_tokens, completion_tokens);
+        }
+        other => panic!("expected Finished(Length), got {other:?}"),
+    }
+}
+
+/// Polls until nothing is running, waiting or held; returns the last stats.
+pub fn wait_released(handle: &EngineHandle) -> EngineStats {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = handle.stats();
+        if (
+            stats.running,
+            stats.waiting,
+            stats.slots_used,
+            stats.pages_used,
+        ) == (0, 0, 0, 0)
+        {
+            return stats;
+        }
+        assert!(Instant::now() < until, "resources not released: {stats:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The fake model run alone, outside the engine: the tokens an
+/// unbatched, unpreempted request must get.
+pub fn reference_tokens(request: &GenerateRequest, eos: &[u32]) -> Vec<u32> {
+    let mut history = request.prompt.clone();
+    let mut out = Vec::new();
+    while out.len() < request.stop.max_tokens {
+        let banned: Vec<u32> = if out.len() < request.stop.min_tokens {
+            let mut b = request.stop.stop_token_ids.clone();
+            if !request.stop.ignore_eos {
+                b.extend_from_slice(eos);
+            }
+            b
+        } else {
+            Vec::new()
+        };
+        let spec = engine::SampleSpec {
+            params: &request.sampling,
+            history: &history,
+            prompt_len: request.prompt.len(),
+            seed: engine::SampleSeed {
+                seed: request.sampling.seed.expect("seeded"),
+                draw: out.len() as u64,
+            },
+            banned: &banned,
+        };
+        let token =
+            engine::sampler::sample(&engine::testing::fake_logits(&history, VOCAB), &spec).token;
+        history.push(token);
+        out.push(token);
+        if (!request.stop.ignore_eos && eos.contains(&token))
+            || request.stop.stop_token_ids.contains(&token)
+        {
+            break;
+        }
+    }
+    out
+}
