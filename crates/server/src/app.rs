@@ -38,7 +38,10 @@ impl ServerMetrics {
         )?;
         registry.register(Box::new(disconnects.clone()))?;
         registry.register(Box::new(rejections.clone()))?;
-        Ok(ServerMetrics { disconnects, rejections })
+        Ok(ServerMetrics {
+            disconnects,
+            rejections,
+        })
     }
 }
 
@@ -66,7 +69,9 @@ impl AppState {
     /// The request's `model` must be the served name (or absent).
     pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
         match model {
-            Some(m) if m != self.served_model_name => Err(ApiError::model_not_found(m, &self.served_model_name)),
+            Some(m) if m != self.served_model_name => {
+                Err(ApiError::model_not_found(m, &self.served_model_name))
+            }
             _ => Ok(()),
         }
     }
@@ -82,7 +87,9 @@ impl AppState {
             EngineState::Draining => Err(ApiError::unavailable("The server is shutting down.")),
             EngineState::Dead(detail) => {
                 log::error!("engine is dead: {detail}");
-                Err(ApiError::unavailable("The engine has stopped; the server cannot serve requests."))
+                Err(ApiError::unavailable(
+                    "The engine has stopped; the server cannot serve requests.",
+                ))
             }
         }
     }
@@ -98,13 +105,23 @@ impl AppState {
 /// over `--max-request-bytes`, 400 for anything serde refuses (malformed
 /// JSON, wrong types, NaN, numbers out of range, invalid UTF-8), with the
 /// dotted path of the offending field as `param`.
-pub async fn read_json<T: DeserializeOwned>(state: &AppState, headers: &HeaderMap, body: Body) -> Result<T, ApiError> {
+pub async fn read_json<T: DeserializeOwned>(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<T, ApiError> {
     decode_json(&read_body(state, headers, body).await?)
 }
 
 /// The body's bytes after the content-type and size checks of [`read_json`].
-pub async fn read_body(state: &AppState, headers: &HeaderMap, body: Body) -> Result<axum::body::Bytes, ApiError> {
-    let content_type = headers.get(header::CONTENT_TYPE).map(|v| v.to_str().unwrap_or("<non-ASCII>"));
+pub async fn read_body(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<axum::body::Bytes, ApiError> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap_or("<non-ASCII>"));
     let is_json = content_type
         .and_then(|ct| ct.split(';').next())
         .map(|mime| mime.trim().eq_ignore_ascii_case("application/json"))
@@ -142,8 +159,9 @@ pub fn decode_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         };
         ApiError::malformed_body(message, param)
     })?;
-    de.end()
-        .map_err(|e| ApiError::malformed_body(format!("The request body is not valid JSON: {e}"), None))?;
+    de.end().map_err(|e| {
+        ApiError::malformed_body(format!("The request body is not valid JSON: {e}"), None)
+    })?;
     Ok(value)
 }
 
@@ -153,7 +171,12 @@ pub fn random_id(prefix: &str) -> String {
     let mut hex = String::with_capacity(32);
     for _ in 0..2 {
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos(),
+        );
         hex.push_str(&format!("{:016x}", h.finish()));
     }
     format!("{prefix}{hex}")

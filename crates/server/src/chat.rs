@@ -69,10 +69,21 @@ pub fn render_chat(
             continue_final_message,
             kwargs: &kwargs,
         })
-        .map_err(|e: TemplateError| ApiError::from(ValidationError::Template { message: e.to_string() }))?;
-    let ids = state.model.encode(&text, false).map_err(ApiError::internal)?;
+        .map_err(|e: TemplateError| {
+            ApiError::from(ValidationError::Template {
+                message: e.to_string(),
+            })
+        })?;
+    let ids = state
+        .model
+        .encode(&text, false)
+        .map_err(ApiError::internal)?;
     let opens_reasoning = text.trim_end_matches('\n').ends_with("<think>");
-    Ok(RenderedChat { text, ids, opens_reasoning })
+    Ok(RenderedChat {
+        text,
+        ids,
+        opens_reasoning,
+    })
 }
 
 async fn run(state: &SharedState, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
@@ -89,17 +100,34 @@ async fn run(state: &SharedState, headers: &HeaderMap, body: Body) -> Result<Res
         req.chat_template_kwargs.as_ref(),
     )?;
     let max_model_len = state.max_model_len()?;
-    let max_tokens = resolve_max_tokens(valid.generation.max_tokens, rendered.ids.len(), max_model_len)?;
+    let max_tokens = resolve_max_tokens(
+        valid.generation.max_tokens,
+        rendered.ids.len(),
+        max_model_len,
+    )?;
     let generation = Generation::submit(
         &state.engine,
         state.model.tokenizer.clone(),
         &state.model.eos_token_ids,
-        vec![PromptSpec { ids: rendered.ids, max_tokens }],
+        vec![PromptSpec {
+            ids: rendered.ids,
+            max_tokens,
+        }],
         &valid.generation,
     )?;
-    let tools = req.tools.as_deref().filter(|_| valid.tools_enabled).map(tool_schemas);
+    let tools = req
+        .tools
+        .as_deref()
+        .filter(|_| valid.tools_enabled)
+        .map(tool_schemas);
     let parsers = (0..valid.generation.n)
-        .map(|_| ChatOutputParser::new(rendered.opens_reasoning, valid.include_reasoning, tools.clone()))
+        .map(|_| {
+            ChatOutputParser::new(
+                rendered.opens_reasoning,
+                valid.include_reasoning,
+                tools.clone(),
+            )
+        })
         .collect();
     let out = ChatOutput {
         id: random_id("chatcmpl-"),
@@ -111,7 +139,9 @@ async fn run(state: &SharedState, headers: &HeaderMap, body: Body) -> Result<Res
     };
     let guard = DisconnectGuard::new(state.clone());
     if out.valid.generation.stream {
-        Ok(Sse::new(stream(out, generation, guard)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)).into_response())
+        Ok(Sse::new(stream(out, generation, guard))
+            .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+            .into_response())
     } else {
         collect(out, generation, guard).await
     }
@@ -277,7 +307,11 @@ fn stream(
     }
 }
 
-async fn collect(mut out: ChatOutput, mut generation: Generation, mut guard: DisconnectGuard) -> Result<Response, ApiError> {
+async fn collect(
+    mut out: ChatOutput,
+    mut generation: Generation,
+    mut guard: DisconnectGuard,
+) -> Result<Response, ApiError> {
     let n = out.valid.generation.n;
     let mut reasoning = vec![String::new(); n];
     let mut content = vec![String::new(); n];
@@ -293,7 +327,10 @@ async fn collect(mut out: ChatOutput, mut generation: Generation, mut guard: Dis
         calls[p.index].extend(new_calls);
         logprobs[p.index].extend(chat_logprobs(&p.logprobs));
         if let Some(f) = &p.finish {
-            finish[p.index] = (json!(out.finish_reason(p.index, f.reason)), f.stop_reason.clone());
+            finish[p.index] = (
+                json!(out.finish_reason(p.index, f.reason)),
+                f.stop_reason.clone(),
+            );
         }
     }
     guard.done();

@@ -26,7 +26,11 @@ pub async fn handle(State(state): State<SharedState>, headers: HeaderMap, body: 
 }
 
 /// Prompt ids and the text `echo` repeats.
-fn prompts(state: &SharedState, prompt: &Prompt, add_special_tokens: bool) -> Result<Vec<(Vec<u32>, String)>, ApiError> {
+fn prompts(
+    state: &SharedState,
+    prompt: &Prompt,
+    add_special_tokens: bool,
+) -> Result<Vec<(Vec<u32>, String)>, ApiError> {
     let vocab_size = state.model.vocab_size;
     let from_ids = |ids: &[i64]| -> Result<(Vec<u32>, String), ApiError> {
         let ids: Vec<u32> = ids
@@ -35,14 +39,25 @@ fn prompts(state: &SharedState, prompt: &Prompt, add_special_tokens: bool) -> Re
                 u32::try_from(id)
                     .ok()
                     .filter(|&id| (id as usize) < vocab_size)
-                    .ok_or(ValidationError::TokenOutOfVocab { field: "prompt", value: id, vocab_size })
+                    .ok_or(ValidationError::TokenOutOfVocab {
+                        field: "prompt",
+                        value: id,
+                        vocab_size,
+                    })
             })
             .collect::<Result<_, _>>()?;
-        let text = state.model.tokenizer.decode(&ids, false).unwrap_or_default();
+        let text = state
+            .model
+            .tokenizer
+            .decode(&ids, false)
+            .unwrap_or_default();
         Ok((ids, text))
     };
     let from_text = |text: &str| -> Result<(Vec<u32>, String), ApiError> {
-        let ids = state.model.encode(text, add_special_tokens).map_err(ApiError::internal)?;
+        let ids = state
+            .model
+            .encode(text, add_special_tokens)
+            .map_err(ApiError::internal)?;
         Ok((ids, text.to_string()))
     };
     let list = match prompt {
@@ -70,7 +85,10 @@ async fn run(state: &SharedState, headers: &HeaderMap, body: Body) -> Result<Res
     for (ids, _) in &prompts {
         let max_tokens = resolve_max_tokens(valid.generation.max_tokens, ids.len(), max_model_len)
             .map_err(|e| ApiError::from(e).with_param("prompt"))?;
-        specs.push(PromptSpec { ids: ids.clone(), max_tokens });
+        specs.push(PromptSpec {
+            ids: ids.clone(),
+            max_tokens,
+        });
     }
     let echoes: Vec<String> = if valid.echo {
         prompts.into_iter().map(|(_, text)| text).collect()
@@ -93,7 +111,9 @@ async fn run(state: &SharedState, headers: &HeaderMap, body: Body) -> Result<Res
     };
     let guard = DisconnectGuard::new(state.clone());
     if out.valid.generation.stream {
-        Ok(Sse::new(stream(out, generation, guard)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)).into_response())
+        Ok(Sse::new(stream(out, generation, guard))
+            .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+            .into_response())
     } else {
         collect(out, generation, guard).await
     }
@@ -110,7 +130,10 @@ struct CompletionOutput {
 
 impl CompletionOutput {
     fn echo(&self, choice: usize) -> &str {
-        self.echoes.get(choice / self.valid.generation.n).map(String::as_str).unwrap_or("")
+        self.echoes
+            .get(choice / self.valid.generation.n)
+            .map(String::as_str)
+            .unwrap_or("")
     }
 }
 
@@ -171,7 +194,11 @@ fn stream(
     }
 }
 
-async fn collect(out: CompletionOutput, mut generation: Generation, mut guard: DisconnectGuard) -> Result<Response, ApiError> {
+async fn collect(
+    out: CompletionOutput,
+    mut generation: Generation,
+    mut guard: DisconnectGuard,
+) -> Result<Response, ApiError> {
     let count = generation.choices.len();
     let mut texts: Vec<String> = (0..count).map(|i| out.echo(i).to_string()).collect();
     let mut logprobs: Vec<Vec<crate::generate::TokenLogprob>> = vec![Vec::new(); count];

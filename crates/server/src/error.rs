@@ -43,7 +43,12 @@ impl ApiError {
     }
 
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", code, message.into())
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            code,
+            message.into(),
+        )
     }
 
     /// The body is not JSON of the expected shape (serde's message, which
@@ -70,7 +75,8 @@ impl ApiError {
             "unsupported_media_type",
             format!(
                 "Expected 'Content-Type: application/json', got {}.",
-                got.map(|g| format!("'{g}'")).unwrap_or_else(|| "none".into())
+                got.map(|g| format!("'{g}'"))
+                    .unwrap_or_else(|| "none".into())
             ),
         )
     }
@@ -128,7 +134,12 @@ impl ApiError {
     /// A request the engine could not complete (its message is written
     /// for clients by the engine).
     pub fn engine_failure(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "engine_failure", message.into())
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "engine_failure",
+            message.into(),
+        )
     }
 
     /// A failure that is not the client's: logged in full, shown masked.

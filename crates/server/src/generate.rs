@@ -149,7 +149,10 @@ impl Generation {
                 .streams
                 .iter_mut()
                 .enumerate()
-                .filter_map(|(i, s)| s.as_mut().map(|s| Box::pin(async move { (i, s.next().await) })))
+                .filter_map(|(i, s)| {
+                    s.as_mut()
+                        .map(|s| Box::pin(async move { (i, s.next().await) }))
+                })
                 .collect();
             if open.is_empty() {
                 return None;
@@ -170,7 +173,11 @@ impl Generation {
                     token: t.token,
                     text: self.token_text(t.token),
                     logprob: t.logprob.unwrap_or(f32::NAN),
-                    top: t.top_logprobs.iter().map(|&(id, lp)| (id, self.token_text(id), lp)).collect(),
+                    top: t
+                        .top_logprobs
+                        .iter()
+                        .map(|&(id, lp)| (id, self.token_text(id), lp))
+                        .collect(),
                 });
                 let choice = &mut self.choices[index];
                 choice.completion_tokens += 1;
@@ -188,7 +195,10 @@ impl Generation {
                 choice.text.push_str(&piece);
                 if let Some((cut, stop)) = choice.stops.check(&choice.text, piece.len()) {
                     choice.text.truncate(cut);
-                    choice.finish = Some(Finish { reason: "stop", stop_reason: Json::String(stop) });
+                    choice.finish = Some(Finish {
+                        reason: "stop",
+                        stop_reason: Json::String(stop),
+                    });
                     // Dropping the stream aborts the engine request now.
                     self.streams[index] = None;
                     return Some(Ok(self.take(index, true)));
@@ -204,14 +214,28 @@ impl Generation {
                 choice.text.push_str(&tail);
                 if let Some((cut, stop)) = choice.stops.check(&choice.text, tail.len()) {
                     choice.text.truncate(cut);
-                    choice.finish = Some(Finish { reason: "stop", stop_reason: Json::String(stop) });
+                    choice.finish = Some(Finish {
+                        reason: "stop",
+                        stop_reason: Json::String(stop),
+                    });
                 } else {
                     choice.finish = Some(match reason {
-                        FinishReason::Stop { token } if choice.request_stop_ids.contains(&token) => {
-                            Finish { reason: "stop", stop_reason: json!(token) }
+                        FinishReason::Stop { token }
+                            if choice.request_stop_ids.contains(&token) =>
+                        {
+                            Finish {
+                                reason: "stop",
+                                stop_reason: json!(token),
+                            }
                         }
-                        FinishReason::Stop { .. } => Finish { reason: "stop", stop_reason: Json::Null },
-                        FinishReason::Length => Finish { reason: "length", stop_reason: Json::Null },
+                        FinishReason::Stop { .. } => Finish {
+                            reason: "stop",
+                            stop_reason: Json::Null,
+                        },
+                        FinishReason::Length => Finish {
+                            reason: "length",
+                            stop_reason: Json::Null,
+                        },
                     });
                 }
                 Some(Ok(self.take(index, true)))

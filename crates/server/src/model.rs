@@ -35,7 +35,11 @@ fn read_json(path: &Path) -> Result<Option<Json>, String> {
 fn ids(v: Option<&Json>) -> Vec<u32> {
     match v {
         Some(Json::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
-        Some(Json::Array(a)) => a.iter().filter_map(|n| n.as_u64()).map(|n| n as u32).collect(),
+        Some(Json::Array(a)) => a
+            .iter()
+            .filter_map(|n| n.as_u64())
+            .map(|n| n as u32)
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -53,9 +57,14 @@ fn token_text(v: &Json) -> Option<String> {
 /// The template source: an override file, else `chat_template.jinja`
 /// (transformers' current layout), else `tokenizer_config.json`'s
 /// `chat_template` (a string, or a list of named templates: "default").
-fn template_source(dir: &Path, tokenizer_config: Option<&Json>, override_path: Option<&Path>) -> Result<String, String> {
+fn template_source(
+    dir: &Path,
+    tokenizer_config: Option<&Json>,
+    override_path: Option<&Path>,
+) -> Result<String, String> {
     if let Some(path) = override_path {
-        return std::fs::read_to_string(path).map_err(|e| format!("--chat-template {}: {e}", path.display()));
+        return std::fs::read_to_string(path)
+            .map_err(|e| format!("--chat-template {}: {e}", path.display()));
     }
     let jinja = dir.join("chat_template.jinja");
     if jinja.exists() {
@@ -87,15 +96,21 @@ impl ModelFiles {
             .get("vocab_size")
             .or_else(|| config.get("vocab_size"))
             .and_then(Json::as_u64)
-            .ok_or_else(|| "config.json: no vocab_size".to_string())? as usize;
+            .ok_or_else(|| "config.json: no vocab_size".to_string())?
+            as usize;
         let tokenizer_path = dir.join("tokenizer.json");
         let tokenizer = Tokenizer::from_file(&tokenizer_path)
             .map_err(|e| format!("{}: {e}", tokenizer_path.display()))?;
         let tokenizer_config = read_json(&dir.join("tokenizer_config.json"))?;
         let generation_config = read_json(&dir.join("generation_config.json"))?;
 
-        let mut eos_token_ids = ids(generation_config.as_ref().and_then(|g| g.get("eos_token_id")));
-        for id in ids(text_config.get("eos_token_id")).into_iter().chain(ids(config.get("eos_token_id"))) {
+        let mut eos_token_ids = ids(generation_config
+            .as_ref()
+            .and_then(|g| g.get("eos_token_id")));
+        for id in ids(text_config.get("eos_token_id"))
+            .into_iter()
+            .chain(ids(config.get("eos_token_id")))
+        {
             if !eos_token_ids.contains(&id) {
                 eos_token_ids.push(id);
             }
@@ -111,13 +126,14 @@ impl ModelFiles {
             }
         }
 
-        let special_tokens: Vec<(String, String)> = ["bos_token", "eos_token", "pad_token", "unk_token"]
-            .iter()
-            .filter_map(|key| {
-                let text = tokenizer_config.as_ref()?.get(*key).and_then(token_text)?;
-                Some((key.to_string(), text))
-            })
-            .collect();
+        let special_tokens: Vec<(String, String)> =
+            ["bos_token", "eos_token", "pad_token", "unk_token"]
+                .iter()
+                .filter_map(|key| {
+                    let text = tokenizer_config.as_ref()?.get(*key).and_then(token_text)?;
+                    Some((key.to_string(), text))
+                })
+                .collect();
         let source = template_source(dir, tokenizer_config.as_ref(), chat_template_override)?;
         let template = ChatTemplate::new(source, special_tokens)?;
 
@@ -129,7 +145,10 @@ impl ModelFiles {
             top_k: g.and_then(|g| g.get("top_k")).and_then(Json::as_i64),
             min_p: f("min_p"),
             repetition_penalty: f("repetition_penalty"),
-            max_tokens: g.and_then(|g| g.get("max_new_tokens")).and_then(Json::as_u64).map(|m| m as usize),
+            max_tokens: g
+                .and_then(|g| g.get("max_new_tokens"))
+                .and_then(Json::as_u64)
+                .map(|m| m as usize),
         };
         Ok(ModelFiles {
             dir: dir.to_path_buf(),

@@ -89,7 +89,11 @@ pub struct ChatOutputParser {
 impl ChatOutputParser {
     /// `prompt_opens_reasoning`: the rendered prompt ends inside `<think>`.
     /// `tools`: `Some` when tool calls are to be parsed.
-    pub fn new(prompt_opens_reasoning: bool, parse_reasoning: bool, tools: Option<ToolSchemas>) -> Self {
+    pub fn new(
+        prompt_opens_reasoning: bool,
+        parse_reasoning: bool,
+        tools: Option<ToolSchemas>,
+    ) -> Self {
         ChatOutputParser {
             mode: if prompt_opens_reasoning && parse_reasoning {
                 Mode::Reasoning
@@ -157,14 +161,20 @@ impl ChatOutputParser {
                         self.at_start = false;
                         continue;
                     }
-                    let keep = if at_end { 0 } else { partial_suffix(&self.buffer, &[THINK_END]) };
+                    let keep = if at_end {
+                        0
+                    } else {
+                        partial_suffix(&self.buffer, &[THINK_END])
+                    };
                     let emit = self.buffer.len() - keep;
                     out.reasoning.push_str(&self.buffer[..emit]);
                     self.buffer.drain(..emit);
                     return;
                 }
                 Mode::ToolCall => {
-                    let Some(at) = self.buffer.find(TOOL_END) else { return };
+                    let Some(at) = self.buffer.find(TOOL_END) else {
+                        return;
+                    };
                     let block = self.buffer[..at].to_string();
                     self.buffer.drain(..at + TOOL_END.len());
                     match self.parse_block(&block) {
@@ -232,7 +242,9 @@ impl ChatOutputParser {
         let mut rest = body;
         while let Some(p) = rest.find("<parameter=") {
             let key_start = p + "<parameter=".len();
-            let Some(key_len) = rest[key_start..].find('>') else { break };
+            let Some(key_len) = rest[key_start..].find('>') else {
+                break;
+            };
             let key = rest[key_start..key_start + key_len].trim().to_string();
             let value_start = key_start + key_len + 1;
             let after = &rest[value_start..];
@@ -249,28 +261,40 @@ impl ChatOutputParser {
             rest = &after[value_len..];
             rest = rest.strip_prefix("</parameter>").unwrap_or(rest);
         }
-        let arguments = pyjson::dumps(&Value::from_iter(args), &pyjson::DumpOptions::transformers_default()).ok()?;
+        let arguments = pyjson::dumps(
+            &Value::from_iter(args),
+            &pyjson::DumpOptions::transformers_default(),
+        )
+        .ok()?;
         Some(ParsedToolCall { name, arguments })
     }
 }
 
 /// vLLM `qwen3_coder`'s conversion of a parameter's text by schema type.
 fn convert_param(text: &str, ty: Option<&str>) -> Value {
-    let Some(ty) = ty else { return Value::from(text) };
+    let Some(ty) = ty else {
+        return Value::from(text);
+    };
     if text.to_lowercase() == "null" {
         return Value::from(());
     }
     match ty {
         "string" | "str" | "text" | "varchar" | "char" | "enum" => Value::from(text),
-        t if t.starts_with("int") || t.starts_with("uint") || t == "long" || t == "short" => {
-            text.trim().parse::<i64>().map(Value::from).unwrap_or_else(|_| Value::from(text))
-        }
+        t if t.starts_with("int") || t.starts_with("uint") || t == "long" || t == "short" => text
+            .trim()
+            .parse::<i64>()
+            .map(Value::from)
+            .unwrap_or_else(|_| Value::from(text)),
         t if t.starts_with("num") || t.starts_with("float") || t == "double" => {
             let s = text.trim();
             if s.contains(['.', 'e', 'E']) {
-                s.parse::<f64>().map(Value::from).unwrap_or_else(|_| Value::from(text))
+                s.parse::<f64>()
+                    .map(Value::from)
+                    .unwrap_or_else(|_| Value::from(text))
             } else {
-                s.parse::<i64>().map(Value::from).unwrap_or_else(|_| Value::from(text))
+                s.parse::<i64>()
+                    .map(Value::from)
+                    .unwrap_or_else(|_| Value::from(text))
             }
         }
         "boolean" | "bool" | "binary" => match text.trim().to_lowercase().as_str() {
@@ -357,7 +381,10 @@ mod tests {
         assert!(all.reasoning.is_empty());
         let mut parser = ChatOutputParser::new(false, true, None);
         let all = collect(&mut parser, &["<thi", "nk>why</think>answer"]);
-        assert_eq!((all.reasoning.as_str(), all.content.as_str()), ("why", "answer"));
+        assert_eq!(
+            (all.reasoning.as_str(), all.content.as_str()),
+            ("why", "answer")
+        );
     }
 
     #[test]

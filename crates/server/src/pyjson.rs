@@ -45,7 +45,10 @@ impl DumpOptions {
             opts.indent = Some(match indent.kind() {
                 ValueKind::Number => {
                     let n = i64::try_from(indent.clone()).map_err(|_| {
-                        Error::new(ErrorKind::InvalidOperation, "tojson: indent must be an integer")
+                        Error::new(
+                            ErrorKind::InvalidOperation,
+                            "tojson: indent must be an integer",
+                        )
                     })?;
                     " ".repeat(n.max(0) as usize)
                 }
@@ -90,7 +93,12 @@ pub fn dumps(value: &Value, opts: &DumpOptions) -> Result<String, Error> {
     Ok(out)
 }
 
-fn write_value(out: &mut String, value: &Value, opts: &DumpOptions, depth: usize) -> Result<(), Error> {
+fn write_value(
+    out: &mut String,
+    value: &Value,
+    opts: &DumpOptions,
+    depth: usize,
+) -> Result<(), Error> {
     match value.kind() {
         ValueKind::None => out.push_str("null"),
         ValueKind::Undefined => {
@@ -101,7 +109,9 @@ fn write_value(out: &mut String, value: &Value, opts: &DumpOptions, depth: usize
         }
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
         ValueKind::Number => out.push_str(&number(value)),
-        ValueKind::String => write_string(out, value.as_str().unwrap_or_default(), opts.ensure_ascii),
+        ValueKind::String => {
+            write_string(out, value.as_str().unwrap_or_default(), opts.ensure_ascii)
+        }
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = value.try_iter()?.collect();
             if items.is_empty() {
@@ -202,7 +212,11 @@ pub fn python_float_repr(f: f64) -> String {
         return "NaN".into();
     }
     if f.is_infinite() {
-        return if f > 0.0 { "Infinity".into() } else { "-Infinity".into() };
+        return if f > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        };
     }
     // Rust's `{:e}` is the shortest round-trip form: "-1.2345e-7", "5e0".
     let sci = format!("{f:e}");
@@ -220,7 +234,11 @@ pub fn python_float_repr(f: f64) -> String {
         } else if point as usize >= digits.len() {
             format!("{}{}.0", digits, "0".repeat(point as usize - digits.len()))
         } else {
-            format!("{}.{}", &digits[..point as usize], &digits[point as usize..])
+            format!(
+                "{}.{}",
+                &digits[..point as usize],
+                &digits[point as usize..]
+            )
         };
         format!("{sign}{body}")
     } else {
@@ -299,7 +317,8 @@ mod tests {
 
     #[test]
     fn default_dumps_keeps_order_and_unicode() {
-        let v = parse(r#"{"z": 1, "a": [true, null, 2.0], "s": "é<>&'\n\u0001\"", "e": {}, "l": []}"#);
+        let v =
+            parse(r#"{"z": 1, "a": [true, null, 2.0], "s": "é<>&'\n\u0001\"", "e": {}, "l": []}"#);
         let got = dumps(&v, &DumpOptions::transformers_default()).unwrap();
         assert_eq!(
             got,

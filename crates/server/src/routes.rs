@@ -43,8 +43,12 @@ pub async fn health(State(state): State<SharedState>) -> Response {
     }
     match state.engine.state() {
         EngineState::Ready => StatusCode::OK.into_response(),
-        EngineState::Loading => ApiError::unavailable("The model is still loading.").into_response(),
-        EngineState::Draining => ApiError::unavailable("The server is shutting down.").into_response(),
+        EngineState::Loading => {
+            ApiError::unavailable("The model is still loading.").into_response()
+        }
+        EngineState::Draining => {
+            ApiError::unavailable("The server is shutting down.").into_response()
+        }
         EngineState::Dead(detail) => {
             log::error!("health: engine is dead: {detail}");
             ApiError::unavailable("The engine has stopped.").into_response()
@@ -58,10 +62,18 @@ pub async fn metrics(State(state): State<SharedState>) -> Response {
     if let Err(e) = encoder.encode(&state.registry.gather(), &mut buf) {
         return ApiError::internal(format!("metrics encoding: {e}")).into_response();
     }
-    ([(header::CONTENT_TYPE, encoder.format_type().to_string())], buf).into_response()
+    (
+        [(header::CONTENT_TYPE, encoder.format_type().to_string())],
+        buf,
+    )
+        .into_response()
 }
 
-pub async fn tokenize(State(state): State<SharedState>, headers: HeaderMap, body: Body) -> Response {
+pub async fn tokenize(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let result = async {
         let bytes = read_body(&state, &headers, body).await?;
         // Chat form if the body has `messages`, else the prompt form: decoding
@@ -107,7 +119,11 @@ pub async fn tokenize(State(state): State<SharedState>, headers: HeaderMap, body
     }
 }
 
-pub async fn detokenize(State(state): State<SharedState>, headers: HeaderMap, body: Body) -> Response {
+pub async fn detokenize(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let result = async {
         let bytes = read_body(&state, &headers, body).await?;
         let req: DetokenizeRequest = decode_json(&bytes)?;
@@ -120,10 +136,18 @@ pub async fn detokenize(State(state): State<SharedState>, headers: HeaderMap, bo
                 u32::try_from(id)
                     .ok()
                     .filter(|&id| (id as usize) < vocab_size)
-                    .ok_or(ValidationError::TokenOutOfVocab { field: "tokens", value: id, vocab_size })
+                    .ok_or(ValidationError::TokenOutOfVocab {
+                        field: "tokens",
+                        value: id,
+                        vocab_size,
+                    })
             })
             .collect::<Result<_, _>>()?;
-        let prompt = state.model.tokenizer.decode(&ids, false).map_err(ApiError::internal)?;
+        let prompt = state
+            .model
+            .tokenizer
+            .decode(&ids, false)
+            .map_err(ApiError::internal)?;
         Ok::<_, ApiError>(axum::Json(json!({"prompt": prompt})))
     }
     .await;

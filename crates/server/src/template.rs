@@ -65,12 +65,15 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", pyjson::tojson_filter);
-        env.add_function("raise_exception", |message: String| -> Result<Value, Error> {
-            Err(Error::new(
-                ErrorKind::InvalidOperation,
-                format!("{RAISED_PREFIX}{message}"),
-            ))
-        });
+        env.add_function(
+            "raise_exception",
+            |message: String| -> Result<Value, Error> {
+                Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("{RAISED_PREFIX}{message}"),
+                ))
+            },
+        );
         env.add_function("strftime_now", |format: String| -> String {
             chrono::Local::now().format(&format).to_string()
         });
@@ -126,7 +129,10 @@ fn template_error(e: Error) -> TemplateError {
         }
         cur = err.source();
     }
-    let detail = e.detail().map(str::to_string).unwrap_or_else(|| e.kind().to_string());
+    let detail = e
+        .detail()
+        .map(str::to_string)
+        .unwrap_or_else(|| e.kind().to_string());
     TemplateError::Render(detail)
 }
 
@@ -139,11 +145,18 @@ fn cut_after_final_message(rendered: String, messages: &[Value]) -> Result<Strin
         s.to_string()
     } else {
         // List content: the last block that has text.
-        let blocks: Vec<Value> = content.try_iter().map(|it| it.collect()).unwrap_or_default();
+        let blocks: Vec<Value> = content
+            .try_iter()
+            .map(|it| it.collect())
+            .unwrap_or_default();
         blocks
             .iter()
             .rev()
-            .find_map(|b| b.get_attr("text").ok().and_then(|t| t.as_str().map(str::to_string)))
+            .find_map(|b| {
+                b.get_attr("text")
+                    .ok()
+                    .and_then(|t| t.as_str().map(str::to_string))
+            })
             .ok_or(TemplateError::FinalMessageMissing)?
     };
     let needle = text.trim();
@@ -159,7 +172,9 @@ fn cut_after_final_message(rendered: String, messages: &[Value]) -> Result<Strin
 /// arguments that are not a JSON object.
 pub fn decode_tool_call_arguments(messages: &mut [Value]) -> Result<(), (usize, String)> {
     for (i, message) in messages.iter_mut().enumerate() {
-        let Ok(calls) = message.get_attr("tool_calls") else { continue };
+        let Ok(calls) = message.get_attr("tool_calls") else {
+            continue;
+        };
         if calls.is_undefined() || calls.is_none() {
             continue;
         }
@@ -207,7 +222,11 @@ mod tests {
     use super::*;
 
     fn template(src: &str) -> ChatTemplate {
-        ChatTemplate::new(src.to_string(), vec![("eos_token".into(), "<|im_end|>".into())]).unwrap()
+        ChatTemplate::new(
+            src.to_string(),
+            vec![("eos_token".into(), "<|im_end|>".into())],
+        )
+        .unwrap()
     }
 
     fn messages(json: &str) -> Vec<Value> {
@@ -234,7 +253,8 @@ mod tests {
         let t = template(
             "{% for m in messages %}\n  {% if m.content.startswith('a') %}{{ m.content.upper() }}{% endif %}\n{% endfor %}\n{{ enable_thinking }}{{ eos_token }}",
         );
-        let msgs = messages(r#"[{"role": "user", "content": "abc"}, {"role": "user", "content": "xyz"}]"#);
+        let msgs =
+            messages(r#"[{"role": "user", "content": "abc"}, {"role": "user", "content": "xyz"}]"#);
         let out = t
             .render(&RenderInput {
                 messages: &msgs,
@@ -273,8 +293,11 @@ mod tests {
 
     #[test]
     fn continue_final_message_cuts_after_the_text() {
-        let t = template("{% for m in messages %}<{{ m.role }}>{{ m.content }}</end>\n{% endfor %}");
-        let msgs = messages(r#"[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon "}]"#);
+        let t =
+            template("{% for m in messages %}<{{ m.role }}>{{ m.content }}</end>\n{% endfor %}");
+        let msgs = messages(
+            r#"[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon "}]"#,
+        );
         let out = t
             .render(&RenderInput {
                 messages: &msgs,

@@ -15,31 +15,86 @@ pub const MAX_STOP_STRINGS: usize = 16;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum ValidationError {
-    NotFinite { field: &'static str },
-    OutOfRange { field: &'static str, range: &'static str, value: String },
-    MissingField { field: &'static str },
+    NotFinite {
+        field: &'static str,
+    },
+    OutOfRange {
+        field: &'static str,
+        range: &'static str,
+        value: String,
+    },
+    MissingField {
+        field: &'static str,
+    },
     EmptyMessages,
-    BadRole { index: usize, role: String },
-    BadContentPart { index: usize, part: usize, kind: String },
-    MissingContent { index: usize, role: String },
-    BadToolCallArguments { index: usize, reason: String },
+    BadRole {
+        index: usize,
+        role: String,
+    },
+    BadContentPart {
+        index: usize,
+        part: usize,
+        kind: String,
+    },
+    MissingContent {
+        index: usize,
+        role: String,
+    },
+    BadToolCallArguments {
+        index: usize,
+        reason: String,
+    },
     StreamOptionsWithoutStream,
     TopLogprobsWithoutLogprobs,
-    LogprobsType { value: String },
-    TooManyStops { max: usize, got: usize },
-    EmptyStop { index: usize },
-    TokenOutOfVocab { field: &'static str, value: i64, vocab_size: usize },
-    MinTokensOverMax { min_tokens: usize, max_tokens: usize },
-    Unsupported { field: &'static str, value: String },
+    LogprobsType {
+        value: String,
+    },
+    TooManyStops {
+        max: usize,
+        got: usize,
+    },
+    EmptyStop {
+        index: usize,
+    },
+    TokenOutOfVocab {
+        field: &'static str,
+        value: i64,
+        vocab_size: usize,
+    },
+    MinTokensOverMax {
+        min_tokens: usize,
+        max_tokens: usize,
+    },
+    Unsupported {
+        field: &'static str,
+        value: String,
+    },
     EmptyTools,
-    BadToolType { index: usize, kind: String },
-    UnknownToolChoice { value: String },
+    BadToolType {
+        index: usize,
+        kind: String,
+    },
+    UnknownToolChoice {
+        value: String,
+    },
     ToolChoiceWithoutTools,
-    ConflictingFlags { a: &'static str, b: &'static str },
+    ConflictingFlags {
+        a: &'static str,
+        b: &'static str,
+    },
     EmptyPrompt,
-    PromptTooLong { prompt_tokens: usize, max_model_len: usize },
-    MaxTokensTooLarge { max_tokens: usize, prompt_tokens: usize, max_model_len: usize },
-    Template { message: String },
+    PromptTooLong {
+        prompt_tokens: usize,
+        max_model_len: usize,
+    },
+    MaxTokensTooLarge {
+        max_tokens: usize,
+        prompt_tokens: usize,
+        max_model_len: usize,
+    },
+    Template {
+        message: String,
+    },
 }
 
 impl std::fmt::Display for ValidationError {
@@ -113,7 +168,9 @@ impl ValidationError {
     pub fn param(&self) -> Option<String> {
         use ValidationError::*;
         Some(match self {
-            NotFinite { field } | OutOfRange { field, .. } | MissingField { field } => field.to_string(),
+            NotFinite { field } | OutOfRange { field, .. } | MissingField { field } => {
+                field.to_string()
+            }
             Unsupported { field, .. } | TokenOutOfVocab { field, .. } => field.to_string(),
             EmptyMessages | Template { .. } => "messages".into(),
             BadRole { index, .. } => format!("messages[{index}].role"),
@@ -212,22 +269,43 @@ fn in_range(
     if ok(v) {
         Ok(v as f32)
     } else {
-        Err(ValidationError::OutOfRange { field, range, value: v.to_string() })
+        Err(ValidationError::OutOfRange {
+            field,
+            range,
+            value: v.to_string(),
+        })
     }
 }
 
-fn positive_count(field: &'static str, v: i64, range: &'static str, max: i64) -> Result<usize, ValidationError> {
+fn positive_count(
+    field: &'static str,
+    v: i64,
+    range: &'static str,
+    max: i64,
+) -> Result<usize, ValidationError> {
     if v < 1 || v > max {
-        return Err(ValidationError::OutOfRange { field, range, value: v.to_string() });
+        return Err(ValidationError::OutOfRange {
+            field,
+            range,
+            value: v.to_string(),
+        });
     }
     Ok(v as usize)
 }
 
-fn token_ids(field: &'static str, ids: &[i64], vocab_size: usize) -> Result<Vec<u32>, ValidationError> {
+fn token_ids(
+    field: &'static str,
+    ids: &[i64],
+    vocab_size: usize,
+) -> Result<Vec<u32>, ValidationError> {
     ids.iter()
         .map(|&id| {
             if id < 0 || id as u64 >= vocab_size as u64 {
-                Err(ValidationError::TokenOutOfVocab { field, value: id, vocab_size })
+                Err(ValidationError::TokenOutOfVocab {
+                    field,
+                    value: id,
+                    vocab_size,
+                })
             } else {
                 Ok(id as u32)
             }
@@ -245,7 +323,9 @@ pub fn validate_generation(
     vocab_size: usize,
 ) -> Result<ValidGeneration, ValidationError> {
     let temperature = req.temperature.or(defaults.temperature).unwrap_or(1.0);
-    let temperature = in_range("temperature", temperature, "in [0, 2]", |t| (0.0..=2.0).contains(&t))?;
+    let temperature = in_range("temperature", temperature, "in [0, 2]", |t| {
+        (0.0..=2.0).contains(&t)
+    })?;
     let top_p = req.top_p.or(defaults.top_p).unwrap_or(1.0);
     let top_p = in_range("top_p", top_p, "in (0, 1]", |p| p > 0.0 && p <= 1.0)?;
     let top_k = req.top_k.or(defaults.top_k).unwrap_or(0);
@@ -263,23 +343,40 @@ pub fn validate_generation(
     })?;
     let min_p = req.min_p.or(defaults.min_p).unwrap_or(0.0);
     let min_p = in_range("min_p", min_p, "in [0, 1]", |p| (0.0..=1.0).contains(&p))?;
-    let repetition = req.repetition_penalty.or(defaults.repetition_penalty).unwrap_or(1.0);
-    let repetition_penalty = in_range("repetition_penalty", repetition, "in (0, 2]", |r| r > 0.0 && r <= 2.0)?;
-    let presence_penalty = in_range("presence_penalty", req.presence_penalty.unwrap_or(0.0), "in [-2, 2]", |p| {
-        (-2.0..=2.0).contains(&p)
+    let repetition = req
+        .repetition_penalty
+        .or(defaults.repetition_penalty)
+        .unwrap_or(1.0);
+    let repetition_penalty = in_range("repetition_penalty", repetition, "in (0, 2]", |r| {
+        r > 0.0 && r <= 2.0
     })?;
-    let frequency_penalty = in_range("frequency_penalty", req.frequency_penalty.unwrap_or(0.0), "in [-2, 2]", |p| {
-        (-2.0..=2.0).contains(&p)
-    })?;
+    let presence_penalty = in_range(
+        "presence_penalty",
+        req.presence_penalty.unwrap_or(0.0),
+        "in [-2, 2]",
+        |p| (-2.0..=2.0).contains(&p),
+    )?;
+    let frequency_penalty = in_range(
+        "frequency_penalty",
+        req.frequency_penalty.unwrap_or(0.0),
+        "in [-2, 2]",
+        |p| (-2.0..=2.0).contains(&p),
+    )?;
     if let Some(bias) = &req.logit_bias {
         if !bias.is_empty() {
-            return Err(ValidationError::Unsupported { field: "logit_bias", value: "a non-empty mapping".into() });
+            return Err(ValidationError::Unsupported {
+                field: "logit_bias",
+                value: "a non-empty mapping".into(),
+            });
         }
     }
     let n = positive_count("n", req.n.unwrap_or(1), "in [1, 128]", MAX_N)?;
     if let Some(best_of) = req.best_of {
         if best_of != n as i64 {
-            return Err(ValidationError::Unsupported { field: "best_of", value: best_of.to_string() });
+            return Err(ValidationError::Unsupported {
+                field: "best_of",
+                value: best_of.to_string(),
+            });
         }
     }
     let max_tokens = match max_tokens {
@@ -288,13 +385,20 @@ pub fn validate_generation(
     };
     let min_tokens = match req.min_tokens.unwrap_or(0) {
         m if m < 0 => {
-            return Err(ValidationError::OutOfRange { field: "min_tokens", range: "at least 0", value: m.to_string() })
+            return Err(ValidationError::OutOfRange {
+                field: "min_tokens",
+                range: "at least 0",
+                value: m.to_string(),
+            })
         }
         m => m as usize,
     };
     if let Some(max) = max_tokens {
         if min_tokens > max {
-            return Err(ValidationError::MinTokensOverMax { min_tokens, max_tokens: max });
+            return Err(ValidationError::MinTokensOverMax {
+                min_tokens,
+                max_tokens: max,
+            });
         }
     }
     let stop_strings = match &req.stop {
@@ -303,24 +407,40 @@ pub fn validate_generation(
         Some(StopField::Many(v)) => v.clone(),
     };
     if stop_strings.len() > MAX_STOP_STRINGS {
-        return Err(ValidationError::TooManyStops { max: MAX_STOP_STRINGS, got: stop_strings.len() });
+        return Err(ValidationError::TooManyStops {
+            max: MAX_STOP_STRINGS,
+            got: stop_strings.len(),
+        });
     }
     if let Some(index) = stop_strings.iter().position(|s| s.is_empty()) {
         return Err(ValidationError::EmptyStop { index });
     }
-    let stop_token_ids = token_ids("stop_token_ids", req.stop_token_ids.as_deref().unwrap_or(&[]), vocab_size)?;
+    let stop_token_ids = token_ids(
+        "stop_token_ids",
+        req.stop_token_ids.as_deref().unwrap_or(&[]),
+        vocab_size,
+    )?;
     let stream = req.stream.unwrap_or(false);
     let (include_usage, continuous_usage) = match &req.stream_options {
         Some(_) if !stream => return Err(ValidationError::StreamOptionsWithoutStream),
-        Some(o) => (o.include_usage.unwrap_or(false), o.continuous_usage_stats.unwrap_or(false)),
+        Some(o) => (
+            o.include_usage.unwrap_or(false),
+            o.continuous_usage_stats.unwrap_or(false),
+        ),
         None => (false, false),
     };
     if let Some(k) = req.prompt_logprobs {
-        return Err(ValidationError::Unsupported { field: "prompt_logprobs", value: k.to_string() });
+        return Err(ValidationError::Unsupported {
+            field: "prompt_logprobs",
+            value: k.to_string(),
+        });
     }
     if let Some(format) = &req.response_format {
         if format.kind != "text" {
-            return Err(ValidationError::Unsupported { field: "response_format.type", value: format.kind.clone() });
+            return Err(ValidationError::Unsupported {
+                field: "response_format.type",
+                value: format.kind.clone(),
+            });
         }
     }
     let seed = req.seed.map(|s| s as u64);
@@ -357,32 +477,50 @@ pub fn validate_chat(
     defaults: &SamplingDefaults,
     vocab_size: usize,
 ) -> Result<ValidChat, ValidationError> {
-    let messages = req.messages.as_ref().ok_or(ValidationError::MissingField { field: "messages" })?;
+    let messages = req
+        .messages
+        .as_ref()
+        .ok_or(ValidationError::MissingField { field: "messages" })?;
     if messages.is_empty() {
         return Err(ValidationError::EmptyMessages);
     }
     for (index, m) in messages.iter().enumerate() {
         if !ROLES.contains(&m.role.as_str()) {
-            return Err(ValidationError::BadRole { index, role: m.role.clone() });
+            return Err(ValidationError::BadRole {
+                index,
+                role: m.role.clone(),
+            });
         }
         match &m.content {
             Some(MessageContent::Parts(parts)) => {
                 for (part, p) in parts.iter().enumerate() {
                     if p.kind != "text" || p.text.is_none() {
-                        return Err(ValidationError::BadContentPart { index, part, kind: p.kind.clone() });
+                        return Err(ValidationError::BadContentPart {
+                            index,
+                            part,
+                            kind: p.kind.clone(),
+                        });
                     }
                 }
             }
             Some(MessageContent::Text(_)) => {}
             // An assistant turn may carry only tool calls.
             None if m.role == "assistant" => {}
-            None => return Err(ValidationError::MissingContent { index, role: m.role.clone() }),
+            None => {
+                return Err(ValidationError::MissingContent {
+                    index,
+                    role: m.role.clone(),
+                })
+            }
         }
         for call in m.tool_calls.iter().flatten() {
             let args = &call.function.arguments;
             let ok = match args {
                 serde_json::Value::String(s) => {
-                    matches!(serde_json::from_str::<serde_json::Value>(s), Ok(serde_json::Value::Object(_)))
+                    matches!(
+                        serde_json::from_str::<serde_json::Value>(s),
+                        Ok(serde_json::Value::Object(_))
+                    )
                 }
                 serde_json::Value::Object(_) => true,
                 _ => false,
@@ -390,7 +528,10 @@ pub fn validate_chat(
             if !ok {
                 return Err(ValidationError::BadToolCallArguments {
                     index,
-                    reason: format!("arguments of '{}' must be a JSON object (as text)", call.function.name),
+                    reason: format!(
+                        "arguments of '{}' must be a JSON object (as text)",
+                        call.function.name
+                    ),
                 });
             }
         }
@@ -398,23 +539,40 @@ pub fn validate_chat(
     let logprobs = match &req.logprobs {
         None | Some(serde_json::Value::Null) => false,
         Some(serde_json::Value::Bool(b)) => *b,
-        Some(other) => return Err(ValidationError::LogprobsType { value: other.to_string() }),
+        Some(other) => {
+            return Err(ValidationError::LogprobsType {
+                value: other.to_string(),
+            })
+        }
     };
     let top = match req.top_logprobs {
         Some(k) if !(0..=MAX_TOP_LOGPROBS).contains(&k) => {
-            return Err(ValidationError::OutOfRange { field: "top_logprobs", range: "in [0, 20]", value: k.to_string() })
+            return Err(ValidationError::OutOfRange {
+                field: "top_logprobs",
+                range: "in [0, 20]",
+                value: k.to_string(),
+            })
         }
         Some(k) if k > 0 && !logprobs => return Err(ValidationError::TopLogprobsWithoutLogprobs),
         Some(k) => k as u32,
         None => 0,
     };
     let max_tokens = req.max_completion_tokens.or(req.max_tokens);
-    let generation = validate_generation(req, logprobs.then_some(top), max_tokens, defaults, vocab_size)?;
+    let generation = validate_generation(
+        req,
+        logprobs.then_some(top),
+        max_tokens,
+        defaults,
+        vocab_size,
+    )?;
     let tools_given = match &req.tools {
         Some(tools) if tools.is_empty() => return Err(ValidationError::EmptyTools),
         Some(tools) => {
             if let Some((index, t)) = tools.iter().enumerate().find(|(_, t)| t.kind != "function") {
-                return Err(ValidationError::BadToolType { index, kind: t.kind.clone() });
+                return Err(ValidationError::BadToolType {
+                    index,
+                    kind: t.kind.clone(),
+                });
             }
             true
         }
@@ -430,9 +588,16 @@ pub fn validate_chat(
             true
         }
         Some(ToolChoice::Mode(m)) if m == "required" => {
-            return Err(ValidationError::Unsupported { field: "tool_choice", value: "'required'".into() })
+            return Err(ValidationError::Unsupported {
+                field: "tool_choice",
+                value: "'required'".into(),
+            })
         }
-        Some(ToolChoice::Mode(m)) => return Err(ValidationError::UnknownToolChoice { value: format!("'{m}'") }),
+        Some(ToolChoice::Mode(m)) => {
+            return Err(ValidationError::UnknownToolChoice {
+                value: format!("'{m}'"),
+            })
+        }
         Some(ToolChoice::Named(named)) => {
             return Err(ValidationError::Unsupported {
                 field: "tool_choice",
@@ -443,7 +608,10 @@ pub fn validate_chat(
     let add_generation_prompt = req.add_generation_prompt.unwrap_or(true);
     let continue_final_message = req.continue_final_message.unwrap_or(false);
     if add_generation_prompt && continue_final_message && req.add_generation_prompt.is_some() {
-        return Err(ValidationError::ConflictingFlags { a: "add_generation_prompt", b: "continue_final_message" });
+        return Err(ValidationError::ConflictingFlags {
+            a: "add_generation_prompt",
+            b: "continue_final_message",
+        });
     }
     Ok(ValidChat {
         generation,
@@ -468,15 +636,26 @@ pub fn validate_completion(
         Some(serde_json::Value::Number(k)) => match k.as_i64() {
             Some(k) if (0..=MAX_TOP_LOGPROBS).contains(&k) => Some(k as u32),
             _ => {
-                return Err(ValidationError::OutOfRange { field: "logprobs", range: "an integer in [0, 20]", value: k.to_string() })
+                return Err(ValidationError::OutOfRange {
+                    field: "logprobs",
+                    range: "an integer in [0, 20]",
+                    value: k.to_string(),
+                })
             }
         },
         Some(other) => {
-            return Err(ValidationError::OutOfRange { field: "logprobs", range: "an integer in [0, 20]", value: other.to_string() })
+            return Err(ValidationError::OutOfRange {
+                field: "logprobs",
+                range: "an integer in [0, 20]",
+                value: other.to_string(),
+            })
         }
     };
     if let Some(suffix) = &req.suffix {
-        return Err(ValidationError::Unsupported { field: "suffix", value: format!("{suffix:?}") });
+        return Err(ValidationError::Unsupported {
+            field: "suffix",
+            value: format!("{suffix:?}"),
+        });
     }
     let generation = validate_generation(req, top, req.max_tokens, defaults, vocab_size)?;
     Ok(ValidCompletion {
@@ -498,12 +677,19 @@ pub fn resolve_max_tokens(
         return Err(ValidationError::EmptyPrompt);
     }
     if prompt_tokens >= max_model_len {
-        return Err(ValidationError::PromptTooLong { prompt_tokens, max_model_len });
+        return Err(ValidationError::PromptTooLong {
+            prompt_tokens,
+            max_model_len,
+        });
     }
     let room = max_model_len - prompt_tokens;
     match max_tokens {
         None => Ok(room),
-        Some(m) if m > room => Err(ValidationError::MaxTokensTooLarge { max_tokens: m, prompt_tokens, max_model_len }),
+        Some(m) if m > room => Err(ValidationError::MaxTokensTooLarge {
+            max_tokens: m,
+            prompt_tokens,
+            max_model_len,
+        }),
         Some(m) => Ok(m),
     }
 }
@@ -525,40 +711,76 @@ mod tests {
     #[test]
     fn ranges_name_field_limit_and_value() {
         let e = chat(&format!(r#"{{{MSG}, "temperature": 2.5}}"#)).unwrap_err();
-        assert_eq!(e, ValidationError::OutOfRange { field: "temperature", range: "in [0, 2]", value: "2.5".into() });
+        assert_eq!(
+            e,
+            ValidationError::OutOfRange {
+                field: "temperature",
+                range: "in [0, 2]",
+                value: "2.5".into()
+            }
+        );
         assert_eq!(e.param().as_deref(), Some("temperature"));
         assert!(e.to_string().contains("2.5"), "{e}");
         let e = chat(&format!(r#"{{{MSG}, "top_p": 0}}"#)).unwrap_err();
-        assert!(matches!(e, ValidationError::OutOfRange { field: "top_p", .. }));
+        assert!(matches!(
+            e,
+            ValidationError::OutOfRange { field: "top_p", .. }
+        ));
         let e = chat(&format!(r#"{{{MSG}, "n": 0}}"#)).unwrap_err();
         assert!(matches!(e, ValidationError::OutOfRange { field: "n", .. }));
         let e = chat(&format!(r#"{{{MSG}, "stop_token_ids": [1000]}}"#)).unwrap_err();
-        assert!(matches!(e, ValidationError::TokenOutOfVocab { value: 1000, .. }));
+        assert!(matches!(
+            e,
+            ValidationError::TokenOutOfVocab { value: 1000, .. }
+        ));
         let e = chat(&format!(r#"{{{MSG}, "top_logprobs": 3}}"#)).unwrap_err();
         assert_eq!(e, ValidationError::TopLogprobsWithoutLogprobs);
-        let e = chat(&format!(r#"{{{MSG}, "stream_options": {{"include_usage": true}}}}"#)).unwrap_err();
+        let e = chat(&format!(
+            r#"{{{MSG}, "stream_options": {{"include_usage": true}}}}"#
+        ))
+        .unwrap_err();
         assert_eq!(e, ValidationError::StreamOptionsWithoutStream);
     }
 
     #[test]
     fn messages_rules() {
-        assert_eq!(chat(r#"{"messages": []}"#).unwrap_err(), ValidationError::EmptyMessages);
+        assert_eq!(
+            chat(r#"{"messages": []}"#).unwrap_err(),
+            ValidationError::EmptyMessages
+        );
         let e = chat(r#"{"messages": [{"role": "wizard", "content": "x"}]}"#).unwrap_err();
         assert_eq!(e.param().as_deref(), Some("messages[0].role"));
-        let e = chat(r#"{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}"#).unwrap_err();
-        assert!(matches!(e, ValidationError::BadContentPart { index: 0, part: 0, .. }));
+        let e = chat(r#"{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}"#)
+            .unwrap_err();
+        assert!(matches!(
+            e,
+            ValidationError::BadContentPart {
+                index: 0,
+                part: 0,
+                ..
+            }
+        ));
         let e = chat(
             r#"{"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}]}"#,
         )
         .unwrap_err();
-        assert!(matches!(e, ValidationError::BadToolCallArguments { index: 0, .. }));
+        assert!(matches!(
+            e,
+            ValidationError::BadToolCallArguments { index: 0, .. }
+        ));
     }
 
     #[test]
     fn defaults_and_precedence() {
-        let defaults = SamplingDefaults { temperature: Some(0.6), top_k: Some(20), ..Default::default() };
+        let defaults = SamplingDefaults {
+            temperature: Some(0.6),
+            top_k: Some(20),
+            ..Default::default()
+        };
         let v = validate_chat(
-            &req(&format!(r#"{{{MSG}, "max_tokens": 5, "max_completion_tokens": 7, "top_k": -1}}"#)),
+            &req(&format!(
+                r#"{{{MSG}, "max_tokens": 5, "max_completion_tokens": 7, "top_k": -1}}"#
+            )),
             &defaults,
             1000,
         )
@@ -577,7 +799,10 @@ mod tests {
         assert!(e.to_string().contains("55 > 64 - 10"), "{e}");
         assert_eq!(
             resolve_max_tokens(None, 64, 64),
-            Err(ValidationError::PromptTooLong { prompt_tokens: 64, max_model_len: 64 })
+            Err(ValidationError::PromptTooLong {
+                prompt_tokens: 64,
+                max_model_len: 64
+            })
         );
     }
 }
