@@ -157,6 +157,10 @@ pub async fn detokenize(
     }
 }
 
-pub async fn openapi() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+/// The document with `model` narrowed to the served name (so clients and
+/// fuzzers generate requests that reach the model).
+pub async fn openapi(State(state): State<SharedState>) -> Response {
+    let name = serde_json::to_string(&state.served_model_name).unwrap_or_default();
+    let doc = OPENAPI.replace("\"__SERVED_MODEL__\"", &name);
+    ([(header::CONTENT_TYPE, "application/json")], doc).into_response()
 }
