@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds everything the H200 run needs on this (CPU-only) machine and puts it
 # under .carry/ (git-ignored), for the device tool's `carry`:
-#   .carry/bin: the GPU test binaries (GDN op, Qwen3.5 forward), the benchmarks
+#   .carry/bin: the GPU test binaries (GDN op, Qwen3.5 forward, step seam and
+#               executor), the benchmarks
 #               (GDN op, Qwen3.5-4B), the dump tool, gdn-gen
 #   .carry/whl: fla-core (FLA Triton) and the pinned FlashInfer wheel (for the
 #               cross-machine reproducibility check with NVIDIA's toolkit there)
@@ -20,7 +21,9 @@ test_binary() {  # crate, test target -> path of the built test executable
 cp "$(test_binary gdn-kernels gpu_prefill)" .carry/bin/gpu_prefill
 cp "$(test_binary gdn-kernels gpu_dsl_prefill)" .carry/bin/gpu_dsl_prefill
 cp "$(test_binary gdn-kernels gpu_model_ops)" .carry/bin/gpu_model_ops
-cp "$(test_binary qwen35 gpu_forward)" .carry/bin/gpu_forward
+for t in gpu_forward gpu_steps gpu_executor; do
+  cp "$(test_binary qwen35 $t)" .carry/bin/$t
+done
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .carry/whl fla-core==0.6.0
 read -r fi_wheel fi_url fi_sha < <(python3 -c 'import json; i=[i for i in json.load(open("gdn-bundle.lock.json"))["inputs"] if i["role"]=="kernel-source"][0]; print(i["filename"], i["url"], i["sha256"])')
 curl -fsSL -o ".carry/whl/$fi_wheel" "$fi_url"

@@ -124,6 +124,8 @@ pub(crate) struct Shared {
     pub state: Mutex<EngineState>,
     /// In force once loaded.
     pub max_model_len: Mutex<Option<usize>>,
+    /// The executor's, once loaded (prompt ids must be below it).
+    pub vocab_size: Mutex<Option<usize>>,
     pub stats: Mutex<EngineStats>,
     /// Submitted and not yet admitted for the first time (or gone).
     pub queued: AtomicUsize,
@@ -165,6 +167,7 @@ impl Engine {
             config,
             state: Mutex::new(EngineState::Loading),
             max_model_len: Mutex::new(None),
+            vocab_size: Mutex::new(None),
             stats: Mutex::new(EngineStats::default()),
             queued: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
@@ -187,6 +190,14 @@ pub struct EngineHandle {
     commands: mpsc::Sender<Command>,
 }
 
+impl std::fmt::Debug for EngineHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineHandle")
+            .field("state", &self.state())
+            .finish_non_exhaustive()
+    }
+}
+
 impl EngineHandle {
     /// Validates against the engine's limits, queues, and returns the
     /// request's stream at once (never blocks).
@@ -199,6 +210,17 @@ impl EngineHandle {
         }
         if request.prompt.is_empty() {
             return Err(SubmitError::Invalid("prompt must not be empty".into()));
+        }
+        let vocab_size = self
+            .shared
+            .vocab_size
+            .lock()
+            .unwrap()
+            .expect("known once Ready");
+        if let Some(&bad) = request.prompt.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(SubmitError::Invalid(format!(
+                "prompt token id {bad} is out of range (vocabulary size {vocab_size})"
+            )));
         }
         request.sampling.check().map_err(SubmitError::Invalid)?;
         request.stop.check().map_err(SubmitError::Invalid)?;
@@ -288,6 +310,7 @@ impl EngineHandle {
 /// A request's events: tokens, then exactly one `Finished` or `Failed`.
 /// Dropping it before the terminal event aborts the request (the engine
 /// frees its slot and pages within one step).
+#[derive(Debug)]
 pub struct RequestStream {
     id: RequestId,
     events: tokio_mpsc::UnboundedReceiver<Event>,

@@ -44,22 +44,23 @@ pub fn uniform(seed: SampleSeed) -> f64 {
 pub fn sample(logits: &[f32], spec: &SampleSpec<'_>) -> SampledToken {
     assert!(!logits.is_empty(), "sample: empty logits row");
     let params = spec.params;
-    let raw: Vec<f32> = logits
-        .iter()
-        .map(|&x| if x.is_nan() { f32::NEG_INFINITY } else { x })
-        .collect();
-    let log_norm = log_sum_exp(&raw);
+    // One working copy of the row (vocabulary-sized: up to ~250k floats).
+    let mut work: Vec<f32> = logits.iter().map(|&x| sanitize(x)).collect();
+    let log_norm = log_sum_exp(&work);
 
-    let mut work = raw.clone();
     apply_penalties(&mut work, spec);
-    let mut banned_work = work.clone();
+    let mut saved = Vec::with_capacity(spec.banned.len());
     for &id in spec.banned {
-        if let Some(x) = banned_work.get_mut(id as usize) {
+        if let Some(x) = work.get_mut(id as usize) {
+            saved.push((id as usize, *x));
             *x = f32::NEG_INFINITY;
         }
     }
-    if banned_work.iter().any(|x| x.is_finite()) {
-        work = banned_work;
+    if !work.iter().any(|x| x.is_finite()) {
+        // Everything is banned or -inf: lift the ban.
+        for (id, x) in saved.into_iter().rev() {
+            work[id] = x;
+        }
     }
 
     let token = if params.temperature < GREEDY_TEMPERATURE {
@@ -68,13 +69,22 @@ pub fn sample(logits: &[f32], spec: &SampleSpec<'_>) -> SampledToken {
         draw(&work, spec)
     };
     let top_logprobs = match params.logprobs {
-        Some(k) if k > 0 => top_k_logprobs(&raw, log_norm, k as usize),
+        Some(k) if k > 0 => top_k_logprobs(logits, log_norm, k as usize),
         _ => Vec::new(),
     };
     SampledToken {
         token: token as u32,
-        logprob: (raw[token] as f64 - log_norm) as f32,
+        logprob: (sanitize(logits[token]) as f64 - log_norm) as f32,
         top_logprobs,
+    }
+}
+
+/// NaN logits count as -inf.
+fn sanitize(x: f32) -> f32 {
+    if x.is_nan() {
+        f32::NEG_INFINITY
+    } else {
+        x
     }
 }
 
@@ -202,11 +212,11 @@ fn draw(work: &[f32], spec: &SampleSpec<'_>) -> usize {
 }
 
 /// The `k` best raw log-probabilities, best first (ties: lower id first).
-fn top_k_logprobs(raw: &[f32], log_norm: f64, k: usize) -> Vec<(u32, f32)> {
-    let mut all: Vec<(usize, f64)> = raw
+fn top_k_logprobs(logits: &[f32], log_norm: f64, k: usize) -> Vec<(u32, f32)> {
+    let mut all: Vec<(usize, f64)> = logits
         .iter()
         .enumerate()
-        .map(|(i, &x)| (i, x as f64))
+        .map(|(i, &x)| (i, sanitize(x) as f64))
         .collect();
     let k = k.min(all.len());
     if k < all.len() {

@@ -112,6 +112,14 @@ fn banned_ids_are_never_chosen() {
 }
 
 #[test]
+fn a_ban_on_everything_is_lifted_rather_than_inventing_a_token() {
+    let params = greedy();
+    let mut s = spec(&params, &[], 0);
+    s.banned = &[0, 1, 2];
+    assert_eq!(sample(&[0.5, 2.0, f32::NEG_INFINITY], &s).token, 1);
+}
+
+#[test]
 fn repetition_penalty_divides_positive_and_multiplies_negative_logits_of_all_seen() {
     let params = SamplingParams {
         repetition_penalty: 2.0,

@@ -6,7 +6,10 @@
 //! sequences in arrival order (FCFS) while a state slot, pages for the
 //! granted chunk and budget remain. Admission stops at the first waiting
 //! sequence that does not fit, so a long prompt at the head is never
-//! overtaken forever.
+//! overtaken forever. Pages are taken as positions need them; admission
+//! leaves one free page per running sequence (their next growth) and is
+//! skipped in a step that had to preempt, so newcomers are not admitted
+//! only to be thrown out at the next page boundary.
 //!
 //! When a running sequence needs a page and none is free, the most recently
 //! admitted running sequence is preempted by recompute (if that is the one
@@ -296,16 +299,20 @@ impl Scheduler {
             let Some(&id) = self.waiting.front() else {
                 break;
             };
-            // Do not readmit in the step that preempted it: its pages were
-            // just taken for someone older.
-            if plan.preempted.contains(&id) {
+            // Pages ran out in this step: admitting now would only make the
+            // next preemption victim (vLLM v1 skips admission likewise).
+            if !plan.preempted.is_empty() {
                 break;
             }
             let seq = &self.seqs[&id];
-            let free_positions = self.alloc.pages_free() * self.alloc.page_size();
+            // Leave one free page per running sequence for its growth in the
+            // next steps, or the newcomer would be preempted at once (and
+            // its prefill thrown away) as soon as an older one needs a page.
+            let reserve = self.running.len();
+            let spare_pages = self.alloc.pages_free().saturating_sub(reserve);
             let len = self
                 .chunk_cap(seq.tokens.len(), *budget)
-                .min(free_positions);
+                .min(spare_pages * self.alloc.page_size());
             if len == 0 {
                 break;
             }

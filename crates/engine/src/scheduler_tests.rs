@@ -64,9 +64,8 @@ struct Run {
     steps: usize,
 }
 
-/// Runs steps until idle or `max_steps`; `check(scheduler before the
-/// step, plan)` sees every plan; every plan is checked for the budget,
-/// max_num_seqs, slot exclusivity and decode-first.
+/// Runs steps until idle or `max_steps`; `check(scheduler after planning,
+/// plan, step index)` sees every plan, each checked by [`step_checked`].
 fn drive(
     s: &mut Scheduler,
     max_steps: usize,
@@ -75,60 +74,79 @@ fn drive(
     let mut run = Run::default();
     while !s.is_idle() {
         assert!(run.steps < max_steps, "not idle after {max_steps} steps");
-        let decoders: HashSet<RequestId> = s
-            .running
-            .iter()
-            .copied()
-            .filter(|id| s.seqs[id].tokens.len() - s.seqs[id].computed == 1)
-            .collect();
-        let plan = s.schedule();
-        assert!(!plan.rows.is_empty(), "empty step with work pending");
-        assert!(
-            plan.num_tokens() <= s.config.max_num_batched_tokens,
-            "budget exceeded"
-        );
-        assert!(s.running.len() <= s.config.max_num_seqs);
-        // Decode first: every decoder not preempted has a row, and all of
-        // them come before any prefill row.
-        for id in &decoders {
-            assert!(
-                plan.preempted.contains(id) || plan.rows.iter().any(|r| r.id == *id),
-                "decoder {id:?} got no row"
-            );
-        }
-        let first_prefill = plan.rows.iter().position(|r| !decoders.contains(&r.id));
-        if let Some(first) = first_prefill {
-            assert!(plan.rows[first..].iter().all(|r| !decoders.contains(&r.id)));
-        }
-        let slots: HashSet<_> = plan
-            .rows
-            .iter()
-            .map(|r| s.seqs[&r.id].cache.as_ref().unwrap().slot)
-            .collect();
-        assert_eq!(slots.len(), plan.rows.len(), "a slot twice in one step");
-        check(s, &plan, run.steps);
-        run.first_admitted.extend(&plan.first_admitted);
-        let sampled = plan
-            .rows
-            .iter()
-            .filter(|r| r.sample)
-            .map(|r| SampledToken {
-                token: fake_token(r.id, s.seqs[&r.id].output_len()),
-                logprob: 0.0,
-                top_logprobs: Vec::new(),
-            })
-            .collect();
-        for outcome in s.commit(&plan, sampled) {
-            if let Some(reason) = outcome.finish {
-                run.finished
-                    .insert(outcome.id, (outcome.output_len, reason));
-            }
-        }
-        run.steps += 1;
+        step_checked(s, &mut run, &mut check);
     }
     assert_eq!(s.alloc.slots_used(), 0);
     assert_eq!(s.alloc.pages_used(), 0);
     run
+}
+
+/// Plans and commits one step, checking the budget, max_num_seqs, slot
+/// exclusivity, decode-first and that the oldest running sequence advances.
+fn step_checked(
+    s: &mut Scheduler,
+    run: &mut Run,
+    check: &mut impl FnMut(&Scheduler, &Plan, usize),
+) {
+    let decoders: HashSet<RequestId> = s
+        .running
+        .iter()
+        .copied()
+        .filter(|id| s.seqs[id].tokens.len() - s.seqs[id].computed == 1)
+        .collect();
+    let oldest = s.running.first().copied();
+    let plan = s.schedule();
+    assert!(!plan.rows.is_empty(), "empty step with work pending");
+    assert!(
+        plan.num_tokens() <= s.config.max_num_batched_tokens,
+        "budget exceeded"
+    );
+    assert!(s.running.len() <= s.config.max_num_seqs);
+    if let Some(oldest) = oldest {
+        assert!(
+            plan.rows.iter().any(|r| r.id == oldest),
+            "the oldest did not advance"
+        );
+    }
+    // Decode first: every decoder has a row unless it was preempted or is
+    // the latest admitted waiting for a page; decoders come before any
+    // prefill row.
+    for id in &decoders {
+        let waits_for_page = s.running.last() == Some(id) && s.alloc.pages_free() == 0;
+        assert!(
+            plan.preempted.contains(id) || plan.rows.iter().any(|r| r.id == *id) || waits_for_page,
+            "decoder {id:?} got no row"
+        );
+    }
+    let first_prefill = plan.rows.iter().position(|r| !decoders.contains(&r.id));
+    if let Some(first) = first_prefill {
+        assert!(plan.rows[first..].iter().all(|r| !decoders.contains(&r.id)));
+    }
+    let slots: HashSet<_> = plan
+        .rows
+        .iter()
+        .map(|r| s.seqs[&r.id].cache.as_ref().unwrap().slot)
+        .collect();
+    assert_eq!(slots.len(), plan.rows.len(), "a slot twice in one step");
+    check(s, &plan, run.steps);
+    run.first_admitted.extend(&plan.first_admitted);
+    let sampled = plan
+        .rows
+        .iter()
+        .filter(|r| r.sample)
+        .map(|r| SampledToken {
+            token: fake_token(r.id, s.seqs[&r.id].output_len()),
+            logprob: 0.0,
+            top_logprobs: Vec::new(),
+        })
+        .collect();
+    for outcome in s.commit(&plan, sampled) {
+        if let Some(reason) = outcome.finish {
+            run.finished
+                .insert(outcome.id, (outcome.output_len, reason));
+        }
+    }
+    run.steps += 1;
 }
 
 #[test]
@@ -381,4 +399,76 @@ fn remove_frees_running_and_waiting() {
     assert!(!s.remove(RequestId(0)));
     assert!(s.is_idle());
     assert_eq!(s.alloc.slots_used() + s.alloc.pages_used(), 0);
+}
+
+#[test]
+fn admission_leaves_a_page_per_running_sequence() {
+    // 6 pages of 4. Request 0 (prompt 8) holds 2 pages and decodes.
+    let mut s = scheduler(64, 4, 0, geometry(4, 6, 4));
+    add(&mut s, 0, 8, 10);
+    drive_steps(&mut s, 1);
+    // Its decode at position 8 takes a third page: 3 free, 1 kept for
+    // request 0, so a 16-token prompt is granted 8 positions (2 pages).
+    add(&mut s, 1, 16, 2);
+    let plan = s.schedule();
+    let row = plan.rows.iter().find(|r| r.id == RequestId(1)).unwrap();
+    assert_eq!((row.start, row.len), (0, 8));
+    assert_eq!(s.alloc.pages_free(), 1);
+}
+
+#[test]
+fn random_arrivals_and_removals_keep_every_rule() {
+    // SplitMix64, fixed seeds.
+    let mut state = 0u64;
+    let mut next = move |n: usize| -> usize {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) % n as u64) as usize
+    };
+    for _ in 0..40 {
+        let page_size = 1 + next(8);
+        let max_len = 20 + next(100);
+        let g = geometry(
+            1 + next(6),
+            max_len.div_ceil(page_size) + next(40),
+            page_size,
+        );
+        let max_num_seqs = 1 + next(g.num_slots + 2);
+        let budget = max_num_seqs + next(48);
+        let mut s = scheduler(budget, max_num_seqs, next(2) * next(20), g);
+        let mut run = Run::default();
+        let mut expected = HashMap::new();
+        let mut removed = HashSet::new();
+        for id in 0..60u64 {
+            let prompt_len = 1 + next(max_len / 2);
+            let max_tokens = 1 + next(max_len - prompt_len);
+            add(&mut s, id, prompt_len, max_tokens);
+            expected.insert(RequestId(id), max_tokens);
+            for _ in 0..next(4) {
+                if !s.is_idle() {
+                    step_checked(&mut s, &mut run, &mut |_, _, _| {});
+                }
+            }
+            if next(8) == 0 {
+                let victim = RequestId(next(id as usize + 1) as u64);
+                if s.remove(victim) {
+                    removed.insert(victim);
+                }
+            }
+        }
+        while !s.is_idle() {
+            assert!(run.steps < 100_000);
+            step_checked(&mut s, &mut run, &mut |_, _, _| {});
+        }
+        assert_eq!((s.alloc.slots_used(), s.alloc.pages_used()), (0, 0));
+        // FCFS: first admissions in arrival order.
+        assert!(run.first_admitted.windows(2).all(|w| w[0] < w[1]));
+        for (id, max_tokens) in expected {
+            if !removed.contains(&id) {
+                assert_eq!(run.finished[&id], (max_tokens, FinishReason::Length));
+            }
+        }
+    }
 }

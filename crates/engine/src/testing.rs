@@ -20,7 +20,11 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use crate::executor::{CacheGeometry, ExecError, Executor, PageId, SampledToken, SlotId, StepRow};
+use crate::executor::{
+    CacheGeometry, ExecError, Executor, PageId, SampleSeed, SampleSpec, SampledToken, SlotId,
+    StepRow,
+};
+use crate::request::GenerateRequest;
 use crate::sampler;
 
 /// One row as the fake saw it.
@@ -152,6 +156,47 @@ pub fn fake_logits(history: &[u32], vocab_size: usize) -> Vec<f32> {
             (z >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
         })
         .collect()
+}
+
+/// The tokens the fake model gives `request` run alone, one token at a
+/// time, outside the engine (no batching, chunking or preemption): what the
+/// engine must reproduce. Stops as the engine does (EOS unless
+/// `ignore_eos`, stop ids, `max_tokens`; EOS and stop ids banned below
+/// `min_tokens`); a seed must be set.
+pub fn lone_run(request: &GenerateRequest, eos: &[u32], vocab_size: usize) -> Vec<u32> {
+    let seed = request
+        .sampling
+        .seed
+        .expect("lone_run needs a seeded request");
+    let stop = &request.stop;
+    let mut history = request.prompt.clone();
+    let mut out = Vec::new();
+    while out.len() < stop.max_tokens {
+        let mut banned = Vec::new();
+        if out.len() < stop.min_tokens {
+            banned.extend_from_slice(&stop.stop_token_ids);
+            if !stop.ignore_eos {
+                banned.extend_from_slice(eos);
+            }
+        }
+        let spec = SampleSpec {
+            params: &request.sampling,
+            history: &history,
+            prompt_len: request.prompt.len(),
+            seed: SampleSeed {
+                seed,
+                draw: out.len() as u64,
+            },
+            banned: &banned,
+        };
+        let token = sampler::sample(&fake_logits(&history, vocab_size), &spec).token;
+        history.push(token);
+        out.push(token);
+        if (!stop.ignore_eos && eos.contains(&token)) || stop.stop_token_ids.contains(&token) {
+            break;
+        }
+    }
+    out
 }
 
 pub struct FakeExecutor {

@@ -90,6 +90,7 @@ pub(crate) fn run<F>(
         },
         &geometry,
     );
+    *shared.vocab_size.lock().unwrap() = Some(geometry.vocab_size);
     *shared.max_model_len.lock().unwrap() = Some(max_model_len);
     {
         let mut state = shared.state.lock().unwrap();
@@ -110,7 +111,15 @@ pub(crate) fn run<F>(
         deadline: None,
     };
     worker.publish();
-    worker.serve(inbox);
+    // The step is guarded inside serve; this catches a panic anywhere else
+    // on the thread (command handling, aborts) so that clients and /health
+    // learn of it instead of waiting on a silent thread.
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(|| worker.serve(inbox))) {
+        let why = format!("engine panicked: {}", panic_text(&*payload));
+        if catch_unwind(AssertUnwindSafe(|| worker.die(why.clone()))).is_err() {
+            shared.set_state(EngineState::Dead(why));
+        }
+    }
     // Drop the executor here, not during unwinding elsewhere; a panic in
     // its destructor must not take the stopped flag with it.
     let executor = worker.executor.take();
@@ -153,7 +162,8 @@ impl Worker {
             }
             if let Some(deadline) = self.deadline {
                 if Instant::now() >= deadline {
-                    self.fail_all(SHUT_DOWN, "error");
+                    // vLLM counts requests cut off at shutdown as aborted.
+                    self.fail_all(SHUT_DOWN, "abort");
                     self.publish();
                     return;
                 }
@@ -258,10 +268,7 @@ impl Worker {
     fn die(&mut self, why: String) {
         log::error!("engine stopped: {why}");
         self.shared.set_state(EngineState::Dead(why));
-        self.fail_all(
-            "the engine stopped (device lost); the request did not complete",
-            "error",
-        );
+        self.fail_all("the engine stopped; the request did not complete", "error");
         self.publish();
     }
 

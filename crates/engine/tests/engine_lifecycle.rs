@@ -119,6 +119,7 @@ async fn engine_dies_on(failure: FakeFailure, expect_in_state: &str) {
         .await
         .expect("shutdown of a dead engine returns");
     assert!(s.control.violations().is_empty());
+    wait_released(&s.handle);
 }
 
 #[tokio::test]
@@ -238,6 +239,11 @@ async fn limits_are_checked_at_submit_with_the_numbers() {
     let (tokens, end) = collect(s.handle.submit(request(prompt(0, 40), 8, 1)).unwrap()).await;
     assert_eq!(tokens.len(), 8);
     finished_length(&end, 40, 8);
+    let out_of_vocab = s.handle.submit(request(vec![1, VOCAB as u32], 1, 1)).err();
+    assert!(
+        matches!(&out_of_vocab, Some(SubmitError::Invalid(m)) if m.contains(&VOCAB.to_string())),
+        "{out_of_vocab:?}"
+    );
     let empty = s.handle.submit(request(Vec::new(), 1, 1)).err();
     assert!(matches!(empty, Some(SubmitError::Invalid(m)) if m.contains("prompt")));
     let mut hot = request(prompt(0, 3), 1, 1);
@@ -288,6 +294,7 @@ async fn loading_then_ready_or_dead() {
     assert_eq!(handle.max_model_len(), Some(64));
     let (tokens, _) = collect(handle.submit(request(prompt(0, 3), 2, 1)).unwrap()).await;
     assert_eq!(tokens.len(), 2);
+    wait_released(&handle);
 
     // A factory that fails leaves the engine dead with its reason.
     let failed = Engine::start(
@@ -389,4 +396,12 @@ async fn metrics_carry_the_vllm_names_and_counts() {
         s.handle.stats().steps as f64
     );
     assert_clean(&s);
+}
+
+#[test]
+fn handles_and_streams_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<engine::EngineHandle>();
+    send::<engine::RequestStream>();
 }

@@ -26,6 +26,20 @@ pub struct BatchLayout {
     pub block_table: Vec<i32>,
     pub max_blocks: usize,
     pub page_size: usize,
+    /// Rows that only fill a fixed batch shape (a CUDA graph captured for
+    /// a padded batch size), see [`Padding`].
+    pub padding: Option<Padding>,
+}
+
+/// A scratch state slot and KV page that padding rows share. A row with
+/// `slot` is a padding row: it must be one token at position 0 whose only
+/// page is `page`; padding rows may repeat the slot and page (they race on
+/// them, which is harmless: nothing reads a padding row's results), and no
+/// other row may use either.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Padding {
+    pub slot: i32,
+    pub page: i32,
 }
 
 /// A checked [`BatchLayout`] on the device, with the per-token tables the
@@ -100,9 +114,18 @@ fn host_tables(layout: &BatchLayout) -> Result<HostTables, GdnError> {
             ));
     }
     // Two sequences in one slot would race on its state; two on one page
-    // would overwrite each other's keys and values.
+    // would overwrite each other's keys and values (padding rows excepted:
+    // their results are garbage by design).
+    let is_padding = |s: usize| l.padding.is_some_and(|p| p.slot == l.slots[s]);
     let mut seen_slots = std::collections::HashSet::new();
-    if let Some(&dup) = l.slots.iter().find(|&&x| !seen_slots.insert(x)) {
+    if let Some(&dup) = l
+        .slots
+        .iter()
+        .enumerate()
+        .filter(|&(s, _)| !is_padding(s))
+        .map(|(_, x)| x)
+        .find(|&&x| !seen_slots.insert(x))
+    {
         return Err(op_error(
             OP,
             format!("slot {dup} is given to two sequences"),
@@ -131,6 +154,29 @@ fn host_tables(layout: &BatchLayout) -> Result<HostTables, GdnError> {
         }
         let last = p0 as usize + (b - a) as usize - 1;
         let pages_needed = last / l.page_size + 1;
+        if let (true, Some(pad)) = (is_padding(s), l.padding) {
+            if b - a != 1
+                || p0 != 0
+                || l.max_blocks == 0
+                || l.block_table[s * l.max_blocks] != pad.page
+            {
+                return Err(op_error(
+                    OP,
+                    format!(
+                        "padding row {s} must be one token at position 0 on padding page {}",
+                        pad.page
+                    ),
+                ));
+            }
+        } else if let Some(pad) = l.padding {
+            let pages = &l.block_table[s * l.max_blocks..(s + 1) * l.max_blocks];
+            if pages.contains(&pad.page) {
+                return Err(op_error(
+                    OP,
+                    format!("sequence {s} uses the padding page {}", pad.page),
+                ));
+            }
+        }
         if pages_needed > l.max_blocks {
             return Err(op_error(
                 OP,
@@ -141,7 +187,7 @@ fn host_tables(layout: &BatchLayout) -> Result<HostTables, GdnError> {
             ));
         }
         for &p in &l.block_table[s * l.max_blocks..s * l.max_blocks + pages_needed] {
-            if p >= 0 && !seen_pages.insert(p) {
+            if p >= 0 && !is_padding(s) && !seen_pages.insert(p) {
                 return Err(op_error(
                     OP,
                     format!("page {p} is given to two sequences (or twice to one)"),
@@ -306,6 +352,7 @@ mod tests {
             block_table: vec![7, -1, 2, 3],
             max_blocks: 2,
             page_size: 16,
+            padding: None,
         }
     }
 
@@ -351,5 +398,49 @@ mod tests {
         let mut l = layout();
         l.tokens.pop();
         assert!(err(l).contains("22 token ids for 23 tokens"));
+    }
+
+    /// One real decode row (slot 4, page 7) and two padding rows sharing
+    /// slot 9 and page 8.
+    fn padded() -> BatchLayout {
+        BatchLayout {
+            tokens: vec![5, 0, 0],
+            cu_seqlens: vec![0, 1, 2, 3],
+            start_positions: vec![3, 0, 0],
+            slots: vec![4, 9, 9],
+            block_table: vec![7, -1, 8, -1, 8, -1],
+            max_blocks: 2,
+            page_size: 16,
+            padding: Some(Padding { slot: 9, page: 8 }),
+        }
+    }
+
+    #[test]
+    fn padding_rows_share_their_slot_and_page_and_nothing_else() {
+        let t = host_tables(&padded()).unwrap();
+        assert_eq!(t.positions, vec![3, 0, 0]);
+        assert_eq!(t.max_page, 8);
+        let err = |l: BatchLayout| host_tables(&l).unwrap_err().to_string();
+        // Without the padding declaration the shared slot is refused.
+        let mut l = padded();
+        l.padding = None;
+        assert!(err(l).contains("slot 9 is given to two sequences"));
+        // A real row may not use the padding page.
+        let mut l = padded();
+        l.block_table[0] = 8;
+        assert!(err(l).contains("sequence 0 uses the padding page 8"));
+        // Padding rows are one token at position 0 on the padding page.
+        let mut l = padded();
+        l.start_positions[2] = 1;
+        assert!(err(l).contains("padding row 2 must be one token"));
+        let mut l = padded();
+        l.block_table[4] = 6;
+        assert!(err(l).contains("padding row 2 must be one token"));
+        // Real rows still may not share a slot.
+        let mut l = padded();
+        l.slots = vec![9, 4, 4];
+        l.block_table = vec![8, -1, 7, -1, 6, -1];
+        l.start_positions = vec![0, 3, 3];
+        assert!(err(l).contains("slot 4 is given to two sequences"));
     }
 }

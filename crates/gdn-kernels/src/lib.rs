@@ -25,14 +25,15 @@ mod gemm;
 mod model_ops;
 pub mod oracle;
 mod prefill;
-#[doc(hidden)]
+/// Test helpers, only with the `testing` feature (dev-dependencies enable it).
+#[cfg(feature = "testing")]
 pub mod testing;
 
 mod bundle_embed {
     include!(concat!(env!("OUT_DIR"), "/bundle_embed.rs"));
 }
 
-pub use batch::{BatchLayout, DeviceBatch};
+pub use batch::{BatchLayout, DeviceBatch, Padding};
 pub use dispatch::{prefer_context_parallel, Backend, BackendRequest, DispatchDecision};
 pub use dsl::flashinfer_would_use_cp;
 pub use error::GdnError;

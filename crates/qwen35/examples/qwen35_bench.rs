@@ -7,17 +7,24 @@
 //!     cargo run --release -p qwen35 --example qwen35_bench
 //!
 //! Decode steps run at a context of `CONTEXT` tokens per sequence. Logits stay
-//! on the device (`Logits::DeviceOnly`): sampling is not part of the forward.
+//! on the device (`LogitsTo::DeviceOnly`): sampling is not part of the forward.
+//! Slots and pages are handed out by the tests' stand-in for the engine's
+//! allocator (tests/common/alloc.rs).
 //! Arguments (optional) pick parts: `prefill`, `decode` (default: both), and
 //! `--decode-batches 1,16,64`.
 
 use std::time::Instant;
 
 use cudarc::driver::CudaSlice;
+use engine::{PageId, SlotId};
 use gdn_kernels::Gemm;
 use half::bf16;
-use qwen35::gpu::{GpuModel, GpuOptions, Logits};
-use qwen35::{Config, LayerType};
+use qwen35::gpu::{GpuModel, GpuOptions, LogitsTo};
+use qwen35::{Config, LayerType, RowLogits};
+
+#[path = "../tests/common/alloc.rs"]
+mod alloc;
+use alloc::Seqs;
 
 const CONTEXT: usize = 1024;
 const PAGE: usize = 64;
@@ -124,10 +131,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut times = vec![];
         for _ in 0..4 {
             let mut cache = model.new_cache(1, len.div_ceil(PAGE) + 1, PAGE)?;
-            let id = cache.add_sequence()?;
+            let mut seqs = Seqs::all_of(&cache);
+            let id = seqs.add();
             stream.synchronize()?;
             let t0 = Instant::now();
-            model.forward(&mut cache, &[(id, &tokens)], Logits::DeviceOnly)?;
+            seqs.step_to(
+                &mut model,
+                &mut cache,
+                &[(id, &tokens)],
+                RowLogits::Last,
+                LogitsTo::DeviceOnly,
+            )?;
             times.push(t0.elapsed().as_secs_f64());
             note(&mut peak);
         }
@@ -147,28 +161,40 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for &batch in &decode_batches {
         for graphs in [false, true] {
             let pages = batch * ((CONTEXT + 64).div_ceil(PAGE) + 1);
-            let mut cache = model.new_cache(batch, pages, PAGE)?;
+            // One more slot and page: the graphs' padding rows.
+            let mut cache = model.new_cache(batch + 1, pages + 1, PAGE)?;
             if graphs {
-                cache.enable_decode_graphs(CONTEXT + 64)?;
+                model.capture_decode_graphs(
+                    &mut cache,
+                    &[batch],
+                    CONTEXT + 64,
+                    SlotId(batch as u32),
+                    PageId(pages as u32),
+                )?;
             }
-            let ids: Vec<_> = (0..batch)
-                .map(|_| cache.add_sequence())
-                .collect::<Result<_, _>>()?;
+            let mut seqs = Seqs::new(batch, pages, PAGE);
+            let ids: Vec<_> = (0..batch).map(|_| seqs.add()).collect();
+            let mut forward = |step: &[(alloc::SeqId, &[u32])]| {
+                seqs.step_to(
+                    &mut model,
+                    &mut cache,
+                    step,
+                    RowLogits::Last,
+                    LogitsTo::DeviceOnly,
+                )
+                .map(drop)
+            };
             let prompt: Vec<u32> = (0..CONTEXT as u32)
                 .map(|t| (t * 31) % 200_000 + 10)
                 .collect();
             for chunk in ids.chunks(8) {
                 let step: Vec<_> = chunk.iter().map(|id| (*id, prompt.as_slice())).collect();
-                model.forward(&mut cache, &step, Logits::DeviceOnly)?;
+                forward(&step)?;
             }
             let tok = [42u32];
             let step: Vec<_> = ids.iter().map(|id| (*id, &tok[..])).collect();
-            // Warm-up (and, with graphs, the capture).
-            let warm = (0..3).try_for_each(|_| {
-                model
-                    .forward(&mut cache, &step, Logits::DeviceOnly)
-                    .map(drop)
-            });
+            // Warm-up.
+            let warm = (0..3).try_for_each(|_| forward(&step));
             if let Err(e) = warm {
                 println!(
                     "{{\"decode_batch\": {batch}, \"cuda_graphs\": {graphs}, \"error\": {:?}}}",
@@ -179,7 +205,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let steps = 20;
             let t0 = Instant::now();
             for _ in 0..steps {
-                model.forward(&mut cache, &step, Logits::DeviceOnly)?;
+                forward(&step)?;
             }
             let dt = t0.elapsed().as_secs_f64() / steps as f64;
             note(&mut peak);

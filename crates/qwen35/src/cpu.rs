@@ -7,6 +7,7 @@
 use crate::config::{Config, LayerType};
 use crate::error::{Error, Result};
 use crate::weights::Weights;
+use crate::RowLogits;
 
 /// Row-major `[rows, cols]` matrix times vector: `out[r] = sum_c w[r, c] x[c]`.
 fn matvec(w: &[f32], x: &[f32], rows: usize) -> Vec<f32> {
@@ -234,6 +235,19 @@ impl CpuModel {
 
     /// Runs `tokens` after whatever `state` has seen; returns logits `[tokens.len()][vocab]`.
     pub fn forward(&self, tokens: &[u32], state: &mut CpuState) -> Result<Vec<Vec<f32>>> {
+        self.forward_logits(tokens, state, RowLogits::All)
+    }
+
+    /// [`CpuModel::forward`] with logits for every token (`All`), the last
+    /// one only (`Last`: one row) or none: the lm_head is most of a tiny
+    /// model's work per token. A refused call (token id out of range, a
+    /// state of another model) changes nothing.
+    pub fn forward_logits(
+        &self,
+        tokens: &[u32],
+        state: &mut CpuState,
+        which: RowLogits,
+    ) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
         let kinds_match = state.layers.len() == self.layers.len()
             && state.layers.iter().zip(&self.layers).all(|(s, l)| {
@@ -249,15 +263,15 @@ impl CpuModel {
                     .into(),
             ));
         }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(Error::InvalidInput(format!(
+                "token id {t} >= vocab_size {}",
+                c.vocab_size
+            )));
+        }
         let mut out = Vec::with_capacity(tokens.len());
-        for &tok in tokens {
+        for (i, &tok) in tokens.iter().enumerate() {
             let t = tok as usize;
-            if t >= c.vocab_size {
-                return Err(Error::InvalidInput(format!(
-                    "token id {t} >= vocab_size {}",
-                    c.vocab_size
-                )));
-            }
             let mut x = self.embed_tokens[t * c.hidden_size..(t + 1) * c.hidden_size].to_vec();
             for (layer, ls) in self.layers.iter().zip(state.layers.iter_mut()) {
                 let normed = rms_norm_zc(&x, &layer.input_layernorm, c.rms_norm_eps);
@@ -279,13 +293,20 @@ impl CpuModel {
                 let down = matvec(&m.down, &act, c.hidden_size);
                 x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
             }
-            let normed = rms_norm_zc(&x, &self.norm, c.rms_norm_eps);
-            out.push(matvec(
-                self.lm_head.as_ref().unwrap_or(&self.embed_tokens),
-                &normed,
-                c.vocab_size,
-            ));
             state.position += 1;
+            let wanted = match which {
+                RowLogits::All => true,
+                RowLogits::Last => i + 1 == tokens.len(),
+                RowLogits::None => false,
+            };
+            if wanted {
+                let normed = rms_norm_zc(&x, &self.norm, c.rms_norm_eps);
+                out.push(matvec(
+                    self.lm_head.as_ref().unwrap_or(&self.embed_tokens),
+                    &normed,
+                    c.vocab_size,
+                ));
+            }
         }
         Ok(out)
     }

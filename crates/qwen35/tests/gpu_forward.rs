@@ -7,7 +7,12 @@
 //!   4100-token prompt) against unchunked;
 //! - prefill then single-token decode against HF's bf16 cached decode and
 //!   its fp32 cached decode; batched decode against single decode;
-//! - a released slot reused by a new sequence gives the fresh results.
+//! - a released slot reused by a new sequence gives the fresh results;
+//! - decode CUDA graphs (padded batch buckets captured up front) against HF
+//!   and the eager decode, without touching a bystander slot.
+//!
+//! The tests allocate slots and pages with `common::alloc::Seqs` (the
+//! engine's allocator does it in the server).
 //!
 //! Fixtures: tests/fixtures (or `QWEN35_FIXTURES`), made by
 //! checks/fixtures/make_qwen35_fixtures.py.
@@ -16,11 +21,14 @@ mod common;
 
 use std::sync::Arc;
 
+use common::alloc::Seqs;
 use common::{Fixture, MODELS};
 use cudarc::driver::CudaStream;
+use engine::{PageId, SlotId};
 use gdn_kernels::{Backend, BackendRequest};
 use qwen35::gate::{compare, consistency, topk, GateStats};
-use qwen35::gpu::{GpuModel, GpuOptions, Logits};
+use qwen35::gpu::{GpuCache, GpuModel, GpuOptions};
+use qwen35::RowLogits;
 
 /// The fixture's model on the GPU of `stream`, with the given GDN backend.
 fn gpu_model(f: &Fixture, stream: &Arc<CudaStream>, backend: BackendRequest) -> GpuModel {
@@ -44,12 +52,12 @@ fn stream() -> Option<Arc<CudaStream>> {
 fn run_chunks(model: &mut GpuModel, chunks: &[&[u32]]) -> Vec<Vec<f32>> {
     let total: usize = chunks.iter().map(|c| c.len()).sum();
     let mut cache = model.new_cache(2, total.div_ceil(16) + 1, 16).unwrap();
-    let id = cache.add_sequence().unwrap();
+    let mut seqs = Seqs::all_of(&cache);
+    let id = seqs.add();
     let mut out = vec![];
     for c in chunks {
         out.extend(
-            model
-                .forward(&mut cache, &[(id, c)], Logits::AllTokens)
+            seqs.step(model, &mut cache, &[(id, c)], RowLogits::All)
                 .unwrap(),
         );
     }
@@ -120,18 +128,18 @@ fn a_mixed_batch_equals_its_prompts_one_by_one_and_slots_are_reused_clean() {
         let alone: Vec<Vec<Vec<f32>>> =
             short.iter().map(|p| run_chunks(&mut model, &[p])).collect();
         let mut cache = model.new_cache(short.len(), 64, 16).unwrap();
+        let mut seqs = Seqs::all_of(&cache);
         for round in 0..2 {
             // Round 1 runs in slots (and pages) released by round 0.
-            let ids: Vec<_> = short
-                .iter()
-                .map(|_| cache.add_sequence().unwrap())
-                .collect();
+            let ids: Vec<_> = short.iter().map(|_| seqs.add()).collect();
             let step: Vec<_> = ids
                 .iter()
                 .zip(&short)
                 .map(|(id, p)| (*id, p.as_slice()))
                 .collect();
-            let all = model.forward(&mut cache, &step, Logits::AllTokens).unwrap();
+            let all = seqs
+                .step(&mut model, &mut cache, &step, RowLogits::All)
+                .unwrap();
             let mut at = 0;
             for (i, p) in short.iter().enumerate() {
                 let got = &all[at..at + p.len()];
@@ -146,7 +154,7 @@ fn a_mixed_batch_equals_its_prompts_one_by_one_and_slots_are_reused_clean() {
                 assert!(compare(got, &gi, &gl).passes(), "{name} prompt {i} vs HF");
             }
             for id in ids {
-                cache.release(id).unwrap();
+                seqs.release(id);
             }
         }
     }
@@ -191,10 +199,11 @@ fn prefill_then_decode_matches_hf_cached_decode_alone_and_batched() {
         let mut model = gpu_model(&f, &s, BackendRequest::Auto);
         let (ids, prefix, steps, others) = f.decode_setup();
         let mut cache = model.new_cache(1 + others.len(), 64, 16).unwrap();
+        let mut seqs = Seqs::all_of(&cache);
         let mut run = |batched: bool| {
             decode_run(
                 &mut model,
-                &mut cache,
+                (&mut cache, &mut seqs),
                 ids,
                 (prefix, steps),
                 &others,
@@ -234,15 +243,25 @@ fn decode_deep_into_a_long_prompt_matches_hf_teacher_forced() {
     let mut model = gpu_model(&f, &s, BackendRequest::Auto);
     let prefix = 4000;
     let mut cache = model.new_cache(1, p.len().div_ceil(16) + 1, 16).unwrap();
-    let id = cache.add_sequence().unwrap();
-    let mut rows = model
-        .forward(&mut cache, &[(id, &p[..prefix])], Logits::LastToken)
+    let mut seqs = Seqs::all_of(&cache);
+    let id = seqs.add();
+    let mut rows = seqs
+        .step(
+            &mut model,
+            &mut cache,
+            &[(id, &p[..prefix])],
+            RowLogits::Last,
+        )
         .unwrap();
     for j in prefix..p.len() {
         rows.extend(
-            model
-                .forward(&mut cache, &[(id, &p[j..j + 1])], Logits::LastToken)
-                .unwrap(),
+            seqs.step(
+                &mut model,
+                &mut cache,
+                &[(id, &p[j..j + 1])],
+                RowLogits::Last,
+            )
+            .unwrap(),
         );
     }
     let (ids, lps) = f.golden(i);
@@ -259,29 +278,25 @@ fn decode_deep_into_a_long_prompt_matches_hf_teacher_forced() {
 /// step, cycling) when `batched`; returns the first sequence's logits rows.
 fn decode_run(
     model: &mut GpuModel,
-    cache: &mut qwen35::gpu::GpuCache,
+    (cache, seqs): (&mut GpuCache, &mut Seqs),
     ids: &[u32],
     (prefix, steps): (usize, usize),
     others: &[&Vec<u32>],
     batched: bool,
 ) -> Vec<Vec<f32>> {
-    let seq = cache.add_sequence().unwrap();
+    let seq = seqs.add();
     let side: Vec<_> = if batched {
-        others
-            .iter()
-            .map(|_| cache.add_sequence().unwrap())
-            .collect()
+        others.iter().map(|_| seqs.add()).collect()
     } else {
         vec![]
     };
     let mut rows = vec![];
-    let first = model
-        .forward(cache, &[(seq, &ids[..prefix])], Logits::LastToken)
+    let first = seqs
+        .step(model, cache, &[(seq, &ids[..prefix])], RowLogits::Last)
         .unwrap();
     rows.push(first[0].clone());
     for (sid, p) in side.iter().zip(others) {
-        model
-            .forward(cache, &[(*sid, &p[..1])], Logits::LastToken)
+        seqs.step(model, cache, &[(*sid, &p[..1])], RowLogits::Last)
             .unwrap();
     }
     for j in prefix..prefix + steps {
@@ -290,53 +305,98 @@ fn decode_run(
             let at = (1 + j - prefix + k) % p.len();
             step.push((*sid, &p[at..at + 1]));
         }
-        let out = model.forward(cache, &step, Logits::LastToken).unwrap();
+        let out = seqs.step(model, cache, &step, RowLogits::Last).unwrap();
         assert_eq!(out.len(), step.len());
         rows.push(out[0].clone());
     }
-    cache.release(seq).unwrap();
+    seqs.release(seq);
     for sid in side {
-        cache.release(sid).unwrap();
+        seqs.release(sid);
     }
     rows
 }
 
 #[test]
-fn decode_graphs_match_hf_and_the_eager_decode() {
+fn decode_graphs_match_hf_and_the_eager_decode_and_leave_other_slots_alone() {
     // Graph capture needs a created stream (not the legacy default one).
     let Some(s) = stream() else { return };
     let s = s.context().new_stream().unwrap();
+    const BUCKETS: [usize; 4] = [1, 2, 4, 8];
     for name in MODELS {
         let f = Fixture::load(name);
         let mut model = gpu_model(&f, &s, BackendRequest::Auto);
         let (ids, prefix, steps, others) = f.decode_setup();
-        let mut eager_cache = model.new_cache(1 + others.len(), 64, 16).unwrap();
+        let n = 1 + others.len();
+        assert!(n <= 8, "{name}: the buckets hold the batched decode");
+        let mut eager_cache = model.new_cache(n, 64, 16).unwrap();
+        let mut eager_seqs = Seqs::all_of(&eager_cache);
         let eager = decode_run(
             &mut model,
-            &mut eager_cache,
+            (&mut eager_cache, &mut eager_seqs),
             ids,
             (prefix, steps),
             &others,
             true,
         );
-        let mut cache = model.new_cache(1 + others.len(), 64, 16).unwrap();
-        cache.enable_decode_graphs(256).unwrap();
-        // Round 0 captures (batch sizes 1 and 4), round 1 replays them with
-        // other slots, pages and positions; "alone" replays batch size 1.
-        let round0 = decode_run(&mut model, &mut cache, ids, (prefix, steps), &others, true);
-        let round1 = decode_run(&mut model, &mut cache, ids, (prefix, steps), &others, true);
-        let alone = decode_run(&mut model, &mut cache, ids, (prefix, steps), &others, false);
+        // One bystander slot (n) with a live state that no step names, then
+        // the padding slot (n + 1) and page (64) the graphs pad with.
+        let mut cache = model.new_cache(n + 2, 65, 16).unwrap();
+        let mut seqs = Seqs::new(n, 64, 16);
+        let bystander = SlotId(n as u32);
+        {
+            let mut by = Seqs::new(n + 1, 64, 16);
+            let ids_by: Vec<_> = (0..=n).map(|_| by.add()).collect();
+            let last = *ids_by.last().unwrap();
+            assert_eq!(by.slot(last), bystander);
+            by.step(
+                &mut model,
+                &mut cache,
+                &[(last, &ids[..prefix])],
+                RowLogits::Last,
+            )
+            .unwrap();
+        }
+        let before = cache.export_slot(bystander).unwrap();
+        model
+            .capture_decode_graphs(&mut cache, &BUCKETS, 256, SlotId(n as u32 + 1), PageId(64))
+            .unwrap();
+        assert_eq!(cache.decode_graph_batch_sizes(), BUCKETS.to_vec(), "{name}");
+        // Round 0 and round 1 replay the padded bucket of n with other
+        // slots, pages and positions; "alone" replays bucket 1.
+        let round0 = decode_run(
+            &mut model,
+            (&mut cache, &mut seqs),
+            ids,
+            (prefix, steps),
+            &others,
+            true,
+        );
+        let round1 = decode_run(
+            &mut model,
+            (&mut cache, &mut seqs),
+            ids,
+            (prefix, steps),
+            &others,
+            true,
+        );
+        let alone = decode_run(
+            &mut model,
+            (&mut cache, &mut seqs),
+            ids,
+            (prefix, steps),
+            &others,
+            false,
+        );
         assert_eq!(
             round0, round1,
-            "{name}: a replay differs from the capture run"
-        );
-        // The steps did go through graphs: one per decode batch size seen.
-        assert_eq!(
-            cache.decode_graph_batch_sizes(),
-            vec![1, 1 + others.len()],
-            "{name}"
+            "{name}: a replay differs from the one before"
         );
         assert!(eager_cache.decode_graph_batch_sizes().is_empty());
+        assert_eq!(
+            cache.export_slot(bystander).unwrap(),
+            before,
+            "{name}: the graphs' padding rows or the real rows touched a slot no step named"
+        );
         let (gi, gl) = f.golden_keys("decode.topk_ids", "decode.topk_logprobs");
         for (what, rows) in [("graphs batched", &round1), ("graphs alone", &alone)] {
             let st = compare(rows, &gi, &gl);
@@ -347,7 +407,13 @@ fn decode_graphs_match_hf_and_the_eager_decode() {
             assert!(st.passes(), "{name} {what}: {st:?}");
         }
         let st = consistency(&round1, &eager);
-        report(&format!("{name} graphs vs eager decode"), &st);
+        report(
+            &format!(
+                "{name} graphs (bucket {}) vs eager decode",
+                n.next_power_of_two()
+            ),
+            &st,
+        );
         assert!(st.consistent(), "{name}: {st:?}");
     }
 }

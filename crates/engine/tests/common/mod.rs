@@ -178,40 +178,7 @@ pub fn wait_released(handle: &EngineHandle) -> EngineStats {
     }
 }
 
-/// The fake model run alone, outside the engine: the tokens an
-/// unbatched, unpreempted request must get.
+/// The fake model run alone, outside the engine.
 pub fn reference_tokens(request: &GenerateRequest, eos: &[u32]) -> Vec<u32> {
-    let mut history = request.prompt.clone();
-    let mut out = Vec::new();
-    while out.len() < request.stop.max_tokens {
-        let banned: Vec<u32> = if out.len() < request.stop.min_tokens {
-            let mut b = request.stop.stop_token_ids.clone();
-            if !request.stop.ignore_eos {
-                b.extend_from_slice(eos);
-            }
-            b
-        } else {
-            Vec::new()
-        };
-        let spec = engine::SampleSpec {
-            params: &request.sampling,
-            history: &history,
-            prompt_len: request.prompt.len(),
-            seed: engine::SampleSeed {
-                seed: request.sampling.seed.expect("seeded"),
-                draw: out.len() as u64,
-            },
-            banned: &banned,
-        };
-        let token =
-            engine::sampler::sample(&engine::testing::fake_logits(&history, VOCAB), &spec).token;
-        history.push(token);
-        out.push(token);
-        if (!request.stop.ignore_eos && eos.contains(&token))
-            || request.stop.stop_token_ids.contains(&token)
-        {
-            break;
-        }
-    }
-    out
+    engine::testing::lone_run(request, eos, VOCAB)
 }

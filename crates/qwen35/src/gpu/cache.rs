@@ -1,37 +1,21 @@
-//! Per-sequence GPU state: a fixed number of state slots (DeltaNet conv state
-//! in bf16 and recurrent state in f32, one slot per live sequence) and a paged
-//! KV cache for the attention layers (pages of `page_size` positions handed
-//! out from a free list as sequences grow).
+//! Per-sequence GPU state addressed by id: `num_slots` state slots (DeltaNet
+//! conv state in bf16 and recurrent state in f32, one slot per live
+//! sequence) and `num_pages` KV-cache pages of `page_size` positions for the
+//! attention layers. Which sequence owns which slot and pages is not known
+//! here: the caller (the engine's allocator) decides and passes the ids with
+//! every step.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaGraph, CudaSlice, CudaStream};
-use gdn_kernels::{AttentionShape, DeltaNetShape, DeviceBatch};
+use cudarc::driver::{CudaSlice, CudaStream};
+use engine::SlotId;
+use gdn_kernels::{AttentionShape, DeltaNetShape};
 use half::bf16;
 
 use crate::error::{Error, Result};
+use crate::gpu::graphs::DecodeGraphs;
 
-/// A live sequence in a [`GpuCache`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct SeqId(u64);
-
-#[derive(Debug)]
-pub(crate) struct Seq {
-    pub slot: usize,
-    pub pages: Vec<usize>,
-    /// Tokens processed so far (the next token's position).
-    pub len: usize,
-}
-
-/// A captured decode step for one batch size: the graph, the batch buffers
-/// its kernels read (rewritten before each replay) and its logits.
-pub(crate) struct DecodeGraph {
-    pub graph: CudaGraph,
-    pub batch: DeviceBatch,
-    pub logits: CudaSlice<f32>,
-}
-
+/// The device state of one model: slots and pages (see the module docs).
 pub struct GpuCache {
     /// The model that made the cache (and captured its graphs).
     pub(crate) model_id: u64,
@@ -45,17 +29,42 @@ pub struct GpuCache {
     /// Per attention layer: `[pages, page_size, Hkv, D]` bf16.
     pub(crate) keys: Vec<CudaSlice<bf16>>,
     pub(crate) values: Vec<CudaSlice<bf16>>,
-    free_slots: Vec<usize>,
-    free_pages: Vec<usize>,
-    pub(crate) seqs: HashMap<SeqId, Seq>,
-    next_id: u64,
-    max_sequences: usize,
+    num_slots: usize,
     num_pages: usize,
-    /// Page-table width of captured decode graphs (`None`: graphs off).
-    pub(crate) graph_page_width: Option<usize>,
-    /// Captured decode steps by batch size. They reference buffers of this
-    /// cache and of its model (checked by id on every step).
-    pub(crate) graphs: HashMap<usize, DecodeGraph>,
+    /// Captured decode steps (see `GpuModel::capture_decode_graphs`).
+    pub(crate) graphs: Option<DecodeGraphs>,
+}
+
+/// One slot's state copied to the host (conv and recurrent state of every
+/// DeltaNet layer): a sequence parked off the device, to be imported into a
+/// slot of a cache of the same model later.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlotState {
+    model_id: u64,
+    conv: Vec<Vec<bf16>>,
+    recurrent: Vec<Vec<f32>>,
+}
+
+impl SlotState {
+    /// Bytes held on the host.
+    pub fn bytes(&self) -> usize {
+        let c: usize = self.conv.iter().map(|c| c.len() * 2).sum();
+        let r: usize = self.recurrent.iter().map(|r| r.len() * 4).sum();
+        c + r
+    }
+}
+
+/// Device bytes of one slot and of one page (for sizing a cache from free memory).
+pub(crate) fn slot_and_page_bytes(
+    dn: DeltaNetShape,
+    attn: AttentionShape,
+    layers: (usize, usize),
+    page_size: usize,
+) -> (usize, usize) {
+    let (linear, full) = layers;
+    let slot = linear * (dn.conv_state_len() * 2 + dn.recurrent_state_len() * 4);
+    let page = full * 2 * attn.page_len(page_size) * 2;
+    (slot, page)
 }
 
 impl GpuCache {
@@ -66,13 +75,13 @@ impl GpuCache {
         dn: DeltaNetShape,
         attn: AttentionShape,
         layers: (usize, usize),
-        max_sequences: usize,
+        num_slots: usize,
         num_pages: usize,
         page_size: usize,
     ) -> Result<GpuCache> {
-        if max_sequences == 0 || page_size == 0 || num_pages == 0 {
+        if num_slots == 0 || page_size == 0 || num_pages == 0 {
             return Err(Error::InvalidInput(
-                "a cache needs at least one sequence slot and one page of at least one position"
+                "a cache needs at least one state slot and one page of at least one position"
                     .into(),
             ));
         }
@@ -80,7 +89,7 @@ impl GpuCache {
         let page_len = attn.page_len(page_size);
         let alloc_bf16 = |n: usize| stream.alloc_zeros::<bf16>(n);
         let conv = (0..linear)
-            .map(|_| alloc_bf16(max_sequences * dn.conv_state_len()))
+            .map(|_| alloc_bf16(num_slots * dn.conv_state_len()))
             .collect::<std::result::Result<_, _>>()?;
         let keys = (0..full)
             .map(|_| alloc_bf16(num_pages * page_len))
@@ -89,7 +98,7 @@ impl GpuCache {
             .map(|_| alloc_bf16(num_pages * page_len))
             .collect::<std::result::Result<_, _>>()?;
         let recurrent = (0..linear)
-            .map(|_| stream.alloc_zeros::<f32>(max_sequences * dn.recurrent_state_len()))
+            .map(|_| stream.alloc_zeros::<f32>(num_slots * dn.recurrent_state_len()))
             .collect::<std::result::Result<_, _>>()?;
         Ok(GpuCache {
             model_id,
@@ -100,126 +109,139 @@ impl GpuCache {
             recurrent,
             keys,
             values,
-            free_slots: (0..max_sequences).rev().collect(),
-            free_pages: (0..num_pages).rev().collect(),
-            seqs: HashMap::new(),
-            next_id: 0,
-            max_sequences,
+            num_slots,
             num_pages,
-            graph_page_width: None,
-            graphs: HashMap::new(),
+            graphs: None,
         })
     }
 
-    /// Decode steps (one token per sequence) of sequences up to
-    /// `max_context` positions replay a CUDA graph captured on the first
-    /// step of each batch size: one launch instead of hundreds. Needs a
-    /// stream other than the legacy default stream (capture is not allowed
-    /// there); steps the graphs cannot take run eagerly. The graphs use the
-    /// model that captured them: use one model per cache.
-    pub fn enable_decode_graphs(&mut self, max_context: usize) -> Result<()> {
-        if self.stream.cu_stream().is_null() {
-            return Err(Error::InvalidInput(
-                "CUDA graphs need a created stream, not the legacy default stream".into(),
-            ));
-        }
-        // No sequence can hold more pages than the cache has.
-        let width = max_context
-            .div_ceil(self.page_size)
-            .clamp(1, self.num_pages);
-        self.graph_page_width = Some(width);
-        self.graphs.clear();
-        Ok(())
+    pub fn num_slots(&self) -> usize {
+        self.num_slots
     }
 
-    /// Batch sizes with a captured decode graph.
-    pub fn decode_graph_batch_sizes(&self) -> Vec<usize> {
-        let mut sizes: Vec<usize> = self.graphs.keys().copied().collect();
-        sizes.sort();
-        sizes
-    }
-
-    pub(crate) fn max_sequences(&self) -> usize {
-        self.max_sequences
-    }
-
-    pub(crate) fn num_pages(&self) -> usize {
+    pub fn num_pages(&self) -> usize {
         self.num_pages
     }
 
-    /// Starts a sequence in a free slot, with zero conv and recurrent state.
-    pub fn add_sequence(&mut self) -> Result<SeqId> {
-        let slot = self.free_slots.pop().ok_or_else(|| {
-            Error::InvalidInput("every sequence slot is taken; release a sequence first".into())
-        })?;
+    /// Positions per KV page.
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    fn check_slot(&self, slot: SlotId) -> Result<usize> {
+        let s = slot.0 as usize;
+        if s >= self.num_slots {
+            return Err(Error::InvalidInput(format!(
+                "slot {s} is beyond the cache's {} slots",
+                self.num_slots
+            )));
+        }
+        Ok(s)
+    }
+
+    /// Zero conv and recurrent state in `slot` (a sequence starting from its
+    /// first token). Queued on the stream, before any later step.
+    pub fn zero_slot(&mut self, slot: SlotId) -> Result<()> {
+        let s = self.check_slot(slot)?;
         let (c, r) = (self.dn.conv_state_len(), self.dn.recurrent_state_len());
         for conv in &mut self.conv {
             self.stream
-                .memset_zeros(&mut conv.slice_mut(slot * c..(slot + 1) * c))?;
+                .memset_zeros(&mut conv.slice_mut(s * c..(s + 1) * c))?;
         }
         for rec in &mut self.recurrent {
             self.stream
-                .memset_zeros(&mut rec.slice_mut(slot * r..(slot + 1) * r))?;
-        }
-        let id = SeqId(self.next_id);
-        self.next_id += 1;
-        self.seqs.insert(
-            id,
-            Seq {
-                slot,
-                pages: vec![],
-                len: 0,
-            },
-        );
-        Ok(id)
-    }
-
-    /// Ends a sequence and frees its slot and pages.
-    pub fn release(&mut self, id: SeqId) -> Result<()> {
-        let seq = self
-            .seqs
-            .remove(&id)
-            .ok_or_else(|| Error::InvalidInput(format!("unknown sequence {id:?}")))?;
-        self.free_slots.push(seq.slot);
-        self.free_pages.extend(seq.pages);
-        Ok(())
-    }
-
-    /// Tokens the sequence has processed.
-    pub fn len(&self, id: SeqId) -> Option<usize> {
-        self.seqs.get(&id).map(|s| s.len)
-    }
-
-    pub fn free_pages(&self) -> usize {
-        self.free_pages.len()
-    }
-
-    /// Gives every sequence of the step enough pages for its new tokens, or
-    /// changes nothing and fails when the free list cannot cover them all.
-    pub(crate) fn reserve(&mut self, step: &[(SeqId, usize)]) -> Result<()> {
-        let mut need = 0;
-        for (id, n) in step {
-            let seq = self
-                .seqs
-                .get(id)
-                .ok_or_else(|| Error::InvalidInput(format!("unknown sequence {id:?}")))?;
-            need += (seq.len + n)
-                .div_ceil(self.page_size)
-                .saturating_sub(seq.pages.len());
-        }
-        if need > self.free_pages.len() {
-            return Err(Error::InvalidInput(format!(
-                "the step needs {need} more KV pages, {} are free",
-                self.free_pages.len()
-            )));
-        }
-        for (id, n) in step {
-            let seq = self.seqs.get_mut(id).expect("checked above");
-            while seq.pages.len() * self.page_size < seq.len + n {
-                seq.pages
-                    .push(self.free_pages.pop().expect("counted above"));
-            }
+                .memset_zeros(&mut rec.slice_mut(s * r..(s + 1) * r))?;
         }
         Ok(())
     }
+
+    /// Copies the state of slot `from` into slot `to` (a fork: both then
+    /// continue from the same tokens; their KV pages are the caller's).
+    pub fn copy_slot(&mut self, from: SlotId, to: SlotId) -> Result<()> {
+        let (f, t) = (self.check_slot(from)?, self.check_slot(to)?);
+        if f == t {
+            return Ok(());
+        }
+        let (c, r) = (self.dn.conv_state_len(), self.dn.recurrent_state_len());
+        for conv in &mut self.conv {
+            copy_within(&self.stream, conv, c, f, t)?;
+        }
+        for rec in &mut self.recurrent {
+            copy_within(&self.stream, rec, r, f, t)?;
+        }
+        Ok(())
+    }
+
+    /// The state of `slot`, copied to the host (waits for the stream).
+    pub fn export_slot(&self, slot: SlotId) -> Result<SlotState> {
+        let s = self.check_slot(slot)?;
+        let (c, r) = (self.dn.conv_state_len(), self.dn.recurrent_state_len());
+        let conv = self
+            .conv
+            .iter()
+            .map(|b| self.stream.clone_dtoh(&b.slice(s * c..(s + 1) * c)))
+            .collect::<std::result::Result<_, _>>()?;
+        let recurrent = self
+            .recurrent
+            .iter()
+            .map(|b| self.stream.clone_dtoh(&b.slice(s * r..(s + 1) * r)))
+            .collect::<std::result::Result<_, _>>()?;
+        Ok(SlotState {
+            model_id: self.model_id,
+            conv,
+            recurrent,
+        })
+    }
+
+    /// Writes an exported state into `slot` (waits for the copies, so the
+    /// host buffers may go).
+    pub fn import_slot(&mut self, slot: SlotId, state: &SlotState) -> Result<()> {
+        let s = self.check_slot(slot)?;
+        if state.model_id != self.model_id {
+            return Err(Error::InvalidInput(
+                "the slot state was exported from another model's cache".into(),
+            ));
+        }
+        let (c, r) = (self.dn.conv_state_len(), self.dn.recurrent_state_len());
+        for (dst, src) in self.conv.iter_mut().zip(&state.conv) {
+            self.stream
+                .memcpy_htod(src, &mut dst.slice_mut(s * c..(s + 1) * c))?;
+        }
+        for (dst, src) in self.recurrent.iter_mut().zip(&state.recurrent) {
+            self.stream
+                .memcpy_htod(src, &mut dst.slice_mut(s * r..(s + 1) * r))?;
+        }
+        // The copies read pageable host memory that the caller may drop.
+        self.stream.synchronize()?;
+        Ok(())
+    }
+
+    /// Batch sizes with a captured decode graph (empty: graphs off).
+    pub fn decode_graph_batch_sizes(&self) -> Vec<usize> {
+        self.graphs
+            .as_ref()
+            .map(DecodeGraphs::batch_sizes)
+            .unwrap_or_default()
+    }
+}
+
+/// Copies element block `from` of `buf` onto block `to` (blocks of `per`).
+fn copy_within<T: cudarc::driver::DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    buf: &mut CudaSlice<T>,
+    per: usize,
+    from: usize,
+    to: usize,
+) -> Result<()> {
+    let (lo, hi) = (from.min(to), from.max(to));
+    let (mut low, mut high) = buf.split_at_mut(hi * per);
+    // `high` starts at the higher of the two blocks.
+    let mut lo_block = low.slice_mut(lo * per..(lo + 1) * per);
+    let mut hi_block = high.slice_mut(..per);
+    if from < to {
+        stream.memcpy_dtod(&lo_block, &mut hi_block)?;
+    } else {
+        stream.memcpy_dtod(&hi_block, &mut lo_block)?;
+    }
+    Ok(())
 }

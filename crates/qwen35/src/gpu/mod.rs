@@ -1,40 +1,34 @@
 //! The bf16 GPU forward of Qwen3.5: cuBLAS GEMMs, our model kernels and the
-//! GDN prefill op from `gdn_kernels`, state in fixed per-sequence slots, a
-//! paged KV cache. One `forward` call runs one step for a batch of sequences:
-//! a packed varlen prefill (any token counts; DeltaNet through `GdnPrefill`)
-//! or, when every sequence brings exactly one token, a decode step (DeltaNet
-//! through the recurrent kernel on the state slots).
+//! GDN prefill op from `gdn_kernels`, state in slots and a paged KV cache
+//! addressed by the caller's ids ([`GpuCache`]). One [`GpuModel::step`] runs
+//! one forward over caller-built rows ([`Row`]): rows of one token take the
+//! recurrent decode step in place on their slots, longer rows the GDN
+//! prefill op, both in the same step; the lm_head runs only on rows that
+//! want logits. Decode-only steps can replay CUDA graphs captured up front
+//! for padded batch sizes ([`GpuModel::capture_decode_graphs`]).
 
 mod cache;
+mod graphs;
 mod load;
+mod step;
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use gdn_kernels::{
-    AttentionShape, Backend, BackendRequest, BatchLayout, DeltaNetInputs, DeltaNetShape,
-    DeviceBatch, GdnGeometry, GdnPrefill, Gemm, ModelOps, PrefillBuffers,
+    AttentionShape, Backend, BackendRequest, DeltaNetInputs, DeltaNetShape, DeviceBatch,
+    GdnGeometry, GdnPrefill, Gemm, ModelOps, PrefillBuffers,
 };
 use half::bf16;
 
-pub use cache::{GpuCache, SeqId};
+pub use cache::{GpuCache, SlotState};
 use load::{Checkpoint, Random, WeightSource};
+use step::{Batches, LogitsPlan};
+pub use step::{LogitsTo, Row, RowLogits, StepError};
 
 use crate::config::{Config, LayerType};
 use crate::error::{Error, Result};
 use crate::weights::Weights;
-
-/// Which positions get logits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Logits {
-    /// The last token of each sequence (serving).
-    LastToken,
-    /// Every token (teacher-forced evaluation).
-    AllTokens,
-    /// The last token of each sequence, left on the device (benchmarks of
-    /// the forward without the host copy); `forward` returns no rows.
-    DeviceOnly,
-}
 
 /// Options of the GPU model.
 #[derive(Clone, Copy, Debug)]
@@ -107,7 +101,10 @@ pub struct GpuModel {
 /// here — GEMM, embedding, norm, conv, attention, GDN, state copy — writes
 /// all of its output), so it is not zeroed: a memset per buffer would double
 /// the launches of a decode step.
-fn scratch<T: cudarc::driver::DeviceRepr>(s: &Arc<CudaStream>, n: usize) -> Result<CudaSlice<T>> {
+pub(crate) fn scratch<T: cudarc::driver::DeviceRepr>(
+    s: &Arc<CudaStream>,
+    n: usize,
+) -> Result<CudaSlice<T>> {
     // SAFETY: see above; no op reads a buffer before its producer wrote it.
     Ok(unsafe { s.alloc::<T>(n) }?)
 }
@@ -324,22 +321,37 @@ impl GpuModel {
         &self.stream
     }
 
-    /// State for up to `max_sequences` live sequences and `num_pages` KV pages
-    /// of `page_size` positions.
-    pub fn new_cache(
-        &self,
-        max_sequences: usize,
-        num_pages: usize,
-        page_size: usize,
-    ) -> Result<GpuCache> {
+    fn layer_counts(&self) -> (usize, usize) {
         let full = self
             .layers
             .iter()
             .filter(|l| matches!(l.mixer, Mixer::Attention { .. }))
             .count();
-        if max_sequences > 65_535 {
+        (self.layers.len() - full, full)
+    }
+
+    /// Device bytes of one state slot and of one KV page of `page_size`
+    /// positions (to size a cache from free memory).
+    pub fn slot_and_page_bytes(&self, page_size: usize) -> (usize, usize) {
+        cache::slot_and_page_bytes(self.dn, self.attn, self.layer_counts(), page_size)
+    }
+
+    /// Device state: `num_slots` state slots and `num_pages` KV pages of
+    /// `page_size` positions, all zero.
+    pub fn new_cache(
+        &self,
+        num_slots: usize,
+        num_pages: usize,
+        page_size: usize,
+    ) -> Result<GpuCache> {
+        if num_slots > 65_535 {
             return Err(Error::InvalidInput(format!(
-                "{max_sequences} sequence slots exceed the kernels' per-launch limit of 65535"
+                "{num_slots} state slots exceed the kernels' per-launch limit of 65535"
+            )));
+        }
+        if num_pages > i32::MAX as usize {
+            return Err(Error::InvalidInput(format!(
+                "{num_pages} KV pages exceed the page table's i32 ids"
             )));
         }
         GpuCache::new(
@@ -347,132 +359,23 @@ impl GpuModel {
             self.stream.clone(),
             self.dn,
             self.attn,
-            (self.layers.len() - full, full),
-            max_sequences,
+            self.layer_counts(),
+            num_slots,
             num_pages,
             page_size,
         )
     }
 
-    /// Runs one step: each sequence's tokens after what it has seen. Returns
-    /// f32 logits, `[rows][vocab]`: one row per sequence (`LastToken`) or per
-    /// token in batch order (`AllTokens`). A refused step (another model's
-    /// cache, unknown or repeated sequence, no tokens, token id out of range,
-    /// not enough free KV pages) changes nothing. A failure once kernels run
-    /// leaves the step's sequences in an undefined state (and the pages
-    /// reserved for the step attached to them): release them. Decode steps
-    /// replay a captured CUDA graph when the cache has graphs enabled
-    /// ([`GpuCache::enable_decode_graphs`]).
-    pub fn forward(
-        &mut self,
-        cache: &mut GpuCache,
-        step: &[(SeqId, &[u32])],
-        which: Logits,
-    ) -> Result<Vec<Vec<f32>>> {
-        if cache.model_id != self.id {
-            return Err(Error::InvalidInput(
-                "this cache was made by another model (use the model's own new_cache)".into(),
-            ));
-        }
-        let mut layout = self.prepare(cache, step)?;
-        let s = self.stream.clone();
-        let decode = step.iter().all(|(_, t)| t.len() == 1);
-        let v = self.config.vocab_size;
-        let eager;
-        let logits = match (decode, cache.graph_page_width) {
-            (true, Some(width)) if layout.max_blocks <= width => {
-                // The graph writes into its own logits buffer; read it there.
-                let n = self.replay_decode(cache, &mut layout, width)?;
-                &cache.graphs[&n].logits
-            }
-            _ => {
-                let batch = DeviceBatch::upload(&s, &layout)?;
-                let rows = match which {
-                    Logits::AllTokens => batch.num_tokens(),
-                    _ => batch.num_seqs(),
-                };
-                let mut logits = scratch::<f32>(&s, rows * v)?;
-                self.run(cache, &batch, which, &mut logits)?;
-                eager = logits;
-                &eager
-            }
-        };
-        let host = if which == Logits::DeviceOnly {
-            s.synchronize()?;
-            None
-        } else {
-            Some(s.clone_dtoh(logits)?)
-        };
-        for (id, toks) in step {
-            cache.seqs.get_mut(id).expect("prepared").len += toks.len();
-        }
-        Ok(host.map_or_else(Vec::new, |h| {
-            h.chunks_exact(v).map(<[f32]>::to_vec).collect()
-        }))
-    }
-
-    /// A decode step through the cache's graph for this batch size: the
-    /// batch buffers are rewritten in place and the graph replayed; the
-    /// first step of a batch size captures it. Returns the batch size, the
-    /// key of the graph whose logits buffer holds the result.
-    fn replay_decode(
-        &mut self,
-        cache: &mut GpuCache,
-        layout: &mut BatchLayout,
-        width: usize,
-    ) -> Result<usize> {
-        let s = self.stream.clone();
-        let n = layout.slots.len();
-        // Fixed page-table width: the captured kernels take it by value.
-        let mut table = Vec::with_capacity(n * width);
-        for row in layout.block_table.chunks(layout.max_blocks) {
-            table.extend(row.iter().copied().chain(std::iter::repeat(-1)).take(width));
-        }
-        layout.block_table = table;
-        layout.max_blocks = width;
-        if let Some(g) = cache.graphs.get_mut(&n) {
-            g.batch.update(&s, layout)?;
-            g.graph.launch()?;
-            return Ok(n);
-        }
-        let mut batch = DeviceBatch::upload(&s, layout)?;
-        // Bounds = the cache's capacity, so any later decode step of n
-        // sequences fits the captured graph.
-        batch.widen_bounds(
-            cache.max_sequences() - 1,
-            cache.num_pages() - 1,
-            width * cache.page_size - 1,
-            self.config.vocab_size - 1,
-        );
-        let mut logits = scratch::<f32>(&s, n * self.config.vocab_size)?;
-        s.begin_capture(
-            cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-        )?;
-        let captured = self.run(cache, &batch, Logits::LastToken, &mut logits);
-        // End the capture whatever happened, so the stream is usable again.
-        let graph = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
-        captured?;
-        let graph = graph?.ok_or_else(|| Error::Gpu("stream capture produced no graph".into()))?;
-        graph.launch()?;
-        cache.graphs.insert(
-            n,
-            cache::DecodeGraph {
-                graph,
-                batch,
-                logits,
-            },
-        );
-        Ok(n)
-    }
-
     /// The device work of one step: no host transfers, so it can be captured.
-    fn run(
+    /// The logits of the plan's rows go to `logits` (`[rows, vocab]`).
+    pub(crate) fn run(
         &mut self,
         cache: &mut GpuCache,
-        batch: &DeviceBatch,
-        which: Logits,
+        batches: &Batches,
+        which: LogitsPlan,
         logits: &mut CudaSlice<f32>,
     ) -> Result<()> {
+        let batch = &batches.full;
         let (h, inter, vocab, eps) = {
             let c = &self.config;
             (
@@ -488,7 +391,6 @@ impl GpuModel {
         self.ops.embedding(batch, &self.embed, h, &mut residual)?;
         let mut normed = scratch::<bf16>(&s, t * h)?;
         let mut delta: Option<CudaSlice<bf16>> = None;
-        let decode = batch.num_tokens() == batch.num_seqs();
         for li in 0..self.layers.len() {
             self.ops.add_rmsnorm(
                 &mut residual,
@@ -499,7 +401,7 @@ impl GpuModel {
                 eps,
             )?;
             let mixed = if matches!(self.layers[li].mixer, Mixer::DeltaNet { .. }) {
-                self.deltanet(li, batch, cache, &normed, decode)?
+                self.deltanet(li, batches, cache, &normed)?
             } else {
                 self.attention(li, batch, cache, &normed)?
             };
@@ -529,75 +431,31 @@ impl GpuModel {
             h,
             eps,
         )?;
-        let rows = match which {
-            Logits::AllTokens => normed,
-            _ if t == batch.num_seqs() => normed,
-            _ => {
-                let mut rows = scratch::<bf16>(&s, batch.num_seqs() * h)?;
+        let n = batch.num_seqs();
+        let (rows, lo, hi) = match which {
+            LogitsPlan::None => return Ok(()),
+            LogitsPlan::AllTokens => (normed, 0, t),
+            LogitsPlan::LastOf(lo, hi) if t == n => (normed, lo, hi),
+            LogitsPlan::LastOf(lo, hi) => {
+                let mut rows = scratch::<bf16>(&s, n * h)?;
                 self.ops.gather_last_tokens(batch, &normed, h, &mut rows)?;
-                rows
+                (rows, lo, hi)
             }
         };
-        let r = rows.len() / h;
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        self.gemm.linear(&rows, head, logits, r, vocab, h)?;
+        self.gemm
+            .linear(&rows.slice(lo * h..hi * h), head, logits, hi - lo, vocab, h)?;
         Ok(())
-    }
-
-    /// Checks the step, reserves KV pages and lays the batch out.
-    fn prepare(&self, cache: &mut GpuCache, step: &[(SeqId, &[u32])]) -> Result<BatchLayout> {
-        if step.is_empty() {
-            return Err(Error::InvalidInput("empty step".into()));
-        }
-        for (i, (id, toks)) in step.iter().enumerate() {
-            if toks.is_empty() {
-                return Err(Error::InvalidInput(format!(
-                    "sequence {id:?} brings no tokens"
-                )));
-            }
-            if step[..i].iter().any(|(other, _)| other == id) {
-                return Err(Error::InvalidInput(format!(
-                    "sequence {id:?} appears twice in one step"
-                )));
-            }
-            if let Some(&bad) = toks.iter().find(|&&t| t as usize >= self.config.vocab_size) {
-                return Err(Error::InvalidInput(format!(
-                    "token id {bad} >= vocab_size {}",
-                    self.config.vocab_size
-                )));
-            }
-        }
-        let counts: Vec<(SeqId, usize)> = step.iter().map(|(id, t)| (*id, t.len())).collect();
-        cache.reserve(&counts)?;
-        let seqs: Vec<_> = step.iter().map(|(id, _)| &cache.seqs[id]).collect();
-        let max_blocks = seqs.iter().map(|s| s.pages.len()).max().unwrap_or(0).max(1);
-        let mut layout = BatchLayout {
-            tokens: step.iter().flat_map(|(_, t)| t.iter().copied()).collect(),
-            cu_seqlens: vec![0],
-            max_blocks,
-            page_size: cache.page_size,
-            ..Default::default()
-        };
-        for (seq, (_, toks)) in seqs.iter().zip(step) {
-            let end = *layout.cu_seqlens.last().expect("starts with 0") + toks.len() as i32;
-            layout.cu_seqlens.push(end);
-            layout.start_positions.push(seq.len as i32);
-            layout.slots.push(seq.slot as i32);
-            let mut row: Vec<i32> = seq.pages.iter().map(|&p| p as i32).collect();
-            row.resize(max_blocks, -1);
-            layout.block_table.extend(row);
-        }
-        Ok(layout)
     }
 
     fn deltanet(
         &mut self,
         li: usize,
-        batch: &DeviceBatch,
+        batches: &Batches,
         cache: &mut GpuCache,
         x: &CudaSlice<bf16>,
-        decode: bool,
     ) -> Result<CudaSlice<bf16>> {
+        let batch = &batches.full;
         let Mixer::DeltaNet {
             in_proj,
             conv,
@@ -635,29 +493,36 @@ impl GpuModel {
         let scale = (d as f32).powf(-0.5);
         let mut core = scratch::<bf16>(s, t * dn.v_heads * d)?;
         let state = &mut cache.recurrent[*index];
-        if decode {
-            self.ops
-                .deltanet_decode(batch, dn, &inputs, state, &mut core, scale)?;
-        } else {
-            let per = dn.recurrent_state_len();
-            let mut initial = scratch::<f32>(s, batch.num_seqs() * per)?;
-            self.ops.move_state(batch, state, &mut initial, per, true)?;
-            let mut last = scratch::<f32>(s, batch.num_seqs() * per)?;
-            self.gdn.run(
-                PrefillBuffers {
-                    q: &inputs.q,
-                    k: &inputs.k,
-                    v: &inputs.v,
-                    alpha: &inputs.alpha,
-                    beta: &inputs.beta,
-                    cu_seqlens: batch.cu_seqlens(),
-                    initial_state: Some(&initial),
-                    final_state: &mut last,
-                    output: &mut core,
-                },
-                scale,
-            )?;
-            self.ops.move_state(batch, state, &mut last, per, false)?;
+        let per = dn.recurrent_state_len();
+        let (ops, gdn) = (&self.ops, &mut self.gdn);
+        match &batches.parts {
+            None if t == batch.num_seqs() => {
+                ops.deltanet_decode(batch, dn, &inputs, state, &mut core, scale)?
+            }
+            None => prefill_core(ops, gdn, batch, &inputs, (state, per), &mut core, scale)?,
+            Some((dec, pre)) => {
+                // Decode rows lead the batch: the first `td` tokens take the
+                // recurrent step, the rest the prefill op, each on its own
+                // copy of its rows (the ops take whole buffers).
+                let td = dec.num_tokens();
+                let part = |range: std::ops::Range<usize>| -> Result<DeltaNetInputs> {
+                    Ok(DeltaNetInputs {
+                        q: copy_rows(s, &inputs.q, range.clone(), dn.qk_heads * d)?,
+                        k: copy_rows(s, &inputs.k, range.clone(), dn.qk_heads * d)?,
+                        v: copy_rows(s, &inputs.v, range.clone(), dn.v_heads * d)?,
+                        alpha: copy_rows(s, &inputs.alpha, range.clone(), dn.v_heads)?,
+                        beta: copy_rows(s, &inputs.beta, range, dn.v_heads)?,
+                    })
+                };
+                let width = dn.v_heads * d;
+                let mut core_d = scratch::<bf16>(s, td * width)?;
+                ops.deltanet_decode(dec, dn, &part(0..td)?, state, &mut core_d, scale)?;
+                let mut core_p = scratch::<bf16>(s, (t - td) * width)?;
+                let inputs_p = part(td..t)?;
+                prefill_core(ops, gdn, pre, &inputs_p, (state, per), &mut core_p, scale)?;
+                s.memcpy_dtod(&core_d, &mut core.slice_mut(..td * width))?;
+                s.memcpy_dtod(&core_p, &mut core.slice_mut(td * width..))?;
+            }
         }
         let mut gated = scratch::<bf16>(s, t * dn.v_heads * d)?;
         self.ops
@@ -711,4 +576,50 @@ impl GpuModel {
         self.gemm.linear(&attn_out, o_proj, &mut out, t, h, width)?;
         Ok(out)
     }
+}
+
+/// Rows `range` of a row-major buffer of `width`-element rows, copied.
+fn copy_rows<T: cudarc::driver::DeviceRepr>(
+    s: &Arc<CudaStream>,
+    src: &CudaSlice<T>,
+    range: std::ops::Range<usize>,
+    width: usize,
+) -> Result<CudaSlice<T>> {
+    let mut out = scratch::<T>(s, range.len() * width)?;
+    s.memcpy_dtod(&src.slice(range.start * width..range.end * width), &mut out)?;
+    Ok(out)
+}
+
+/// The GDN prefill op over `batch`, its initial state gathered from the
+/// slots and its final state scattered back.
+#[allow(clippy::too_many_arguments)]
+fn prefill_core(
+    ops: &ModelOps,
+    gdn: &mut GdnPrefill,
+    batch: &DeviceBatch,
+    inputs: &DeltaNetInputs,
+    (state, per): (&mut CudaSlice<f32>, usize),
+    core: &mut CudaSlice<bf16>,
+    scale: f32,
+) -> Result<()> {
+    let s = ops.stream();
+    let mut initial = scratch::<f32>(s, batch.num_seqs() * per)?;
+    ops.move_state(batch, state, &mut initial, per, true)?;
+    let mut last = scratch::<f32>(s, batch.num_seqs() * per)?;
+    gdn.run(
+        PrefillBuffers {
+            q: &inputs.q,
+            k: &inputs.k,
+            v: &inputs.v,
+            alpha: &inputs.alpha,
+            beta: &inputs.beta,
+            cu_seqlens: batch.cu_seqlens(),
+            initial_state: Some(&initial),
+            final_state: &mut last,
+            output: core,
+        },
+        scale,
+    )?;
+    ops.move_state(batch, state, &mut last, per, false)?;
+    Ok(())
 }

@@ -4,6 +4,9 @@
 // Each test crate uses a part of this module.
 #![allow(dead_code)]
 
+pub mod alloc;
+pub mod drive;
+
 use std::path::PathBuf;
 
 use qwen35::{Config, Weights};

@@ -1,0 +1,146 @@
+//! The engine executor over the f32 CPU reference forward. Each slot holds a
+//! [`CpuState`] (conv, recurrent state and its own growing KV cache): pages
+//! are checked for bounds only, the CPU forward keeps keys and values per
+//! sequence. Rows of one step run on separate threads (their states are
+//! disjoint).
+
+use std::path::Path;
+
+use engine::{CacheGeometry, ExecError, Executor, SampledToken, StepRow};
+
+use super::check_rows;
+use crate::cpu::{CpuModel, CpuState};
+use crate::error::Result;
+use crate::{Config, Error, RowLogits, Weights};
+
+/// What the CPU executor offers the engine's allocator.
+#[derive(Clone, Copy, Debug)]
+pub struct CpuSizing {
+    pub num_slots: usize,
+    /// KV pages the engine may hand out (they bound memory use the way a
+    /// GPU's page pool does; the CPU forward stores keys per sequence).
+    pub num_pages: usize,
+    pub page_size: usize,
+    pub max_model_len: usize,
+}
+
+pub struct CpuExecutor {
+    model: CpuModel,
+    geometry: CacheGeometry,
+    /// By slot: `None` until a sequence starts there.
+    states: Vec<Option<CpuState>>,
+}
+
+impl CpuExecutor {
+    pub fn new(model: CpuModel, sizing: CpuSizing) -> Result<CpuExecutor> {
+        let CpuSizing {
+            num_slots,
+            num_pages,
+            page_size,
+            max_model_len,
+        } = sizing;
+        if num_slots == 0 || num_pages == 0 || page_size == 0 || max_model_len == 0 {
+            return Err(Error::InvalidInput(format!(
+                "the CPU executor needs slots, pages, a page size and max_model_len above 0 (got {sizing:?})"
+            )));
+        }
+        let geometry = CacheGeometry {
+            num_slots,
+            num_pages,
+            page_size,
+            vocab_size: model.config.vocab_size,
+            // No sequence can hold more positions than the pages cover.
+            max_model_len: max_model_len.min(num_pages * page_size),
+        };
+        Ok(CpuExecutor {
+            model,
+            geometry,
+            states: (0..num_slots).map(|_| None).collect(),
+        })
+    }
+
+    /// Loads a Hugging Face model directory (`config.json` and safetensors).
+    pub fn load(dir: &Path, sizing: CpuSizing) -> Result<CpuExecutor> {
+        let config = Config::from_file(&dir.join("config.json"))?;
+        let weights = Weights::open(dir)?;
+        Self::new(CpuModel::load(config, &weights)?, sizing)
+    }
+
+    pub fn model(&self) -> &CpuModel {
+        &self.model
+    }
+}
+
+impl Executor for CpuExecutor {
+    fn geometry(&self) -> CacheGeometry {
+        self.geometry
+    }
+
+    fn step(&mut self, rows: &[StepRow<'_>]) -> std::result::Result<Vec<SampledToken>, ExecError> {
+        check_rows(rows, &self.geometry)?;
+        for (i, r) in rows.iter().enumerate() {
+            let have = self.states[r.slot.0 as usize].as_ref().map(|s| s.position);
+            if r.start != 0 && have != Some(r.start) {
+                return Err(ExecError::Refused(format!(
+                    "row {i}: slot {} holds {} tokens, the row starts at {}",
+                    r.slot.0,
+                    have.map_or("no sequence's".into(), |n| n.to_string()),
+                    r.start
+                )));
+            }
+        }
+        // Every check is done: from here each row runs to completion.
+        let mut work: Vec<(&StepRow, CpuState)> = rows
+            .iter()
+            .map(|r| {
+                let slot = &mut self.states[r.slot.0 as usize];
+                let state = match (r.start, slot.take()) {
+                    (0, _) | (_, None) => self.model.new_state(),
+                    (_, Some(s)) => s,
+                };
+                (r, state)
+            })
+            .collect();
+        let model = &self.model;
+        let run = |(r, state): &mut (&StepRow, CpuState)| -> Result<Option<SampledToken>> {
+            let which = if r.sample.is_some() {
+                RowLogits::Last
+            } else {
+                RowLogits::None
+            };
+            let logits = model.forward_logits(r.tokens, state, which)?;
+            Ok(r.sample
+                .as_ref()
+                .map(|spec| engine::sampler::sample(&logits[0], spec)))
+        };
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let per_thread = work.len().div_ceil(threads.min(work.len()));
+        let results: Vec<Result<Option<SampledToken>>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = work
+                .chunks_mut(per_thread)
+                .map(|chunk| scope.spawn(move || chunk.iter_mut().map(run).collect::<Vec<_>>()))
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().expect("a CPU forward thread panicked"))
+                .collect()
+        });
+        for (r, state) in work {
+            self.states[r.slot.0 as usize] = Some(state);
+        }
+        let mut sampled = vec![];
+        for (r, res) in rows.iter().zip(results) {
+            match res {
+                Ok(Some(t)) => sampled.push(t),
+                Ok(None) => {}
+                // The checks above make the forward infallible; a failure
+                // here leaves this row's state advanced by an unknown count.
+                Err(e) => {
+                    self.states[r.slot.0 as usize] = None;
+                    return Err(ExecError::StepFailed(e.to_string()));
+                }
+            }
+        }
+        Ok(sampled)
+    }
+}

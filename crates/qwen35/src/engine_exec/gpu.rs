@@ -1,0 +1,201 @@
+//! The engine executor over the bf16 GPU runtime. The cache holds one slot
+//! and one page more than the geometry tells the engine: the padding rows
+//! of decode CUDA graphs run there, out of every real sequence's way.
+//! Sampling runs on the host over the logits of the rows that sample (the
+//! lm_head runs on those rows only).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+use engine::{CacheGeometry, ExecError, Executor, PageId, SampledToken, SlotId, StepRow};
+
+use super::check_rows;
+use crate::error::Result;
+use crate::gpu::{GpuCache, GpuModel, GpuOptions, LogitsTo, Row, StepError};
+use crate::{Config, Error, RowLogits, Weights};
+
+/// How many KV pages the executor allocates.
+#[derive(Clone, Copy, Debug)]
+pub enum PagePool {
+    /// Exactly this many (tests: a tiny pool forces preemption).
+    Fixed(usize),
+    /// As many as fit in `gpu_memory_utilization` of the GPU's memory
+    /// (vLLM's meaning: the fraction of the whole device this process may
+    /// use) after the weights, the state slots and `activation_reserve`
+    /// bytes for the activations of the largest step and the decode graphs.
+    FromMemory {
+        gpu_memory_utilization: f64,
+        activation_reserve: usize,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct GpuSizing {
+    pub num_slots: usize,
+    pub pages: PagePool,
+    pub page_size: usize,
+    pub max_model_len: usize,
+}
+
+pub struct GpuExecutor {
+    model: GpuModel,
+    cache: GpuCache,
+    geometry: CacheGeometry,
+}
+
+impl GpuExecutor {
+    /// Loads a Hugging Face model directory onto the GPU of `stream` and
+    /// sizes the cache.
+    pub fn load(
+        dir: &Path,
+        stream: Arc<CudaStream>,
+        options: GpuOptions,
+        sizing: GpuSizing,
+    ) -> Result<GpuExecutor> {
+        let config = Config::from_file(&dir.join("config.json"))?;
+        let weights = Weights::open(dir)?;
+        let model = GpuModel::load(config, &weights, stream, options)?;
+        Self::new(model, sizing)
+    }
+
+    /// An executor over a loaded model: allocates `num_slots + 1` slots and
+    /// the pages of `sizing.pages` plus one (the padding slot and page).
+    pub fn new(model: GpuModel, sizing: GpuSizing) -> Result<GpuExecutor> {
+        let GpuSizing {
+            num_slots,
+            pages,
+            page_size,
+            max_model_len,
+        } = sizing;
+        if num_slots == 0 || page_size == 0 || max_model_len == 0 {
+            return Err(Error::InvalidInput(format!(
+                "the GPU executor needs slots, a page size and max_model_len above 0 (got {sizing:?})"
+            )));
+        }
+        let (slot_bytes, page_bytes) = model.slot_and_page_bytes(page_size);
+        let num_pages = match pages {
+            PagePool::Fixed(n) => n,
+            PagePool::FromMemory {
+                gpu_memory_utilization: u,
+                activation_reserve,
+            } => {
+                if !(u > 0.0 && u <= 1.0) {
+                    return Err(Error::InvalidInput(format!(
+                        "gpu_memory_utilization must be in (0, 1], got {u}"
+                    )));
+                }
+                let (free, total) = model.stream().context().mem_get_info()?;
+                let allowed = (total as f64 * u) as usize;
+                let used = total - free;
+                let fixed = used + (num_slots + 1) * slot_bytes + activation_reserve;
+                let n = allowed.saturating_sub(fixed) / page_bytes.max(1);
+                log::info!(
+                    "GPU executor: {} of {} MiB in use, {} MiB allowed; {num_slots} slots of {} MiB, {} MiB reserved for activations: {n} KV pages of {page_size} positions ({} MiB each)",
+                    used >> 20,
+                    total >> 20,
+                    allowed >> 20,
+                    slot_bytes >> 20,
+                    activation_reserve >> 20,
+                    page_bytes >> 20
+                );
+                n.saturating_sub(1)
+            }
+        };
+        if num_pages == 0 {
+            return Err(Error::InvalidInput(format!(
+                "no room for KV pages ({sizing:?}); lower the slot count or raise gpu_memory_utilization"
+            )));
+        }
+        let cache = model.new_cache(num_slots + 1, num_pages + 1, page_size)?;
+        let geometry = CacheGeometry {
+            num_slots,
+            num_pages,
+            page_size,
+            vocab_size: model.config.vocab_size,
+            max_model_len: max_model_len.min(num_pages * page_size),
+        };
+        Ok(GpuExecutor {
+            model,
+            cache,
+            geometry,
+        })
+    }
+
+    /// Captures decode CUDA graphs for batch sizes 1, 2, 4, ... up to
+    /// `max_batch` (and `max_batch` itself), capped by the slot count, for
+    /// sequences up to `max_model_len`. Call at start-up: a decode step then
+    /// replays the smallest graph that holds it and never waits for a
+    /// capture. Returns the batch sizes captured.
+    pub fn capture_decode_graphs(&mut self, max_batch: usize) -> Result<Vec<usize>> {
+        let top = max_batch.min(self.geometry.num_slots);
+        let mut buckets: Vec<usize> = std::iter::successors(Some(1usize), |b| Some(b * 2))
+            .take_while(|&b| b < top)
+            .collect();
+        if top > 0 {
+            buckets.push(top);
+        }
+        self.model.capture_decode_graphs(
+            &mut self.cache,
+            &buckets,
+            self.geometry.max_model_len,
+            SlotId(self.geometry.num_slots as u32),
+            PageId(self.geometry.num_pages as u32),
+        )?;
+        Ok(self.cache.decode_graph_batch_sizes())
+    }
+
+    pub fn model(&self) -> &GpuModel {
+        &self.model
+    }
+
+    /// The device state (slot copies, export and import).
+    pub fn cache_mut(&mut self) -> &mut GpuCache {
+        &mut self.cache
+    }
+}
+
+impl Executor for GpuExecutor {
+    fn geometry(&self) -> CacheGeometry {
+        self.geometry
+    }
+
+    fn step(&mut self, rows: &[StepRow<'_>]) -> std::result::Result<Vec<SampledToken>, ExecError> {
+        check_rows(rows, &self.geometry)?;
+        let model_rows: Vec<Row> = rows
+            .iter()
+            .map(|r| Row {
+                slot: r.slot,
+                start: r.start,
+                tokens: r.tokens,
+                pages: r.pages,
+                logits: if r.sample.is_some() {
+                    RowLogits::Last
+                } else {
+                    RowLogits::None
+                },
+            })
+            .collect();
+        let logits = match self
+            .model
+            .step(&mut self.cache, &model_rows, LogitsTo::Host)
+        {
+            Ok(l) => l,
+            Err(StepError::Refused(m)) => return Err(ExecError::Refused(m)),
+            Err(StepError::Failed(e)) => {
+                // A context that cannot even synchronise is lost (a sticky
+                // CUDA error); otherwise only this step's slots are.
+                return Err(match self.model.stream().synchronize() {
+                    Ok(()) => ExecError::StepFailed(e.to_string()),
+                    Err(lost) => ExecError::Fatal(format!("{e}; then {lost}")),
+                });
+            }
+        };
+        let specs = rows.iter().filter_map(|r| r.sample.as_ref());
+        Ok(logits
+            .iter()
+            .zip(specs)
+            .map(|(l, spec)| engine::sampler::sample(l, spec))
+            .collect())
+    }
+}

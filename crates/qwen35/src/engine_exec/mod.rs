@@ -1,0 +1,121 @@
+//! The two executors of the serving engine (`engine::Executor`): the f32
+//! CPU reference forward ([`CpuExecutor`]: machines without a GPU, CI, the
+//! demo) and the bf16 GPU runtime ([`GpuExecutor`]). The engine decides
+//! slots, pages and rows; an executor checks them, runs them and samples
+//! with `engine::sampler` where a row asks.
+
+mod cpu;
+mod gpu;
+
+pub use cpu::{CpuExecutor, CpuSizing};
+pub use gpu::{GpuExecutor, GpuSizing, PagePool};
+
+use engine::{CacheGeometry, ExecError, StepRow};
+
+/// The checks both executors make before touching any state: ids within
+/// the geometry, each slot and page at most once, tokens within the vocab,
+/// enough pages for every position, nothing beyond `max_model_len`.
+pub(crate) fn check_rows(rows: &[StepRow], g: &CacheGeometry) -> Result<(), ExecError> {
+    let refuse = |m: String| Err(ExecError::Refused(m));
+    if rows.is_empty() {
+        return refuse("empty step".into());
+    }
+    let mut slots = std::collections::HashSet::new();
+    let mut pages = std::collections::HashSet::new();
+    for (i, r) in rows.iter().enumerate() {
+        if r.slot.0 as usize >= g.num_slots {
+            return refuse(format!(
+                "row {i}: slot {} beyond the {} slots",
+                r.slot.0, g.num_slots
+            ));
+        }
+        if !slots.insert(r.slot) {
+            return refuse(format!("slot {} appears twice in one step", r.slot.0));
+        }
+        if r.tokens.is_empty() {
+            return refuse(format!("row {i} brings no tokens"));
+        }
+        if let Some(&t) = r.tokens.iter().find(|&&t| t as usize >= g.vocab_size) {
+            return refuse(format!(
+                "row {i}: token id {t} >= vocab size {}",
+                g.vocab_size
+            ));
+        }
+        let end = r.start.saturating_add(r.tokens.len());
+        if end > g.max_model_len {
+            return refuse(format!(
+                "row {i} reaches {end} positions, beyond max_model_len {}",
+                g.max_model_len
+            ));
+        }
+        let used = end.div_ceil(g.page_size);
+        if r.pages.len() < used {
+            return refuse(format!(
+                "row {i} needs {used} pages of {} for {end} positions, has {}",
+                g.page_size,
+                r.pages.len()
+            ));
+        }
+        for p in &r.pages[..used] {
+            if p.0 as usize >= g.num_pages {
+                return refuse(format!(
+                    "row {i}: page {} beyond the {} pages",
+                    p.0, g.num_pages
+                ));
+            }
+            if !pages.insert(*p) {
+                return refuse(format!("page {} is given twice in one step", p.0));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use engine::{PageId, SlotId};
+
+    fn geometry() -> CacheGeometry {
+        CacheGeometry {
+            num_slots: 2,
+            num_pages: 4,
+            page_size: 4,
+            vocab_size: 10,
+            max_model_len: 12,
+        }
+    }
+
+    fn refused(rows: &[StepRow]) -> String {
+        match check_rows(rows, &geometry()) {
+            Err(ExecError::Refused(m)) => m,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn rows_outside_the_geometry_are_refused_with_the_reason() {
+        let p = [PageId(0), PageId(1), PageId(2)];
+        let q = [PageId(1)];
+        let row = |slot: u32, start: usize, tokens: &'static [u32], pages| StepRow {
+            slot: SlotId(slot),
+            start,
+            tokens,
+            pages,
+            sample: None,
+        };
+        assert!(check_rows(&[row(0, 0, &[1, 2, 3, 4, 5], &p)], &geometry()).is_ok());
+        assert!(refused(&[]).contains("empty step"));
+        assert!(refused(&[row(2, 0, &[1], &p)]).contains("slot 2 beyond the 2 slots"));
+        assert!(refused(&[row(0, 0, &[1], &p), row(0, 4, &[1], &q)]).contains("twice"));
+        assert!(refused(&[row(0, 0, &[], &p)]).contains("no tokens"));
+        assert!(refused(&[row(0, 0, &[10], &p)]).contains("token id 10"));
+        assert!(refused(&[row(0, 10, &[1, 2, 3], &p)]).contains("max_model_len 12"));
+        assert!(refused(&[row(0, 8, &[1], &p[..2])]).contains("needs 3 pages"));
+        assert!(
+            refused(&[row(0, 0, &[1], &p), row(1, 0, &[1], &p)]).contains("page 0 is given twice")
+        );
+        let bad = [PageId(4)];
+        assert!(refused(&[row(0, 0, &[1], &bad)]).contains("page 4 beyond"));
+    }
+}

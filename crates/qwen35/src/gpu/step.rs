@@ -1,0 +1,401 @@
+//! One step of the GPU model over caller-built rows: checking the rows,
+//! ordering them so that decode rows and logits rows are contiguous, laying
+//! out the batch (and the decode/prefill sub-batches of a mixed step), and
+//! bringing the wanted logits back in the caller's row order.
+
+use engine::{PageId, SlotId};
+use gdn_kernels::{BatchLayout, DeviceBatch};
+
+use crate::error::Error;
+use crate::gpu::GpuCache;
+use crate::gpu::GpuModel;
+pub use crate::RowLogits;
+
+/// One sequence's part of a step: `tokens` at positions `start..`, state in
+/// `slot`, KV in `pages` (position order, covering at least
+/// `start + tokens.len()` positions). `start == 0` starts from zero state
+/// (the step zeroes the slot); otherwise the slot holds the state after
+/// exactly `start` tokens of this sequence (the caller's bookkeeping).
+#[derive(Clone, Copy, Debug)]
+pub struct Row<'a> {
+    pub slot: SlotId,
+    pub start: usize,
+    pub tokens: &'a [u32],
+    pub pages: &'a [PageId],
+    pub logits: RowLogits,
+}
+
+/// Why a step did not run, or did not finish.
+#[derive(Debug)]
+pub enum StepError {
+    /// Refused before any device work: every slot and page is unchanged.
+    Refused(String),
+    /// Failed once device work was queued: the states of the step's slots
+    /// (and the KV positions it writes) are undefined, other slots intact.
+    Failed(Error),
+}
+
+impl std::fmt::Display for StepError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StepError::Refused(m) => write!(f, "step refused: {m}"),
+            StepError::Failed(e) => write!(f, "step failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for StepError {}
+
+// Every error past the checks is a failure of queued device work.
+impl From<Error> for StepError {
+    fn from(e: Error) -> Self {
+        StepError::Failed(e)
+    }
+}
+
+impl From<gdn_kernels::GdnError> for StepError {
+    fn from(e: gdn_kernels::GdnError) -> Self {
+        StepError::Failed(e.into())
+    }
+}
+
+impl From<cudarc::driver::DriverError> for StepError {
+    fn from(e: cudarc::driver::DriverError) -> Self {
+        StepError::Failed(e.into())
+    }
+}
+
+/// Where the logits go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsTo {
+    Host,
+    /// Left on the device (benchmarks of the forward without the copy).
+    DeviceOnly,
+}
+
+/// Which rows of the final hidden states get the lm_head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LogitsPlan {
+    None,
+    /// The last token of (ordered) sequences `lo..hi`.
+    LastOf(usize, usize),
+    /// Every token of the batch.
+    AllTokens,
+}
+
+impl LogitsPlan {
+    pub(crate) fn rows(self, num_tokens: usize) -> usize {
+        match self {
+            LogitsPlan::None => 0,
+            LogitsPlan::LastOf(lo, hi) => hi - lo,
+            LogitsPlan::AllTokens => num_tokens,
+        }
+    }
+}
+
+/// The batch of one step on the device: the whole batch, and for a step
+/// with both decode and prefill rows, each part on its own (decode rows
+/// first in the whole batch, `decode` of them).
+pub(crate) struct Batches {
+    pub full: DeviceBatch,
+    pub parts: Option<(DeviceBatch, DeviceBatch)>,
+}
+
+/// A checked step: rows in batch order and what to bring back.
+pub(crate) struct Plan {
+    /// Caller's row index of each batch row.
+    pub order: Vec<usize>,
+    /// Leading batch rows with one token (the recurrent decode step).
+    pub decode: usize,
+    pub logits: LogitsPlan,
+    pub layout: BatchLayout,
+    /// Pages of the row with the most.
+    pub max_pages: usize,
+}
+
+/// Rank of a row in the batch: decode rows first, and rows that want
+/// logits in the middle so they are contiguous (decode without logits,
+/// decode with, prefill with, prefill without).
+fn rank(r: &Row) -> u8 {
+    match (r.tokens.len() == 1, r.logits != RowLogits::None) {
+        (true, false) => 0,
+        (true, true) => 1,
+        (false, true) => 2,
+        (false, false) => 3,
+    }
+}
+
+/// Lays out `rows` in `order` with page tables `width` wide.
+pub(crate) fn layout_of(
+    rows: &[Row],
+    order: &[usize],
+    width: usize,
+    page_size: usize,
+) -> BatchLayout {
+    let mut layout = BatchLayout {
+        cu_seqlens: vec![0],
+        max_blocks: width,
+        page_size,
+        ..Default::default()
+    };
+    for &i in order {
+        let r = &rows[i];
+        let end = *layout.cu_seqlens.last().expect("starts with 0") + r.tokens.len() as i32;
+        layout.cu_seqlens.push(end);
+        layout.tokens.extend_from_slice(r.tokens);
+        layout.start_positions.push(r.start as i32);
+        layout.slots.push(r.slot.0 as i32);
+        let used = (r.start + r.tokens.len()).div_ceil(page_size);
+        layout.block_table.extend(
+            r.pages[..used]
+                .iter()
+                .map(|p| p.0 as i32)
+                .chain(std::iter::repeat(-1))
+                .take(width),
+        );
+    }
+    layout
+}
+
+impl GpuModel {
+    /// Checks `rows` against the cache without touching the device.
+    pub(crate) fn plan(&self, cache: &GpuCache, rows: &[Row]) -> Result<Plan, String> {
+        if cache.model_id != self.id {
+            return Err(
+                "this cache was made by another model (use the model's own new_cache)".into(),
+            );
+        }
+        if rows.is_empty() {
+            return Err("empty step".into());
+        }
+        let vocab = self.config.vocab_size;
+        let padding = cache.graphs.as_ref().map(|g| g.padding);
+        let mut slots = std::collections::HashSet::new();
+        let mut pages = std::collections::HashSet::new();
+        let mut max_pages = 1;
+        for (i, r) in rows.iter().enumerate() {
+            let s = r.slot.0 as usize;
+            if r.tokens.is_empty() {
+                return Err(format!("row {i} brings no tokens"));
+            }
+            if let Some(&bad) = r.tokens.iter().find(|&&t| t as usize >= vocab) {
+                return Err(format!("row {i}: token id {bad} >= vocab_size {vocab}"));
+            }
+            if s >= cache.num_slots() || padding.is_some_and(|p| p.slot == s as i32) {
+                return Err(format!("row {i}: slot {s} is not a slot of this cache"));
+            }
+            if !slots.insert(s) {
+                return Err(format!("slot {s} appears twice in one step"));
+            }
+            let end = r.start + r.tokens.len();
+            if end > i32::MAX as usize {
+                return Err(format!("row {i}: position {end} exceeds i32"));
+            }
+            let used = end.div_ceil(cache.page_size);
+            if r.pages.len() < used {
+                return Err(format!(
+                    "row {i} reaches position {} but has {} pages of {}",
+                    end - 1,
+                    r.pages.len(),
+                    cache.page_size
+                ));
+            }
+            for p in &r.pages[..used] {
+                let pi = p.0 as usize;
+                if pi >= cache.num_pages() || padding.is_some_and(|x| x.page == pi as i32) {
+                    return Err(format!("row {i}: page {pi} is not a page of this cache"));
+                }
+                if !pages.insert(pi) {
+                    return Err(format!("page {pi} is given twice in one step"));
+                }
+            }
+            max_pages = max_pages.max(used);
+        }
+        let mut order: Vec<usize> = (0..rows.len()).collect();
+        order.sort_by_key(|&i| rank(&rows[i]));
+        let decode = order.iter().filter(|&&i| rows[i].tokens.len() == 1).count();
+        let ranks: Vec<u8> = order.iter().map(|&i| rank(&rows[i])).collect();
+        let logits = if rows
+            .iter()
+            .any(|r| r.logits == RowLogits::All && r.tokens.len() > 1)
+        {
+            LogitsPlan::AllTokens
+        } else {
+            let lo = ranks.iter().filter(|&&k| k == 0).count();
+            let hi = lo + ranks.iter().filter(|&&k| k == 1 || k == 2).count();
+            if hi > lo {
+                LogitsPlan::LastOf(lo, hi)
+            } else {
+                LogitsPlan::None
+            }
+        };
+        let layout = layout_of(rows, &order, max_pages, cache.page_size);
+        Ok(Plan {
+            order,
+            decode,
+            logits,
+            layout,
+            max_pages,
+        })
+    }
+
+    /// Runs one step over `rows` (see [`Row`]): rows of one token run the
+    /// recurrent decode step in place on their slots, longer rows the GDN
+    /// prefill op; a step of decode rows only replays a captured CUDA graph
+    /// when the cache has one for its (padded) size. Returns the wanted
+    /// logits, `[rows][vocab]` f32, in row order: one row per `Last` row,
+    /// one per token of an `All` row; none with [`LogitsTo::DeviceOnly`].
+    pub fn step(
+        &mut self,
+        cache: &mut GpuCache,
+        rows: &[Row],
+        to: LogitsTo,
+    ) -> Result<Vec<Vec<f32>>, StepError> {
+        let plan = self.plan(cache, rows).map_err(StepError::Refused)?;
+        for r in rows.iter().filter(|r| r.start == 0) {
+            cache.zero_slot(r.slot)?;
+        }
+        let s = self.stream.clone();
+        let v = self.config.vocab_size;
+        let all_decode = plan.decode == rows.len();
+        let graphed = match &cache.graphs {
+            Some(g) if all_decode => g.fits(rows.len(), plan.max_pages),
+            _ => None,
+        };
+        let eager;
+        let logits = if let Some(bucket) = graphed {
+            self.replay_decode(cache, rows, &plan.order, bucket)?;
+            &cache.graphs.as_ref().expect("checked").graph(bucket).logits
+        } else {
+            let batches = self.batches(&plan)?;
+            let n = plan.logits.rows(batches.full.num_tokens());
+            // SAFETY (of `scratch`): the lm_head writes every row.
+            let mut out = crate::gpu::scratch::<f32>(&s, n.max(1) * v)?;
+            self.run(cache, &batches, plan.logits, &mut out)?;
+            eager = out;
+            &eager
+        };
+        if to == LogitsTo::DeviceOnly {
+            s.synchronize()?;
+            return Ok(vec![]);
+        }
+        // A graph's logits hold every batch row; the eager buffer only the
+        // plan's rows.
+        let (first, count) = match plan.logits {
+            LogitsPlan::None => return Ok(vec![]),
+            LogitsPlan::LastOf(lo, hi) if graphed.is_some() => (lo, hi - lo),
+            LogitsPlan::LastOf(lo, hi) => (0, hi - lo),
+            LogitsPlan::AllTokens => (0, plan.layout.tokens.len()),
+        };
+        let host = s.clone_dtoh(&logits.slice(first * v..(first + count) * v))?;
+        let mut host_rows: Vec<Option<&[f32]>> = host.chunks_exact(v).map(Some).collect();
+        // Back to the caller's row order: batch row `b` (caller row
+        // `order[b]`) owns logits rows by the plan.
+        let mut by_row: Vec<Vec<&[f32]>> = vec![vec![]; rows.len()];
+        let mut token_at = 0;
+        for (b, &i) in plan.order.iter().enumerate() {
+            let n = rows[i].tokens.len();
+            match plan.logits {
+                LogitsPlan::AllTokens => {
+                    let mine = token_at..token_at + n;
+                    let take: Vec<&[f32]> = mine
+                        .map(|t| host_rows[t].take().expect("each token once"))
+                        .collect();
+                    by_row[i] = match rows[i].logits {
+                        RowLogits::None => vec![],
+                        RowLogits::Last => vec![take[n - 1]],
+                        RowLogits::All => take,
+                    };
+                }
+                LogitsPlan::LastOf(lo, hi) if (lo..hi).contains(&b) => {
+                    by_row[i] = vec![host_rows[b - lo].take().expect("each row once")];
+                }
+                _ => {}
+            }
+            token_at += n;
+        }
+        Ok(by_row.into_iter().flatten().map(<[f32]>::to_vec).collect())
+    }
+
+    /// The whole batch on the device, and the decode and prefill parts of
+    /// a mixed step.
+    fn batches(&self, plan: &Plan) -> Result<Batches, StepError> {
+        let s = &self.stream;
+        let full = DeviceBatch::upload(s, &plan.layout)?;
+        let n = plan.order.len();
+        let parts = if plan.decode > 0 && plan.decode < n {
+            let (d, l) = (plan.decode, &plan.layout);
+            let w = l.max_blocks;
+            let part = |seqs: std::ops::Range<usize>| {
+                let (t0, t1) = (l.cu_seqlens[seqs.start], l.cu_seqlens[seqs.end]);
+                BatchLayout {
+                    tokens: l.tokens[t0 as usize..t1 as usize].to_vec(),
+                    cu_seqlens: l.cu_seqlens[seqs.start..=seqs.end]
+                        .iter()
+                        .map(|x| x - t0)
+                        .collect(),
+                    start_positions: l.start_positions[seqs.clone()].to_vec(),
+                    slots: l.slots[seqs.clone()].to_vec(),
+                    block_table: l.block_table[seqs.start * w..seqs.end * w].to_vec(),
+                    max_blocks: w,
+                    page_size: l.page_size,
+                    padding: None,
+                }
+            };
+            Some((
+                DeviceBatch::upload(s, &part(0..d))?,
+                DeviceBatch::upload(s, &part(d..n))?,
+            ))
+        } else {
+            None
+        };
+        Ok(Batches { full, parts })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row<'a>(slot: u32, tokens: &'a [u32], pages: &'a [PageId], logits: RowLogits) -> Row<'a> {
+        Row {
+            slot: SlotId(slot),
+            start: 0,
+            tokens,
+            pages,
+            logits,
+        }
+    }
+
+    #[test]
+    fn decode_rows_lead_and_logits_rows_are_contiguous() {
+        let p = [PageId(0), PageId(1)];
+        let rows = [
+            row(0, &[1, 2], &p, RowLogits::None),
+            row(1, &[3], &p, RowLogits::Last),
+            row(2, &[4, 5], &p, RowLogits::Last),
+            row(3, &[6], &p, RowLogits::None),
+        ];
+        let mut order: Vec<usize> = (0..4).collect();
+        order.sort_by_key(|&i| rank(&rows[i]));
+        assert_eq!(order, vec![3, 1, 2, 0]);
+    }
+
+    #[test]
+    fn the_layout_keeps_only_the_pages_in_use() {
+        let p = [PageId(5), PageId(6), PageId(7)];
+        let rows = [Row {
+            slot: SlotId(2),
+            start: 3,
+            tokens: &[1, 2],
+            pages: &p,
+            logits: RowLogits::Last,
+        }];
+        // Positions 3..5 on pages of 4: the first two pages.
+        let l = layout_of(&rows, &[0], 3, 4);
+        assert_eq!(l.block_table, vec![5, 6, -1]);
+        assert_eq!(l.cu_seqlens, vec![0, 2]);
+        assert_eq!(l.start_positions, vec![3]);
+        assert_eq!(l.slots, vec![2]);
+    }
+}

@@ -1,0 +1,182 @@
+//! The GPU executor driven with engine rows (skipped without a GPU;
+//! `GDN_REQUIRE_GPU=1` makes a missing GPU a failure), on the tiny fixtures:
+//! - every short prompt, teacher-forced through the executor all at once in
+//!   chunks of 16 (mixed decode + prefill steps, then decode-only steps),
+//!   with and without decode CUDA graphs: the greedy token at each position
+//!   passes HF's bf16 gate (regret) and the returned logprobs match HF's
+//!   (mean and p99 of |ours - HF| over the returned top 5);
+//! - the page pool sized from free memory fits the fraction asked for.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::drive::{run, Request};
+use common::{Fixture, MODELS};
+use cudarc::driver::CudaStream;
+use engine::Executor;
+use qwen35::engine_exec::{GpuExecutor, GpuSizing, PagePool};
+use qwen35::gate::{MAX_MEAN_ABS, MAX_P99_ABS, MAX_REGRET};
+use qwen35::gpu::{GpuModel, GpuOptions};
+
+const PAGE: usize = 16;
+const PAGES_PER_SLOT: usize = 16;
+
+fn stream() -> Option<Arc<CudaStream>> {
+    // Graph capture needs a created stream (not the legacy default one).
+    gdn_kernels::testing::gpu_stream().map(|s| s.context().new_stream().unwrap())
+}
+
+fn executor(f: &Fixture, s: &Arc<CudaStream>, slots: usize, pages: PagePool) -> GpuExecutor {
+    let model = GpuModel::load(
+        f.config.clone(),
+        &f.weights,
+        s.clone(),
+        GpuOptions::default(),
+    )
+    .unwrap();
+    GpuExecutor::new(
+        model,
+        GpuSizing {
+            num_slots: slots,
+            pages,
+            page_size: PAGE,
+            max_model_len: PAGES_PER_SLOT * PAGE,
+        },
+    )
+    .unwrap()
+}
+
+/// Gate statistics of teacher-forced samples against HF's top-64 rows.
+#[derive(Debug, Default)]
+struct Stats {
+    positions: usize,
+    max_regret: f32,
+    diffs: Vec<f32>,
+}
+
+impl Stats {
+    fn add(&mut self, r: &Request, ids: &[Vec<u32>], lps: &[Vec<f32>]) {
+        // Sample j follows prompt position prompt_len - 1 + j.
+        for (j, t) in r.out.iter().enumerate() {
+            let (hi, hl) = (&ids[r.prompt.len() - 1 + j], &lps[r.prompt.len() - 1 + j]);
+            let lp_of = |tok: u32| hi.iter().position(|&x| x == tok).map(|k| hl[k]);
+            // Outside HF's top 64: its 64th logprob bounds the true regret.
+            let ours = lp_of(t.token).unwrap_or(*hl.last().unwrap());
+            self.max_regret = self.max_regret.max(hl[0] - ours);
+            for &(tok, lp) in &t.top_logprobs {
+                if let Some(want) = lp_of(tok) {
+                    self.diffs.push((lp - want).abs());
+                }
+            }
+            self.positions += 1;
+        }
+    }
+
+    fn check(mut self, what: &str) {
+        assert!(
+            self.positions > 0 && !self.diffs.is_empty(),
+            "{what}: nothing compared"
+        );
+        self.diffs.sort_by(f32::total_cmp);
+        let mean = self.diffs.iter().sum::<f32>() / self.diffs.len() as f32;
+        let p99 = self.diffs[(self.diffs.len() * 99 / 100).min(self.diffs.len() - 1)];
+        println!(
+            "{what}: {} positions, max regret {:.3}, |logprob - HF| mean {mean:.4} p99 {p99:.4}",
+            self.positions, self.max_regret
+        );
+        assert!(
+            self.max_regret <= MAX_REGRET,
+            "{what}: regret {}",
+            self.max_regret
+        );
+        assert!(mean <= MAX_MEAN_ABS, "{what}: mean {mean}");
+        assert!(p99 <= MAX_P99_ABS, "{what}: p99 {p99}");
+    }
+}
+
+#[test]
+fn teacher_forced_greedy_through_the_executor_passes_the_hf_bf16_gate() {
+    let Some(s) = stream() else { return };
+    for name in MODELS {
+        let f = Fixture::load(name);
+        let short: Vec<(usize, &Vec<u32>)> = f
+            .prompts
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.len() > 1 && p.len() <= 128)
+            .collect();
+        for graphs in [false, true] {
+            let mut exec = executor(
+                &f,
+                &s,
+                short.len(),
+                PagePool::Fixed(short.len() * PAGES_PER_SLOT),
+            );
+            if graphs {
+                let sizes = exec.capture_decode_graphs(8).unwrap();
+                assert_eq!(sizes.first(), Some(&1), "{name}");
+                assert_eq!(*sizes.last().unwrap(), short.len().min(8), "{name}");
+            }
+            // Each prompt: its first quarter as the prompt (at least one
+            // token), the rest forced one token per step.
+            let mut reqs: Vec<Request> = short
+                .iter()
+                .enumerate()
+                .map(|(slot, (_, p))| {
+                    let k = (p.len() / 4).max(1);
+                    let mut r = Request::new(slot as u32, PAGES_PER_SLOT, &p[..k], 16, p.len() - k);
+                    r.forced = Some(p[k..].to_vec());
+                    r
+                })
+                .collect();
+            run(&mut exec, &mut reqs);
+            let mut stats = Stats::default();
+            for (r, (i, _)) in reqs.iter().zip(&short) {
+                let (ids, lps) = f.golden(*i);
+                stats.add(r, &ids, &lps);
+            }
+            stats.check(&format!("{name} executor (graphs: {graphs}) vs HF bf16"));
+        }
+    }
+}
+
+#[test]
+fn the_page_pool_from_free_memory_fits_the_fraction_asked() {
+    let Some(s) = stream() else { return };
+    let f = Fixture::load(MODELS[0]);
+    let (_, total) = s.context().mem_get_info().unwrap();
+    let reserve = 1 << 30;
+    let exec = executor(
+        &f,
+        &s,
+        4,
+        PagePool::FromMemory {
+            gpu_memory_utilization: 0.25,
+            activation_reserve: reserve,
+        },
+    );
+    let g = exec.geometry();
+    let (slot_bytes, page_bytes) = exec.model().slot_and_page_bytes(PAGE);
+    let (free, _) = s.context().mem_get_info().unwrap();
+    let used = total - free;
+    println!(
+        "{} pages of {page_bytes} bytes; {used} bytes in use of {total}",
+        g.num_pages
+    );
+    assert!(g.num_pages > 0);
+    // What the pool and slots took, plus the reserve, stays within the
+    // fraction (give or take the driver's 2 MiB rounding of each of the
+    // cache's few dozen buffers).
+    let slack = 64 << 20;
+    assert!(
+        used + reserve <= total / 4 + page_bytes + slot_bytes + slack,
+        "{used} + {reserve} > {total} / 4"
+    );
+    // And the pool is not tiny: at least half of what the fraction left.
+    let pool = (g.num_pages + 1) * page_bytes;
+    assert!(
+        pool * 2 >= total / 4 - (used - pool) - reserve,
+        "pool {pool} too small"
+    );
+}
