@@ -32,6 +32,9 @@ checks/reproducibility.sh
 step "nix static checks"
 checks/nix/run.sh
 
+step "gdn-server end to end: openai client, schemathesis fuzz, load (CPU demo on loopback)"
+checks/server/run.sh
+
 step "cargo test (GPU tests skip without a GPU)"
 cargo test --workspace -- --show-output 2>&1 | tee target/cargo-test.log
 # Without a GPU the GPU tests pass by returning early; say how many did.

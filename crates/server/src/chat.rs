@@ -191,6 +191,10 @@ impl ChatOutput {
             delta.content.push_str(&rest.content);
             delta.tool_calls.extend(rest.tool_calls);
         }
+        // include_reasoning=false: reasoning is still split off, then dropped (vLLM).
+        if !self.valid.include_reasoning {
+            delta.reasoning.clear();
+        }
         delta
     }
 

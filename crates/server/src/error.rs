@@ -215,3 +215,40 @@ impl From<SubmitError> for ApiError {
 pub fn rejection_reason(e: &ApiError) -> &'static str {
     e.code
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn internal_errors_are_masked_and_overload_says_when_to_retry() {
+        let e = ApiError::internal("panic at /work/secret/path.rs:12");
+        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(e.body()["error"]["message"], "Internal server error.");
+        let resp = ApiError::overloaded(Duration::from_secs(3)).into_response();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "3");
+        assert_eq!(resp.headers()["x-should-retry"], "true");
+    }
+
+    #[test]
+    fn engine_refusals_map_to_client_statuses() {
+        let too_long = ApiError::from(SubmitError::TooLong {
+            prompt_tokens: 10,
+            max_tokens: 60,
+            max_model_len: 64,
+        });
+        assert_eq!(
+            (too_long.status, too_long.code),
+            (StatusCode::BAD_REQUEST, "context_length_exceeded")
+        );
+        assert!(
+            too_long.message.contains("60 > 64 - 10"),
+            "{}",
+            too_long.message
+        );
+        let dead = ApiError::from(SubmitError::Dead("cuda error 700 at kernel.cu".into()));
+        assert_eq!(dead.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(!dead.message.contains("kernel.cu"));
+    }
+}
