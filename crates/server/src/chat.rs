@@ -12,13 +12,17 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::Stream;
 use minijinja::value::Value;
-use serde_json::{json, Value as Json};
+use serde_json::Value as Json;
 
 use crate::app::{decode_json, random_id, read_body, unix_now, AppState, SharedState};
 use crate::error::ApiError;
-use crate::generate::{chat_logprobs, Generation, Progress, PromptSpec};
+use crate::generate::{Generation, Progress, PromptSpec};
 use crate::openai::{ChatTemplateView, GenerationRequest};
 use crate::outparse::{tool_schemas, ChatOutputParser, ParsedDelta};
+use crate::responses::{
+    chat_logprobs, ChatChoice, ChatLogprobs, Chunk, ChunkChoice, Completion, Delta, FunctionOut,
+    LogprobOut, Message, ToolCallOut, Usage,
+};
 use crate::template::{decode_tool_call_arguments, RenderInput, TemplateError};
 use crate::validate::{resolve_max_tokens, validate_chat, ValidChat, ValidationError};
 
@@ -206,50 +210,54 @@ impl ChatOutput {
         }
     }
 
-    fn tool_calls_json(&mut self, index: usize, delta: &ParsedDelta, streaming: bool) -> Vec<Json> {
+    fn tool_calls(
+        &mut self,
+        index: usize,
+        delta: &ParsedDelta,
+        streaming: bool,
+    ) -> Vec<ToolCallOut> {
         delta
             .tool_calls
             .iter()
             .map(|call| {
                 let k = self.tool_call_counts[index];
                 self.tool_call_counts[index] += 1;
-                let mut v = json!({
-                    "id": random_id("chatcmpl-tool-"),
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": call.arguments},
-                });
-                if streaming {
-                    v["index"] = json!(k);
+                ToolCallOut {
+                    id: random_id("chatcmpl-tool-"),
+                    kind: "function",
+                    index: streaming.then_some(k),
+                    function: FunctionOut {
+                        name: call.name.clone(),
+                        arguments: call.arguments.clone(),
+                    },
                 }
-                v
             })
             .collect()
     }
 
-    fn chunk(&self, choices: Json, usage: Option<Json>) -> Json {
-        let mut chunk = json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        });
-        if let Some(usage) = usage {
-            chunk["usage"] = usage;
-        }
-        chunk
+    fn chunk(&self, choices: Vec<ChunkChoice>, usage: Option<Usage>) -> String {
+        let chunk = Chunk {
+            id: &self.id,
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: &self.model,
+            choices,
+            usage,
+        };
+        serde_json::to_string(&chunk).expect("serializable")
     }
 }
 
-fn usage_json(generation: &Generation) -> Json {
+fn usage(generation: &Generation) -> Usage {
     // n choices share one prompt: it counts once, as in vLLM.
-    let prompt = generation.prompt_tokens.first().copied().unwrap_or(0);
-    let completion = generation.completion_tokens();
-    json!({"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion})
+    Usage::new(
+        generation.prompt_tokens.first().copied().unwrap_or(0),
+        generation.completion_tokens(),
+    )
 }
 
-fn data(v: &Json) -> Result<SseEvent, Infallible> {
-    Ok(SseEvent::default().data(v.to_string()))
+fn data(text: String) -> Result<SseEvent, Infallible> {
+    Ok(SseEvent::default().data(text))
 }
 
 fn stream(
@@ -261,52 +269,46 @@ fn stream(
         let n = out.valid.generation.n;
         let include_usage = out.valid.generation.include_usage;
         let continuous = include_usage && out.valid.generation.continuous_usage;
+        let want_logprobs = out.valid.generation.sampling.logprobs.is_some();
         for index in 0..n {
-            let choice = json!({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
-            yield data(&out.chunk(json!([choice]), continuous.then(|| usage_json(&generation))));
+            let delta = Delta { role: Some("assistant"), content: Some(String::new()), ..Default::default() };
+            let choice = ChunkChoice { index, delta, logprobs: None, finish_reason: None, stop_reason: None };
+            yield data(out.chunk(vec![choice], continuous.then(|| usage(&generation))));
         }
         while let Some(next) = generation.next().await {
             let p = match next {
                 Ok(p) => p,
                 Err(message) => {
-                    let e = ApiError::engine_failure(message);
-                    yield data(&e.body());
-                    yield Ok(SseEvent::default().data("[DONE]"));
+                    yield data(ApiError::engine_failure(message).body().to_string());
+                    yield data("[DONE]".into());
                     guard.done();
                     return;
                 }
             };
             let parsed = out.parse(&p);
-            let mut delta = serde_json::Map::new();
-            if !parsed.reasoning.is_empty() {
-                delta.insert("reasoning_content".into(), json!(parsed.reasoning));
-            }
-            if !parsed.content.is_empty() {
-                delta.insert("content".into(), json!(parsed.content));
-            }
-            let calls = out.tool_calls_json(p.index, &parsed, true);
-            if !calls.is_empty() {
-                delta.insert("tool_calls".into(), json!(calls));
-            }
-            let logprobs = if out.valid.generation.sampling.logprobs.is_some() && !p.logprobs.is_empty() {
-                json!({"content": chat_logprobs(&p.logprobs)})
-            } else {
-                Json::Null
+            let delta = Delta {
+                role: None,
+                content: (!parsed.content.is_empty()).then(|| parsed.content.clone()),
+                reasoning_content: (!parsed.reasoning.is_empty()).then(|| parsed.reasoning.clone()),
+                tool_calls: out.tool_calls(p.index, &parsed, true),
             };
-            if delta.is_empty() && logprobs.is_null() && p.finish.is_none() {
+            let logprobs = (want_logprobs && !p.logprobs.is_empty()).then(|| ChatLogprobs { content: chat_logprobs(&p.logprobs) });
+            if delta.is_empty() && logprobs.is_none() && p.finish.is_none() {
                 continue;
             }
-            let mut choice = json!({"index": p.index, "delta": delta, "logprobs": logprobs, "finish_reason": null});
-            if let Some(finish) = &p.finish {
-                choice["finish_reason"] = json!(out.finish_reason(p.index, finish.reason));
-                choice["stop_reason"] = finish.stop_reason.clone();
-            }
-            yield data(&out.chunk(json!([choice]), continuous.then(|| usage_json(&generation))));
+            let choice = ChunkChoice {
+                index: p.index,
+                delta,
+                logprobs,
+                finish_reason: p.finish.as_ref().map(|f| out.finish_reason(p.index, f.reason)),
+                stop_reason: p.finish.as_ref().map(|f| f.stop_reason.clone()),
+            };
+            yield data(out.chunk(vec![choice], continuous.then(|| usage(&generation))));
         }
         if include_usage {
-            yield data(&out.chunk(json!([]), Some(usage_json(&generation))));
+            yield data(out.chunk(vec![], Some(usage(&generation))));
         }
-        yield Ok(SseEvent::default().data("[DONE]"));
+        yield data("[DONE]".into());
         guard.done();
     }
 }
@@ -319,57 +321,70 @@ async fn collect(
     let n = out.valid.generation.n;
     let mut reasoning = vec![String::new(); n];
     let mut content = vec![String::new(); n];
-    let mut calls: Vec<Vec<Json>> = vec![Vec::new(); n];
-    let mut logprobs: Vec<Vec<Json>> = vec![Vec::new(); n];
-    let mut finish: Vec<(Json, Json)> = vec![(Json::Null, Json::Null); n];
+    let mut calls: Vec<Vec<ToolCallOut>> = vec![Vec::new(); n];
+    let mut logprobs: Vec<Vec<LogprobOut>> = vec![Vec::new(); n];
+    let mut finish: Vec<(Option<&'static str>, Json)> = vec![(None, Json::Null); n];
     while let Some(next) = generation.next().await {
         let p = next.map_err(ApiError::engine_failure)?;
         let parsed = out.parse(&p);
         reasoning[p.index].push_str(&parsed.reasoning);
         content[p.index].push_str(&parsed.content);
-        let new_calls = out.tool_calls_json(p.index, &parsed, false);
+        let new_calls = out.tool_calls(p.index, &parsed, false);
         calls[p.index].extend(new_calls);
         logprobs[p.index].extend(chat_logprobs(&p.logprobs));
         if let Some(f) = &p.finish {
             finish[p.index] = (
-                json!(out.finish_reason(p.index, f.reason)),
+                Some(out.finish_reason(p.index, f.reason)),
                 f.stop_reason.clone(),
             );
         }
     }
     guard.done();
     let want_logprobs = out.valid.generation.sampling.logprobs.is_some();
-    let choices: Vec<Json> = (0..n)
+    let choices: Vec<ChatChoice> = (0..n)
         .map(|i| {
             let text = std::mem::take(&mut content[i]);
+            let tool_calls = std::mem::take(&mut calls[i]);
             // With tool calls, whitespace-only content is no content (vLLM).
-            let content = if text.is_empty() || (!calls[i].is_empty() && text.trim().is_empty()) {
-                Json::Null
+            let content = if text.is_empty() || (!tool_calls.is_empty() && text.trim().is_empty()) {
+                None
             } else {
-                json!(text)
+                Some(text)
             };
-            let reasoning = if reasoning[i].is_empty() { Json::Null } else { json!(reasoning[i]) };
-            json!({
-                "index": i,
-                "message": {
-                    "role": "assistant",
-                    "content": content,
-                    "reasoning_content": reasoning,
-                    "tool_calls": calls[i],
+            let reasoning = Some(std::mem::take(&mut reasoning[i])).filter(|r| !r.is_empty());
+            ChatChoice {
+                index: i,
+                message: Message {
+                    role: "assistant",
+                    content,
+                    tool_calls,
+                    reasoning_content: reasoning,
                 },
-                "logprobs": if want_logprobs { json!({"content": logprobs[i]}) } else { Json::Null },
-                "finish_reason": finish[i].0,
-                "stop_reason": finish[i].1,
-            })
+                logprobs: want_logprobs.then(|| ChatLogprobs {
+                    content: std::mem::take(&mut logprobs[i]),
+                }),
+                finish_reason: finish[i].0,
+                stop_reason: finish[i].1.clone(),
+            }
         })
         .collect();
-    let body = json!({
-        "id": out.id,
-        "object": "chat.completion",
-        "created": out.created,
-        "model": out.model,
-        "choices": choices,
-        "usage": usage_json(&generation),
-    });
-    Ok(axum::Json(body).into_response())
+    let body = Completion {
+        id: &out.id,
+        object: "chat.completion",
+        created: out.created,
+        model: &out.model,
+        choices,
+        usage: usage(&generation),
+    };
+    Ok(json_response(&body))
+}
+
+/// A JSON body serialized straight from the struct (field order kept).
+pub fn json_response<T: serde::Serialize>(body: &T) -> Response {
+    let text = serde_json::to_string(body).expect("serializable");
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        text,
+    )
+        .into_response()
 }

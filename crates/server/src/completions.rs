@@ -9,13 +9,14 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::Stream;
-use serde_json::{json, Value as Json};
+use serde_json::Value as Json;
 
 use crate::app::{decode_json, random_id, read_body, unix_now, SharedState};
-use crate::chat::{DisconnectGuard, KEEP_ALIVE};
+use crate::chat::{json_response, DisconnectGuard, KEEP_ALIVE};
 use crate::error::ApiError;
 use crate::generate::{completion_logprobs, Generation, PromptSpec};
 use crate::openai::{GenerationRequest, Prompt};
+use crate::responses::{Chunk, Completion, CompletionChoice, Usage};
 use crate::validate::{resolve_max_tokens, validate_completion, ValidCompletion, ValidationError};
 
 pub async fn handle(State(state): State<SharedState>, headers: HeaderMap, body: Body) -> Response {
@@ -137,11 +138,28 @@ impl CompletionOutput {
     }
 }
 
-fn usage_json(generation: &Generation, n: usize) -> Json {
+fn usage(generation: &Generation, n: usize) -> Usage {
     // Each prompt counts once however many choices it has.
     let prompt: usize = generation.prompt_tokens.iter().step_by(n).sum();
-    let completion = generation.completion_tokens();
-    json!({"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion})
+    Usage::new(prompt, generation.completion_tokens())
+}
+
+fn data(text: String) -> Result<SseEvent, Infallible> {
+    Ok(SseEvent::default().data(text))
+}
+
+impl CompletionOutput {
+    fn chunk(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> String {
+        let chunk = Chunk {
+            id: &self.id,
+            object: "text_completion",
+            created: self.created,
+            model: &self.model,
+            choices,
+            usage,
+        };
+        serde_json::to_string(&chunk).expect("serializable")
+    }
 }
 
 fn stream(
@@ -160,8 +178,8 @@ fn stream(
             let p = match next {
                 Ok(p) => p,
                 Err(message) => {
-                    yield Ok(SseEvent::default().data(ApiError::engine_failure(message).body().to_string()));
-                    yield Ok(SseEvent::default().data("[DONE]"));
+                    yield data(ApiError::engine_failure(message).body().to_string());
+                    yield data("[DONE]".into());
                     guard.done();
                     return;
                 }
@@ -171,25 +189,23 @@ fn stream(
                 echoed[p.index] = true;
                 text.push_str(out.echo(p.index));
             }
+            let echo_len = text.len();
             text.push_str(&p.text);
-            let logprobs = if want_logprobs { completion_logprobs(&p.logprobs, offsets[p.index] + text.len() - p.text.len()) } else { Json::Null };
+            let logprobs = if want_logprobs { completion_logprobs(&p.logprobs, offsets[p.index] + echo_len) } else { Json::Null };
             offsets[p.index] += text.len();
-            let mut choice = json!({"index": p.index, "text": text, "logprobs": logprobs, "finish_reason": null});
-            if let Some(finish) = &p.finish {
-                choice["finish_reason"] = json!(finish.reason);
-                choice["stop_reason"] = finish.stop_reason.clone();
-            }
-            let mut chunk = json!({"id": out.id, "object": "text_completion", "created": out.created, "model": out.model, "choices": [choice]});
-            if continuous {
-                chunk["usage"] = usage_json(&generation, n);
-            }
-            yield Ok(SseEvent::default().data(chunk.to_string()));
+            let choice = CompletionChoice {
+                index: p.index,
+                text,
+                logprobs,
+                finish_reason: p.finish.as_ref().map(|f| f.reason),
+                stop_reason: p.finish.as_ref().map(|f| f.stop_reason.clone()),
+            };
+            yield data(out.chunk(vec![choice], continuous.then(|| usage(&generation, n))));
         }
         if include_usage {
-            let chunk = json!({"id": out.id, "object": "text_completion", "created": out.created, "model": out.model, "choices": [], "usage": usage_json(&generation, n)});
-            yield Ok(SseEvent::default().data(chunk.to_string()));
+            yield data(out.chunk(vec![], Some(usage(&generation, n))));
         }
-        yield Ok(SseEvent::default().data("[DONE]"));
+        yield data("[DONE]".into());
         guard.done();
     }
 }
@@ -202,35 +218,37 @@ async fn collect(
     let count = generation.choices.len();
     let mut texts: Vec<String> = (0..count).map(|i| out.echo(i).to_string()).collect();
     let mut logprobs: Vec<Vec<crate::generate::TokenLogprob>> = vec![Vec::new(); count];
-    let mut finish: Vec<(Json, Json)> = vec![(Json::Null, Json::Null); count];
+    let mut finish: Vec<(Option<&'static str>, Json)> = vec![(None, Json::Null); count];
     while let Some(next) = generation.next().await {
         let p = next.map_err(ApiError::engine_failure)?;
         texts[p.index].push_str(&p.text);
         logprobs[p.index].extend(p.logprobs);
         if let Some(f) = p.finish {
-            finish[p.index] = (json!(f.reason), f.stop_reason);
+            finish[p.index] = (Some(f.reason), f.stop_reason);
         }
     }
     guard.done();
     let want_logprobs = out.valid.generation.sampling.logprobs.is_some();
-    let choices: Vec<Json> = (0..count)
-        .map(|i| {
-            json!({
-                "index": i,
-                "text": texts[i],
-                "logprobs": if want_logprobs { completion_logprobs(&logprobs[i], out.echo(i).len()) } else { Json::Null },
-                "finish_reason": finish[i].0,
-                "stop_reason": finish[i].1,
-            })
+    let choices: Vec<CompletionChoice> = (0..count)
+        .map(|i| CompletionChoice {
+            index: i,
+            text: std::mem::take(&mut texts[i]),
+            logprobs: if want_logprobs {
+                completion_logprobs(&logprobs[i], out.echo(i).len())
+            } else {
+                Json::Null
+            },
+            finish_reason: finish[i].0,
+            stop_reason: Some(finish[i].1.clone()),
         })
         .collect();
-    let body = json!({
-        "id": out.id,
-        "object": "text_completion",
-        "created": out.created,
-        "model": out.model,
-        "choices": choices,
-        "usage": usage_json(&generation, out.valid.generation.n),
-    });
-    Ok(axum::Json(body).into_response())
+    let body = Completion {
+        id: &out.id,
+        object: "text_completion",
+        created: out.created,
+        model: &out.model,
+        choices,
+        usage: usage(&generation, out.valid.generation.n),
+    };
+    Ok(json_response(&body))
 }

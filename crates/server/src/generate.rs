@@ -284,23 +284,6 @@ pub fn json_logprob(lp: f32) -> Json {
     }
 }
 
-/// Chat's `logprobs.content` entries.
-pub fn chat_logprobs(entries: &[TokenLogprob]) -> Vec<Json> {
-    entries
-        .iter()
-        .map(|e| {
-            json!({
-                "token": e.text,
-                "logprob": json_logprob(e.logprob),
-                "bytes": e.text.as_bytes(),
-                "top_logprobs": e.top.iter().map(|(_, text, lp)| json!({
-                    "token": text, "logprob": json_logprob(*lp), "bytes": text.as_bytes(),
-                })).collect::<Vec<_>>(),
-            })
-        })
-        .collect()
-}
-
 /// Completions' logprobs object (`text_offset` counts from `offset`).
 pub fn completion_logprobs(entries: &[TokenLogprob], mut offset: usize) -> Json {
     let mut text_offset = Vec::new();

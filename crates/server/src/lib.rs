@@ -13,6 +13,7 @@ pub mod model;
 pub mod openai;
 pub mod outparse;
 pub mod pyjson;
+pub mod responses;
 pub mod routes;
 pub mod serve;
 pub mod template;
