@@ -101,19 +101,9 @@ impl AppState {
     }
 }
 
-/// Reads a JSON body: 415 unless `Content-Type: application/json`, 413
-/// over `--max-request-bytes`, 400 for anything serde refuses (malformed
-/// JSON, wrong types, NaN, numbers out of range, invalid UTF-8), with the
-/// dotted path of the offending field as `param`.
-pub async fn read_json<T: DeserializeOwned>(
-    state: &AppState,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<T, ApiError> {
-    decode_json(&read_body(state, headers, body).await?)
-}
-
-/// The body's bytes after the content-type and size checks of [`read_json`].
+/// Reads a request body: 415 unless `Content-Type: application/json`, 413
+/// over `--max-request-bytes`. [`decode_json`] then gives 400 for anything
+/// serde refuses.
 pub async fn read_body(
     state: &AppState,
     headers: &HeaderMap,
@@ -145,6 +135,9 @@ pub async fn read_body(
     Ok(bytes)
 }
 
+/// 400 for anything serde refuses (malformed JSON, wrong types, NaN,
+/// numbers out of range, invalid UTF-8), with the dotted path of the
+/// offending field as `param`.
 pub fn decode_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {

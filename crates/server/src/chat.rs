@@ -104,11 +104,7 @@ async fn run(state: &SharedState, headers: &HeaderMap, body: Body) -> Result<Res
         req.chat_template_kwargs.as_ref(),
     )?;
     let max_model_len = state.max_model_len()?;
-    let max_tokens = resolve_max_tokens(
-        valid.generation.max_tokens,
-        rendered.ids.len(),
-        max_model_len,
-    )?;
+    let max_tokens = resolve_max_tokens(&valid.generation, rendered.ids.len(), max_model_len)?;
     let generation = Generation::submit(
         &state.engine,
         state.model.tokenizer.clone(),

@@ -84,7 +84,7 @@ async fn run(state: &SharedState, headers: &HeaderMap, body: Body) -> Result<Res
     let max_model_len = state.max_model_len()?;
     let mut specs = Vec::new();
     for (ids, _) in &prompts {
-        let max_tokens = resolve_max_tokens(valid.generation.max_tokens, ids.len(), max_model_len)
+        let max_tokens = resolve_max_tokens(&valid.generation, ids.len(), max_model_len)
             .map_err(|e| ApiError::from(e).with_param("prompt"))?;
         specs.push(PromptSpec {
             ids: ids.clone(),

@@ -165,13 +165,6 @@ pub enum Prompt {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum TokenizeRequest {
-    Chat(TokenizeChat),
-    Prompt(TokenizePrompt),
-}
-
-#[derive(Debug, Deserialize)]
 pub struct TokenizePrompt {
     pub model: Option<String>,
     pub prompt: String,

@@ -79,7 +79,7 @@ pub async fn tokenize(
         // Chat form if the body has `messages`, else the prompt form: decoding
         // into the form the client meant gives errors that name its fields.
         let probe: serde_json::Value = decode_json(&bytes)?;
-        let (model, tokens) = if probe.get("messages").is_some() {
+        let tokens = if probe.get("messages").is_some() {
             let req: TokenizeChat = decode_json(&bytes)?;
             state.check_model(req.model.as_deref())?;
             if req.messages.is_empty() {
@@ -94,7 +94,7 @@ pub async fn tokenize(
                 continue_final,
                 req.chat_template_kwargs.as_ref(),
             )?;
-            (req.model, rendered.ids)
+            rendered.ids
         } else {
             let req: TokenizePrompt = decode_json(&bytes)?;
             state.check_model(req.model.as_deref())?;
@@ -102,9 +102,8 @@ pub async fn tokenize(
                 .model
                 .encode(&req.prompt, req.add_special_tokens.unwrap_or(true))
                 .map_err(ApiError::internal)?;
-            (req.model, ids)
+            ids
         };
-        let _ = model;
         Ok::<_, ApiError>(axum::Json(json!({
             "count": tokens.len(),
             "max_model_len": state.engine.max_model_len(),

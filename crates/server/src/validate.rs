@@ -220,8 +220,11 @@ pub struct SamplingDefaults {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ValidGeneration {
     pub sampling: SamplingParams,
-    /// `None`: the rest of the context (`max_model_len - prompt_len`).
+    /// The client's limit; `None`: the server default if any, capped by
+    /// the rest of the context (`max_model_len - prompt_len`).
     pub max_tokens: Option<usize>,
+    /// generation_config.json's `max_new_tokens`.
+    pub default_max_tokens: Option<usize>,
     pub min_tokens: usize,
     pub stop_strings: Vec<String>,
     pub stop_token_ids: Vec<u32>,
@@ -381,7 +384,7 @@ pub fn validate_generation(
     }
     let max_tokens = match max_tokens {
         Some(m) => Some(positive_count("max_tokens", m, "at least 1", i64::MAX)?),
-        None => defaults.max_tokens,
+        None => None,
     };
     let min_tokens = match req.min_tokens.unwrap_or(0) {
         m if m < 0 => {
@@ -457,6 +460,7 @@ pub fn validate_generation(
             logprobs: top_logprobs,
         },
         max_tokens,
+        default_max_tokens: defaults.max_tokens,
         min_tokens,
         stop_strings,
         stop_token_ids,
@@ -666,13 +670,29 @@ pub fn validate_completion(
 }
 
 /// Resolves `max_tokens` against the context once the prompt length is
-/// known: unset means the rest of the context; too large is an error with
+/// known: unset means the server default capped by the rest of the context
+/// (or the rest of the context); a client value too large is an error with
 /// vLLM's message.
 pub fn resolve_max_tokens(
-    max_tokens: Option<usize>,
+    v: &ValidGeneration,
     prompt_tokens: usize,
     max_model_len: usize,
 ) -> Result<usize, ValidationError> {
+    let room = check_context(prompt_tokens, max_model_len)?;
+    match (v.max_tokens, v.default_max_tokens) {
+        (Some(m), _) if m > room => Err(ValidationError::MaxTokensTooLarge {
+            max_tokens: m,
+            prompt_tokens,
+            max_model_len,
+        }),
+        (Some(m), _) => Ok(m),
+        (None, Some(default)) => Ok(default.min(room)),
+        (None, None) => Ok(room),
+    }
+}
+
+/// Room left for output, or why there is none.
+fn check_context(prompt_tokens: usize, max_model_len: usize) -> Result<usize, ValidationError> {
     if prompt_tokens == 0 {
         return Err(ValidationError::EmptyPrompt);
     }
@@ -682,16 +702,7 @@ pub fn resolve_max_tokens(
             max_model_len,
         });
     }
-    let room = max_model_len - prompt_tokens;
-    match max_tokens {
-        None => Ok(room),
-        Some(m) if m > room => Err(ValidationError::MaxTokensTooLarge {
-            max_tokens: m,
-            prompt_tokens,
-            max_model_len,
-        }),
-        Some(m) => Ok(m),
-    }
+    Ok(max_model_len - prompt_tokens)
 }
 
 #[cfg(test)]
@@ -793,12 +804,23 @@ mod tests {
 
     #[test]
     fn max_tokens_against_context() {
-        assert_eq!(resolve_max_tokens(None, 10, 64), Ok(54));
-        assert_eq!(resolve_max_tokens(Some(54), 10, 64), Ok(54));
-        let e = resolve_max_tokens(Some(55), 10, 64).unwrap_err();
+        let mut v = chat(&format!("{{{MSG}}}")).unwrap().generation;
+        assert_eq!(resolve_max_tokens(&v, 10, 64), Ok(54));
+        v.default_max_tokens = Some(100);
+        assert_eq!(
+            resolve_max_tokens(&v, 10, 64),
+            Ok(54),
+            "a server default is capped, not refused"
+        );
+        v.default_max_tokens = Some(20);
+        assert_eq!(resolve_max_tokens(&v, 10, 64), Ok(20));
+        v.max_tokens = Some(54);
+        assert_eq!(resolve_max_tokens(&v, 10, 64), Ok(54));
+        v.max_tokens = Some(55);
+        let e = resolve_max_tokens(&v, 10, 64).unwrap_err();
         assert!(e.to_string().contains("55 > 64 - 10"), "{e}");
         assert_eq!(
-            resolve_max_tokens(None, 64, 64),
+            resolve_max_tokens(&v, 64, 64),
             Err(ValidationError::PromptTooLong {
                 prompt_tokens: 64,
                 max_model_len: 64
