@@ -98,11 +98,10 @@ pub async fn tokenize(
         } else {
             let req: TokenizePrompt = decode_json(&bytes)?;
             state.check_model(req.model.as_deref())?;
-            let ids = state
+            state
                 .model
                 .encode(&req.prompt, req.add_special_tokens.unwrap_or(true))
-                .map_err(ApiError::internal)?;
-            ids
+                .map_err(ApiError::internal)?
         };
         Ok::<_, ApiError>(axum::Json(json!({
             "count": tokens.len(),
