@@ -10,8 +10,10 @@
 //! on the device (`LogitsTo::DeviceOnly`): sampling is not part of the forward.
 //! Slots and pages are handed out by the tests' stand-in for the engine's
 //! allocator (tests/common/alloc.rs).
-//! Arguments (optional) pick parts: `prefill`, `decode` (default: both), and
-//! `--decode-batches 1,16,64`.
+//! Arguments (optional) pick parts: `prefill`, `decode`, `mixed` (default:
+//! all), and `--decode-batches 1,16,64`. `mixed` times a step of decode rows
+//! plus one 512-token prefill chunk against the two run as separate steps
+//! (eagerly, both): a mixed step should cost what its parts cost.
 
 use std::time::Instant;
 
@@ -37,7 +39,10 @@ fn used_bytes() -> usize {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let part = |p: &str| {
-        !args.iter().any(|a| a == "prefill" || a == "decode") || args.iter().any(|a| a == p)
+        !args
+            .iter()
+            .any(|a| a == "prefill" || a == "decode" || a == "mixed")
+            || args.iter().any(|a| a == p)
     };
     let batches: Vec<usize> = args
         .iter()
@@ -218,6 +223,66 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 roofline / dt
             );
         }
+    }
+    // 5. Mixed steps: `batch` decode rows at CONTEXT plus a 512-token chunk
+    // of a new sequence, against the decode step and the prefill alone.
+    let mixed_batches: &[usize] = if part("mixed") { &[16, 64] } else { &[] };
+    for &batch in mixed_batches {
+        let chunk: Vec<u32> = (0..512u32).map(|t| (t * 13) % 200_000 + 10).collect();
+        let reps = 5;
+        // Each rep: one decode step per layout, one fresh chunk sequence.
+        let per_seq = (CONTEXT + 3 * reps + 8).div_ceil(PAGE) + 1;
+        let pages = (batch + 3 * reps) * per_seq.max(chunk.len().div_ceil(PAGE) + 1);
+        let mut cache = model.new_cache(batch + 3 * reps, pages, PAGE)?;
+        let mut seqs = Seqs::new(batch + 3 * reps, pages, PAGE);
+        let ids: Vec<_> = (0..batch).map(|_| seqs.add()).collect();
+        let prompt: Vec<u32> = (0..CONTEXT as u32)
+            .map(|t| (t * 31) % 200_000 + 10)
+            .collect();
+        let mut forward = |seqs: &mut Seqs, step: &[(alloc::SeqId, &[u32])]| {
+            seqs.step_to(
+                &mut model,
+                &mut cache,
+                step,
+                RowLogits::Last,
+                LogitsTo::DeviceOnly,
+            )
+            .map(drop)
+        };
+        for group in ids.chunks(8) {
+            let step: Vec<_> = group.iter().map(|id| (*id, prompt.as_slice())).collect();
+            forward(&mut seqs, &step)?;
+        }
+        let tok = [42u32];
+        let decode: Vec<_> = ids.iter().map(|id| (*id, &tok[..])).collect();
+        let (mut t_decode, mut t_prefill, mut t_mixed) = (vec![], vec![], vec![]);
+        for _ in 0..reps {
+            let t0 = Instant::now();
+            forward(&mut seqs, &decode)?;
+            t_decode.push(t0.elapsed().as_secs_f64());
+            let fresh = seqs.add();
+            let t0 = Instant::now();
+            forward(&mut seqs, &[(fresh, &chunk)])?;
+            t_prefill.push(t0.elapsed().as_secs_f64());
+            let fresh = seqs.add();
+            let mut mixed = decode.clone();
+            mixed.push((fresh, &chunk));
+            let t0 = Instant::now();
+            forward(&mut seqs, &mixed)?;
+            t_mixed.push(t0.elapsed().as_secs_f64());
+        }
+        // The first rep warms up.
+        let best = |v: &[f64]| v[1..].iter().cloned().fold(f64::MAX, f64::min);
+        let (d, p, m) = (best(&t_decode), best(&t_prefill), best(&t_mixed));
+        println!(
+            "{{\"mixed_decode_rows\": {batch}, \"prefill_chunk\": {}, \"context\": {CONTEXT}, \"decode_ms\": {:.3}, \"prefill_ms\": {:.3}, \"mixed_ms\": {:.3}, \"mixed_over_parts\": {:.2}}}",
+            chunk.len(),
+            d * 1e3,
+            p * 1e3,
+            m * 1e3,
+            m / (d + p)
+        );
+        note(&mut peak);
     }
     println!(
         "{{\"peak_gpu_memory_gib\": {:.2}, \"baseline_gib\": {:.2}}}",

@@ -5,7 +5,8 @@
 //!   with and without decode CUDA graphs: the greedy token at each position
 //!   passes HF's bf16 gate (regret) and the returned logprobs match HF's
 //!   (mean and p99 of |ours - HF| over the returned top 5);
-//! - the page pool sized from free memory fits the fraction asked for.
+//! - the page pool sized from free memory fits the fraction asked for;
+//! - a row at the wrong position for its slot is refused and changes nothing.
 
 mod common;
 
@@ -14,7 +15,7 @@ use std::sync::Arc;
 use common::drive::{run, Request};
 use common::{Fixture, MODELS};
 use cudarc::driver::CudaStream;
-use engine::Executor;
+use engine::{ExecError, Executor, PageId, SlotId, StepRow};
 use qwen35::engine_exec::{GpuExecutor, GpuSizing, PagePool};
 use qwen35::gate::{MAX_MEAN_ABS, MAX_P99_ABS, MAX_REGRET};
 use qwen35::gpu::{GpuModel, GpuOptions};
@@ -179,4 +180,39 @@ fn the_page_pool_from_free_memory_fits_the_fraction_asked() {
         pool * 2 >= total / 4 - (used - pool) - reserve,
         "pool {pool} too small"
     );
+}
+
+#[test]
+fn a_row_at_the_wrong_position_is_refused_and_changes_nothing() {
+    let Some(s) = stream() else { return };
+    let f = Fixture::load(MODELS[0]);
+    let p = f
+        .prompts
+        .iter()
+        .find(|p| p.len() == 37)
+        .expect("a 37-token prompt");
+    let run_with = |refuse: bool| {
+        let mut exec = executor(&f, &s, 2, PagePool::Fixed(2 * PAGES_PER_SLOT));
+        let mut reqs = vec![Request::new(0, PAGES_PER_SLOT, p, 16, 6)];
+        common::drive::step(&mut exec, &mut reqs).unwrap();
+        if refuse {
+            let pages: Vec<PageId> = (0..PAGES_PER_SLOT as u32).map(PageId).collect();
+            for (slot, start) in [(0, 15), (0, 17), (1, 16)] {
+                let row = StepRow {
+                    slot: SlotId(slot),
+                    start,
+                    tokens: &p[16..32],
+                    pages: &pages,
+                    sample: None,
+                };
+                match exec.step(&[row]) {
+                    Err(ExecError::Refused(m)) => assert!(m.contains("holds"), "{m}"),
+                    other => panic!("slot {slot} start {start}: expected a refusal, got {other:?}"),
+                }
+            }
+        }
+        run(&mut exec, &mut reqs);
+        reqs.pop().unwrap().out
+    };
+    assert_eq!(run_with(true), run_with(false));
 }

@@ -228,11 +228,14 @@ fn prefill_then_decode_matches_hf_cached_decode_alone_and_batched() {
 }
 
 #[test]
-fn decode_deep_into_a_long_prompt_matches_hf_teacher_forced() {
+fn decode_deep_into_a_long_prompt_matches_hf_teacher_forced_eager_and_graphed() {
     // Decode steps at positions 4000..4099 attend over thousands of cached
     // keys (the split "flash-decoding" attention path); HF's teacher-forced
     // goldens give the expected distribution at each of those positions.
+    // Graphed: tiers of 128 pages (2048 positions) and the whole context;
+    // these steps need about 257 pages, so they take the second tier.
     let Some(s) = stream() else { return };
+    let s = s.context().new_stream().unwrap();
     let f = Fixture::load("text_gva2");
     let (i, p) = f
         .prompts
@@ -242,35 +245,59 @@ fn decode_deep_into_a_long_prompt_matches_hf_teacher_forced() {
         .expect("text_gva2 has a long prompt");
     let mut model = gpu_model(&f, &s, BackendRequest::Auto);
     let prefix = 4000;
-    let mut cache = model.new_cache(1, p.len().div_ceil(16) + 1, 16).unwrap();
-    let mut seqs = Seqs::all_of(&cache);
-    let id = seqs.add();
-    let mut rows = seqs
-        .step(
-            &mut model,
-            &mut cache,
-            &[(id, &p[..prefix])],
-            RowLogits::Last,
-        )
-        .unwrap();
-    for j in prefix..p.len() {
-        rows.extend(
-            seqs.step(
+    let pages = p.len().div_ceil(16) + 1;
+    let mut run = |graphs: bool| {
+        // One more slot and page for the graphs' padding rows.
+        let mut cache = model.new_cache(2, pages + 1, 16).unwrap();
+        if graphs {
+            model
+                .capture_decode_graphs(
+                    &mut cache,
+                    &[1],
+                    p.len() + 16,
+                    SlotId(1),
+                    PageId(pages as u32),
+                )
+                .unwrap();
+            assert_eq!(cache.decode_graph_batch_sizes(), vec![1]);
+        }
+        let mut seqs = Seqs::new(1, pages, 16);
+        let id = seqs.add();
+        let mut rows = seqs
+            .step(
                 &mut model,
                 &mut cache,
-                &[(id, &p[j..j + 1])],
+                &[(id, &p[..prefix])],
                 RowLogits::Last,
             )
-            .unwrap(),
-        );
-    }
+            .unwrap();
+        for j in prefix..p.len() {
+            rows.extend(
+                seqs.step(
+                    &mut model,
+                    &mut cache,
+                    &[(id, &p[j..j + 1])],
+                    RowLogits::Last,
+                )
+                .unwrap(),
+            );
+        }
+        rows
+    };
+    let eager = run(false);
+    let graphed = run(true);
     let (ids, lps) = f.golden(i);
-    let st = compare(&rows, &ids[prefix - 1..], &lps[prefix - 1..]);
-    report(
-        &format!("text_gva2 decode at positions {prefix}..{}", p.len()),
-        &st,
-    );
-    assert!(st.passes(), "{st:?}");
+    for (what, rows) in [("eager", &eager), ("graphed", &graphed)] {
+        let st = compare(rows, &ids[prefix - 1..], &lps[prefix - 1..]);
+        report(
+            &format!("text_gva2 {what} decode at positions {prefix}..{}", p.len()),
+            &st,
+        );
+        assert!(st.passes(), "{what}: {st:?}");
+    }
+    let st = consistency(&graphed, &eager);
+    report("text_gva2 deep decode, graphed vs eager", &st);
+    assert!(st.consistent(), "{st:?}");
 }
 
 /// Prefills `ids[..prefix]` in a fresh sequence, then decodes `steps` tokens

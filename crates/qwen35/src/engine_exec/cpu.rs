@@ -8,7 +8,7 @@ use std::path::Path;
 
 use engine::{CacheGeometry, ExecError, Executor, SampledToken, StepRow};
 
-use super::check_rows;
+use super::{check_rows, check_starts};
 use crate::cpu::{CpuModel, CpuState};
 use crate::error::Result;
 use crate::{Config, Error, RowLogits, Weights};
@@ -78,17 +78,7 @@ impl Executor for CpuExecutor {
 
     fn step(&mut self, rows: &[StepRow<'_>]) -> std::result::Result<Vec<SampledToken>, ExecError> {
         check_rows(rows, &self.geometry)?;
-        for (i, r) in rows.iter().enumerate() {
-            let have = self.states[r.slot.0 as usize].as_ref().map(|s| s.position);
-            if r.start != 0 && have != Some(r.start) {
-                return Err(ExecError::Refused(format!(
-                    "row {i}: slot {} holds {} tokens, the row starts at {}",
-                    r.slot.0,
-                    have.map_or("no sequence's".into(), |n| n.to_string()),
-                    r.start
-                )));
-            }
-        }
+        check_starts(rows, |slot| self.states[slot].as_ref().map(|s| s.position))?;
         // Every check is done: from here each row runs to completion.
         let mut work: Vec<(&StepRow, CpuState)> = rows
             .iter()

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 use engine::{CacheGeometry, ExecError, Executor, PageId, SampledToken, SlotId, StepRow};
 
-use super::check_rows;
+use super::{check_rows, check_starts};
 use crate::error::Result;
 use crate::gpu::{GpuCache, GpuModel, GpuOptions, LogitsTo, Row, StepError};
 use crate::{Config, Error, RowLogits, Weights};
@@ -42,6 +42,10 @@ pub struct GpuExecutor {
     model: GpuModel,
     cache: GpuCache,
     geometry: CacheGeometry,
+    /// Tokens each slot's state has seen (`None`: no sequence's state), so
+    /// that a row continuing at the wrong position is refused, not run on
+    /// the wrong state.
+    held: Vec<Option<usize>>,
 }
 
 impl GpuExecutor {
@@ -119,6 +123,7 @@ impl GpuExecutor {
             model,
             cache,
             geometry,
+            held: vec![None; num_slots],
         })
     }
 
@@ -149,9 +154,21 @@ impl GpuExecutor {
         &self.model
     }
 
-    /// The device state (slot copies, export and import).
+    /// The device state (slot copies, export and import; a slot changed
+    /// there must then be started again from position 0 or continued by the
+    /// caller's own count, see [`GpuExecutor::set_held`]).
     pub fn cache_mut(&mut self) -> &mut GpuCache {
         &mut self.cache
+    }
+
+    /// Declares that `slot` now holds the state after `tokens` tokens (after
+    /// an import or copy through [`GpuExecutor::cache_mut`]).
+    pub fn set_held(&mut self, slot: SlotId, tokens: Option<usize>) -> Result<()> {
+        let h = self.held.get_mut(slot.0 as usize).ok_or_else(|| {
+            Error::InvalidInput(format!("slot {} beyond the executor's slots", slot.0))
+        })?;
+        *h = tokens;
+        Ok(())
     }
 }
 
@@ -162,6 +179,7 @@ impl Executor for GpuExecutor {
 
     fn step(&mut self, rows: &[StepRow<'_>]) -> std::result::Result<Vec<SampledToken>, ExecError> {
         check_rows(rows, &self.geometry)?;
+        check_starts(rows, |slot| self.held[slot])?;
         let model_rows: Vec<Row> = rows
             .iter()
             .map(|r| Row {
@@ -183,6 +201,9 @@ impl Executor for GpuExecutor {
             Ok(l) => l,
             Err(StepError::Refused(m)) => return Err(ExecError::Refused(m)),
             Err(StepError::Failed(e)) => {
+                for r in rows {
+                    self.held[r.slot.0 as usize] = None;
+                }
                 // A context that cannot even synchronise is lost (a sticky
                 // CUDA error); otherwise only this step's slots are.
                 return Err(match self.model.stream().synchronize() {
@@ -191,7 +212,18 @@ impl Executor for GpuExecutor {
                 });
             }
         };
-        let specs = rows.iter().filter_map(|r| r.sample.as_ref());
+        for r in rows {
+            self.held[r.slot.0 as usize] = Some(r.start + r.tokens.len());
+        }
+        let specs: Vec<_> = rows.iter().filter_map(|r| r.sample.as_ref()).collect();
+        if logits.len() != specs.len() {
+            // The step ran: its slots moved on, so this is no refusal.
+            return Err(ExecError::StepFailed(format!(
+                "the model returned {} logits rows for {} sampling rows",
+                logits.len(),
+                specs.len()
+            )));
+        }
         Ok(logits
             .iter()
             .zip(specs)

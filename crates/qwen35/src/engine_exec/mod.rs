@@ -20,8 +20,10 @@ pub(crate) fn check_rows(rows: &[StepRow], g: &CacheGeometry) -> Result<(), Exec
     if rows.is_empty() {
         return refuse("empty step".into());
     }
-    let mut slots = std::collections::HashSet::new();
-    let mut pages = std::collections::HashSet::new();
+    // Bitmaps, not hash sets: a decode step of hundreds of long sequences
+    // names tens of thousands of pages.
+    let mut slots = vec![false; g.num_slots];
+    let mut pages = vec![false; g.num_pages];
     for (i, r) in rows.iter().enumerate() {
         if r.slot.0 as usize >= g.num_slots {
             return refuse(format!(
@@ -29,7 +31,7 @@ pub(crate) fn check_rows(rows: &[StepRow], g: &CacheGeometry) -> Result<(), Exec
                 r.slot.0, g.num_slots
             ));
         }
-        if !slots.insert(r.slot) {
+        if std::mem::replace(&mut slots[r.slot.0 as usize], true) {
             return refuse(format!("slot {} appears twice in one step", r.slot.0));
         }
         if r.tokens.is_empty() {
@@ -63,9 +65,30 @@ pub(crate) fn check_rows(rows: &[StepRow], g: &CacheGeometry) -> Result<(), Exec
                     p.0, g.num_pages
                 ));
             }
-            if !pages.insert(*p) {
+            if std::mem::replace(&mut pages[p.0 as usize], true) {
                 return refuse(format!("page {} is given twice in one step", p.0));
             }
+        }
+    }
+    Ok(())
+}
+
+/// A row continues its slot's sequence: `start` is 0 (a fresh sequence) or
+/// the number of tokens the slot holds (`held`: `None` when the slot holds
+/// no sequence's state, e.g. never used or lost in a failed step).
+pub(crate) fn check_starts(
+    rows: &[StepRow],
+    held: impl Fn(usize) -> Option<usize>,
+) -> Result<(), ExecError> {
+    for (i, r) in rows.iter().enumerate() {
+        let have = held(r.slot.0 as usize);
+        if r.start != 0 && have != Some(r.start) {
+            return Err(ExecError::Refused(format!(
+                "row {i}: slot {} holds {} tokens, the row starts at {}",
+                r.slot.0,
+                have.map_or("no sequence's".into(), |n| n.to_string()),
+                r.start
+            )));
         }
     }
     Ok(())

@@ -1,8 +1,11 @@
-//! Decode steps as CUDA graphs: one graph per padded batch size (bucket),
-//! captured up front so that no step waits for a capture. A step of `n`
-//! decode rows replays the smallest bucket `>= n`; the rows beyond `n` are
+//! Decode steps as CUDA graphs: one graph per padded batch size (bucket) and
+//! page-table width (tier), captured up front so that no step waits for a
+//! capture. A step of `n` decode rows replays the smallest bucket `>= n` of
+//! the narrowest tier that holds its longest row; the rows beyond `n` are
 //! padding rows on a scratch slot and page that the caller keeps out of
-//! every real sequence's way (gdn_kernels' `Padding`).
+//! every real sequence's way (gdn_kernels' `Padding`). Tiers keep the page
+//! table a step uploads near the size its sequences need: one width for a
+//! 256k-token context would upload megabytes of table per step.
 
 use std::collections::BTreeMap;
 
@@ -14,38 +17,56 @@ use crate::error::{Error, Result};
 use crate::gpu::step::{layout_of, Batches, LogitsPlan, Row, RowLogits};
 use crate::gpu::{scratch, GpuCache, GpuModel};
 
-/// A captured decode step for one batch size: the graph, the batch buffers
-/// its kernels read (rewritten before each replay) and its logits
-/// (`[bucket, vocab]`, every row).
-pub(crate) struct DecodeGraph {
+/// A captured decode step for one (bucket, tier): the graph and the batch
+/// buffers its kernels read (rewritten before each replay).
+struct DecodeGraph {
     graph: CudaGraph,
     batch: DeviceBatch,
+}
+
+/// Which graph a step replays: (bucket, page-table width).
+pub(crate) type GraphKey = (usize, usize);
+
+pub(crate) struct DecodeGraphs {
+    pub padding: Padding,
+    /// By (bucket, page-table width).
+    graphs: BTreeMap<GraphKey, DecodeGraph>,
+    /// Page-table widths, narrowest first; sequences with more pages than
+    /// the widest run eagerly.
+    widths: Vec<usize>,
+    /// `[largest bucket, vocab]`: every graph writes its rows' logits here
+    /// (one graph runs at a time on the stream).
     pub logits: CudaSlice<f32>,
 }
 
-pub(crate) struct DecodeGraphs {
-    /// Page-table width of every graph: sequences with more pages run eagerly.
-    page_width: usize,
-    pub padding: Padding,
-    graphs: BTreeMap<usize, DecodeGraph>,
+/// Page-table widths of the tiers for contexts up to `max_context`: 2048
+/// positions, then x8, up to the whole context (capped by the pages that
+/// exist).
+pub(crate) fn tier_widths(max_context: usize, page_size: usize, num_pages: usize) -> Vec<usize> {
+    let full = max_context.div_ceil(page_size).clamp(1, num_pages);
+    let mut widths: Vec<usize> =
+        std::iter::successors(Some(2048usize.div_ceil(page_size)), |w| Some(w * 8))
+            .take_while(|&w| w < full)
+            .collect();
+    widths.push(full);
+    widths
 }
 
 impl DecodeGraphs {
     pub fn batch_sizes(&self) -> Vec<usize> {
-        self.graphs.keys().copied().collect()
+        let mut b: Vec<usize> = self.graphs.keys().map(|k| k.0).collect();
+        b.dedup();
+        b
     }
 
-    /// The bucket a decode step of `n` rows with up to `pages` pages each
+    /// The graph a decode step of `n` rows with up to `pages` pages each
     /// replays, if any.
-    pub fn fits(&self, n: usize, pages: usize) -> Option<usize> {
-        if pages > self.page_width {
-            return None;
-        }
-        self.graphs.range(n..).next().map(|(&b, _)| b)
-    }
-
-    pub fn graph(&self, bucket: usize) -> &DecodeGraph {
-        &self.graphs[&bucket]
+    pub fn fits(&self, n: usize, pages: usize) -> Option<GraphKey> {
+        let width = *self.widths.iter().find(|&&w| w >= pages)?;
+        self.graphs
+            .range((n, 0)..)
+            .map(|(&k, _)| k)
+            .find(|&(_, w)| w == width)
     }
 }
 
@@ -94,30 +115,36 @@ impl GpuModel {
             slot: padding_slot.0 as i32,
             page: padding_page.0 as i32,
         };
-        // No sequence can hold more pages than the cache has.
-        let page_width = max_context
-            .div_ceil(cache.page_size)
-            .clamp(1, cache.num_pages());
+        let widths = tier_widths(max_context, cache.page_size, cache.num_pages());
         cache.graphs = None;
+        let top = buckets.iter().copied().max().unwrap_or(1);
+        let mut logits = scratch::<f32>(&self.stream, top * self.config.vocab_size)?;
         let mut graphs = BTreeMap::new();
         for &bucket in buckets {
-            let layout = self.padded_layout(&[], &[], bucket, page_width, cache.page_size, padding);
-            let mut batch = DeviceBatch::upload(&self.stream, &layout)?;
-            // Bounds = the cache's capacity, so any later decode step fits
-            // the captured graph.
-            batch.widen_bounds(
-                cache.num_slots() - 1,
-                cache.num_pages() - 1,
-                page_width * cache.page_size - 1,
-                self.config.vocab_size - 1,
-            );
-            let graph = self.capture(cache, batch, bucket)?;
-            graphs.insert(bucket, graph);
+            for &width in &widths {
+                let layout = padded_layout(&[], &[], bucket, width, cache.page_size, padding);
+                let mut batch = DeviceBatch::upload(&self.stream, &layout)?;
+                // Bounds = the cache's capacity, so any later decode step
+                // within the width fits the captured graph.
+                batch.widen_bounds(
+                    cache.num_slots() - 1,
+                    cache.num_pages() - 1,
+                    width * cache.page_size - 1,
+                    self.config.vocab_size - 1,
+                );
+                let graph = self.capture(cache, batch, bucket, &mut logits)?;
+                graphs.insert((bucket, width), graph);
+            }
         }
+        log::info!(
+            "qwen35 gpu: {} decode graphs captured (batch sizes {buckets:?}, page-table widths {widths:?})",
+            graphs.len()
+        );
         cache.graphs = Some(DecodeGraphs {
-            page_width,
             padding,
             graphs,
+            widths,
+            logits,
         });
         Ok(())
     }
@@ -127,9 +154,9 @@ impl GpuModel {
         cache: &mut GpuCache,
         batch: DeviceBatch,
         bucket: usize,
+        logits: &mut CudaSlice<f32>,
     ) -> Result<DecodeGraph> {
         let s = self.stream.clone();
-        let mut logits = scratch::<f32>(&s, bucket * self.config.vocab_size)?;
         let batches = Batches {
             full: batch,
             parts: None,
@@ -137,7 +164,7 @@ impl GpuModel {
         s.begin_capture(
             cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
         )?;
-        let captured = self.run(cache, &batches, LogitsPlan::LastOf(0, bucket), &mut logits);
+        let captured = self.run(cache, &batches, LogitsPlan::LastOf(0, bucket), logits);
         // End the capture whatever happened, so the stream is usable again.
         let graph = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
         captured?;
@@ -148,63 +175,99 @@ impl GpuModel {
         Ok(DecodeGraph {
             graph,
             batch: batches.full,
-            logits,
         })
     }
 
-    /// `rows` in `order`, then padding rows up to `bucket`, `width` pages wide.
-    fn padded_layout(
-        &self,
-        rows: &[Row],
-        order: &[usize],
-        bucket: usize,
-        width: usize,
-        page_size: usize,
-        padding: Padding,
-    ) -> gdn_kernels::BatchLayout {
-        let mut layout = layout_of(rows, order, width, page_size);
-        let pad_page = [PageId(padding.page as u32)];
-        let pad = Row {
-            slot: SlotId(padding.slot as u32),
-            start: 0,
-            tokens: &[0],
-            pages: &pad_page,
-            logits: RowLogits::None,
-        };
-        let extra = layout_of(&[pad], &[0], width, page_size);
-        for _ in order.len()..bucket {
-            let end = layout.cu_seqlens.last().expect("starts with 0") + 1;
-            layout.cu_seqlens.push(end);
-            layout.tokens.push(0);
-            layout.start_positions.push(0);
-            layout.slots.push(padding.slot);
-            layout.block_table.extend_from_slice(&extra.block_table);
-        }
-        layout.padding = Some(padding);
-        layout
-    }
-
-    /// A decode step through the graph of `bucket`: the batch buffers are
-    /// rewritten in place and the graph replayed.
+    /// A decode step through the graph of `key`: the batch buffers are
+    /// rewritten in place and the graph replayed; the logits land in the
+    /// graphs' shared buffer, batch row order.
     pub(crate) fn replay_decode(
         &mut self,
         cache: &mut GpuCache,
         rows: &[Row],
         order: &[usize],
-        bucket: usize,
+        key: GraphKey,
     ) -> Result<()> {
         let graphs = cache.graphs.as_mut().expect("replay needs graphs");
-        let layout = self.padded_layout(
-            rows,
-            order,
-            bucket,
-            graphs.page_width,
-            cache.page_size,
-            graphs.padding,
-        );
-        let g = graphs.graphs.get_mut(&bucket).expect("bucket from fits");
+        let (bucket, width) = key;
+        let layout = padded_layout(rows, order, bucket, width, cache.page_size, graphs.padding);
+        let g = graphs.graphs.get_mut(&key).expect("key from fits");
         g.batch.update(&self.stream, &layout)?;
         g.graph.launch()?;
         Ok(())
+    }
+}
+
+/// `rows` in `order`, then padding rows up to `bucket`, `width` pages wide.
+fn padded_layout(
+    rows: &[Row],
+    order: &[usize],
+    bucket: usize,
+    width: usize,
+    page_size: usize,
+    padding: Padding,
+) -> gdn_kernels::BatchLayout {
+    let mut layout = layout_of(rows, order, width, page_size);
+    let pad_page = [PageId(padding.page as u32)];
+    let pad = Row {
+        slot: SlotId(padding.slot as u32),
+        start: 0,
+        tokens: &[0],
+        pages: &pad_page,
+        logits: RowLogits::None,
+    };
+    let extra = layout_of(&[pad], &[0], width, page_size);
+    for _ in order.len()..bucket {
+        let end = layout.cu_seqlens.last().expect("starts with 0") + 1;
+        layout.cu_seqlens.push(end);
+        layout.tokens.push(0);
+        layout.start_positions.push(0);
+        layout.slots.push(padding.slot);
+        layout.block_table.extend_from_slice(&extra.block_table);
+    }
+    layout.padding = Some(padding);
+    layout
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiers_grow_by_eight_from_2048_positions_to_the_whole_context() {
+        // 256k context, pages of 16: 128, 1024, 8192 and 16384 pages.
+        assert_eq!(
+            tier_widths(262_144, 16, 1 << 20),
+            vec![128, 1024, 8192, 16384]
+        );
+        // A short context: one tier, the whole of it.
+        assert_eq!(tier_widths(1000, 16, 1 << 20), vec![63]);
+        // Never wider than the pages that exist.
+        assert_eq!(tier_widths(262_144, 16, 500), vec![128, 500]);
+        assert_eq!(tier_widths(4096, 16, 256), vec![128, 256]);
+    }
+
+    #[test]
+    fn padding_rows_fill_the_bucket_on_the_scratch_slot_and_page() {
+        let pages = [PageId(4), PageId(5)];
+        let rows = [Row {
+            slot: SlotId(1),
+            start: 17,
+            tokens: &[9],
+            pages: &pages,
+            logits: RowLogits::Last,
+        }];
+        let pad = Padding { slot: 7, page: 30 };
+        let l = padded_layout(&rows, &[0], 4, 3, 16, pad);
+        assert_eq!(l.slots, vec![1, 7, 7, 7]);
+        assert_eq!(l.start_positions, vec![17, 0, 0, 0]);
+        assert_eq!(l.tokens, vec![9, 0, 0, 0]);
+        assert_eq!(l.cu_seqlens, vec![0, 1, 2, 3, 4]);
+        assert_eq!(l.max_blocks, 3);
+        assert_eq!(
+            l.block_table,
+            vec![4, 5, -1, 30, -1, -1, 30, -1, -1, 30, -1, -1]
+        );
+        assert_eq!(l.padding, Some(pad));
     }
 }

@@ -157,88 +157,126 @@ pub(crate) fn layout_of(
     layout
 }
 
-impl GpuModel {
-    /// Checks `rows` against the cache without touching the device.
-    pub(crate) fn plan(&self, cache: &GpuCache, rows: &[Row]) -> Result<Plan, String> {
-        if cache.model_id != self.id {
-            return Err(
-                "this cache was made by another model (use the model's own new_cache)".into(),
-            );
-        }
-        if rows.is_empty() {
-            return Err("empty step".into());
-        }
-        let vocab = self.config.vocab_size;
-        let padding = cache.graphs.as_ref().map(|g| g.padding);
-        let mut slots = std::collections::HashSet::new();
-        let mut pages = std::collections::HashSet::new();
-        let mut max_pages = 1;
-        for (i, r) in rows.iter().enumerate() {
-            let s = r.slot.0 as usize;
-            if r.tokens.is_empty() {
-                return Err(format!("row {i} brings no tokens"));
-            }
-            if let Some(&bad) = r.tokens.iter().find(|&&t| t as usize >= vocab) {
-                return Err(format!("row {i}: token id {bad} >= vocab_size {vocab}"));
-            }
-            if s >= cache.num_slots() || padding.is_some_and(|p| p.slot == s as i32) {
-                return Err(format!("row {i}: slot {s} is not a slot of this cache"));
-            }
-            if !slots.insert(s) {
-                return Err(format!("slot {s} appears twice in one step"));
-            }
-            let end = r.start + r.tokens.len();
-            if end > i32::MAX as usize {
-                return Err(format!("row {i}: position {end} exceeds i32"));
-            }
-            let used = end.div_ceil(cache.page_size);
-            if r.pages.len() < used {
-                return Err(format!(
-                    "row {i} reaches position {} but has {} pages of {}",
-                    end - 1,
-                    r.pages.len(),
-                    cache.page_size
-                ));
-            }
-            for p in &r.pages[..used] {
-                let pi = p.0 as usize;
-                if pi >= cache.num_pages() || padding.is_some_and(|x| x.page == pi as i32) {
-                    return Err(format!("row {i}: page {pi} is not a page of this cache"));
-                }
-                if !pages.insert(pi) {
-                    return Err(format!("page {pi} is given twice in one step"));
-                }
-            }
-            max_pages = max_pages.max(used);
-        }
-        let mut order: Vec<usize> = (0..rows.len()).collect();
-        order.sort_by_key(|&i| rank(&rows[i]));
-        let decode = order.iter().filter(|&&i| rows[i].tokens.len() == 1).count();
-        let ranks: Vec<u8> = order.iter().map(|&i| rank(&rows[i])).collect();
-        let logits = if rows
-            .iter()
-            .any(|r| r.logits == RowLogits::All && r.tokens.len() > 1)
-        {
-            LogitsPlan::AllTokens
-        } else {
-            let lo = ranks.iter().filter(|&&k| k == 0).count();
-            let hi = lo + ranks.iter().filter(|&&k| k == 1 || k == 2).count();
-            if hi > lo {
-                LogitsPlan::LastOf(lo, hi)
-            } else {
-                LogitsPlan::None
-            }
-        };
-        let layout = layout_of(rows, &order, max_pages, cache.page_size);
-        Ok(Plan {
-            order,
-            decode,
-            logits,
-            layout,
-            max_pages,
-        })
-    }
+/// What rows are checked against: the model's vocabulary and the cache.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Bounds {
+    pub vocab: usize,
+    pub num_slots: usize,
+    pub num_pages: usize,
+    pub page_size: usize,
+    /// The decode graphs' padding slot and page (not for real rows).
+    pub padding: Option<gdn_kernels::Padding>,
+}
 
+/// Checks `rows` (nothing on the device) and plans the batch.
+pub(crate) fn plan(rows: &[Row], b: Bounds) -> Result<Plan, String> {
+    if rows.is_empty() {
+        return Err("empty step".into());
+    }
+    let vocab = b.vocab;
+    let padding = b.padding;
+    // Bitmaps, not hash sets: a decode step of hundreds of long
+    // sequences names tens of thousands of pages.
+    let mut slots = vec![false; b.num_slots];
+    let mut pages = vec![false; b.num_pages];
+    let mut max_pages = 1;
+    for (i, r) in rows.iter().enumerate() {
+        let s = r.slot.0 as usize;
+        if r.tokens.is_empty() {
+            return Err(format!("row {i} brings no tokens"));
+        }
+        if let Some(&bad) = r.tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(format!("row {i}: token id {bad} >= vocab_size {vocab}"));
+        }
+        if s >= b.num_slots || padding.is_some_and(|p| p.slot == s as i32) {
+            return Err(format!("row {i}: slot {s} is not a slot of this cache"));
+        }
+        if std::mem::replace(&mut slots[s], true) {
+            return Err(format!("slot {s} appears twice in one step"));
+        }
+        let end = r.start + r.tokens.len();
+        if end > i32::MAX as usize {
+            return Err(format!("row {i}: position {end} exceeds i32"));
+        }
+        let used = end.div_ceil(b.page_size);
+        if r.pages.len() < used {
+            return Err(format!(
+                "row {i} reaches position {} but has {} pages of {}",
+                end - 1,
+                r.pages.len(),
+                b.page_size
+            ));
+        }
+        for p in &r.pages[..used] {
+            let pi = p.0 as usize;
+            if pi >= b.num_pages || padding.is_some_and(|x| x.page == pi as i32) {
+                return Err(format!("row {i}: page {pi} is not a page of this cache"));
+            }
+            if std::mem::replace(&mut pages[pi], true) {
+                return Err(format!("page {pi} is given twice in one step"));
+            }
+        }
+        max_pages = max_pages.max(used);
+    }
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    order.sort_by_key(|&i| rank(&rows[i]));
+    let decode = order.iter().filter(|&&i| rows[i].tokens.len() == 1).count();
+    let ranks: Vec<u8> = order.iter().map(|&i| rank(&rows[i])).collect();
+    let logits = if rows
+        .iter()
+        .any(|r| r.logits == RowLogits::All && r.tokens.len() > 1)
+    {
+        LogitsPlan::AllTokens
+    } else {
+        let lo = ranks.iter().filter(|&&k| k == 0).count();
+        let hi = lo + ranks.iter().filter(|&&k| k == 1 || k == 2).count();
+        if hi > lo {
+            LogitsPlan::LastOf(lo, hi)
+        } else {
+            LogitsPlan::None
+        }
+    };
+    let layout = layout_of(rows, &order, max_pages, b.page_size);
+    Ok(Plan {
+        order,
+        decode,
+        logits,
+        layout,
+        max_pages,
+    })
+}
+
+/// The logits `host` (rows of `vocab`, as the plan laid them out) in the
+/// caller's row order: one row per `Last` row, one per token of an `All` row.
+pub(crate) fn in_row_order(plan: &Plan, rows: &[Row], host: &[f32], vocab: usize) -> Vec<Vec<f32>> {
+    let mut host_rows: Vec<Option<&[f32]>> = host.chunks_exact(vocab).map(Some).collect();
+    // Batch row `b` (caller row `order[b]`) owns logits rows by the plan.
+    let mut by_row: Vec<Vec<&[f32]>> = vec![vec![]; rows.len()];
+    let mut token_at = 0;
+    for (b, &i) in plan.order.iter().enumerate() {
+        let n = rows[i].tokens.len();
+        match plan.logits {
+            LogitsPlan::AllTokens => {
+                let take: Vec<&[f32]> = (token_at..token_at + n)
+                    .map(|t| host_rows[t].take().expect("each token once"))
+                    .collect();
+                by_row[i] = match rows[i].logits {
+                    RowLogits::None => vec![],
+                    RowLogits::Last => vec![take[n - 1]],
+                    RowLogits::All => take,
+                };
+            }
+            LogitsPlan::LastOf(lo, hi) if (lo..hi).contains(&b) => {
+                by_row[i] = vec![host_rows[b - lo].take().expect("each row once")];
+            }
+            _ => {}
+        }
+        token_at += n;
+    }
+    by_row.into_iter().flatten().map(<[f32]>::to_vec).collect()
+}
+
+impl GpuModel {
     /// Runs one step over `rows` (see [`Row`]): rows of one token run the
     /// recurrent decode step in place on their slots, longer rows the GDN
     /// prefill op; a step of decode rows only replays a captured CUDA graph
@@ -251,7 +289,19 @@ impl GpuModel {
         rows: &[Row],
         to: LogitsTo,
     ) -> Result<Vec<Vec<f32>>, StepError> {
-        let plan = self.plan(cache, rows).map_err(StepError::Refused)?;
+        if cache.model_id != self.id {
+            return Err(StepError::Refused(
+                "this cache was made by another model (use the model's own new_cache)".into(),
+            ));
+        }
+        let bounds = Bounds {
+            vocab: self.config.vocab_size,
+            num_slots: cache.num_slots(),
+            num_pages: cache.num_pages(),
+            page_size: cache.page_size,
+            padding: cache.graphs.as_ref().map(|g| g.padding),
+        };
+        let plan = plan(rows, bounds).map_err(StepError::Refused)?;
         for r in rows.iter().filter(|r| r.start == 0) {
             cache.zero_slot(r.slot)?;
         }
@@ -263,9 +313,9 @@ impl GpuModel {
             _ => None,
         };
         let eager;
-        let logits = if let Some(bucket) = graphed {
-            self.replay_decode(cache, rows, &plan.order, bucket)?;
-            &cache.graphs.as_ref().expect("checked").graph(bucket).logits
+        let logits = if let Some(key) = graphed {
+            self.replay_decode(cache, rows, &plan.order, key)?;
+            &cache.graphs.as_ref().expect("checked").logits
         } else {
             let batches = self.batches(&plan)?;
             let n = plan.logits.rows(batches.full.num_tokens());
@@ -288,33 +338,7 @@ impl GpuModel {
             LogitsPlan::AllTokens => (0, plan.layout.tokens.len()),
         };
         let host = s.clone_dtoh(&logits.slice(first * v..(first + count) * v))?;
-        let mut host_rows: Vec<Option<&[f32]>> = host.chunks_exact(v).map(Some).collect();
-        // Back to the caller's row order: batch row `b` (caller row
-        // `order[b]`) owns logits rows by the plan.
-        let mut by_row: Vec<Vec<&[f32]>> = vec![vec![]; rows.len()];
-        let mut token_at = 0;
-        for (b, &i) in plan.order.iter().enumerate() {
-            let n = rows[i].tokens.len();
-            match plan.logits {
-                LogitsPlan::AllTokens => {
-                    let mine = token_at..token_at + n;
-                    let take: Vec<&[f32]> = mine
-                        .map(|t| host_rows[t].take().expect("each token once"))
-                        .collect();
-                    by_row[i] = match rows[i].logits {
-                        RowLogits::None => vec![],
-                        RowLogits::Last => vec![take[n - 1]],
-                        RowLogits::All => take,
-                    };
-                }
-                LogitsPlan::LastOf(lo, hi) if (lo..hi).contains(&b) => {
-                    by_row[i] = vec![host_rows[b - lo].take().expect("each row once")];
-                }
-                _ => {}
-            }
-            token_at += n;
-        }
-        Ok(by_row.into_iter().flatten().map(<[f32]>::to_vec).collect())
+        Ok(in_row_order(&plan, rows, &host, v))
     }
 
     /// The whole batch on the device, and the decode and prefill parts of
@@ -379,6 +403,119 @@ mod tests {
         let mut order: Vec<usize> = (0..4).collect();
         order.sort_by_key(|&i| rank(&rows[i]));
         assert_eq!(order, vec![3, 1, 2, 0]);
+    }
+
+    fn bounds() -> Bounds {
+        Bounds {
+            vocab: 50,
+            num_slots: 4,
+            num_pages: 10,
+            page_size: 4,
+            padding: None,
+        }
+    }
+
+    /// Logits rows whose every entry is `tag`, `vocab` 2.
+    fn tagged(tags: &[f32]) -> Vec<f32> {
+        tags.iter().flat_map(|&t| [t, t]).collect()
+    }
+
+    #[test]
+    fn a_mixed_plan_orders_rows_and_returns_logits_in_row_order() {
+        let (p0, p1, p2) = ([PageId(0), PageId(1)], [PageId(2)], [PageId(3), PageId(4)]);
+        let rows = [
+            Row {
+                start: 2,
+                ..row(0, &[1, 2, 3], &p0, RowLogits::Last)
+            },
+            Row {
+                start: 3,
+                ..row(1, &[4], &p1, RowLogits::Last)
+            },
+            row(2, &[5, 6], &p2, RowLogits::None),
+            Row {
+                start: 1,
+                ..row(3, &[7], &p1, RowLogits::None)
+            },
+        ];
+        // Row 3 reuses page 2 of row 1: refused.
+        let err = plan(&rows, bounds()).err().unwrap();
+        assert!(err.contains("page 2 is given twice"), "{err}");
+        let p3 = [PageId(9)];
+        let rows = [
+            rows[0],
+            rows[1],
+            rows[2],
+            Row {
+                pages: &p3,
+                ..rows[3]
+            },
+        ];
+        let pl = plan(&rows, bounds()).unwrap();
+        // Decode rows first (without logits, with), then prefill (with, without).
+        assert_eq!(pl.order, vec![3, 1, 0, 2]);
+        assert_eq!(pl.decode, 2);
+        assert_eq!(pl.logits, LogitsPlan::LastOf(1, 3));
+        assert_eq!(pl.layout.slots, vec![3, 1, 0, 2]);
+        assert_eq!(pl.layout.start_positions, vec![1, 3, 2, 0]);
+        assert_eq!(pl.layout.cu_seqlens, vec![0, 1, 2, 5, 7]);
+        assert_eq!(pl.layout.tokens, vec![7, 4, 1, 2, 3, 5, 6]);
+        // Widest row: positions 2..5 on pages of 4, two pages.
+        assert_eq!(pl.max_pages, 2);
+        // Row 2 (two tokens from 0) uses only the first of its pages.
+        assert_eq!(pl.layout.block_table, vec![9, -1, 2, -1, 0, 1, 3, -1]);
+        // The eager buffer holds batch rows 1 (caller row 1) and 2 (row 0).
+        let out = in_row_order(&pl, &rows, &tagged(&[11.0, 10.0]), 2);
+        assert_eq!(out, vec![vec![10.0, 10.0], vec![11.0, 11.0]]);
+    }
+
+    #[test]
+    fn all_token_logits_come_back_per_row_and_token() {
+        let (p0, p1) = ([PageId(0)], [PageId(1)]);
+        let rows = [
+            row(0, &[1, 2], &p0, RowLogits::All),
+            row(1, &[3], &p1, RowLogits::Last),
+        ];
+        let pl = plan(&rows, bounds()).unwrap();
+        assert_eq!(pl.order, vec![1, 0]);
+        assert_eq!(pl.logits, LogitsPlan::AllTokens);
+        // Batch tokens: row 1's token, then row 0's two.
+        let out = in_row_order(&pl, &rows, &tagged(&[30.0, 1.0, 2.0]), 2);
+        assert_eq!(out, vec![vec![1.0, 1.0], vec![2.0, 2.0], vec![30.0, 30.0]]);
+    }
+
+    #[test]
+    fn bad_rows_are_refused_with_the_reason() {
+        let p = [PageId(0), PageId(1)];
+        let err = |rows: &[Row], b: Bounds| plan(rows, b).err().unwrap();
+        assert!(err(&[], bounds()).contains("empty step"));
+        assert!(err(&[row(0, &[], &p, RowLogits::Last)], bounds()).contains("no tokens"));
+        assert!(err(&[row(0, &[50], &p, RowLogits::Last)], bounds()).contains("token id 50"));
+        assert!(err(&[row(4, &[1], &p, RowLogits::Last)], bounds()).contains("slot 4 is not"));
+        let q = [PageId(5)];
+        let two = [
+            row(1, &[1], &p, RowLogits::Last),
+            row(1, &[1], &q, RowLogits::Last),
+        ];
+        assert!(err(&two, bounds()).contains("slot 1 appears twice"));
+        let long = Row {
+            start: 6,
+            ..row(0, &[1, 2, 3], &p, RowLogits::Last)
+        };
+        assert!(err(&[long], bounds()).contains("has 2 pages of 4"));
+        let far = [PageId(10)];
+        assert!(err(&[row(0, &[1], &far, RowLogits::Last)], bounds()).contains("page 10 is not"));
+        // The padding slot and page belong to the graphs.
+        let padded = Bounds {
+            padding: Some(gdn_kernels::Padding { slot: 3, page: 9 }),
+            ..bounds()
+        };
+        assert!(err(&[row(3, &[1], &p, RowLogits::Last)], padded).contains("slot 3 is not"));
+        let pad = [PageId(9)];
+        assert!(err(&[row(0, &[1], &pad, RowLogits::Last)], padded).contains("page 9 is not"));
+        // Pages beyond the ones in use are not looked at.
+        let spare = [PageId(0), PageId(10)];
+        assert!(plan(&[row(0, &[1], &spare, RowLogits::Last)], bounds()).is_ok());
     }
 
     #[test]
