@@ -7,10 +7,11 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use engine::EngineState;
 use prometheus::{Encoder, TextEncoder};
+use serde::Serialize;
 use serde_json::json;
 
 use crate::app::{decode_json, read_body, SharedState};
-use crate::chat::render_chat;
+use crate::chat::{json_response, render_chat};
 use crate::error::ApiError;
 use crate::openai::{DetokenizeRequest, TokenizeChat, TokenizePrompt};
 use crate::validate::ValidationError;
@@ -18,21 +19,37 @@ use crate::validate::ValidationError;
 /// The OpenAPI document of the routes (served for clients and fuzzers).
 pub const OPENAPI: &str = include_str!("../openapi.json");
 
+#[derive(Serialize)]
+struct ModelCard {
+    id: String,
+    object: &'static str,
+    created: u64,
+    owned_by: &'static str,
+    root: String,
+    parent: Option<String>,
+    max_model_len: Option<usize>,
+}
+
+#[derive(Serialize)]
+struct ModelList {
+    object: &'static str,
+    data: Vec<ModelCard>,
+}
+
 pub async fn models(State(state): State<SharedState>) -> Response {
-    let max_model_len = state.engine.max_model_len();
-    axum::Json(json!({
-        "object": "list",
-        "data": [{
-            "id": state.served_model_name,
-            "object": "model",
-            "created": state.created,
-            "owned_by": "gdn",
-            "root": state.model.dir.display().to_string(),
-            "parent": null,
-            "max_model_len": max_model_len,
-        }],
-    }))
-    .into_response()
+    let card = ModelCard {
+        id: state.served_model_name.clone(),
+        object: "model",
+        created: state.created,
+        owned_by: "gdn",
+        root: state.model.dir.display().to_string(),
+        parent: None,
+        max_model_len: state.engine.max_model_len(),
+    };
+    json_response(&ModelList {
+        object: "list",
+        data: vec![card],
+    })
 }
 
 /// 200 with an empty body when ready (vLLM); 503 while loading, draining
