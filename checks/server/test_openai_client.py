@@ -317,6 +317,7 @@ ERRORS = [
     ("empty stop", "/v1/chat/completions", {"messages": MSG, "stop": ["ok", ""]}, 400, "invalid_request_error", "stop[1]", "invalid_value"),
     ("template raise_exception", "/v1/chat/completions", {"messages": [{"role": "system", "content": "s"}]}, 400, "invalid_request_error", "messages", "invalid_chat_template_input"),
     ("prompt token out of vocab", "/v1/completions", {"prompt": [1, 2, 99999]}, 400, "invalid_request_error", "prompt", "invalid_value"),
+    ("prompts x n over 128", "/v1/completions", {"prompt": ["a", "b"], "n": 100}, 400, "invalid_request_error", "n", "invalid_value"),
     ("completion logprobs over 20", "/v1/completions", {"prompt": "x", "logprobs": 50}, 400, "invalid_request_error", "logprobs", "invalid_value"),
     ("malformed json", "/v1/chat/completions", b'{"messages": [', 400, "invalid_request_error", None, "invalid_request_body"),
     ("nan", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', 400, "invalid_request_error", None, "invalid_request_body"),

@@ -17,7 +17,9 @@ use crate::error::ApiError;
 use crate::generate::{completion_logprobs, Generation, PromptSpec};
 use crate::openai::{GenerationRequest, Prompt};
 use crate::responses::{Chunk, Completion, CompletionChoice, Usage};
-use crate::validate::{resolve_max_tokens, validate_completion, ValidCompletion, ValidationError};
+use crate::validate::{
+    resolve_max_tokens, validate_completion, ValidCompletion, ValidationError, MAX_N,
+};
 
 pub async fn handle(State(state): State<SharedState>, headers: HeaderMap, body: Body) -> Response {
     match run(&state, &headers, body).await {
@@ -81,6 +83,17 @@ async fn run(state: &SharedState, headers: &HeaderMap, body: Body) -> Result<Res
     state.check_accepting()?;
     let prompt = req.prompt.as_ref().expect("validated");
     let prompts = prompts(state, prompt, valid.add_special_tokens)?;
+    // A batch of prompts multiplies n: bound the engine requests one HTTP
+    // request may create, as n alone is bounded.
+    let n = valid.generation.n;
+    if prompts.len() * n > MAX_N as usize {
+        return Err(ValidationError::TooManyChoices {
+            prompts: prompts.len(),
+            n,
+            max: MAX_N as usize,
+        }
+        .into());
+    }
     let max_model_len = state.max_model_len()?;
     let mut specs = Vec::new();
     for (ids, _) in &prompts {

@@ -83,6 +83,11 @@ pub enum ValidationError {
         b: &'static str,
     },
     EmptyPrompt,
+    TooManyChoices {
+        prompts: usize,
+        n: usize,
+        max: usize,
+    },
     PromptTooLong {
         prompt_tokens: usize,
         max_model_len: usize,
@@ -150,6 +155,11 @@ impl std::fmt::Display for ValidationError {
             ToolChoiceWithoutTools => write!(f, "tool_choice is set but no tools are given."),
             ConflictingFlags { a, b } => write!(f, "{a} and {b} cannot both be true."),
             EmptyPrompt => write!(f, "The prompt must not be empty."),
+            TooManyChoices { prompts, n, max } => write!(
+                f,
+                "{prompts} prompts x n={n} asks for {} completions; at most {max} per request.",
+                prompts * n
+            ),
             PromptTooLong { prompt_tokens, max_model_len } => write!(
                 f,
                 "This model's maximum context length is {max_model_len} tokens. However, your request has {prompt_tokens} input tokens. Please reduce the length of the input."
@@ -187,6 +197,7 @@ impl ValidationError {
             UnknownToolChoice { .. } | ToolChoiceWithoutTools => "tool_choice".into(),
             ConflictingFlags { b, .. } => b.to_string(),
             EmptyPrompt => "prompt".into(),
+            TooManyChoices { .. } => "n".into(),
             PromptTooLong { .. } => "messages".into(),
             MaxTokensTooLarge { .. } => "max_tokens".into(),
         })
