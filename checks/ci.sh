@@ -47,6 +47,9 @@ checks/nix/run.sh
 step "nix flake show/check/drvPaths with Nix 2.26 (Debian 13 chroot) against the test doubles"
 checks/nix/modern-nix.sh
 
+step "gdn-server end to end: openai client, schemathesis fuzz, load (CPU demo on loopback)"
+checks/server/run.sh
+
 step "cargo test (GPU tests skip without a GPU)"
 cargo test --workspace -- --show-output 2>&1 | tee target/cargo-test.log
 # Without a GPU the GPU tests pass by returning early; say how many did.

@@ -302,8 +302,17 @@ impl GpuModel {
     }
 
     /// A new stream on CUDA device 0 (a created stream, not the legacy
-    /// default one, so decode steps can be captured as CUDA graphs).
+    /// default one, so decode steps can be captured as CUDA graphs). An
+    /// error, not a panic, on machines without a CUDA driver (the server's
+    /// `--device auto` falls back to the CPU on it).
     pub fn default_stream() -> Result<Arc<CudaStream>> {
+        // SAFETY: only probes whether libcuda can be loaded (cudarc panics
+        // on first use when it cannot).
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(Error::Gpu(
+                "no CUDA driver library (libcuda) on this machine".into(),
+            ));
+        }
         Ok(CudaContext::new(0)?.new_stream()?)
     }
 

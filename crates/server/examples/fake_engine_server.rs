@@ -1,0 +1,35 @@
+//! gdn-server over the engine's fake executor (engine::testing): the real
+//! HTTP stack, tokenizer and template, with a model that needs no weights.
+//! For developing and testing the HTTP layer only; not shipped.
+
+use clap::Parser;
+use engine::testing::{FakeControl, FakeExecutor};
+use engine::CacheGeometry;
+use gdn_server::cli::Args;
+use gdn_server::serve::{init_logging, run_main, ExecutorFactory};
+
+fn pick(
+    _args: &Args,
+    _dir: &std::path::Path,
+    max_model_len: usize,
+) -> Result<ExecutorFactory, String> {
+    let geometry = CacheGeometry {
+        num_slots: 64,
+        num_pages: 4096,
+        page_size: 16,
+        vocab_size: 640,
+        max_model_len: max_model_len.min(4096),
+    };
+    Ok(Box::new(move || {
+        Ok(Box::new(FakeExecutor::new(geometry, FakeControl::new())) as Box<dyn engine::Executor>)
+    }))
+}
+
+#[tokio::main]
+async fn main() {
+    init_logging();
+    if let Err(e) = run_main(Args::parse(), pick).await {
+        eprintln!("gdn-server: {e}");
+        std::process::exit(1);
+    }
+}

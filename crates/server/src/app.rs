@@ -1,0 +1,202 @@
+//! Shared server state, the router, request-body decoding and the server's
+//! own metrics.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{header, HeaderMap};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use engine::{EngineHandle, EngineState};
+use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
+use serde::de::DeserializeOwned;
+
+use crate::error::ApiError;
+use crate::model::ModelFiles;
+use crate::{chat, completions, routes};
+
+pub struct ServerMetrics {
+    pub disconnects: IntCounter,
+    pub rejections: IntCounterVec,
+}
+
+impl ServerMetrics {
+    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let disconnects = IntCounter::with_opts(Opts::new(
+            "vllm:http_requests_client_disconnected_total",
+            "Requests whose client went away before the response was complete",
+        ))?;
+        let rejections = IntCounterVec::new(
+            Opts::new(
+                "gdn:http_rejections_total",
+                "Requests answered with an error status, by reason (the error code)",
+            ),
+            &["reason"],
+        )?;
+        registry.register(Box::new(disconnects.clone()))?;
+        registry.register(Box::new(rejections.clone()))?;
+        Ok(ServerMetrics {
+            disconnects,
+            rejections,
+        })
+    }
+}
+
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub model: ModelFiles,
+    pub served_model_name: String,
+    pub max_request_bytes: usize,
+    pub registry: Registry,
+    pub metrics: ServerMetrics,
+    /// Set on SIGTERM/SIGINT: new work gets 503 while the engine drains.
+    pub draining: AtomicBool,
+    pub created: u64,
+}
+
+pub type SharedState = Arc<AppState>;
+
+impl AppState {
+    /// Counts the error under its reason and turns it into a response.
+    pub fn reject(&self, e: ApiError) -> Response {
+        self.metrics.rejections.with_label_values(&[e.code]).inc();
+        e.into_response()
+    }
+
+    /// The request's `model` must be the served name (or absent).
+    pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            Some(m) if m != self.served_model_name => {
+                Err(ApiError::model_not_found(m, &self.served_model_name))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// New generation work is accepted only when ready and not draining.
+    pub fn check_accepting(&self) -> Result<(), ApiError> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(ApiError::unavailable("The server is shutting down."));
+        }
+        match self.engine.state() {
+            EngineState::Ready => Ok(()),
+            EngineState::Loading => Err(ApiError::unavailable("The model is still loading.")),
+            EngineState::Draining => Err(ApiError::unavailable("The server is shutting down.")),
+            EngineState::Dead(detail) => {
+                log::error!("engine is dead: {detail}");
+                Err(ApiError::unavailable(
+                    "The engine has stopped; the server cannot serve requests.",
+                ))
+            }
+        }
+    }
+
+    pub fn max_model_len(&self) -> Result<usize, ApiError> {
+        self.engine
+            .max_model_len()
+            .ok_or_else(|| ApiError::unavailable("The model is still loading."))
+    }
+}
+
+/// Reads a request body: 415 unless `Content-Type: application/json`, 413
+/// over `--max-request-bytes`. [`decode_json`] then gives 400 for anything
+/// serde refuses.
+pub async fn read_body(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<axum::body::Bytes, ApiError> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap_or("<non-ASCII>"));
+    let is_json = content_type
+        .and_then(|ct| ct.split(';').next())
+        .map(|mime| mime.trim().eq_ignore_ascii_case("application/json"))
+        .unwrap_or(false);
+    if !is_json {
+        return Err(ApiError::unsupported_media_type(content_type));
+    }
+    let limit = state.max_request_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(ApiError::body_too_large(limit));
+    }
+    // to_bytes fails only past the limit or when the client's body breaks
+    // off (then nobody reads the answer).
+    let bytes = axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| ApiError::body_too_large(limit))?;
+    Ok(bytes)
+}
+
+/// 400 for anything serde refuses (malformed JSON, wrong types, NaN,
+/// numbers out of range, invalid UTF-8), with the dotted path of the
+/// offending field as `param`.
+pub fn decode_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let param = (path != ".").then_some(path);
+        let inner = e.into_inner();
+        let message = match inner.classify() {
+            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+                format!("The request body is not valid JSON: {inner}")
+            }
+            _ => format!("Invalid request body: {inner}"),
+        };
+        ApiError::malformed_body(message, param)
+    })?;
+    de.end().map_err(|e| {
+        ApiError::malformed_body(format!("The request body is not valid JSON: {e}"), None)
+    })?;
+    Ok(value)
+}
+
+/// A response id such as `chatcmpl-<32 hex>` (random per process and call).
+pub fn random_id(prefix: &str) -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hex = String::with_capacity(32);
+    for _ in 0..2 {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos(),
+        );
+        hex.push_str(&format!("{:016x}", h.finish()));
+    }
+    format!("{prefix}{hex}")
+}
+
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+async fn not_found(state: axum::extract::State<SharedState>, req: Request) -> Response {
+    state.reject(ApiError::not_found_route(req.uri().path()))
+}
+
+pub fn router(state: SharedState) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat::handle))
+        .route("/v1/completions", post(completions::handle))
+        .route("/v1/models", get(routes::models))
+        .route("/health", get(routes::health))
+        .route("/metrics", get(routes::metrics))
+        .route("/tokenize", post(routes::tokenize))
+        .route("/detokenize", post(routes::detokenize))
+        .route("/openapi.json", get(routes::openapi))
+        .fallback(not_found)
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed().into_response() })
+        .with_state(state)
+}

@@ -1,0 +1,386 @@
+//! `POST /v1/chat/completions`: validate, render the chat template,
+//! tokenize, submit one engine request per choice, then answer as one JSON
+//! body or as vLLM's SSE stream.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::Stream;
+use minijinja::value::Value;
+use serde_json::Value as Json;
+
+use crate::app::{decode_json, random_id, read_body, unix_now, AppState, SharedState};
+use crate::error::ApiError;
+use crate::generate::{Generation, Progress, PromptSpec};
+use crate::openai::{ChatTemplateView, GenerationRequest};
+use crate::outparse::{tool_schemas, ChatOutputParser, ParsedDelta};
+use crate::responses::{
+    chat_logprobs, ChatChoice, ChatLogprobs, Chunk, ChunkChoice, Completion, Delta, FunctionOut,
+    LogprobOut, Message, ToolCallOut, Usage,
+};
+use crate::template::{decode_tool_call_arguments, RenderInput, TemplateError};
+use crate::validate::{resolve_max_tokens, validate_chat, ValidChat, ValidationError};
+
+/// How often an SSE comment is sent while nothing else is (queued, long
+/// prefill): it keeps proxies from timing out and lets a disconnect be seen.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(2);
+
+pub async fn handle(State(state): State<SharedState>, headers: HeaderMap, body: Body) -> Response {
+    match run(&state, &headers, body).await {
+        Ok(response) => response,
+        Err(e) => state.reject(e),
+    }
+}
+
+/// The rendered prompt of a chat request and how its output starts.
+pub struct RenderedChat {
+    pub text: String,
+    pub ids: Vec<u32>,
+    /// The prompt ends inside `<think>`: the output starts as reasoning.
+    pub opens_reasoning: bool,
+}
+
+/// Renders `messages` (and `tools`) of the request body with the model's
+/// template, as transformers' `apply_chat_template` would, and tokenizes.
+pub fn render_chat(
+    state: &AppState,
+    body: &[u8],
+    add_generation_prompt: bool,
+    continue_final_message: bool,
+    kwargs: Option<&serde_json::Map<String, Json>>,
+) -> Result<RenderedChat, ApiError> {
+    let mut view: ChatTemplateView = decode_json(body)?;
+    decode_tool_call_arguments(&mut view.messages).map_err(|(index, reason)| {
+        ApiError::from(ValidationError::BadToolCallArguments { index, reason })
+    })?;
+    let kwargs: Vec<(String, Value)> = kwargs
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), Value::from_serialize(v)))
+        .collect();
+    let text = state
+        .model
+        .template
+        .render(&RenderInput {
+            messages: &view.messages,
+            tools: view.tools.as_ref(),
+            add_generation_prompt,
+            continue_final_message,
+            kwargs: &kwargs,
+        })
+        .map_err(|e: TemplateError| {
+            ApiError::from(ValidationError::Template {
+                message: e.to_string(),
+            })
+        })?;
+    let ids = state
+        .model
+        .encode(&text, false)
+        .map_err(ApiError::internal)?;
+    let opens_reasoning = text.trim_end_matches('\n').ends_with("<think>");
+    Ok(RenderedChat {
+        text,
+        ids,
+        opens_reasoning,
+    })
+}
+
+async fn run(state: &SharedState, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let bytes = read_body(state, headers, body).await?;
+    let req: GenerationRequest = decode_json(&bytes)?;
+    state.check_model(req.model.as_deref())?;
+    let valid = validate_chat(&req, &state.model.defaults, state.model.vocab_size)?;
+    state.check_accepting()?;
+    let rendered = render_chat(
+        state,
+        &bytes,
+        valid.add_generation_prompt,
+        valid.continue_final_message,
+        req.chat_template_kwargs.as_ref(),
+    )?;
+    let max_model_len = state.max_model_len()?;
+    let max_tokens = resolve_max_tokens(&valid.generation, rendered.ids.len(), max_model_len)?;
+    let generation = Generation::submit(
+        &state.engine,
+        state.model.tokenizer.clone(),
+        &state.model.eos_token_ids,
+        vec![PromptSpec {
+            ids: rendered.ids,
+            max_tokens,
+        }],
+        &valid.generation,
+    )?;
+    let tools = req
+        .tools
+        .as_deref()
+        .filter(|_| valid.tools_enabled)
+        .map(tool_schemas);
+    let parsers = (0..valid.generation.n)
+        .map(|_| {
+            ChatOutputParser::new(
+                rendered.opens_reasoning,
+                valid.include_reasoning,
+                tools.clone(),
+            )
+        })
+        .collect();
+    let out = ChatOutput {
+        id: random_id("chatcmpl-"),
+        created: unix_now(),
+        model: state.served_model_name.clone(),
+        parsers,
+        tool_call_counts: vec![0; valid.generation.n],
+        valid,
+    };
+    let guard = DisconnectGuard::new(state.clone());
+    if out.valid.generation.stream {
+        Ok(Sse::new(stream(out, generation, guard))
+            .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+            .into_response())
+    } else {
+        collect(out, generation, guard).await
+    }
+}
+
+/// Counts a client disconnect unless the response completed.
+pub struct DisconnectGuard {
+    state: SharedState,
+    done: bool,
+}
+
+impl DisconnectGuard {
+    pub fn new(state: SharedState) -> Self {
+        DisconnectGuard { state, done: false }
+    }
+    pub fn done(&mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for DisconnectGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            self.state.metrics.disconnects.inc();
+        }
+    }
+}
+
+struct ChatOutput {
+    id: String,
+    created: u64,
+    model: String,
+    parsers: Vec<ChatOutputParser>,
+    tool_call_counts: Vec<usize>,
+    valid: ValidChat,
+}
+
+impl ChatOutput {
+    /// Parses a progress into reasoning/content/tool calls (everything
+    /// held back is released on the choice's last progress).
+    fn parse(&mut self, p: &Progress) -> ParsedDelta {
+        let parser = &mut self.parsers[p.index];
+        let mut delta = parser.feed(&p.text);
+        if p.finish.is_some() {
+            let rest = parser.finish();
+            delta.reasoning.push_str(&rest.reasoning);
+            delta.content.push_str(&rest.content);
+            delta.tool_calls.extend(rest.tool_calls);
+        }
+        // include_reasoning=false: reasoning is still split off, then dropped (vLLM).
+        if !self.valid.include_reasoning {
+            delta.reasoning.clear();
+        }
+        delta
+    }
+
+    fn finish_reason(&self, index: usize, reason: &str) -> &'static str {
+        match reason {
+            "stop" if self.parsers[index].saw_tool_call() => "tool_calls",
+            "stop" => "stop",
+            _ => "length",
+        }
+    }
+
+    fn tool_calls(
+        &mut self,
+        index: usize,
+        delta: &ParsedDelta,
+        streaming: bool,
+    ) -> Vec<ToolCallOut> {
+        delta
+            .tool_calls
+            .iter()
+            .map(|call| {
+                let k = self.tool_call_counts[index];
+                self.tool_call_counts[index] += 1;
+                ToolCallOut {
+                    id: random_id("chatcmpl-tool-"),
+                    kind: "function",
+                    index: streaming.then_some(k),
+                    function: FunctionOut {
+                        name: call.name.clone(),
+                        arguments: call.arguments.clone(),
+                    },
+                }
+            })
+            .collect()
+    }
+
+    fn chunk(&self, choices: Vec<ChunkChoice>, usage: Option<Usage>) -> String {
+        let chunk = Chunk {
+            id: &self.id,
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: &self.model,
+            choices,
+            usage,
+        };
+        serde_json::to_string(&chunk).expect("serializable")
+    }
+}
+
+fn usage(generation: &Generation) -> Usage {
+    // n choices share one prompt: it counts once, as in vLLM.
+    Usage::new(
+        generation.prompt_tokens.first().copied().unwrap_or(0),
+        generation.completion_tokens(),
+    )
+}
+
+fn data(text: String) -> Result<SseEvent, Infallible> {
+    Ok(SseEvent::default().data(text))
+}
+
+fn stream(
+    mut out: ChatOutput,
+    mut generation: Generation,
+    mut guard: DisconnectGuard,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    async_stream::stream! {
+        let n = out.valid.generation.n;
+        let include_usage = out.valid.generation.include_usage;
+        let continuous = include_usage && out.valid.generation.continuous_usage;
+        let want_logprobs = out.valid.generation.sampling.logprobs.is_some();
+        for index in 0..n {
+            let delta = Delta { role: Some("assistant"), content: Some(String::new()), ..Default::default() };
+            let choice = ChunkChoice { index, delta, logprobs: None, finish_reason: None, stop_reason: None };
+            yield data(out.chunk(vec![choice], continuous.then(|| usage(&generation))));
+        }
+        while let Some(next) = generation.next().await {
+            let p = match next {
+                Ok(p) => p,
+                Err(message) => {
+                    yield data(ApiError::engine_failure(message).body().to_string());
+                    yield data("[DONE]".into());
+                    guard.done();
+                    return;
+                }
+            };
+            let parsed = out.parse(&p);
+            let delta = Delta {
+                role: None,
+                content: (!parsed.content.is_empty()).then(|| parsed.content.clone()),
+                reasoning_content: (!parsed.reasoning.is_empty()).then(|| parsed.reasoning.clone()),
+                tool_calls: out.tool_calls(p.index, &parsed, true),
+            };
+            let logprobs = (want_logprobs && !p.logprobs.is_empty()).then(|| ChatLogprobs { content: chat_logprobs(&p.logprobs) });
+            if delta.is_empty() && logprobs.is_none() && p.finish.is_none() {
+                continue;
+            }
+            let choice = ChunkChoice {
+                index: p.index,
+                delta,
+                logprobs,
+                finish_reason: p.finish.as_ref().map(|f| out.finish_reason(p.index, f.reason)),
+                stop_reason: p.finish.as_ref().map(|f| f.stop_reason.clone()),
+            };
+            yield data(out.chunk(vec![choice], continuous.then(|| usage(&generation))));
+        }
+        if include_usage {
+            yield data(out.chunk(vec![], Some(usage(&generation))));
+        }
+        yield data("[DONE]".into());
+        guard.done();
+    }
+}
+
+async fn collect(
+    mut out: ChatOutput,
+    mut generation: Generation,
+    mut guard: DisconnectGuard,
+) -> Result<Response, ApiError> {
+    let n = out.valid.generation.n;
+    let mut reasoning = vec![String::new(); n];
+    let mut content = vec![String::new(); n];
+    let mut calls: Vec<Vec<ToolCallOut>> = vec![Vec::new(); n];
+    let mut logprobs: Vec<Vec<LogprobOut>> = vec![Vec::new(); n];
+    let mut finish: Vec<(Option<&'static str>, Json)> = vec![(None, Json::Null); n];
+    while let Some(next) = generation.next().await {
+        let p = next.map_err(ApiError::engine_failure)?;
+        let parsed = out.parse(&p);
+        reasoning[p.index].push_str(&parsed.reasoning);
+        content[p.index].push_str(&parsed.content);
+        let new_calls = out.tool_calls(p.index, &parsed, false);
+        calls[p.index].extend(new_calls);
+        logprobs[p.index].extend(chat_logprobs(&p.logprobs));
+        if let Some(f) = &p.finish {
+            finish[p.index] = (
+                Some(out.finish_reason(p.index, f.reason)),
+                f.stop_reason.clone(),
+            );
+        }
+    }
+    guard.done();
+    let want_logprobs = out.valid.generation.sampling.logprobs.is_some();
+    let choices: Vec<ChatChoice> = (0..n)
+        .map(|i| {
+            let text = std::mem::take(&mut content[i]);
+            let tool_calls = std::mem::take(&mut calls[i]);
+            // With tool calls, whitespace-only content is no content (vLLM).
+            let content = if text.is_empty() || (!tool_calls.is_empty() && text.trim().is_empty()) {
+                None
+            } else {
+                Some(text)
+            };
+            let reasoning = Some(std::mem::take(&mut reasoning[i])).filter(|r| !r.is_empty());
+            ChatChoice {
+                index: i,
+                message: Message {
+                    role: "assistant",
+                    content,
+                    tool_calls,
+                    reasoning_content: reasoning,
+                },
+                logprobs: want_logprobs.then(|| ChatLogprobs {
+                    content: std::mem::take(&mut logprobs[i]),
+                }),
+                finish_reason: finish[i].0,
+                stop_reason: finish[i].1.clone(),
+            }
+        })
+        .collect();
+    let body = Completion {
+        id: &out.id,
+        object: "chat.completion",
+        created: out.created,
+        model: &out.model,
+        choices,
+        usage: usage(&generation),
+    };
+    Ok(json_response(&body))
+}
+
+/// A JSON body serialized straight from the struct (field order kept).
+pub fn json_response<T: serde::Serialize>(body: &T) -> Response {
+    let text = serde_json::to_string(body).expect("serializable");
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        text,
+    )
+        .into_response()
+}

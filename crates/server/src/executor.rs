@@ -1,0 +1,107 @@
+//! Which executor runs the model: `--device cpu` the f32 CPU reference
+//! forward, `gpu` the bf16 GPU runtime, `auto` the GPU when one is usable
+//! and the CPU otherwise. The choice runs on the engine thread (CUDA
+//! contexts are created there).
+
+use std::path::{Path, PathBuf};
+
+use engine::Executor;
+use gdn_server::cli::{Args, Device};
+use gdn_server::serve::ExecutorFactory;
+use qwen35::engine_exec::{CpuExecutor, CpuSizing, GpuExecutor, GpuSizing, PagePool};
+use qwen35::gpu::{GpuModel, GpuOptions};
+
+/// Context length when neither the flag nor the model sets one.
+const FALLBACK_MAX_MODEL_LEN: usize = 32768;
+
+#[derive(Clone, Debug)]
+struct Plan {
+    dir: PathBuf,
+    device: Device,
+    num_slots: usize,
+    page_size: usize,
+    max_model_len: usize,
+    gpu_memory_utilization: f64,
+    /// GPU bytes kept free for a step's activations, logits and the decode
+    /// graphs (an estimate, not a measurement: 64 KiB per batched token,
+    /// the f32 logits of every running row, 512 MiB of workspace).
+    activation_reserve: usize,
+}
+
+pub fn pick(args: &Args, dir: &Path, max_model_len: usize) -> Result<ExecutorFactory, String> {
+    let max_model_len = if max_model_len == usize::MAX {
+        FALLBACK_MAX_MODEL_LEN
+    } else {
+        max_model_len
+    };
+    let vocab_estimate = 256 * 1024;
+    let plan = Plan {
+        dir: dir.to_path_buf(),
+        device: args.device,
+        num_slots: args.max_num_seqs,
+        page_size: args.block_size,
+        max_model_len,
+        gpu_memory_utilization: args.gpu_memory_utilization,
+        activation_reserve: args.max_num_batched_tokens * 64 * 1024
+            + args.max_num_seqs * vocab_estimate * 4
+            + (512 << 20),
+    };
+    Ok(Box::new(move || build(&plan)))
+}
+
+fn build(plan: &Plan) -> Result<Box<dyn Executor>, String> {
+    match plan.device {
+        Device::Cpu => cpu(plan),
+        Device::Gpu => gpu(plan),
+        Device::Auto => match GpuModel::default_stream() {
+            Ok(_) => gpu(plan),
+            Err(e) => {
+                log::info!("no usable GPU ({e}): serving on the CPU executor");
+                cpu(plan)
+            }
+        },
+    }
+}
+
+fn cpu(plan: &Plan) -> Result<Box<dyn Executor>, String> {
+    // The CPU forward keeps keys per sequence; pages only bound the total,
+    // so every slot may reach the full context.
+    let pages_per_seq = plan.max_model_len.div_ceil(plan.page_size);
+    let sizing = CpuSizing {
+        num_slots: plan.num_slots,
+        num_pages: plan.num_slots * pages_per_seq,
+        page_size: plan.page_size,
+        max_model_len: plan.max_model_len,
+    };
+    log::info!(
+        "loading {} on the CPU executor ({sizing:?})",
+        plan.dir.display()
+    );
+    let executor =
+        CpuExecutor::load(&plan.dir, sizing).map_err(|e| format!("CPU executor: {e}"))?;
+    Ok(Box::new(executor))
+}
+
+fn gpu(plan: &Plan) -> Result<Box<dyn Executor>, String> {
+    let stream = GpuModel::default_stream().map_err(|e| format!("no usable GPU: {e}"))?;
+    let sizing = GpuSizing {
+        num_slots: plan.num_slots,
+        pages: PagePool::FromMemory {
+            gpu_memory_utilization: plan.gpu_memory_utilization,
+            activation_reserve: plan.activation_reserve,
+        },
+        page_size: plan.page_size,
+        max_model_len: plan.max_model_len,
+    };
+    log::info!(
+        "loading {} on the GPU executor ({sizing:?})",
+        plan.dir.display()
+    );
+    let mut executor = GpuExecutor::load(&plan.dir, stream, GpuOptions::default(), sizing)
+        .map_err(|e| format!("GPU executor: {e}"))?;
+    let buckets = executor
+        .capture_decode_graphs(plan.num_slots)
+        .map_err(|e| format!("capturing decode graphs: {e}"))?;
+    log::info!("decode graphs captured for batch sizes {buckets:?}");
+    Ok(Box::new(executor))
+}

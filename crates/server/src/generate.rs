@@ -1,0 +1,310 @@
+//! Drives the engine requests of one HTTP request (one per choice) and turns
+//! their token events into text: incremental detokenization, stop strings
+//! (a hit drops that choice's engine stream, which aborts it), finish
+//! reasons and logprobs. Chat and completions both build on this.
+//!
+//! Dropping a [`Generation`] drops every engine stream still open, so a
+//! client that goes away (axum drops the handler or the body stream) aborts
+//! its requests in the engine.
+
+use std::sync::Arc;
+
+use engine::{EngineHandle, Event, FinishReason, GenerateRequest, RequestStream, StopParams};
+use futures_util::future::select_all;
+use serde_json::{json, Value as Json};
+use tokenizers::Tokenizer;
+
+use crate::detok::{IncrementalDetokenizer, StopStrings};
+use crate::error::ApiError;
+use crate::validate::ValidGeneration;
+
+/// One token's logprob and its top alternatives, with their text.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub text: String,
+    pub logprob: f32,
+    pub top: Vec<(u32, String, f32)>,
+}
+
+/// Why a choice ended, in OpenAI/vLLM terms.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Finish {
+    /// "stop" or "length".
+    pub reason: &'static str,
+    /// vLLM's `stop_reason`: the stop string or stop token id, else null.
+    pub stop_reason: Json,
+}
+
+/// What one engine event changed for a choice.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Progress {
+    pub index: usize,
+    pub text: String,
+    pub logprobs: Vec<TokenLogprob>,
+    /// Set on the choice's last progress.
+    pub finish: Option<Finish>,
+}
+
+pub struct Choice {
+    detok: IncrementalDetokenizer,
+    stops: StopStrings,
+    /// Ids whose emission ends the request (EOS unless ignored, stop ids):
+    /// their text is not part of the output, as in vLLM.
+    stop_ids: Vec<u32>,
+    request_stop_ids: Vec<u32>,
+    include_stop_str: bool,
+    text: String,
+    sent: usize,
+    pending_logprobs: Vec<TokenLogprob>,
+    pub completion_tokens: usize,
+    pub finish: Option<Finish>,
+}
+
+pub struct Generation {
+    streams: Vec<Option<RequestStream>>,
+    pub choices: Vec<Choice>,
+    /// Prompt length of each choice's request.
+    pub prompt_tokens: Vec<usize>,
+    tokenizer: Arc<Tokenizer>,
+    want_logprobs: bool,
+}
+
+/// The per-prompt inputs of a submission.
+pub struct PromptSpec {
+    pub ids: Vec<u32>,
+    pub max_tokens: usize,
+}
+
+impl Generation {
+    /// Submits `n` engine requests per prompt (choice index = prompt * n + i;
+    /// seeds `seed + i` so choices differ but stay reproducible). If any
+    /// submit fails, the ones already queued are dropped (aborted).
+    pub fn submit(
+        engine: &EngineHandle,
+        tokenizer: Arc<Tokenizer>,
+        eos_token_ids: &[u32],
+        prompts: Vec<PromptSpec>,
+        v: &ValidGeneration,
+    ) -> Result<Generation, ApiError> {
+        let mut streams = Vec::new();
+        let mut choices = Vec::new();
+        let mut prompt_tokens = Vec::new();
+        let mut stop_ids: Vec<u32> = v.stop_token_ids.clone();
+        if !v.ignore_eos {
+            stop_ids.extend_from_slice(eos_token_ids);
+        }
+        for prompt in prompts {
+            for i in 0..v.n {
+                let mut sampling = v.sampling.clone();
+                sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
+                let request = GenerateRequest {
+                    prompt: prompt.ids.clone(),
+                    sampling,
+                    stop: StopParams {
+                        max_tokens: prompt.max_tokens,
+                        min_tokens: v.min_tokens,
+                        stop_token_ids: v.stop_token_ids.clone(),
+                        ignore_eos: v.ignore_eos,
+                    },
+                };
+                streams.push(Some(engine.submit(request)?));
+                prompt_tokens.push(prompt.ids.len());
+                choices.push(Choice {
+                    detok: IncrementalDetokenizer::new(tokenizer.clone(), v.skip_special_tokens),
+                    stops: StopStrings::new(v.stop_strings.clone(), v.include_stop_str_in_output),
+                    stop_ids: stop_ids.clone(),
+                    request_stop_ids: v.stop_token_ids.clone(),
+                    include_stop_str: v.include_stop_str_in_output,
+                    text: String::new(),
+                    sent: 0,
+                    pending_logprobs: Vec::new(),
+                    completion_tokens: 0,
+                    finish: None,
+                });
+            }
+        }
+        Ok(Generation {
+            streams,
+            choices,
+            prompt_tokens,
+            tokenizer,
+            want_logprobs: v.sampling.logprobs.is_some(),
+        })
+    }
+
+    pub fn completion_tokens(&self) -> usize {
+        self.choices.iter().map(|c| c.completion_tokens).sum()
+    }
+
+    fn token_text(&self, token: u32) -> String {
+        self.tokenizer.decode(&[token], false).unwrap_or_default()
+    }
+
+    /// The next change of any choice; `None` when every choice finished.
+    /// `Err` carries an engine failure's client-safe message.
+    pub async fn next(&mut self) -> Option<Result<Progress, String>> {
+        loop {
+            let open: Vec<_> = self
+                .streams
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(i, s)| {
+                    s.as_mut()
+                        .map(|s| Box::pin(async move { (i, s.next().await) }))
+                })
+                .collect();
+            if open.is_empty() {
+                return None;
+            }
+            // RequestStream::next is a channel receive: dropping the futures
+            // that lost the race loses no event.
+            let ((index, event), _, _) = select_all(open).await;
+            if let Some(progress) = self.apply(index, event) {
+                return Some(progress);
+            }
+        }
+    }
+
+    fn apply(&mut self, index: usize, event: Option<Event>) -> Option<Result<Progress, String>> {
+        match event {
+            Some(Event::Token(t)) => {
+                let logprob = (self.want_logprobs).then(|| TokenLogprob {
+                    token: t.token,
+                    text: self.token_text(t.token),
+                    logprob: t.logprob.unwrap_or(f32::NAN),
+                    top: t
+                        .top_logprobs
+                        .iter()
+                        .map(|&(id, lp)| (id, self.token_text(id), lp))
+                        .collect(),
+                });
+                let choice = &mut self.choices[index];
+                choice.completion_tokens += 1;
+                if let Some(lp) = logprob {
+                    choice.pending_logprobs.push(lp);
+                }
+                // The token that ends the request adds no text (vLLM), unless
+                // the client asked to see stop strings/tokens.
+                let ends = choice.stop_ids.contains(&t.token);
+                let piece = if ends && !choice.include_stop_str {
+                    String::new()
+                } else {
+                    choice.detok.push(t.token)
+                };
+                choice.text.push_str(&piece);
+                if let Some((cut, stop)) = choice.stops.check(&choice.text, piece.len()) {
+                    choice.text.truncate(cut);
+                    choice.finish = Some(Finish {
+                        reason: "stop",
+                        stop_reason: Json::String(stop),
+                    });
+                    // Dropping the stream aborts the engine request now.
+                    self.streams[index] = None;
+                    return Some(Ok(self.take(index, true)));
+                }
+                let progress = self.take(index, false);
+                (!progress.text.is_empty() || !progress.logprobs.is_empty()).then_some(Ok(progress))
+            }
+            Some(Event::Finished { reason, usage }) => {
+                self.streams[index] = None;
+                let choice = &mut self.choices[index];
+                choice.completion_tokens = usage.completion_tokens;
+                let tail = choice.detok.flush();
+                choice.text.push_str(&tail);
+                if let Some((cut, stop)) = choice.stops.check(&choice.text, tail.len()) {
+                    choice.text.truncate(cut);
+                    choice.finish = Some(Finish {
+                        reason: "stop",
+                        stop_reason: Json::String(stop),
+                    });
+                } else {
+                    choice.finish = Some(match reason {
+                        FinishReason::Stop { token }
+                            if choice.request_stop_ids.contains(&token) =>
+                        {
+                            Finish {
+                                reason: "stop",
+                                stop_reason: json!(token),
+                            }
+                        }
+                        FinishReason::Stop { .. } => Finish {
+                            reason: "stop",
+                            stop_reason: Json::Null,
+                        },
+                        FinishReason::Length => Finish {
+                            reason: "length",
+                            stop_reason: Json::Null,
+                        },
+                    });
+                }
+                Some(Ok(self.take(index, true)))
+            }
+            Some(Event::Failed(message)) => {
+                self.streams[index] = None;
+                Some(Err(message))
+            }
+            None => {
+                self.streams[index] = None;
+                Some(Err("the engine stopped before the request finished".into()))
+            }
+        }
+    }
+
+    /// The text not yet handed out (all of it when `done`; otherwise less
+    /// what may still turn out to be the start of a stop string).
+    fn take(&mut self, index: usize, done: bool) -> Progress {
+        let choice = &mut self.choices[index];
+        let mut end = if done {
+            choice.text.len()
+        } else {
+            choice.text.len() - choice.stops.holdback(&choice.text)
+        };
+        end = end.max(choice.sent);
+        while !choice.text.is_char_boundary(end) {
+            end -= 1;
+        }
+        let text = choice.text[choice.sent..end].to_string();
+        choice.sent = end;
+        Progress {
+            index,
+            text,
+            logprobs: std::mem::take(&mut choice.pending_logprobs),
+            finish: if done { choice.finish.clone() } else { None },
+        }
+    }
+}
+
+/// JSON cannot hold -inf: vLLM writes -9999.0 for it.
+pub fn json_logprob(lp: f32) -> Json {
+    if lp.is_finite() {
+        json!(lp)
+    } else {
+        json!(-9999.0)
+    }
+}
+
+/// Completions' logprobs object (`text_offset` counts from `offset`).
+pub fn completion_logprobs(entries: &[TokenLogprob], mut offset: usize) -> Json {
+    let mut text_offset = Vec::new();
+    let mut tokens = Vec::new();
+    let mut token_logprobs = Vec::new();
+    let mut top_logprobs = Vec::new();
+    for e in entries {
+        text_offset.push(offset);
+        offset += e.text.len();
+        tokens.push(e.text.clone());
+        token_logprobs.push(json_logprob(e.logprob));
+        let mut top = serde_json::Map::new();
+        for (_, text, lp) in &e.top {
+            top.entry(text.clone()).or_insert(json_logprob(*lp));
+        }
+        top_logprobs.push(Json::Object(top));
+    }
+    json!({
+        "text_offset": text_offset,
+        "token_logprobs": token_logprobs,
+        "tokens": tokens,
+        "top_logprobs": top_logprobs,
+    })
+}

@@ -1,0 +1,171 @@
+//! What the server reads from a Hugging Face model directory besides the
+//! weights (the executor loads those): tokenizer, chat template, special
+//! tokens, generation defaults, EOS ids, vocabulary size.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::Value as Json;
+use tokenizers::Tokenizer;
+
+use crate::template::ChatTemplate;
+use crate::validate::SamplingDefaults;
+
+pub struct ModelFiles {
+    pub dir: PathBuf,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: ChatTemplate,
+    pub defaults: SamplingDefaults,
+    pub eos_token_ids: Vec<u32>,
+    /// Rows of the model's embedding (valid token ids are below it).
+    pub vocab_size: usize,
+}
+
+fn read_json(path: &Path) -> Result<Option<Json>, String> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| format!("{}: not valid JSON: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
+/// `eos_token_id` is an int or a list of ints in HF configs.
+fn ids(v: Option<&Json>) -> Vec<u32> {
+    match v {
+        Some(Json::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
+        Some(Json::Array(a)) => a
+            .iter()
+            .filter_map(|n| n.as_u64())
+            .map(|n| n as u32)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// tokenizer_config.json writes special tokens as strings or as
+/// `{"content": ..}` objects.
+fn token_text(v: &Json) -> Option<String> {
+    match v {
+        Json::String(s) => Some(s.clone()),
+        Json::Object(o) => o.get("content").and_then(Json::as_str).map(str::to_string),
+        _ => None,
+    }
+}
+
+/// The template source: an override file, else `chat_template.jinja`
+/// (transformers' current layout), else `tokenizer_config.json`'s
+/// `chat_template` (a string, or a list of named templates: "default").
+fn template_source(
+    dir: &Path,
+    tokenizer_config: Option<&Json>,
+    override_path: Option<&Path>,
+) -> Result<String, String> {
+    if let Some(path) = override_path {
+        return std::fs::read_to_string(path)
+            .map_err(|e| format!("--chat-template {}: {e}", path.display()));
+    }
+    let jinja = dir.join("chat_template.jinja");
+    if jinja.exists() {
+        return std::fs::read_to_string(&jinja).map_err(|e| format!("{}: {e}", jinja.display()));
+    }
+    match tokenizer_config.and_then(|c| c.get("chat_template")) {
+        Some(Json::String(s)) => Ok(s.clone()),
+        Some(Json::Array(list)) => list
+            .iter()
+            .find(|t| t.get("name").and_then(Json::as_str) == Some("default"))
+            .and_then(|t| t.get("template"))
+            .and_then(Json::as_str)
+            .map(str::to_string)
+            .ok_or_else(|| "tokenizer_config.json: chat_template list has no 'default' template".into()),
+        _ => Err(format!(
+            "{}: no chat template (chat_template.jinja or tokenizer_config.json's chat_template); pass --chat-template",
+            dir.display()
+        )),
+    }
+}
+
+impl ModelFiles {
+    pub fn load(dir: &Path, chat_template_override: Option<&Path>) -> Result<ModelFiles, String> {
+        let config = read_json(&dir.join("config.json"))?
+            .ok_or_else(|| format!("{}: no config.json", dir.display()))?;
+        // Qwen3.5 checkpoints nest the language model's config.
+        let text_config = config.get("text_config").unwrap_or(&config);
+        let vocab_size = text_config
+            .get("vocab_size")
+            .or_else(|| config.get("vocab_size"))
+            .and_then(Json::as_u64)
+            .ok_or_else(|| "config.json: no vocab_size".to_string())?
+            as usize;
+        let tokenizer_path = dir.join("tokenizer.json");
+        let tokenizer = Tokenizer::from_file(&tokenizer_path)
+            .map_err(|e| format!("{}: {e}", tokenizer_path.display()))?;
+        let tokenizer_config = read_json(&dir.join("tokenizer_config.json"))?;
+        let generation_config = read_json(&dir.join("generation_config.json"))?;
+
+        let mut eos_token_ids = ids(generation_config
+            .as_ref()
+            .and_then(|g| g.get("eos_token_id")));
+        for id in ids(text_config.get("eos_token_id"))
+            .into_iter()
+            .chain(ids(config.get("eos_token_id")))
+        {
+            if !eos_token_ids.contains(&id) {
+                eos_token_ids.push(id);
+            }
+        }
+        if eos_token_ids.is_empty() {
+            if let Some(id) = tokenizer_config
+                .as_ref()
+                .and_then(|c| c.get("eos_token"))
+                .and_then(token_text)
+                .and_then(|t| tokenizer.token_to_id(&t))
+            {
+                eos_token_ids.push(id);
+            }
+        }
+
+        let special_tokens: Vec<(String, String)> =
+            ["bos_token", "eos_token", "pad_token", "unk_token"]
+                .iter()
+                .filter_map(|key| {
+                    let text = tokenizer_config.as_ref()?.get(*key).and_then(token_text)?;
+                    Some((key.to_string(), text))
+                })
+                .collect();
+        let source = template_source(dir, tokenizer_config.as_ref(), chat_template_override)?;
+        let template = ChatTemplate::new(source, special_tokens)?;
+
+        let g = generation_config.as_ref();
+        let f = |k: &str| g.and_then(|g| g.get(k)).and_then(Json::as_f64);
+        let defaults = SamplingDefaults {
+            temperature: f("temperature"),
+            top_p: f("top_p"),
+            top_k: g.and_then(|g| g.get("top_k")).and_then(Json::as_i64),
+            min_p: f("min_p"),
+            repetition_penalty: f("repetition_penalty"),
+            max_tokens: g
+                .and_then(|g| g.get("max_new_tokens"))
+                .and_then(Json::as_u64)
+                .map(|m| m as usize),
+        };
+        Ok(ModelFiles {
+            dir: dir.to_path_buf(),
+            tokenizer: Arc::new(tokenizer),
+            template,
+            defaults,
+            eos_token_ids,
+            vocab_size,
+        })
+    }
+
+    /// Prompt text -> ids. Chat renders already contain their special
+    /// tokens as text (parsed here, no BOS added), as transformers does.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String> {
+        self.tokenizer
+            .encode_fast(text, add_special_tokens)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| format!("tokenization failed: {e}"))
+    }
+}

@@ -1,0 +1,166 @@
+//! Response bodies and stream chunks, with their fields in vLLM's order
+//! (serde writes struct fields in declaration order; `json!` maps would be
+//! sorted). Absent optional fields are left out, as vLLM's
+//! `exclude_unset` chunks do.
+
+use serde::Serialize;
+use serde_json::Value as Json;
+
+use crate::generate::{json_logprob, TokenLogprob};
+
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub total_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+impl Usage {
+    pub fn new(prompt_tokens: usize, completion_tokens: usize) -> Self {
+        Usage {
+            prompt_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+            completion_tokens,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct FunctionOut {
+    pub name: String,
+    pub arguments: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ToolCallOut {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// Only in stream deltas (which call of the choice this is).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<usize>,
+    pub function: FunctionOut,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TopLogprobOut {
+    pub token: String,
+    pub logprob: Json,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LogprobOut {
+    pub token: String,
+    pub logprob: Json,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprobOut>,
+}
+
+/// Chat's `logprobs.content` entries.
+pub fn chat_logprobs(entries: &[TokenLogprob]) -> Vec<LogprobOut> {
+    entries
+        .iter()
+        .map(|e| LogprobOut {
+            token: e.text.clone(),
+            logprob: json_logprob(e.logprob),
+            bytes: e.text.as_bytes().to_vec(),
+            top_logprobs: e
+                .top
+                .iter()
+                .map(|(_, text, lp)| TopLogprobOut {
+                    token: text.clone(),
+                    logprob: json_logprob(*lp),
+                    bytes: text.as_bytes().to_vec(),
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ChatLogprobs {
+    pub content: Vec<LogprobOut>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Delta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallOut>,
+}
+
+impl Delta {
+    pub fn is_empty(&self) -> bool {
+        self.role.is_none()
+            && self.content.is_none()
+            && self.reasoning_content.is_none()
+            && self.tool_calls.is_empty()
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ChunkChoice {
+    pub index: usize,
+    pub delta: Delta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+    /// Present (maybe null) on the choice's last chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<Json>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Chunk<'a, C: Serialize> {
+    pub id: &'a str,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: &'a str,
+    pub choices: Vec<C>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Message {
+    pub role: &'static str,
+    pub content: Option<String>,
+    pub tool_calls: Vec<ToolCallOut>,
+    pub reasoning_content: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ChatChoice {
+    pub index: usize,
+    pub message: Message,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+    pub stop_reason: Json,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CompletionChoice {
+    pub index: usize,
+    pub text: String,
+    pub logprobs: Json,
+    pub finish_reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<Json>,
+}
+
+/// A whole response (`chat.completion`, `text_completion`): the chunk
+/// layout with usage always present.
+#[derive(Clone, Debug, Serialize)]
+pub struct Completion<'a, C: Serialize> {
+    pub id: &'a str,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: &'a str,
+    pub choices: Vec<C>,
+    pub usage: Usage,
+}

@@ -1,0 +1,188 @@
+//! Starting the engine, serving HTTP, and the graceful shutdown: on
+//! SIGTERM/SIGINT new work gets 503, the engine drains its requests within
+//! `--shutdown-timeout`, then the listener closes.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine::{Engine, EngineConfig, Executor};
+use tokio::net::TcpListener;
+
+use crate::app::{router, unix_now, AppState, ServerMetrics};
+use crate::cli::Args;
+use crate::model::ModelFiles;
+
+/// Builds the engine's executor on the engine thread.
+pub type ExecutorFactory = Box<dyn FnOnce() -> Result<Box<dyn Executor>, String> + Send + 'static>;
+
+/// The engine limits the flags ask for.
+pub fn engine_config(
+    args: &Args,
+    model: &ModelFiles,
+    model_max_len: Option<usize>,
+) -> EngineConfig {
+    let mut config = EngineConfig::new(model.eos_token_ids.clone());
+    config.max_num_batched_tokens = args.max_num_batched_tokens;
+    config.max_num_seqs = args.max_num_seqs;
+    config.max_num_queued_reqs = args.max_num_queued_reqs;
+    if let Some(len) = args.max_model_len.or(model_max_len) {
+        config.max_model_len = len;
+    }
+    config
+}
+
+/// Starts the engine and builds the shared state (the engine loads the
+/// model in the background; `/health` is 503 until it is ready).
+pub fn start(
+    args: &Args,
+    model: ModelFiles,
+    served_model_name: String,
+    config: EngineConfig,
+    make_executor: ExecutorFactory,
+) -> Result<Arc<AppState>, String> {
+    let registry = prometheus::Registry::new();
+    let engine = Engine::start(config, make_executor, &registry).map_err(|e| e.to_string())?;
+    let metrics = ServerMetrics::register(&registry)
+        .map_err(|e| format!("registering server metrics: {e}"))?;
+    Ok(Arc::new(AppState {
+        engine,
+        model,
+        served_model_name,
+        max_request_bytes: args.max_request_bytes,
+        registry,
+        metrics,
+        draining: Default::default(),
+        created: unix_now(),
+    }))
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = terminate => {},
+    }
+}
+
+/// Serves until a shutdown signal, then drains. The listener stays open
+/// while draining so new requests get a clear 503 rather than a refused
+/// connection.
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    drain_deadline: Duration,
+) -> std::io::Result<()> {
+    let app = router(state.clone());
+    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
+    let drain_state = state.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        log::info!("shutdown: refusing new work, draining for up to {drain_deadline:?}");
+        drain_state.draining.store(true, Ordering::SeqCst);
+        drain_state.engine.shutdown(drain_deadline).await;
+        log::info!("shutdown: engine stopped");
+        let _ = closed_tx.send(());
+    });
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            let _ = closed_rx.await;
+        })
+        .await
+}
+
+/// Picks and builds the executor for `--device` over a model directory.
+pub type ExecutorPicker = fn(&Args, &std::path::Path, usize) -> Result<ExecutorFactory, String>;
+
+/// The whole program: load the model files (the demo without --model),
+/// start the engine with the picked executor, serve, drain on a signal.
+pub async fn run_main(args: Args, pick_executor: ExecutorPicker) -> Result<(), String> {
+    let demo_dir;
+    let (dir, default_name) = match &args.model {
+        Some(dir) => (dir.clone(), dir.display().to_string()),
+        None => {
+            eprintln!("{}", crate::demo::BANNER);
+            demo_dir =
+                crate::demo::unpack().map_err(|e| format!("unpacking the demo model: {e}"))?;
+            (
+                demo_dir.path().to_path_buf(),
+                crate::demo::DEMO_MODEL_NAME.to_string(),
+            )
+        }
+    };
+    let model = ModelFiles::load(&dir, args.chat_template.as_deref())?;
+    let model_max_len = model_max_position_embeddings(&dir);
+    let config = engine_config(&args, &model, model_max_len);
+    let make_executor = pick_executor(
+        &args,
+        &dir,
+        config
+            .max_model_len
+            .min(model_max_len.unwrap_or(usize::MAX)),
+    )?;
+    let name = args.served_model_name.clone().unwrap_or(default_name);
+    let state = start(&args, model, name.clone(), config, make_executor)?;
+    let addr = format!("{}:{}", args.host, args.port);
+    let listener = TcpListener::bind(&addr)
+        .await
+        .map_err(|e| format!("binding {addr}: {e}"))?;
+    log::info!(
+        "serving `{name}` on http://{} (loading the model; /health turns 200 when ready)",
+        listener.local_addr().map(|a| a.to_string()).unwrap_or(addr)
+    );
+    serve(listener, state, Duration::from_secs(args.shutdown_timeout))
+        .await
+        .map_err(|e| format!("server error: {e}"))?;
+    // demo_dir (if any) is removed here.
+    Ok(())
+}
+
+/// `max_position_embeddings` of config.json (or its text_config).
+fn model_max_position_embeddings(dir: &std::path::Path) -> Option<usize> {
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).ok()?).ok()?;
+    let text = config.get("text_config").unwrap_or(&config);
+    text.get("max_position_embeddings")
+        .or_else(|| config.get("max_position_embeddings"))
+        .and_then(|v| v.as_u64())
+        .map(|v| v as usize)
+}
+
+/// A minimal stderr logger (info and above; `GDN_LOG=debug` for more).
+pub fn init_logging() {
+    struct StderrLogger;
+    impl log::Log for StderrLogger {
+        fn enabled(&self, metadata: &log::Metadata) -> bool {
+            metadata.level() <= log::max_level()
+        }
+        fn log(&self, record: &log::Record) {
+            if self.enabled(record.metadata()) {
+                eprintln!("[{} {}] {}", record.level(), record.target(), record.args());
+            }
+        }
+        fn flush(&self) {}
+    }
+    static LOGGER: StderrLogger = StderrLogger;
+    let level = match std::env::var("GDN_LOG").as_deref() {
+        Ok("debug") => log::LevelFilter::Debug,
+        Ok("warn") => log::LevelFilter::Warn,
+        _ => log::LevelFilter::Info,
+    };
+    if log::set_logger(&LOGGER).is_ok() {
+        log::set_max_level(level);
+    }
+}

@@ -1,0 +1,327 @@
+//! The HTTP layer over the real engine with a scripted executor (test-only):
+//! every request's output is a fixed text (tokenized with the demo
+//! tokenizer), so the output parsers, stop strings, failures and
+//! disconnects can be checked exactly. The random demo model cannot be
+//! made to emit a tool call; this executor can.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use engine::{CacheGeometry, ExecError, Executor, SampledToken, StepRow};
+use gdn_server::app::{router, AppState};
+use gdn_server::cli::Args;
+use gdn_server::model::ModelFiles;
+use gdn_server::serve::{engine_config, start};
+use http_body_util::BodyExt;
+use serde_json::{json, Value as Json};
+use tower::ServiceExt;
+
+const EOS: u32 = 604; // <|im_end|> in the demo tokenizer
+
+fn demo_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("demo")
+}
+
+struct Script {
+    tokens: Vec<u32>,
+    /// Fail the step with this index (0-based, counted over all steps).
+    fail_step: Option<usize>,
+    steps: Arc<AtomicUsize>,
+}
+
+struct ScriptedExecutor {
+    script: Arc<Mutex<Script>>,
+}
+
+impl Executor for ScriptedExecutor {
+    fn geometry(&self) -> CacheGeometry {
+        CacheGeometry {
+            num_slots: 8,
+            num_pages: 512,
+            page_size: 16,
+            vocab_size: 640,
+            max_model_len: 2048,
+        }
+    }
+
+    fn step(&mut self, rows: &[StepRow<'_>]) -> Result<Vec<SampledToken>, ExecError> {
+        let script = self.script.lock().unwrap();
+        let step = script.steps.fetch_add(1, Ordering::SeqCst);
+        if script.fail_step == Some(step) {
+            return Err(ExecError::StepFailed("scripted device failure".into()));
+        }
+        // Pace the steps so a client can go away mid-stream.
+        std::thread::sleep(Duration::from_millis(2));
+        Ok(rows
+            .iter()
+            .filter_map(|r| r.sample)
+            .map(|s| {
+                let token = script
+                    .tokens
+                    .get(s.seed.draw as usize)
+                    .copied()
+                    .unwrap_or(EOS);
+                SampledToken {
+                    token,
+                    logprob: -0.5,
+                    top_logprobs: vec![(token, -0.5)],
+                }
+            })
+            .collect())
+    }
+}
+
+struct TestServer {
+    state: Arc<AppState>,
+    steps: Arc<AtomicUsize>,
+}
+
+fn server(output: &str, fail_step: Option<usize>) -> TestServer {
+    let model = ModelFiles::load(&demo_dir(), None).unwrap();
+    let tokens = model.encode(output, false).unwrap();
+    let steps = Arc::new(AtomicUsize::new(0));
+    let script = Arc::new(Mutex::new(Script {
+        tokens,
+        fail_step,
+        steps: steps.clone(),
+    }));
+    let args = <Args as clap::Parser>::parse_from(["gdn-server", "--max-model-len", "2048"]);
+    let config = engine_config(&args, &model, None);
+    let factory = Box::new(move || Ok(Box::new(ScriptedExecutor { script }) as Box<dyn Executor>));
+    let state = start(&args, model, "demo".into(), config, factory).unwrap();
+    for _ in 0..500 {
+        if state.engine.max_model_len().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    TestServer { state, steps }
+}
+
+async fn post(s: &TestServer, path: &str, body: Json) -> (StatusCode, Vec<u8>) {
+    let req = Request::post(path)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let resp = router(s.state.clone()).oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec();
+    (status, bytes)
+}
+
+fn sse_data(bytes: &[u8]) -> Vec<String> {
+    String::from_utf8(bytes.to_vec())
+        .unwrap()
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: ").map(str::to_string))
+        .collect()
+}
+
+const TOOL_OUTPUT: &str = "I will check.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+
+fn tool_request(stream: bool) -> Json {
+    json!({
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}],
+        "stream": stream,
+    })
+}
+
+async fn wait_idle(s: &TestServer) {
+    for _ in 0..400 {
+        let st = s.state.engine.stats();
+        if st.slots_used == 0 && st.pages_used == 0 && st.running == 0 && st.waiting == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("engine not idle: {:?}", s.state.engine.stats());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_call_and_reasoning_non_streaming() {
+    let s = server(TOOL_OUTPUT, None);
+    let (status, body) = post(&s, "/v1/chat/completions", tool_request(false)).await;
+    assert_eq!(status, StatusCode::OK);
+    let v: Json = serde_json::from_slice(&body).unwrap();
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls");
+    let message = &choice["message"];
+    assert_eq!(message["reasoning_content"], "I will check.\n");
+    assert_eq!(message["content"], Json::Null);
+    let calls = message["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0]["type"], "function");
+    assert!(calls[0]["id"]
+        .as_str()
+        .unwrap()
+        .starts_with("chatcmpl-tool-"));
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    // Typed by the tool's schema: "3" is an integer parameter.
+    assert_eq!(
+        calls[0]["function"]["arguments"],
+        r#"{"city": "Paris", "days": 3}"#
+    );
+    wait_idle(&s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_call_streaming_matches_non_streaming() {
+    let s = server(TOOL_OUTPUT, None);
+    let (status, body) = post(&s, "/v1/chat/completions", tool_request(true)).await;
+    assert_eq!(status, StatusCode::OK);
+    let data = sse_data(&body);
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let chunks: Vec<Json> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(
+        chunks[0]["choices"][0]["delta"],
+        json!({"role": "assistant", "content": ""})
+    );
+    let mut reasoning = String::new();
+    let mut calls = Vec::new();
+    for c in &chunks[1..] {
+        let delta = &c["choices"][0]["delta"];
+        reasoning.push_str(delta["reasoning_content"].as_str().unwrap_or(""));
+        assert!(
+            delta
+                .get("content")
+                .is_none_or(|c| c.as_str().unwrap().trim().is_empty()),
+            "{delta}"
+        );
+        calls.extend(delta["tool_calls"].as_array().cloned().unwrap_or_default());
+    }
+    assert_eq!(reasoning, "I will check.\n");
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0]["index"], 0);
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    assert_eq!(
+        calls[0]["function"]["arguments"],
+        r#"{"city": "Paris", "days": 3}"#
+    );
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_string_across_tokens_aborts_the_request() {
+    let s = server(
+        "Hello world, this is a long scripted answer that goes on and on and on.",
+        None,
+    );
+    let req = json!({"prompt": "x", "stop": ["o w"], "max_tokens": 60});
+    let (status, body) = post(&s, "/v1/completions", req).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let v: Json = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["choices"][0]["text"], "Hell");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["choices"][0]["stop_reason"], "o w");
+    // The engine request was aborted by dropping its stream, not run to max_tokens.
+    wait_idle(&s).await;
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() < 10);
+    assert_eq!(s.state.engine.stats().aborted, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_after_the_200_is_an_error_event_then_done() {
+    let s = server("a b c d e f g h i j k l m n o p", Some(4));
+    let req =
+        json!({"messages": [{"role": "user", "content": "hi"}], "stream": true, "max_tokens": 12});
+    let (status, body) = post(&s, "/v1/chat/completions", req).await;
+    assert_eq!(status, StatusCode::OK);
+    let data = sse_data(&body);
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let error: Json = serde_json::from_str(&data[data.len() - 2]).unwrap();
+    assert_eq!(error["error"]["type"], "server_error", "{error}");
+    assert!(error["error"]["message"].as_str().unwrap().len() > 3);
+    // Non-streaming: a 500 with the same body shape.
+    let s = server("a b c d e f g h i j k l m n o p", Some(3));
+    let req = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 12});
+    let (status, body) = post(&s, "/v1/chat/completions", req).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    let v: Json = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["code"], "engine_failure");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_disconnect_aborts_and_is_counted() {
+    let long: String = "word ".repeat(400);
+    let s = server(&long, None);
+    let req = Request::post("/v1/completions")
+        .header("content-type", "application/json")
+        .body(Body::from(
+            json!({"prompt": "x", "max_tokens": 1000, "stream": true}).to_string(),
+        ))
+        .unwrap();
+    let resp = router(s.state.clone()).oneshot(req).await.unwrap();
+    let mut body = resp.into_body();
+    // Read two frames, then go away.
+    for _ in 0..2 {
+        body.frame().await.unwrap().unwrap();
+    }
+    drop(body);
+    wait_idle(&s).await;
+    assert_eq!(s.state.metrics.disconnects.get(), 1);
+    assert_eq!(s.state.engine.stats().aborted, 1);
+    assert!(
+        s.steps.load(Ordering::SeqCst) < 400,
+        "the request ran on after the disconnect"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_503_while_loading() {
+    let model = ModelFiles::load(&demo_dir(), None).unwrap();
+    let args = <Args as clap::Parser>::parse_from(["gdn-server"]);
+    let config = engine_config(&args, &model, Some(2048));
+    let (release, wait) = std::sync::mpsc::channel::<()>();
+    let script = Arc::new(Mutex::new(Script {
+        tokens: vec![],
+        fail_step: None,
+        steps: Default::default(),
+    }));
+    let factory = Box::new(move || {
+        wait.recv().unwrap();
+        Ok(Box::new(ScriptedExecutor { script }) as Box<dyn Executor>)
+    });
+    let state = start(&args, model, "demo".into(), config, factory).unwrap();
+    let s = TestServer {
+        state,
+        steps: Default::default(),
+    };
+    let get = |path: &'static str| {
+        let app = router(s.state.clone());
+        async move {
+            app.oneshot(Request::get(path).body(Body::empty()).unwrap())
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    assert_eq!(get("/health").await, StatusCode::SERVICE_UNAVAILABLE);
+    let (status, _) = post(&s, "/v1/completions", json!({"prompt": "x"})).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    release.send(()).unwrap();
+    for _ in 0..400 {
+        if get("/health").await == StatusCode::OK {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("never became healthy");
+}
