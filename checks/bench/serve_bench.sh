@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Serving benchmark on the H200 (not a test): a Qwen3.5-4B-shaped checkpoint
+# with random weights written here by make_random_checkpoint.py, served by
+# gdn-server, driven by sglang's bench_serving (0.4.10, self-contained client;
+# its wheel travels in .carry/whl; run as a script, since the package's
+# __init__ pulls in the whole runtime) with ignore_eos and fixed lengths, next to
+# the runtime's own step times from qwen35_bench in the same run.
+#   checks/bench/serve_bench.sh [SETS] [CONCURRENCIES]
+# SETS: comma list of IN/OUT (default 1024/256,8192/256); CONCURRENCIES:
+# comma list (default 1,8,32,64,128). Needs .carry/bin/{gdn-server,qwen35_bench},
+# .carry/whl/sglang-0.4.10-*.whl, .carry/tok/tokenizer.json.xz. Writes under $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/gdn-out}; mkdir -p "$OUT"
+sets=${1:-1024/256,8192/256}; concs=${2:-1,8,32,64,128}
+log() { echo "[$(date -u +%T)] $*" | tee -a "$OUT/serve_bench.log"; }
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/sgl .carry/whl/sglang-0.4.10-*.whl || exit 1
+xz -dc .carry/tok/tokenizer.json.xz > /tmp/tokenizer.json
+python3 - > /tmp/q4b_config.json <<'PY'
+import json, re
+src = open("crates/qwen35/src/config.rs").read()
+print(json.dumps(json.loads(re.search(r'QWEN35_4B_TEXT: &str = r#"(.*?)"#', src, re.S).group(1))))
+PY
+if [ ! -f /tmp/q4b/model.safetensors.index.json ] && [ ! -f /tmp/q4b/model.safetensors ]; then
+  python3 checks/bench/make_random_checkpoint.py /tmp/q4b_config.json /tmp/tokenizer.json \
+    crates/server/demo/chat_template.jinja /tmp/q4b 2>&1 | tail -2 | tee -a "$OUT/serve_bench.log"
+fi
+cat /tmp/q4b/*.safetensors > /dev/null  # weights in the page cache: cold start = process + load
+cublas=$(find /usr/local/cuda*/ /usr/lib /usr/local/lib $(python3 -c 'import site; print(*site.getsitepackages())') \
+  -name 'libcublas.so.13*' 2>/dev/null | head -1)
+[[ -n $cublas ]] && export LD_LIBRARY_PATH=$(dirname "$cublas")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+# 1. The runtime alone, same process conditions: prefill and decode step times.
+log "runtime step times (qwen35_bench)"
+.carry/bin/qwen35_bench --decode-batches "$concs" > "$OUT/runtime.jsonl" 2> "$OUT/runtime.err"
+cat "$OUT/runtime.jsonl"
+
+# 2. Cold start: process start to /health 200.
+start=$(date +%s.%N)
+.carry/bin/gdn-server --model /tmp/q4b --served-model-name q4b --port 8000 --device gpu \
+  --max-num-seqs 128 --max-model-len 9216 > "$OUT/server.log" 2>&1 &
+server=$!
+until curl -sf -o /dev/null http://127.0.0.1:8000/health; do
+  kill -0 $server 2>/dev/null || { log "server exited"; tail -20 "$OUT/server.log"; exit 1; }
+  sleep 0.05
+done
+log "cold start: $(python3 -c "print(round($(date +%s.%N) - $start, 2))") s (process start to /health 200, weights in page cache)"
+
+# 3. The sweep.
+for set in ${sets//,/ }; do
+  in=${set%/*}; out=${set#*/}
+  for c in ${concs//,/ }; do
+    n=$(( c * 2 < 8 ? 8 : c * 2 ))
+    log "in $in out $out concurrency $c prompts $n"
+    timeout 300 python3 /tmp/sgl/sglang/bench_serving.py --backend vllm \
+      --base-url http://127.0.0.1:8000 --model q4b --tokenizer /tmp/q4b \
+      --dataset-name random-ids --random-input-len "$in" --random-output-len "$out" \
+      --random-range-ratio 1.0 --num-prompts "$n" --max-concurrency "$c" --seed 1 \
+      --output-file "$OUT/sweep.jsonl" > "$OUT/last_client.log" 2>&1 || log "client failed: $(tail -3 "$OUT/last_client.log")"
+    grep -E "Successful requests|Output token throughput|Mean TTFT|Median TTFT|P99 TTFT|Median TPOT|P99 TPOT|Median ITL|P99 ITL" "$OUT/last_client.log" | tee -a "$OUT/serve_bench.log"
+  done
+done
+curl -s http://127.0.0.1:8000/metrics | grep -E "^vllm:(num_preemptions_total|num_requests_running|kv_cache_usage_perc)|^gdn:state_slots" | tee -a "$OUT/serve_bench.log"
+kill -TERM $server; wait $server
+log "server exit status $?"
