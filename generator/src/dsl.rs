@@ -100,25 +100,17 @@ pub fn resolve(args: &BuildArgs, table: &ArtifactTable, lock: &Lock) -> Result<O
         .as_bytes(),
     );
     let site = args.cache.join("dsl-site").join(&key.as_str()[..16]);
-    if !site.join(".complete").exists() {
-        let _ = std::fs::remove_dir_all(&site);
-        for input in &inputs {
-            let wheel = ensure_input(input, &args.cache, args.inputs_dir.as_deref(), args.offline)?;
-            eprintln!("gdn-gen: unpacking {} for Python {abi}", input.filename);
-            let n = if input.role == InputRole::DslKernelSource {
-                let members = &cfg.kernel_source_members;
-                extract_zip(&wheel, &site, |name| {
-                    members.iter().any(|m| name.starts_with(m.as_str()))
-                })?
-            } else {
-                extract_zip(&wheel, &site, |_| true)?
-            };
-            if n == 0 {
-                return Err(format!("nothing unpacked from {}", input.filename));
-            }
+    // `.complete` holds the file name of the wheel the runtime library came
+    // from (the manifest says so); empty or absent: unpack again.
+    let complete = site.join(".complete");
+    let runtime_wheel = match std::fs::read_to_string(&complete) {
+        Ok(wheel) if !wheel.is_empty() => wheel,
+        _ => {
+            let wheel = unpack(args, cfg, &inputs, &site, &abi)?;
+            std::fs::write(&complete, &wheel).map_err(|e| e.to_string())?;
+            wheel
         }
-        std::fs::write(site.join(".complete"), b"").map_err(|e| e.to_string())?;
-    }
+    };
     let runtime = site.join(&cfg.runtime_library);
     if !runtime.is_file() {
         return Err(format!(
@@ -131,10 +123,53 @@ pub fn resolve(args: &BuildArgs, table: &ArtifactTable, lock: &Lock) -> Result<O
         identity: DslIdentity {
             python: version,
             python_abi: abi,
+            runtime_wheel,
         },
         site,
         inputs,
     }))
+}
+
+/// Unpacks the wheel set into a fresh `site`; returns the file name of the
+/// one wheel that holds the runtime library.
+fn unpack(
+    args: &BuildArgs,
+    cfg: &gdn_lock::DslConfig,
+    inputs: &[LockedInput],
+    site: &Path,
+    abi: &str,
+) -> Result<String> {
+    let _ = std::fs::remove_dir_all(site);
+    let mut runtime_wheels = vec![];
+    for input in inputs {
+        let wheel = ensure_input(input, &args.cache, args.inputs_dir.as_deref(), args.offline)?;
+        eprintln!("gdn-gen: unpacking {} for Python {abi}", input.filename);
+        let has_runtime = std::cell::Cell::new(false);
+        let n = if input.role == InputRole::DslKernelSource {
+            let members = &cfg.kernel_source_members;
+            extract_zip(&wheel, site, |name| {
+                members.iter().any(|m| name.starts_with(m.as_str()))
+            })?
+        } else {
+            extract_zip(&wheel, site, |name| {
+                has_runtime.set(has_runtime.get() || name == cfg.runtime_library);
+                true
+            })?
+        };
+        if n == 0 {
+            return Err(format!("nothing unpacked from {}", input.filename));
+        }
+        if has_runtime.get() {
+            runtime_wheels.push(input.filename.clone());
+        }
+    }
+    match <[String; 1]>::try_from(runtime_wheels) {
+        Ok([wheel]) => Ok(wheel),
+        Err(found) => Err(format!(
+            "{} must come from exactly one wheel of the Python {abi} set; found in {found:?}",
+            cfg.runtime_library
+        )),
+    }
 }
 
 /// The driver's command line for one unit, relative to the staging dir.

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use gdn_lock::{
-    to_canonical_json, ArtifactKind, Digests, HostArtifacts, Lock, LockedInput, Manifest,
-    Sha256Hex, VariantStatus, MANIFEST_FILE, SCHEMA_VERSION,
+    to_canonical_json, ArtifactKind, Digests, DslRuntimePin, HostArtifacts, InputRole, Lock,
+    LockedInput, Manifest, Sha256Hex, VariantStatus, MANIFEST_FILE, SCHEMA_VERSION,
 };
 
 use crate::cli::BuildArgs;
@@ -71,7 +71,9 @@ pub fn lock(args: &BuildArgs) -> Result<()> {
             .unwrap_or_else(default_variants),
         dsl_artifacts: BTreeMap::new(),
         dsl_recorded_with_python: None,
+        dsl_runtime: BTreeMap::new(),
     };
+    lock.dsl_runtime = dsl_runtime_pins(&args.cache.join("downloads"), &table, &lock.inputs)?;
     if args.variant != "cuda-13.0" {
         return Err(format!(
             "recording variant {} needs per-variant device artifacts in the lock (schema 2); \
@@ -98,8 +100,18 @@ pub fn lock(args: &BuildArgs) -> Result<()> {
             ArtifactKind::DeviceCubin => lock
                 .device_artifacts
                 .insert(path.clone(), art.digests.clone()),
-            ArtifactKind::DslObject | ArtifactKind::DslHeader | ArtifactKind::DslLibrary => {
+            ArtifactKind::DslObject | ArtifactKind::DslHeader => {
                 lock.dsl_artifacts.insert(path.clone(), art.digests.clone())
+            }
+            // Pinned per wheel set from the wheels themselves (above); the
+            // build's copy must be its set's pin.
+            ArtifactKind::DslLibrary => {
+                let abi = manifest.dsl.as_ref().map(|d| d.python_abi.as_str()).unwrap_or("?");
+                let pin = lock.dsl_runtime_for(abi).map_err(|e| e.to_string())?;
+                pin.digests
+                    .expect_eq(&format!("the built {path}"), &art.digests, "the DSL wheels changed since they were hashed; run `gdn-gen lock` again")
+                    .map_err(|e| e.to_string())?;
+                None
             }
             _ => lock
                 .host_artifacts
@@ -133,6 +145,52 @@ pub fn lock(args: &BuildArgs) -> Result<()> {
         lock.device_artifacts.len()
     );
     Ok(())
+}
+
+/// One pin of the DSL runtime library per pinned Python: its bytes as the
+/// wheel set for that version carries them, read straight from the wheels
+/// (no interpreter needed), so one `lock` run pins every set.
+fn dsl_runtime_pins(
+    downloads: &Path,
+    table: &gdn_lock::ArtifactTable,
+    inputs: &[LockedInput],
+) -> Result<BTreeMap<String, DslRuntimePin>> {
+    let mut pins = BTreeMap::new();
+    let Some(cfg) = table.dsl.as_ref().filter(|_| table.has_dsl_units()) else {
+        return Ok(pins);
+    };
+    for abi in &cfg.pythons {
+        let mut found = vec![];
+        for input in inputs
+            .iter()
+            .filter(|i| i.role == InputRole::DslRuntime && i.used_with_python(abi))
+        {
+            let wheel = downloads.join(&input.filename);
+            if let Some(bytes) = toolkit::zip_member(&wheel, &cfg.runtime_library)? {
+                found.push(DslRuntimePin {
+                    wheel: input.filename.clone(),
+                    digests: Digests::of_bytes(&bytes),
+                });
+            }
+        }
+        match <[DslRuntimePin; 1]>::try_from(found) {
+            Ok([pin]) => {
+                eprintln!(
+                    "gdn-gen: lock: DSL runtime for Python {abi}: {} from {}",
+                    pin.digests.sha256, pin.wheel
+                );
+                pins.insert(abi.clone(), pin);
+            }
+            Err(found) => {
+                return Err(format!(
+                    "{} must be in exactly one dsl-runtime wheel for Python {abi}; found in {:?}",
+                    cfg.runtime_library,
+                    found.iter().map(|p| &p.wheel).collect::<Vec<_>>()
+                ))
+            }
+        }
+    }
+    Ok(pins)
 }
 
 fn default_variants() -> BTreeMap<String, VariantStatus> {
@@ -170,4 +228,85 @@ fn fetch_for_lock(args: &BuildArgs, input: &LockedInput) -> Result<PathBuf> {
     let dest = args.cache.join("downloads").join(&input.filename);
     crate::fetch::download(&input.url, &dest)?;
     Ok(dest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn wheel(dir: &Path, name: &str, members: &[(&str, &[u8])]) {
+        let mut zip = zip::ZipWriter::new(std::fs::File::create(dir.join(name)).unwrap());
+        let opts = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored);
+        for (member, bytes) in members {
+            zip.start_file(*member, opts).unwrap();
+            zip.write_all(bytes).unwrap();
+        }
+        zip.finish().unwrap();
+    }
+
+    fn input(filename: &str, python: Option<&str>) -> LockedInput {
+        LockedInput {
+            name: filename.into(),
+            version: "1".into(),
+            role: InputRole::DslRuntime,
+            filename: filename.into(),
+            url: String::new(),
+            sha256: Sha256Hex::of_bytes(b""),
+            size: 0,
+            git_revision: None,
+            python: python.map(Into::into),
+        }
+    }
+
+    /// The repository's table: its DSL units and the runtime library's path.
+    fn table() -> gdn_lock::ArtifactTable {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        gdn_lock::ArtifactTable::load(&repo.join(gdn_lock::TABLE_FILE)).unwrap()
+    }
+
+    #[test]
+    fn one_runtime_pin_per_wheel_set_from_the_wheel_that_holds_it() {
+        let t = table();
+        let lib = &t.dsl.as_ref().unwrap().runtime_library;
+        assert_eq!(t.dsl.as_ref().unwrap().pythons, ["3.11", "3.12"]);
+        let dir = tempfile::tempdir().unwrap();
+        wheel(dir.path(), "any.whl", &[("pkg/x.py", b"x")]);
+        wheel(dir.path(), "cu13-311.whl", &[(lib.as_str(), b"runtime 311")]);
+        wheel(dir.path(), "cu13-312.whl", &[(lib.as_str(), b"runtime 312")]);
+        let inputs = [
+            input("any.whl", None),
+            input("cu13-311.whl", Some("3.11")),
+            input("cu13-312.whl", Some("3.12")),
+        ];
+        let pins = dsl_runtime_pins(dir.path(), &t, &inputs).unwrap();
+        assert_eq!(pins.len(), 2);
+        assert_eq!(pins["3.11"].wheel, "cu13-311.whl");
+        assert_eq!(pins["3.11"].digests, Digests::of_bytes(b"runtime 311"));
+        assert_eq!(pins["3.12"].wheel, "cu13-312.whl");
+        assert_eq!(pins["3.12"].digests, Digests::of_bytes(b"runtime 312"));
+    }
+
+    #[test]
+    fn a_wheel_set_without_the_runtime_or_with_two_copies_is_refused() {
+        let t = table();
+        let lib = t.dsl.as_ref().unwrap().runtime_library.clone();
+        let dir = tempfile::tempdir().unwrap();
+        wheel(dir.path(), "cu13-311.whl", &[(lib.as_str(), b"a")]);
+        wheel(dir.path(), "other-311.whl", &[(lib.as_str(), b"b")]);
+        wheel(dir.path(), "cu13-312.whl", &[("nothing/here", b"")]);
+        let two = [
+            input("cu13-311.whl", Some("3.11")),
+            input("other-311.whl", Some("3.11")),
+        ];
+        let e = dsl_runtime_pins(dir.path(), &t, &two).unwrap_err();
+        assert!(e.contains("3.11") && e.contains("other-311.whl"), "{e}");
+        let none = [
+            input("cu13-311.whl", Some("3.11")),
+            input("cu13-312.whl", Some("3.12")),
+        ];
+        let e = dsl_runtime_pins(dir.path(), &t, &none).unwrap_err();
+        assert!(e.contains("Python 3.12") && e.contains("[]"), "{e}");
+    }
 }

@@ -441,6 +441,12 @@ pub fn verify(args: &BuildArgs) -> Result<()> {
         for (path, locked) in &lock.dsl_artifacts {
             compare(path, locked);
         }
+        if let Some(path) = table.dsl_runtime_path() {
+            let pin = lock
+                .dsl_runtime_for(&d.identity.python_abi)
+                .map_err(|e| e.to_string())?;
+            compare(&path, &pin.digests);
+        }
     }
     let host_same = manifest.toolchain.host_compiler == lock.host_artifacts.host_compiler
         && manifest.toolchain.toolkit == lock.host_artifacts.toolkit;
