@@ -106,10 +106,18 @@ pub fn lock(args: &BuildArgs) -> Result<()> {
             // Pinned per wheel set from the wheels themselves (above); the
             // build's copy must be its set's pin.
             ArtifactKind::DslLibrary => {
-                let abi = manifest.dsl.as_ref().map(|d| d.python_abi.as_str()).unwrap_or("?");
+                let abi = manifest
+                    .dsl
+                    .as_ref()
+                    .map(|d| d.python_abi.as_str())
+                    .unwrap_or("?");
                 let pin = lock.dsl_runtime_for(abi).map_err(|e| e.to_string())?;
                 pin.digests
-                    .expect_eq(&format!("the built {path}"), &art.digests, "the DSL wheels changed since they were hashed; run `gdn-gen lock` again")
+                    .expect_eq(
+                        &format!("the built {path}"),
+                        &art.digests,
+                        "the DSL wheels changed since they were hashed; run `gdn-gen lock` again",
+                    )
                     .map_err(|e| e.to_string())?;
                 None
             }
@@ -273,8 +281,16 @@ mod tests {
         assert_eq!(t.dsl.as_ref().unwrap().pythons, ["3.11", "3.12"]);
         let dir = tempfile::tempdir().unwrap();
         wheel(dir.path(), "any.whl", &[("pkg/x.py", b"x")]);
-        wheel(dir.path(), "cu13-311.whl", &[(lib.as_str(), b"runtime 311")]);
-        wheel(dir.path(), "cu13-312.whl", &[(lib.as_str(), b"runtime 312")]);
+        wheel(
+            dir.path(),
+            "cu13-311.whl",
+            &[(lib.as_str(), b"runtime 311")],
+        );
+        wheel(
+            dir.path(),
+            "cu13-312.whl",
+            &[(lib.as_str(), b"runtime 312")],
+        );
         let inputs = [
             input("any.whl", None),
             input("cu13-311.whl", Some("3.11")),
