@@ -69,11 +69,11 @@ run() {
   [ "$(sha256sum < /tmp/gdn-dslv.tar | cut -d' ' -f1)" = "$(cat "$stash/p0/TAR_SHA256")" ] || { echo "reassembled tar has the wrong sha256" | tee "$log"; exit 1; }
   tar -xf /tmp/gdn-dslv.tar -C /tmp/gdn-dslv-whl
   {
+    set +e
     echo "# gdn-gen verify on $(hostname) at ${GDN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}: --toolkit-root /usr/local/cuda, --python python3, offline"
-    python3 --version; nvcc --version | tail -2; gcc --version | head -1
+    python3 --version; /usr/local/cuda/bin/nvcc --version | tail -2; gcc --version | head -1
     grep -m1 'model name' /proc/cpuinfo
     ls /tmp/gdn-dslv-whl
-    set +e
     time "$stash/p0/gdn-gen" verify --toolkit-root /usr/local/cuda --python python3 --offline \
       --inputs-dir /tmp/gdn-dslv-whl --cache /tmp/gdn-dslv-cache --out /tmp/gdn-dslv-bundle --jobs 8
     echo "verify rc=$?"
