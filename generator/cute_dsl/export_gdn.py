@@ -16,10 +16,21 @@ cuda-bindings, cuda-pathfinder, protobuf, typing-extensions) and FlashInfer's
 Geometry: head_dim 128, bf16 q/k/v/o, f32 alpha/beta/state, int64 cu_seqlens
 (int32 on sm100, as FlashInfer calls it), Qwen3.5 heads Hqk 16, Hv 16/32/48.
 """
-import argparse, hashlib, inspect, json, os, shutil, struct, subprocess, sys, tempfile, types
+import argparse, dataclasses, enum, hashlib, inspect, io, json, os, pickle, shutil, struct, subprocess
+import sys, tempfile, types
 
 ARCH = {"sm90": "sm_90a", "sm90_cp": "sm_90a", "sm100": "sm_100a", "sm120": "sm_120a"}
 HQK, HV = 16, (16, 32, 48)
+# The CPU the objects' host code is compiled for. The DSL's default (an empty
+# --host-target) is LLVM's auto-detected build host: on an AVX-512 machine the
+# launch code gets zmm instructions, so the bytes depend on the build machine's
+# CPU and the objects fault (SIGILL) on an x86-64 host without those features.
+# The baseline x86-64 (SSE2) is what every x86-64 serving host can run; the
+# launch code only marshals arguments, so nothing is lost.
+HOST_TARGET = "llvm -mtriple=x86_64-unknown-linux-gnu -mcpu=x86-64"
+# Protocol of the signature pickle every object carries (see StableSignatureProcessor);
+# fixed so a Python whose pickle.DEFAULT_PROTOCOL moves (3.14: 5) writes the same bytes.
+SIGNATURE_PICKLE_PROTOCOL = 4
 
 
 def scrubbed_rerun(args):
@@ -221,6 +232,54 @@ def make_entry(kernel_obj, params, call, prefix):
     return jitted, [make_fake_stream() if isinstance(v, str) else v for _, v in params]
 
 
+class _VersionIndependentPickler(pickle.Pickler):
+    """Pickles enum members as `Class(value)`. How Enum pickles itself changed
+    within CPython 3.11 (3.11.2: `getattr(inspect._ParameterKind,
+    'POSITIONAL_OR_KEYWORD')`, 3.11.7 and 3.12/3.13: `inspect._ParameterKind(1)`);
+    naming the reduction here makes the bytes the same on every interpreter, and
+    both forms load everywhere. Everything else in an inspect.Signature (its own
+    and Parameter's __reduce__, classes by module and qualified name, str, int,
+    dict) already pickles alike from 3.10 to 3.13 at a fixed protocol."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, enum.Enum):
+            return type(obj), (obj.value,)
+        return NotImplemented
+
+
+def install_stable_signature_pickle():
+    """Each exported object carries, as the data symbol `<prefix>_args_spec`, a
+    base64 pickle of the entry's inspect.Signature, written by the DSL's
+    ExportProvider.signature_processor (cutlass/cute/export/export.py:
+    CuteSignatureProcessor.dumps = pickle.dumps). Only the DSL's Python loader
+    (cutlass.base_dsl.export.decode_metadata_from_execution_engine, used when Python
+    loads an exported object back) reads it; the generated header, the C runtime
+    (libcuda_dialect_runtime_static.a) and the object's own code never refer to it.
+    We keep it, loadable, but written by a pickler whose bytes do not depend on the
+    CPython version: the DSL's processor first (so its own annotation mapping still
+    applies), then loaded back and pickled again by _VersionIndependentPickler. The
+    signature processor is the DSL's own extension point for exactly this
+    (ExportProvider is a dataclass; the DSL installs its provider the same way)."""
+    from cutlass.cute.export.export import CuteSignatureProcessor
+    from cutlass.cutlass_dsl.cuda_jit_executor import CudaDialectJitCompiledFunction as Compiled
+
+    class StableSignatureProcessor(CuteSignatureProcessor):
+        def dumps(self, signature):
+            dsl_form = pickle.loads(super().dumps(signature))
+            buf = io.BytesIO()
+            _VersionIndependentPickler(buf, protocol=SIGNATURE_PICKLE_PROTOCOL).dump(dsl_form)
+            out = buf.getvalue()
+            if pickle.loads(out) != dsl_form:  # what the DSL's loader would read back
+                raise RuntimeError("the version-independent signature pickle does not round-trip")
+            return out
+
+    provider = Compiled.export_provider
+    if type(provider.signature_processor) is not CuteSignatureProcessor:
+        raise RuntimeError(f"unexpected DSL signature processor {provider.signature_processor!r}; "
+                           "check install_stable_signature_pickle against this DSL version")
+    Compiled.export_provider = dataclasses.replace(provider, signature_processor=StableSignatureProcessor())
+
+
 def fatbin_cubins(obj_path):
     """The object embeds the fatbin as symbol `kernels_binary` (not in .nv_fatbin,
     so cuobjdump does not see it). Read it from the ELF64 symbol table; return the
@@ -272,6 +331,8 @@ def export(args):
         return smem_per_sm
 
     cuda_helpers.get_device_attribute = device_attribute
+    install_stable_signature_pickle()
+    from cutlass.base_dsl.compiler import HostTarget
     stage, arch = os.environ["GDN_DSL_STAGE"], ARCH[args.kernel]
     manifest = {"kernel": args.kernel, "arch": arch, "python": sys.version.split()[0],
                 "nvidia-cutlass-dsl": version("nvidia-cutlass-dsl-libs-base"), "variants": {}}
@@ -279,7 +340,9 @@ def export(args):
         prefix = "gdn_" + name
         fn, cargs = make_entry(obj, params, call, prefix)
         # FlashInfer's options minus EnableTVMFFI: only its sm100 path adds OptLevel(3).
-        opts = (cute.GPUArch(arch),) + ((cute.OptLevel(3),) if args.kernel == "sm100" else ())
+        # Plus a pinned host target (HOST_TARGET), so the launch code is the same on every build machine.
+        opts = ((cute.GPUArch(arch), HostTarget(HOST_TARGET))
+                + ((cute.OptLevel(3),) if args.kernel == "sm100" else ()))
         if arch == "sm_120a":
             # FlashInfer's own SM12x guard: the PTX must have no cluster-scoped TMA loads.
             from flashinfer.gdn_kernels.delta_rule_dsl import custom_compile_cache as ccc

@@ -123,34 +123,17 @@ pub fn prepare(plan: &Plan) -> Result<Option<DslEnv>> {
     );
     let args = &plan.args;
     let site = args.cache.join("dsl-site").join(&key.as_str()[..16]);
-    if !site.join(".complete").exists() {
-        let _ = std::fs::remove_dir_all(&site);
-        for input in &inputs {
-            let wheel = ensure_input(input, &args.cache, args.inputs_dir.as_deref(), args.offline)?;
-            eprintln!(
-                "gdn-gen: unpacking {} for Python {}",
-                input.filename, py.abi
-            );
-            let n = if input.role == InputRole::DslKernelSource {
-                let members = &cfg.kernel_source_members;
-                extract_zip(&wheel, &site, |name| {
-                    members.iter().any(|m| name.starts_with(m.as_str()))
-                })?
-            } else {
-                extract_zip(&wheel, &site, |_| true)?
-            };
-            if n == 0 {
-                return Err(GenError::Input {
-                    filename: input.filename.clone(),
-                    path: Some(wheel),
-                    problem: "nothing was unpacked from it".into(),
-                    remedy: "check the table's dsl.kernel_source_members".into(),
-                });
-            }
+    // `.complete` holds the file name of the wheel the runtime library came
+    // from (the manifest says so); empty or absent: unpack again.
+    let complete = site.join(".complete");
+    let runtime_wheel = match std::fs::read_to_string(&complete) {
+        Ok(wheel) if !wheel.is_empty() => wheel,
+        _ => {
+            let wheel = unpack(args, cfg, &inputs, &site, &py.abi)?;
+            std::fs::write(&complete, &wheel).map_err(|e| GenError::io(step, &complete, e))?;
+            wheel
         }
-        let done = site.join(".complete");
-        std::fs::write(&done, b"").map_err(|e| GenError::io(step, &done, e))?;
-    }
+    };
     let runtime = site.join(&cfg.runtime_library);
     if !runtime.is_file() {
         return Err(GenError::refused(
@@ -166,10 +149,61 @@ pub fn prepare(plan: &Plan) -> Result<Option<DslEnv>> {
         identity: DslIdentity {
             python: py.version.clone(),
             python_abi: py.abi.clone(),
+            runtime_wheel,
         },
         site,
         inputs,
     }))
+}
+
+/// Unpacks the wheel set into a fresh `site`; returns the file name of the
+/// one wheel that holds the runtime library.
+fn unpack(
+    args: &BuildArgs,
+    cfg: &gdn_lock::DslConfig,
+    inputs: &[LockedInput],
+    site: &Path,
+    abi: &str,
+) -> Result<String> {
+    let _ = std::fs::remove_dir_all(site);
+    let mut runtime_wheels = vec![];
+    for input in inputs {
+        let wheel = ensure_input(input, &args.cache, args.inputs_dir.as_deref(), args.offline)?;
+        eprintln!("gdn-gen: unpacking {} for Python {abi}", input.filename);
+        let has_runtime = std::cell::Cell::new(false);
+        let n = if input.role == InputRole::DslKernelSource {
+            let members = &cfg.kernel_source_members;
+            extract_zip(&wheel, site, |name| {
+                members.iter().any(|m| name.starts_with(m.as_str()))
+            })?
+        } else {
+            extract_zip(&wheel, site, |name| {
+                has_runtime.set(has_runtime.get() || name == cfg.runtime_library);
+                true
+            })?
+        };
+        if n == 0 {
+            return Err(GenError::Input {
+                filename: input.filename.clone(),
+                path: Some(wheel),
+                problem: "nothing was unpacked from it".into(),
+                remedy: "check the table's dsl.kernel_source_members".into(),
+            });
+        }
+        if has_runtime.get() {
+            runtime_wheels.push(input.filename.clone());
+        }
+    }
+    match <[String; 1]>::try_from(runtime_wheels) {
+        Ok([wheel]) => Ok(wheel),
+        Err(found) => Err(GenError::refused(
+            "prepare the CuTe DSL environment",
+            format!(
+                "{} must come from exactly one wheel of the Python {abi} set; found in {found:?}",
+                cfg.runtime_library
+            ),
+        )),
+    }
 }
 
 /// The driver's command line for one unit, relative to the staging dir.

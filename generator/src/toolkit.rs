@@ -190,6 +190,29 @@ pub fn extract_zip(zip_path: &Path, dest: &Path, keep: impl Fn(&str) -> bool) ->
     Ok(count)
 }
 
+/// The bytes of member `name` of the zip at `zip_path`, `None` if it has none.
+pub fn zip_member(zip_path: &Path, name: &str) -> Result<Option<Vec<u8>>> {
+    let err = |e: &dyn std::fmt::Display| GenError::Input {
+        filename: zip_path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        path: Some(zip_path.to_owned()),
+        problem: format!("cannot read its member {name}: {e}"),
+        remedy: "remove it from the cache so it is fetched again".into(),
+    };
+    let file = std::fs::File::open(zip_path).map_err(|e| err(&e))?;
+    let mut archive = zip::ZipArchive::new(file).map_err(|e| err(&e))?;
+    let mut entry = match archive.by_name(name) {
+        Ok(entry) => entry,
+        Err(zip::result::ZipError::FileNotFound) => return Ok(None),
+        Err(e) => return Err(err(&e)),
+    };
+    let mut bytes = Vec::with_capacity(entry.size() as usize);
+    entry.read_to_end(&mut bytes).map_err(|e| err(&e))?;
+    Ok(Some(bytes))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,7 +23,7 @@ mod verify;
 
 pub use digest::{Digests, Sha256Hex};
 pub use error::{Error, Result};
-pub use lock::{HostArtifacts, Lock, LockedInput, VariantStatus};
+pub use lock::{DslRuntimePin, HostArtifacts, Lock, LockedInput, VariantStatus};
 pub use manifest::{ArtifactKind, DslIdentity, Manifest, ManifestArtifact, ToolchainIdentity};
 pub use table::{
     file_name, ArtifactTable, Compiler, DslConfig, DslUnit, Geometry, InputRole, InputSpec,

@@ -6,7 +6,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::digest::{Digests, Sha256Hex};
-use crate::error::Result;
+use crate::error::{Error, Result, REMEDY_LOCK_EDITED};
 use crate::read_versioned;
 use crate::table::InputRole;
 
@@ -30,14 +30,30 @@ pub struct Lock {
     pub host_artifacts: HostArtifacts,
     /// Toolchain variants and whether their outputs are recorded here.
     pub variants: BTreeMap<String, VariantStatus>,
-    /// CuTe DSL objects, headers and the static dialect runtime, by bundle
-    /// path. Produced by the pinned DSL (its own LLVM), not the host compiler,
-    /// so always compared byte for byte. Their cubins are in `device_artifacts`.
+    /// CuTe DSL objects and headers, by bundle path. Produced by the pinned
+    /// DSL (its own LLVM, for a pinned host CPU), not the host compiler, and
+    /// the same for every supported interpreter, so always compared byte for
+    /// byte. Their cubins are in `device_artifacts`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub dsl_artifacts: BTreeMap<String, Digests>,
     /// The Python interpreter (`sys.version`, first word) that recorded `dsl_artifacts`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dsl_recorded_with_python: Option<String>,
+    /// The static CUDA-dialect runtime (`lib/<file name of dsl.runtime_library>`),
+    /// one pin per wheel set, by Python `major.minor`: it is copied out of a
+    /// CPython-ABI-specific wheel, and the cp311 and cp312 wheels carry
+    /// different bytes of it. Hashed from the wheels themselves by `gdn-gen lock`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub dsl_runtime: BTreeMap<String, DslRuntimePin>,
+}
+
+/// Where one wheel set's DSL runtime library comes from, and its bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DslRuntimePin {
+    /// File name of the input wheel the library is copied from.
+    pub wheel: String,
+    pub digests: Digests,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,6 +121,18 @@ impl Lock {
                 }
             })
             .collect()
+    }
+
+    /// The DSL runtime pin of the wheel set for Python `python_abi`, or an
+    /// error naming the wheel sets the lock does pin.
+    pub fn dsl_runtime_for(&self, python_abi: &str) -> Result<&DslRuntimePin> {
+        self.dsl_runtime.get(python_abi).ok_or_else(|| Error::Missing {
+            what: format!(
+                "a DSL runtime pin for the Python {python_abi} wheel set in the lock (it pins {:?})",
+                self.dsl_runtime.keys().collect::<Vec<_>>()
+            ),
+            remedy: REMEDY_LOCK_EDITED,
+        })
     }
 }
 

@@ -32,6 +32,10 @@ pub struct DslIdentity {
     pub python: String,
     /// `3.11`: which pinned wheel set was used.
     pub python_abi: String,
+    /// File name of the wheel of that set the bundle's DSL runtime library
+    /// (`lib/libcuda_dialect_runtime_static.a`) was copied from: unlike the
+    /// DSL objects, its bytes differ between the wheel sets.
+    pub runtime_wheel: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -353,9 +353,9 @@ impl ArtifactTable {
             .collect()
     }
 
-    /// Every bundle-relative path the CuTe DSL units produce besides cubins
-    /// (objects, headers, the static runtime): pinned byte for byte by the
-    /// lock's `dsl_artifacts`, whatever the host compiler.
+    /// Every bundle-relative object and header the CuTe DSL units produce:
+    /// pinned byte for byte by the lock's `dsl_artifacts`, whatever the host
+    /// compiler or interpreter.
     pub fn dsl_artifact_paths(&self) -> Vec<String> {
         let mut out = vec![];
         for u in &self.units {
@@ -364,10 +364,16 @@ impl ArtifactTable {
                 out.push(Unit::dsl_header_path(v));
             }
         }
-        if let (Some(dsl), false) = (&self.dsl, out.is_empty()) {
-            out.push(format!("lib/{}", file_name(&dsl.runtime_library)));
-        }
         out
+    }
+
+    /// The bundle path of the DSL's static runtime when the table has DSL
+    /// units: pinned per wheel set by the lock's `dsl_runtime`.
+    pub fn dsl_runtime_path(&self) -> Option<String> {
+        self.dsl
+            .as_ref()
+            .filter(|_| self.has_dsl_units())
+            .map(|dsl| format!("lib/{}", file_name(&dsl.runtime_library)))
     }
 
     pub fn has_dsl_units(&self) -> bool {

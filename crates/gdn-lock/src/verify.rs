@@ -410,9 +410,9 @@ pub fn verify_bundle(
         }
     }
 
-    // 5b. CuTe DSL outputs: objects, headers and the dialect runtime are the
-    //     lock's bytes (the DSL, not the host compiler, made them), and each
-    //     object embeds its locked cubin verbatim.
+    // 5b. CuTe DSL outputs: objects and headers are the lock's bytes (the
+    //     DSL, not the host compiler, made them), and each object embeds its
+    //     locked cubin verbatim.
     let table_dsl: BTreeSet<String> = table.dsl_artifact_paths().into_iter().collect();
     let lock_dsl: BTreeSet<String> = lock.dsl_artifacts.keys().cloned().collect();
     if table_dsl != lock_dsl {
@@ -426,10 +426,8 @@ pub fn verify_bundle(
     for (path, locked) in &lock.dsl_artifacts {
         let kind = if path.starts_with("obj/") {
             ArtifactKind::DslObject
-        } else if path.starts_with("include/") {
-            ArtifactKind::DslHeader
         } else {
-            ArtifactKind::DslLibrary
+            ArtifactKind::DslHeader
         };
         entry(&manifest, path, kind)?;
         locked.expect_eq(
@@ -449,6 +447,13 @@ pub fn verify_bundle(
                 ));
             }
         }
+    }
+
+    // 5c. The DSL runtime library is the lock's pin for the wheel set the
+    //     manifest names: one pin per pinned Python, copied from the wheel the
+    //     pin names.
+    if let (Some(path), Some(dsl)) = (table.dsl_runtime_path(), &manifest.dsl) {
+        check_dsl_runtime(table, lock, &manifest, dsl, &path, &actual)?;
     }
 
     // 6. The ABI header is our pinned source, copied verbatim.
@@ -513,6 +518,41 @@ pub fn verify_bundle(
     })
 }
 
+fn check_dsl_runtime(
+    table: &ArtifactTable,
+    lock: &Lock,
+    manifest: &Manifest,
+    dsl: &crate::manifest::DslIdentity,
+    path: &str,
+    actual: &BTreeMap<String, Digests>,
+) -> Result<()> {
+    let pythons: BTreeSet<&String> = table.dsl.iter().flat_map(|d| &d.pythons).collect();
+    let pinned: BTreeSet<&String> = lock.dsl_runtime.keys().collect();
+    if pythons != pinned {
+        return Err(Error::mismatch(
+            "wheel sets with a DSL runtime pin in the lock",
+            format!("{pythons:?} (dsl.pythons of the table)"),
+            format!("{pinned:?}"),
+            REMEDY_LOCK_EDITED,
+        ));
+    }
+    let pin = lock.dsl_runtime_for(&dsl.python_abi)?;
+    expect_same(
+        &format!("wheel {path} was copied from (manifest dsl.runtime_wheel)"),
+        &pin.wheel,
+        &dsl.runtime_wheel,
+    )?;
+    entry(manifest, path, ArtifactKind::DslLibrary)?;
+    pin.digests.expect_eq(
+        &format!(
+            "DSL runtime {path} (against the lock's pin for the Python {} wheel set)",
+            dsl.python_abi
+        ),
+        &actual[path],
+        REMEDY_BYTES_DIFFER,
+    )
+}
+
 /// Every bundle-relative path the table produces (the manifest aside).
 fn expected_artifacts(table: &ArtifactTable) -> BTreeSet<String> {
     let mut out: BTreeSet<String> = table.device_artifact_paths().into_iter().collect();
@@ -528,6 +568,7 @@ fn expected_artifacts(table: &ArtifactTable) -> BTreeSet<String> {
         out.insert(format!("lib/{lib}"));
     }
     out.extend(table.dsl_artifact_paths());
+    out.extend(table.dsl_runtime_path());
     out
 }
 

@@ -130,6 +130,7 @@ fn small_manifest() -> Manifest {
         dsl: Some(DslIdentity {
             python: "3.11.2".into(),
             python_abi: "3.11".into(),
+            runtime_wheel: "a.whl".into(),
         }),
     }
 }

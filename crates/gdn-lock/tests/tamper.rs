@@ -11,6 +11,7 @@ use gdn_lock::{
 
 const GVA: &str = "cubin/flashinfer_sm90_gva.sm_90a.cubin";
 const MHA: &str = "cubin/flashinfer_sm90_mha.sm_90a.cubin";
+const DSL_RUNTIME: &str = "lib/libcuda_dialect_runtime_static.a";
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -86,13 +87,15 @@ fn untampered_copy_verifies() {
     let (t, l) = table_and_lock();
     let v = verify_bundle(d.path(), &t, &l, HostPolicy::Locked).unwrap();
     // Cubins, 4 host objects (2 FlashInfer, the two C ABI launchers), the ABI
-    // header, cudart, and the DSL objects/headers/runtime.
+    // header, cudart, the DSL objects/headers and the DSL runtime.
     assert_eq!(
         v.manifest.artifacts.len(),
         std::fs::read_dir(d.path().join("cubin")).unwrap().count()
             + 6
             + t.dsl_artifact_paths().len()
+            + 1
     );
+    assert_eq!(t.dsl_runtime_path().as_deref(), Some(DSL_RUNTIME));
 }
 
 #[test]
@@ -404,7 +407,7 @@ fn fifo_in_place_of_an_artifact_or_the_manifest_is_refused_without_blocking() {
 fn consumer_advice_is_to_rebuild_or_investigate_never_to_relock() {
     // Bytes that differ from the lock, with a manifest made to agree: what a
     // consumer (build.rs, `gdn-gen check`) must not "fix" by re-locking.
-    for rel in [GVA, "obj/dsl/sm90_prefill.o", "obj/gdn_abi.o"] {
+    for rel in [GVA, "obj/dsl/sm90_prefill.o", "obj/gdn_abi.o", DSL_RUNTIME] {
         let d = copy();
         let p = d.path().join(rel);
         let mut b = std::fs::read(&p).unwrap();
@@ -422,4 +425,65 @@ fn consumer_advice_is_to_rebuild_or_investigate_never_to_relock() {
             "{rel}: advises re-locking: {e}"
         );
     }
+}
+
+/// The lock pins the DSL runtime once per wheel set; a bundle's copy must be
+/// the pin of the set its manifest names, from the wheel the pin names.
+#[test]
+fn dsl_runtime_must_be_its_wheel_sets_pin() {
+    let (t, l) = table_and_lock();
+    let d = copy();
+    let abi = manifest(d.path()).dsl.unwrap().python_abi;
+    // The other wheel set's library (bytes that differ) under a consistent manifest.
+    let p = d.path().join(DSL_RUNTIME);
+    let mut b = std::fs::read(&p).unwrap();
+    b.extend_from_slice(b"\0another wheel set");
+    std::fs::write(&p, b).unwrap();
+    rehash(d.path(), DSL_RUNTIME);
+    let e = verify_bundle(d.path(), &t, &l, HostPolicy::AllowForeignHostCompiler)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(DSL_RUNTIME) && e.contains(&format!("Python {abi} wheel set")),
+        "{e}"
+    );
+}
+
+#[test]
+fn dsl_runtime_wheel_in_the_manifest_must_be_the_pinned_one() {
+    let (_, l) = table_and_lock();
+    let d = copy();
+    let mut m = manifest(d.path());
+    let dsl = m.dsl.as_mut().unwrap();
+    let other = l
+        .dsl_runtime
+        .iter()
+        .find(|(abi, _)| **abi != dsl.python_abi)
+        .map(|(_, pin)| pin.wheel.clone())
+        .expect("the lock pins more than one wheel set");
+    dsl.runtime_wheel = other.clone();
+    save(d.path(), &m);
+    let e = refused(d.path());
+    assert!(e.contains("runtime_wheel") && e.contains(&other), "{e}");
+}
+
+#[test]
+fn a_lock_missing_a_wheel_sets_runtime_pin_is_refused_naming_the_pinned_ones() {
+    let (t, mut l) = table_and_lock();
+    assert_eq!(
+        l.dsl_runtime.keys().collect::<Vec<_>>(),
+        t.dsl.as_ref().unwrap().pythons.iter().collect::<Vec<_>>()
+    );
+    let d = copy();
+    let abi = manifest(d.path()).dsl.unwrap().python_abi;
+    l.dsl_runtime.remove(&abi);
+    let e = verify_bundle(d.path(), &t, &l, HostPolicy::AllowForeignHostCompiler)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("wheel sets with a DSL runtime pin") && e.contains("dsl.pythons"),
+        "{e}"
+    );
+    let e = l.dsl_runtime_for(&abi).unwrap_err().to_string();
+    assert!(e.contains(&abi) && e.contains("it pins"), "{e}");
 }

@@ -8,14 +8,16 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use gdn_lock::{
-    to_canonical_json, verify_bundle, ArtifactKind, ArtifactTable, Digests, HostArtifacts,
-    HostPolicy, Lock, LockedInput, Sha256Hex, VariantStatus, SCHEMA_VERSION, TABLE_FILE,
+    to_canonical_json, verify_bundle, ArtifactKind, ArtifactTable, Digests, DslRuntimePin,
+    HostArtifacts, HostPolicy, InputRole, Lock, LockedInput, Sha256Hex, VariantStatus,
+    SCHEMA_VERSION, TABLE_FILE,
 };
 
 use crate::bundle::{assemble, build_key, install, stamp_path, temp_sibling, Env};
 use crate::cli::BuildArgs;
 use crate::error::{GenError, Result};
 use crate::plan::{repo_root, Plan, Purpose, UnitCacheDir};
+use crate::toolkit::zip_member;
 
 pub fn lock(args: &BuildArgs) -> Result<()> {
     let plan = Plan::resolve(args, Purpose::Lock)?;
@@ -32,8 +34,29 @@ pub fn lock(args: &BuildArgs) -> Result<()> {
             ArtifactKind::DeviceCubin => lock
                 .device_artifacts
                 .insert(path.clone(), art.digests.clone()),
-            ArtifactKind::DslObject | ArtifactKind::DslHeader | ArtifactKind::DslLibrary => {
+            ArtifactKind::DslObject | ArtifactKind::DslHeader => {
                 lock.dsl_artifacts.insert(path.clone(), art.digests.clone())
+            }
+            // Pinned per wheel set from the wheels themselves (pin_inputs);
+            // the build's copy must be its set's pin.
+            ArtifactKind::DslLibrary => {
+                let step = "check the built DSL runtime against its wheel set's pin";
+                let abi = manifest
+                    .dsl
+                    .as_ref()
+                    .map(|d| d.python_abi.as_str())
+                    .unwrap_or("?");
+                let pin = lock
+                    .dsl_runtime_for(abi)
+                    .map_err(|e| GenError::document(step, e))?;
+                pin.digests
+                    .expect_eq(
+                        &format!("the built {path}"),
+                        &art.digests,
+                        "the DSL wheels changed since they were hashed; run `gdn-gen lock` again",
+                    )
+                    .map_err(|e| GenError::document(step, e))?;
+                None
             }
             _ => lock
                 .host_artifacts
@@ -133,6 +156,7 @@ pub(crate) fn pin_inputs(args: &BuildArgs) -> Result<(PathBuf, ArtifactTable, Lo
             python: spec.python.clone(),
         });
     }
+    let dsl_runtime = dsl_runtime_pins(&args.cache.join("downloads"), &table, &inputs)?;
     let mut variants = old
         .as_ref()
         .map(|l| l.variants.clone())
@@ -159,6 +183,7 @@ pub(crate) fn pin_inputs(args: &BuildArgs) -> Result<(PathBuf, ArtifactTable, Lo
         variants,
         dsl_artifacts: BTreeMap::new(),
         dsl_recorded_with_python: None,
+        dsl_runtime,
     };
     Ok((repo, table, lock))
 }
@@ -175,6 +200,51 @@ fn hash_sources(repo: &Path, table: &ArtifactTable) -> Result<BTreeMap<String, S
             Ok((p.clone(), d.sha256))
         })
         .collect()
+}
+
+/// One pin of the DSL runtime library per pinned Python: its bytes as the
+/// wheel set for that version carries them, read straight from the wheels
+/// (no interpreter needed), so one `lock` run pins every set.
+fn dsl_runtime_pins(
+    downloads: &Path,
+    table: &ArtifactTable,
+    inputs: &[LockedInput],
+) -> Result<BTreeMap<String, DslRuntimePin>> {
+    let mut pins = BTreeMap::new();
+    let Some(cfg) = table.dsl.as_ref().filter(|_| table.has_dsl_units()) else {
+        return Ok(pins);
+    };
+    for abi in &cfg.pythons {
+        let mut found = vec![];
+        for input in inputs
+            .iter()
+            .filter(|i| i.role == InputRole::DslRuntime && i.used_with_python(abi))
+        {
+            let wheel = downloads.join(&input.filename);
+            if let Some(bytes) = zip_member(&wheel, &cfg.runtime_library)? {
+                found.push(DslRuntimePin {
+                    wheel: input.filename.clone(),
+                    digests: Digests::of_bytes(&bytes),
+                });
+            }
+        }
+        let [pin] = <[DslRuntimePin; 1]>::try_from(found).map_err(|found| {
+            let wheels: Vec<&String> = found.iter().map(|p| &p.wheel).collect();
+            GenError::refused(
+                "pin the DSL runtime library",
+                format!(
+                    "{} must be in exactly one dsl-runtime wheel for Python {abi}; found in {wheels:?}",
+                    cfg.runtime_library
+                ),
+            )
+        })?;
+        eprintln!(
+            "gdn-gen: lock: DSL runtime for Python {abi}: {} from {}",
+            pin.digests.sha256, pin.wheel
+        );
+        pins.insert(abi.clone(), pin);
+    }
+    Ok(pins)
 }
 
 fn default_variants() -> BTreeMap<String, VariantStatus> {
@@ -212,4 +282,97 @@ fn fetch_for_lock(args: &BuildArgs, filename: &str, url: &str) -> Result<PathBuf
     let dest = args.cache.join("downloads").join(filename);
     crate::fetch::download(url, &dest)?;
     Ok(dest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn wheel(dir: &Path, name: &str, members: &[(&str, &[u8])]) {
+        let mut zip = zip::ZipWriter::new(std::fs::File::create(dir.join(name)).unwrap());
+        let opts = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored);
+        for (member, bytes) in members {
+            zip.start_file(*member, opts).unwrap();
+            zip.write_all(bytes).unwrap();
+        }
+        zip.finish().unwrap();
+    }
+
+    fn input(filename: &str, python: Option<&str>) -> LockedInput {
+        LockedInput {
+            name: filename.into(),
+            version: "1".into(),
+            role: InputRole::DslRuntime,
+            filename: filename.into(),
+            url: String::new(),
+            sha256: Sha256Hex::of_bytes(b""),
+            size: 0,
+            git_revision: None,
+            python: python.map(Into::into),
+        }
+    }
+
+    /// The repository's table: its DSL units and the runtime library's path.
+    fn table() -> ArtifactTable {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        ArtifactTable::load(&repo.join(TABLE_FILE)).unwrap()
+    }
+
+    #[test]
+    fn one_runtime_pin_per_wheel_set_from_the_wheel_that_holds_it() {
+        let t = table();
+        let lib = &t.dsl.as_ref().unwrap().runtime_library;
+        assert_eq!(t.dsl.as_ref().unwrap().pythons, ["3.11", "3.12"]);
+        let dir = tempfile::tempdir().unwrap();
+        wheel(dir.path(), "any.whl", &[("pkg/x.py", b"x")]);
+        wheel(
+            dir.path(),
+            "cu13-311.whl",
+            &[(lib.as_str(), b"runtime 311")],
+        );
+        wheel(
+            dir.path(),
+            "cu13-312.whl",
+            &[(lib.as_str(), b"runtime 312")],
+        );
+        let inputs = [
+            input("any.whl", None),
+            input("cu13-311.whl", Some("3.11")),
+            input("cu13-312.whl", Some("3.12")),
+        ];
+        let pins = dsl_runtime_pins(dir.path(), &t, &inputs).unwrap();
+        assert_eq!(pins.len(), 2);
+        assert_eq!(pins["3.11"].wheel, "cu13-311.whl");
+        assert_eq!(pins["3.11"].digests, Digests::of_bytes(b"runtime 311"));
+        assert_eq!(pins["3.12"].wheel, "cu13-312.whl");
+        assert_eq!(pins["3.12"].digests, Digests::of_bytes(b"runtime 312"));
+    }
+
+    #[test]
+    fn a_wheel_set_without_the_runtime_or_with_two_copies_is_refused() {
+        let t = table();
+        let lib = t.dsl.as_ref().unwrap().runtime_library.clone();
+        let dir = tempfile::tempdir().unwrap();
+        wheel(dir.path(), "cu13-311.whl", &[(lib.as_str(), b"a")]);
+        wheel(dir.path(), "other-311.whl", &[(lib.as_str(), b"b")]);
+        wheel(dir.path(), "cu13-312.whl", &[("nothing/here", b"")]);
+        let two = [
+            input("cu13-311.whl", Some("3.11")),
+            input("other-311.whl", Some("3.11")),
+        ];
+        let e = dsl_runtime_pins(dir.path(), &t, &two)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("3.11") && e.contains("other-311.whl"), "{e}");
+        let none = [
+            input("cu13-311.whl", Some("3.11")),
+            input("cu13-312.whl", Some("3.12")),
+        ];
+        let e = dsl_runtime_pins(dir.path(), &t, &none)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("Python 3.12") && e.contains("[]"), "{e}");
+    }
 }

@@ -45,6 +45,12 @@ pub fn verify(args: &BuildArgs) -> Result<()> {
         for (path, locked) in &lock.dsl_artifacts {
             compare(path, locked);
         }
+        if let Some(path) = plan.table.dsl_runtime_path() {
+            let pin = lock
+                .dsl_runtime_for(&d.identity.python_abi)
+                .map_err(|e| GenError::document("find the DSL runtime's pin", e))?;
+            compare(&path, &pin.digests);
+        }
     }
     let host_same = manifest.toolchain.host_compiler == lock.host_artifacts.host_compiler
         && manifest.toolchain.toolkit == lock.host_artifacts.toolkit;
