@@ -116,16 +116,18 @@ fn alone(device: Device, f: &Fixture, prompts: &[Vec<u32>]) -> Vec<Request> {
 
 /// The server on `dir` with the tiny page pool, once its model has loaded.
 /// The fixtures have no chat template; completions do not use one, but the
-/// server needs one to start, so the demo's is passed.
+/// server needs one to start, so the demo's is passed (embedded: the GPU
+/// machine runs this binary away from the build's source tree).
 async fn start_server(device: Device, dir: &Path) -> Prepared {
-    let template = Path::new(env!("CARGO_MANIFEST_DIR")).join("demo/chat_template.jinja");
+    let template = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(template.path(), include_str!("../demo/chat_template.jinja")).unwrap();
     let pool = TINY_POOL.to_string();
     let args = Args::parse_from([
         "gdn-server",
         "--model",
         dir.to_str().unwrap(),
         "--chat-template",
-        template.to_str().unwrap(),
+        template.path().to_str().unwrap(),
         "--device",
         device.flag(),
         "--max-model-len",
