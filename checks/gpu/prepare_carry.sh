@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds everything the H200 run needs on this (CPU-only) machine and puts it
 # under .carry/ (git-ignored), for the device tool's `carry`:
-#   .carry/bin: the GPU test binaries (GDN op, Qwen3.5 forward, step seam and
-#               executor), the benchmarks
+#   .carry/bin: the GPU test binaries (GDN op, Qwen3.5 forward, step seam,
+#               executor and engine, the served fixtures), the benchmarks
 #               (GDN op, Qwen3.5-4B), the dump tool, gdn-gen
 #   .carry/whl: fla-core (FLA Triton) and the pinned FlashInfer wheel (for the
 #               cross-machine reproducibility check with NVIDIA's toolkit there)
@@ -24,6 +24,7 @@ cp "$(test_binary gdn-kernels gpu_model_ops)" .carry/bin/gpu_model_ops
 for t in gpu_forward gpu_steps gpu_executor gpu_engine; do
   cp "$(test_binary qwen35 $t)" .carry/bin/$t
 done
+cp "$(test_binary gdn-server gpu_served)" .carry/bin/gpu_served
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .carry/whl fla-core==0.6.0
 read -r fi_wheel fi_url fi_sha < <(python3 -c 'import json; i=[i for i in json.load(open("gdn-bundle.lock.json"))["inputs"] if i["role"]=="kernel-source"][0]; print(i["filename"], i["url"], i["sha256"])')
 curl -fsSL -o ".carry/whl/$fi_wheel" "$fi_url"

@@ -245,6 +245,43 @@ def test_completion_logprobs(client):
     assert lp.text_offset == sorted(lp.text_offset)
 
 
+def test_return_token_ids(server, client):
+    """vLLM's return_token_ids: completions put prompt_token_ids and token_ids on
+    the choice (streamed: the prompt's on the first chunk, each chunk's own
+    tokens); chat puts prompt_token_ids on the response (streamed: the first
+    chunk) and token_ids on the choice."""
+    ids = GOLDEN["user_only"]["token_ids"]
+    base = dict(model=MODEL, prompt=ids, max_tokens=8, temperature=0)
+    whole = client.completions.create(**base, extra_body={**NO_EOS, "return_token_ids": True})
+    c = whole.choices[0]
+    assert extra(c, "prompt_token_ids") == ids
+    out = extra(c, "token_ids")
+    assert len(out) == whole.usage.completion_tokens == 8
+    plain = client.completions.create(**base, extra_body=NO_EOS).choices[0]
+    assert extra(plain, "token_ids") is None and extra(plain, "prompt_token_ids") is None
+    streamed, prompts = [], []
+    for chunk in client.completions.create(**base, stream=True, extra_body={**NO_EOS, "return_token_ids": True}):
+        ch = chunk.choices[0]
+        if extra(ch, "prompt_token_ids") is not None:
+            prompts.append(extra(ch, "prompt_token_ids"))
+        streamed += extra(ch, "token_ids") or []
+    assert prompts == [ids] and streamed == out
+
+    chat = dict(model=MODEL, messages=USER, max_tokens=8, temperature=0)
+    r = client.chat.completions.create(**chat, extra_body={**NO_EOS, "return_token_ids": True})
+    assert extra(r, "prompt_token_ids") == chat_prompt_ids(server, USER)
+    assert len(extra(r, "prompt_token_ids")) == r.usage.prompt_tokens
+    out = extra(r.choices[0], "token_ids")
+    assert len(out) == r.usage.completion_tokens == 8
+    streamed, prompts = [], []
+    for chunk in client.chat.completions.create(**chat, stream=True, extra_body={**NO_EOS, "return_token_ids": True}):
+        if extra(chunk, "prompt_token_ids") is not None:
+            prompts.append(extra(chunk, "prompt_token_ids"))
+        if chunk.choices:
+            streamed += extra(chunk.choices[0], "token_ids") or []
+    assert prompts == [extra(r, "prompt_token_ids")] and streamed == out
+
+
 def test_seed_reproducible_and_n(client):
     args = dict(model=MODEL, messages=USER, max_tokens=16, temperature=1.0, extra_body=NO_EOS)
     a = client.chat.completions.create(seed=1234, **args)

@@ -231,16 +231,20 @@ impl ChatOutput {
             .collect()
     }
 
-    fn chunk(&self, choices: Vec<ChunkChoice>, usage: Option<Usage>) -> String {
-        let chunk = Chunk {
+    fn chunk(&self, choices: Vec<ChunkChoice>, usage: Option<Usage>) -> Chunk<'_, ChunkChoice> {
+        Chunk {
             id: &self.id,
             object: "chat.completion.chunk",
             created: self.created,
             model: &self.model,
             choices,
             usage,
-        };
-        serde_json::to_string(&chunk).expect("serializable")
+            prompt_token_ids: None,
+        }
+    }
+
+    fn chunk_text(&self, choices: Vec<ChunkChoice>, usage: Option<Usage>) -> String {
+        serde_json::to_string(&self.chunk(choices, usage)).expect("serializable")
     }
 }
 
@@ -266,10 +270,16 @@ fn stream(
         let include_usage = out.valid.generation.include_usage;
         let continuous = include_usage && out.valid.generation.continuous_usage;
         let want_logprobs = out.valid.generation.sampling.logprobs.is_some();
+        let want_token_ids = out.valid.generation.return_token_ids;
         for index in 0..n {
             let delta = Delta { role: Some("assistant"), content: Some(String::new()), ..Default::default() };
-            let choice = ChunkChoice { index, delta, logprobs: None, finish_reason: None, stop_reason: None };
-            yield data(out.chunk(vec![choice], continuous.then(|| usage(&generation))));
+            let choice = ChunkChoice { index, delta, logprobs: None, finish_reason: None, stop_reason: None, token_ids: None };
+            let mut chunk = out.chunk(vec![choice], continuous.then(|| usage(&generation)));
+            // vLLM: the prompt's ids ride on each choice's first (role) chunk.
+            if want_token_ids {
+                chunk.prompt_token_ids = Some(generation.prompt_ids[index].clone());
+            }
+            yield data(serde_json::to_string(&chunk).expect("serializable"));
         }
         while let Some(next) = generation.next().await {
             let p = match next {
@@ -289,7 +299,9 @@ fn stream(
                 tool_calls: out.tool_calls(p.index, &parsed, true),
             };
             let logprobs = (want_logprobs && !p.logprobs.is_empty()).then(|| ChatLogprobs { content: chat_logprobs(&p.logprobs) });
-            if delta.is_empty() && logprobs.is_none() && p.finish.is_none() {
+            // With return_token_ids (the only way token_ids are filled)
+            // every token is reported, even one whose text is held back (vLLM).
+            if delta.is_empty() && logprobs.is_none() && p.finish.is_none() && p.token_ids.is_empty() {
                 continue;
             }
             let choice = ChunkChoice {
@@ -298,11 +310,12 @@ fn stream(
                 logprobs,
                 finish_reason: p.finish.as_ref().map(|f| out.finish_reason(p.index, f.reason)),
                 stop_reason: p.finish.as_ref().map(|f| f.stop_reason.clone()),
+                token_ids: want_token_ids.then(|| p.token_ids.clone()),
             };
-            yield data(out.chunk(vec![choice], continuous.then(|| usage(&generation))));
+            yield data(out.chunk_text(vec![choice], continuous.then(|| usage(&generation))));
         }
         if include_usage {
-            yield data(out.chunk(vec![], Some(usage(&generation))));
+            yield data(out.chunk_text(vec![], Some(usage(&generation))));
         }
         yield data("[DONE]".into());
         guard.done();
@@ -319,6 +332,7 @@ async fn collect(
     let mut content = vec![String::new(); n];
     let mut calls: Vec<Vec<ToolCallOut>> = vec![Vec::new(); n];
     let mut logprobs: Vec<Vec<LogprobOut>> = vec![Vec::new(); n];
+    let mut token_ids: Vec<Vec<u32>> = vec![Vec::new(); n];
     let mut finish: Vec<(Option<&'static str>, Json)> = vec![(None, Json::Null); n];
     while let Some(next) = generation.next().await {
         let p = next.map_err(ApiError::engine_failure)?;
@@ -328,6 +342,7 @@ async fn collect(
         let new_calls = out.tool_calls(p.index, &parsed, false);
         calls[p.index].extend(new_calls);
         logprobs[p.index].extend(chat_logprobs(&p.logprobs));
+        token_ids[p.index].extend_from_slice(&p.token_ids);
         if let Some(f) = &p.finish {
             finish[p.index] = (
                 Some(out.finish_reason(p.index, f.reason)),
@@ -337,6 +352,7 @@ async fn collect(
     }
     guard.done();
     let want_logprobs = out.valid.generation.sampling.logprobs.is_some();
+    let want_token_ids = out.valid.generation.return_token_ids;
     let choices: Vec<ChatChoice> = (0..n)
         .map(|i| {
             let text = std::mem::take(&mut content[i]);
@@ -361,6 +377,7 @@ async fn collect(
                 }),
                 finish_reason: finish[i].0,
                 stop_reason: finish[i].1.clone(),
+                token_ids: want_token_ids.then(|| std::mem::take(&mut token_ids[i])),
             }
         })
         .collect();
@@ -371,6 +388,7 @@ async fn collect(
         model: &out.model,
         choices,
         usage: usage(&generation),
+        prompt_token_ids: want_token_ids.then(|| generation.prompt_ids[0].clone()),
     };
     Ok(json_response(&body))
 }

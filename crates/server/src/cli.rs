@@ -61,4 +61,9 @@ pub struct Args {
     /// Positions per KV page.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
+    /// KV pages (of --block-size positions) to allocate instead of as many
+    /// as --gpu-memory-utilization allows (vLLM's flag). On the CPU executor
+    /// too. A tiny pool makes the engine preempt (tests do this).
+    #[arg(long)]
+    pub num_gpu_blocks_override: Option<usize>,
 }

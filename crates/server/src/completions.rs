@@ -16,7 +16,7 @@ use crate::chat::{json_response, DisconnectGuard, KEEP_ALIVE};
 use crate::error::ApiError;
 use crate::generate::{completion_logprobs, Generation, PromptSpec};
 use crate::openai::{GenerationRequest, Prompt};
-use crate::responses::{Chunk, Completion, CompletionChoice, Usage};
+use crate::responses::{Chunk, Completion, CompletionChoice, CompletionChunkChoice, Usage};
 use crate::validate::{
     resolve_max_tokens, validate_completion, ValidCompletion, ValidationError, MAX_N,
 };
@@ -162,7 +162,7 @@ fn data(text: String) -> Result<SseEvent, Infallible> {
 }
 
 impl CompletionOutput {
-    fn chunk(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> String {
+    fn chunk(&self, choices: Vec<CompletionChunkChoice>, usage: Option<Usage>) -> String {
         let chunk = Chunk {
             id: &self.id,
             object: "text_completion",
@@ -170,6 +170,7 @@ impl CompletionOutput {
             model: &self.model,
             choices,
             usage,
+            prompt_token_ids: None,
         };
         serde_json::to_string(&chunk).expect("serializable")
     }
@@ -185,8 +186,10 @@ fn stream(
         let include_usage = out.valid.generation.include_usage;
         let continuous = include_usage && out.valid.generation.continuous_usage;
         let want_logprobs = out.valid.generation.sampling.logprobs.is_some();
+        let want_token_ids = out.valid.generation.return_token_ids;
         let mut offsets = vec![0usize; generation.choices.len()];
         let mut echoed = vec![false; generation.choices.len()];
+        let mut prompt_ids_sent = vec![false; generation.choices.len()];
         while let Some(next) = generation.next().await {
             let p = match next {
                 Ok(p) => p,
@@ -206,12 +209,18 @@ fn stream(
             text.push_str(&p.text);
             let logprobs = if want_logprobs { completion_logprobs(&p.logprobs, offsets[p.index] + echo_len) } else { Json::Null };
             offsets[p.index] += text.len();
-            let choice = CompletionChoice {
+            let prompt_token_ids = (want_token_ids && !prompt_ids_sent[p.index]).then(|| {
+                prompt_ids_sent[p.index] = true;
+                generation.prompt_ids[p.index].clone()
+            });
+            let choice = CompletionChunkChoice {
                 index: p.index,
                 text,
                 logprobs,
                 finish_reason: p.finish.as_ref().map(|f| f.reason),
                 stop_reason: p.finish.as_ref().map(|f| f.stop_reason.clone()),
+                prompt_token_ids,
+                token_ids: want_token_ids.then_some(p.token_ids),
             };
             yield data(out.chunk(vec![choice], continuous.then(|| usage(&generation, n))));
         }
@@ -231,17 +240,20 @@ async fn collect(
     let count = generation.choices.len();
     let mut texts: Vec<String> = (0..count).map(|i| out.echo(i).to_string()).collect();
     let mut logprobs: Vec<Vec<crate::generate::TokenLogprob>> = vec![Vec::new(); count];
+    let mut token_ids: Vec<Vec<u32>> = vec![Vec::new(); count];
     let mut finish: Vec<(Option<&'static str>, Json)> = vec![(None, Json::Null); count];
     while let Some(next) = generation.next().await {
         let p = next.map_err(ApiError::engine_failure)?;
         texts[p.index].push_str(&p.text);
         logprobs[p.index].extend(p.logprobs);
+        token_ids[p.index].extend(p.token_ids);
         if let Some(f) = p.finish {
             finish[p.index] = (Some(f.reason), f.stop_reason);
         }
     }
     guard.done();
     let want_logprobs = out.valid.generation.sampling.logprobs.is_some();
+    let want_token_ids = out.valid.generation.return_token_ids;
     let choices: Vec<CompletionChoice> = (0..count)
         .map(|i| CompletionChoice {
             index: i,
@@ -253,6 +265,8 @@ async fn collect(
             },
             finish_reason: finish[i].0,
             stop_reason: Some(finish[i].1.clone()),
+            token_ids: want_token_ids.then(|| std::mem::take(&mut token_ids[i])),
+            prompt_token_ids: want_token_ids.then(|| generation.prompt_ids[i].clone()),
         })
         .collect();
     let body = Completion {
@@ -262,6 +276,7 @@ async fn collect(
         model: &out.model,
         choices,
         usage: usage(&generation, out.valid.generation.n),
+        prompt_token_ids: None,
     };
     Ok(json_response(&body))
 }

@@ -21,6 +21,8 @@ struct Plan {
     num_slots: usize,
     page_size: usize,
     max_model_len: usize,
+    /// `--num-gpu-blocks-override`: this many KV pages.
+    num_pages: Option<usize>,
     gpu_memory_utilization: f64,
     /// GPU bytes kept free for a step's activations, logits and the decode
     /// graphs (an estimate, not a measurement: 64 KiB per batched token,
@@ -34,6 +36,9 @@ pub fn pick(args: &Args, dir: &Path, max_model_len: usize) -> Result<ExecutorFac
     } else {
         max_model_len
     };
+    if args.num_gpu_blocks_override == Some(0) {
+        return Err("--num-gpu-blocks-override must be at least 1".into());
+    }
     let vocab_estimate = 256 * 1024;
     let plan = Plan {
         dir: dir.to_path_buf(),
@@ -41,6 +46,7 @@ pub fn pick(args: &Args, dir: &Path, max_model_len: usize) -> Result<ExecutorFac
         num_slots: args.max_num_seqs,
         page_size: args.block_size,
         max_model_len,
+        num_pages: args.num_gpu_blocks_override,
         gpu_memory_utilization: args.gpu_memory_utilization,
         activation_reserve: args.max_num_batched_tokens * 64 * 1024
             + args.max_num_seqs * vocab_estimate * 4
@@ -69,7 +75,7 @@ fn cpu(plan: &Plan) -> Result<Box<dyn Executor>, String> {
     let pages_per_seq = plan.max_model_len.div_ceil(plan.page_size);
     let sizing = CpuSizing {
         num_slots: plan.num_slots,
-        num_pages: plan.num_slots * pages_per_seq,
+        num_pages: plan.num_pages.unwrap_or(plan.num_slots * pages_per_seq),
         page_size: plan.page_size,
         max_model_len: plan.max_model_len,
     };
@@ -86,9 +92,12 @@ fn gpu(plan: &Plan) -> Result<Box<dyn Executor>, String> {
     let stream = GpuModel::default_stream().map_err(|e| format!("no usable GPU: {e}"))?;
     let sizing = GpuSizing {
         num_slots: plan.num_slots,
-        pages: PagePool::FromMemory {
-            gpu_memory_utilization: plan.gpu_memory_utilization,
-            activation_reserve: plan.activation_reserve,
+        pages: match plan.num_pages {
+            Some(pages) => PagePool::Fixed(pages),
+            None => PagePool::FromMemory {
+                gpu_memory_utilization: plan.gpu_memory_utilization,
+                activation_reserve: plan.activation_reserve,
+            },
         },
         page_size: plan.page_size,
         max_model_len: plan.max_model_len,

@@ -42,6 +42,8 @@ pub struct Progress {
     pub index: usize,
     pub text: String,
     pub logprobs: Vec<TokenLogprob>,
+    /// The tokens this progress covers (only with `return_token_ids`).
+    pub token_ids: Vec<u32>,
     /// Set on the choice's last progress.
     pub finish: Option<Finish>,
 }
@@ -57,6 +59,7 @@ pub struct Choice {
     text: String,
     sent: usize,
     pending_logprobs: Vec<TokenLogprob>,
+    pending_token_ids: Vec<u32>,
     pub completion_tokens: usize,
     pub finish: Option<Finish>,
 }
@@ -66,8 +69,11 @@ pub struct Generation {
     pub choices: Vec<Choice>,
     /// Prompt length of each choice's request.
     pub prompt_tokens: Vec<usize>,
+    /// Prompt ids of each choice's request (empty unless `return_token_ids`).
+    pub prompt_ids: Vec<Vec<u32>>,
     tokenizer: Arc<Tokenizer>,
     want_logprobs: bool,
+    want_token_ids: bool,
 }
 
 /// The per-prompt inputs of a submission.
@@ -90,6 +96,7 @@ impl Generation {
         let mut streams = Vec::new();
         let mut choices = Vec::new();
         let mut prompt_tokens = Vec::new();
+        let mut prompt_ids = Vec::new();
         let mut stop_ids: Vec<u32> = v.stop_token_ids.clone();
         if !v.ignore_eos {
             stop_ids.extend_from_slice(eos_token_ids);
@@ -110,6 +117,11 @@ impl Generation {
                 };
                 streams.push(Some(engine.submit(request)?));
                 prompt_tokens.push(prompt.ids.len());
+                prompt_ids.push(if v.return_token_ids {
+                    prompt.ids.clone()
+                } else {
+                    Vec::new()
+                });
                 choices.push(Choice {
                     detok: IncrementalDetokenizer::new(tokenizer.clone(), v.skip_special_tokens),
                     stops: StopStrings::new(v.stop_strings.clone(), v.include_stop_str_in_output),
@@ -119,6 +131,7 @@ impl Generation {
                     text: String::new(),
                     sent: 0,
                     pending_logprobs: Vec::new(),
+                    pending_token_ids: Vec::new(),
                     completion_tokens: 0,
                     finish: None,
                 });
@@ -128,8 +141,10 @@ impl Generation {
             streams,
             choices,
             prompt_tokens,
+            prompt_ids,
             tokenizer,
             want_logprobs: v.sampling.logprobs.is_some(),
+            want_token_ids: v.return_token_ids,
         })
     }
 
@@ -184,6 +199,10 @@ impl Generation {
                 if let Some(lp) = logprob {
                     choice.pending_logprobs.push(lp);
                 }
+                // Every sampled token, the one that ends the request too (vLLM).
+                if self.want_token_ids {
+                    choice.pending_token_ids.push(t.token);
+                }
                 // The token that ends the request adds no text (vLLM), unless
                 // the client asked to see stop strings/tokens.
                 let ends = choice.stop_ids.contains(&t.token);
@@ -204,7 +223,10 @@ impl Generation {
                     return Some(Ok(self.take(index, true)));
                 }
                 let progress = self.take(index, false);
-                (!progress.text.is_empty() || !progress.logprobs.is_empty()).then_some(Ok(progress))
+                (!progress.text.is_empty()
+                    || !progress.logprobs.is_empty()
+                    || !progress.token_ids.is_empty())
+                .then_some(Ok(progress))
             }
             Some(Event::Finished { reason, usage }) => {
                 self.streams[index] = None;
@@ -270,6 +292,7 @@ impl Generation {
             index,
             text,
             logprobs: std::mem::take(&mut choice.pending_logprobs),
+            token_ids: std::mem::take(&mut choice.pending_token_ids),
             finish: if done { choice.finish.clone() } else { None },
         }
     }

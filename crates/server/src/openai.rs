@@ -65,6 +65,8 @@ pub struct GenerationRequest {
     pub echo: Option<bool>,
     pub suffix: Option<String>,
     pub add_special_tokens: Option<bool>,
+    /// vLLM's extra: answer with the prompt's and the output's token ids.
+    pub return_token_ids: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

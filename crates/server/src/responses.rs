@@ -113,6 +113,9 @@ pub struct ChunkChoice {
     /// Present (maybe null) on the choice's last chunk.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<Json>,
+    /// `return_token_ids`: the tokens of this chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -124,6 +127,9 @@ pub struct Chunk<'a, C: Serialize> {
     pub choices: Vec<C>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// Chat with `return_token_ids`: on the first chunk of each choice.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -141,6 +147,9 @@ pub struct ChatChoice {
     pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<&'static str>,
     pub stop_reason: Json,
+    /// `return_token_ids`: every sampled token (the stop token too).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -151,6 +160,29 @@ pub struct CompletionChoice {
     pub finish_reason: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<Json>,
+    /// `return_token_ids`: every sampled token (the stop token too).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
+}
+
+/// A completions stream chunk's choice (vLLM puts `prompt_token_ids` before
+/// `token_ids` here, after it in the whole response).
+#[derive(Clone, Debug, Serialize)]
+pub struct CompletionChunkChoice {
+    pub index: usize,
+    pub text: String,
+    pub logprobs: Json,
+    pub finish_reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<Json>,
+    /// `return_token_ids`: on the choice's first chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
+    /// `return_token_ids`: the tokens of this chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
 }
 
 /// A whole response (`chat.completion`, `text_completion`): the chunk
@@ -163,4 +195,7 @@ pub struct Completion<'a, C: Serialize> {
     pub model: &'a str,
     pub choices: Vec<C>,
     pub usage: Usage,
+    /// Chat with `return_token_ids` (completions put it on the choice).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
 }

@@ -108,34 +108,52 @@ pub async fn serve(
 /// Picks and builds the executor for `--device` over a model directory.
 pub type ExecutorPicker = fn(&Args, &std::path::Path, usize) -> Result<ExecutorFactory, String>;
 
-/// The whole program: load the model files (the demo without --model),
-/// start the engine with the picked executor, serve, drain on a signal.
-pub async fn run_main(args: Args, pick_executor: ExecutorPicker) -> Result<(), String> {
-    let demo_dir;
+/// A started server before it listens: the state the router serves, the
+/// served name, and the unpacked demo directory (removed on drop).
+pub struct Prepared {
+    pub state: Arc<AppState>,
+    pub name: String,
+    pub demo_dir: Option<tempfile::TempDir>,
+}
+
+/// Loads the model files (the demo without --model) and starts the engine
+/// with the picked executor; the model loads in the background.
+pub fn prepare(args: &Args, pick_executor: ExecutorPicker) -> Result<Prepared, String> {
+    let mut demo_dir = None;
     let (dir, default_name) = match &args.model {
         Some(dir) => (dir.clone(), dir.display().to_string()),
         None => {
             eprintln!("{}", crate::demo::BANNER);
-            demo_dir =
+            let unpacked =
                 crate::demo::unpack().map_err(|e| format!("unpacking the demo model: {e}"))?;
-            (
-                demo_dir.path().to_path_buf(),
-                crate::demo::DEMO_MODEL_NAME.to_string(),
-            )
+            let dir = unpacked.path().to_path_buf();
+            demo_dir = Some(unpacked);
+            (dir, crate::demo::DEMO_MODEL_NAME.to_string())
         }
     };
     let model = ModelFiles::load(&dir, args.chat_template.as_deref())?;
     let model_max_len = model_max_position_embeddings(&dir);
-    let config = engine_config(&args, &model, model_max_len);
+    let config = engine_config(args, &model, model_max_len);
     let make_executor = pick_executor(
-        &args,
+        args,
         &dir,
         config
             .max_model_len
             .min(model_max_len.unwrap_or(usize::MAX)),
     )?;
     let name = args.served_model_name.clone().unwrap_or(default_name);
-    let state = start(&args, model, name.clone(), config, make_executor)?;
+    let state = start(args, model, name.clone(), config, make_executor)?;
+    Ok(Prepared {
+        state,
+        name,
+        demo_dir,
+    })
+}
+
+/// The whole program: [`prepare`], serve, drain on a signal.
+pub async fn run_main(args: Args, pick_executor: ExecutorPicker) -> Result<(), String> {
+    let prepared = prepare(&args, pick_executor)?;
+    let name = &prepared.name;
     let addr = format!("{}:{}", args.host, args.port);
     let listener = TcpListener::bind(&addr)
         .await
@@ -144,10 +162,15 @@ pub async fn run_main(args: Args, pick_executor: ExecutorPicker) -> Result<(), S
         "serving `{name}` on http://{} (loading the model; /health turns 200 when ready)",
         listener.local_addr().map(|a| a.to_string()).unwrap_or(addr)
     );
-    serve(listener, state, Duration::from_secs(args.shutdown_timeout))
-        .await
-        .map_err(|e| format!("server error: {e}"))?;
-    // demo_dir (if any) is removed here.
+    serve(
+        listener,
+        prepared.state.clone(),
+        Duration::from_secs(args.shutdown_timeout),
+    )
+    .await
+    .map_err(|e| format!("server error: {e}"))?;
+    // The demo directory (if any) is removed when `prepared` drops here.
+    drop(prepared);
     Ok(())
 }
 

@@ -325,3 +325,126 @@ async fn health_is_503_while_loading() {
     }
     panic!("never became healthy");
 }
+
+/// `data:` events of an SSE body as JSON, `[DONE]` checked and dropped.
+fn sse_json(bytes: &[u8]) -> Vec<Json> {
+    let data = sse_data(bytes);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+fn id_list(v: &Json) -> Vec<u32> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list of ids: {v}"))
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn return_token_ids_on_completions() {
+    const TEXT: &str = "Hello world, one two three.";
+    let s = server(TEXT, None);
+    // The scripted output's ids, then the EOS that ends the request: vLLM
+    // reports the stop token's id although its text is not output.
+    let mut want = s.state.model.encode(TEXT, false).unwrap();
+    want.push(EOS);
+    let prompt = [5u32, 6, 7];
+    let req = json!({"prompt": prompt, "max_tokens": 60, "return_token_ids": true});
+    let (status, body) = post(&s, "/v1/completions", req).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let v: Json = serde_json::from_slice(&body).unwrap();
+    let choice = &v["choices"][0];
+    assert_eq!(choice["text"], TEXT);
+    assert_eq!(id_list(&choice["token_ids"]), want);
+    assert_eq!(id_list(&choice["prompt_token_ids"]), prompt);
+    assert!(v.get("prompt_token_ids").is_none(), "on the choice: {v}");
+    // Not asked for: not there.
+    let (_, body) = post(&s, "/v1/completions", json!({"prompt": prompt})).await;
+    let v: Json = serde_json::from_slice(&body).unwrap();
+    assert!(v["choices"][0].get("token_ids").is_none(), "{v}");
+    assert!(v["choices"][0].get("prompt_token_ids").is_none(), "{v}");
+    // Streamed, two prompts: each choice's prompt ids on its first chunk
+    // only, and its chunks' token ids add up to the whole list.
+    let req = json!({"prompt": [[5, 6, 7], [8]], "max_tokens": 60, "stream": true, "return_token_ids": true});
+    let (status, body) = post(&s, "/v1/completions", req).await;
+    assert_eq!(status, StatusCode::OK);
+    let mut tokens = [vec![], vec![]];
+    let mut prompts = [vec![], vec![]];
+    let mut text = [String::new(), String::new()];
+    for chunk in sse_json(&body) {
+        let c = &chunk["choices"][0];
+        let i = c["index"].as_u64().unwrap() as usize;
+        if let Some(p) = c.get("prompt_token_ids") {
+            assert!(tokens[i].is_empty() && prompts[i].is_empty(), "{chunk}");
+            prompts[i] = id_list(p);
+        }
+        tokens[i].extend(id_list(&c["token_ids"]));
+        text[i].push_str(c["text"].as_str().unwrap());
+    }
+    assert_eq!(prompts, [vec![5, 6, 7], vec![8]]);
+    assert_eq!(tokens, [want.clone(), want]);
+    assert_eq!(text, [TEXT, TEXT]);
+    wait_idle(&s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn return_token_ids_on_chat() {
+    const TEXT: &str = "Sure, here it is.";
+    let s = server(TEXT, None);
+    let mut want = s.state.model.encode(TEXT, false).unwrap();
+    want.push(EOS);
+    let messages = json!([{"role": "user", "content": "Say it"}]);
+    let req = json!({"messages": messages, "return_token_ids": true});
+    let (status, body) = post(&s, "/v1/chat/completions", req).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let v: Json = serde_json::from_slice(&body).unwrap();
+    assert_eq!(id_list(&v["choices"][0]["token_ids"]), want);
+    // On the response (not the choice): the rendered prompt's ids, which
+    // decode to the conversation ending in the assistant's turn.
+    let prompt = id_list(&v["prompt_token_ids"]);
+    let decoded = s.state.model.tokenizer.decode(&prompt, false).unwrap();
+    assert!(decoded.contains("Say it"), "{decoded:?}");
+    assert!(
+        decoded.trim_end().ends_with("<|im_start|>assistant")
+            || decoded.contains("<|im_start|>assistant\n"),
+        "{decoded:?}"
+    );
+    assert_eq!(
+        v["usage"]["prompt_tokens"].as_u64().unwrap() as usize,
+        prompt.len()
+    );
+    // Streamed with n = 2: the prompt ids on each choice's role chunk (and
+    // no other chunk), the token ids of each choice add up to the list,
+    // the EOS included.
+    let req = json!({"messages": messages, "n": 2, "stream": true, "return_token_ids": true});
+    let (status, body) = post(&s, "/v1/chat/completions", req).await;
+    assert_eq!(status, StatusCode::OK);
+    let mut tokens = [vec![], vec![]];
+    let mut role_chunks = 0;
+    for chunk in sse_json(&body) {
+        let c = &chunk["choices"][0];
+        let i = c["index"].as_u64().unwrap() as usize;
+        if c["delta"].get("role").is_some() {
+            role_chunks += 1;
+            assert_eq!(id_list(&chunk["prompt_token_ids"]), prompt, "{chunk}");
+            assert!(c.get("token_ids").is_none(), "{chunk}");
+            continue;
+        }
+        assert!(chunk.get("prompt_token_ids").is_none(), "{chunk}");
+        tokens[i].extend(id_list(&c["token_ids"]));
+    }
+    assert_eq!(role_chunks, 2);
+    assert_eq!(tokens, [want.clone(), want]);
+    // Not asked for: not there.
+    let req = json!({"messages": messages, "stream": true});
+    let (_, body) = post(&s, "/v1/chat/completions", req).await;
+    for chunk in sse_json(&body) {
+        assert!(chunk.get("prompt_token_ids").is_none(), "{chunk}");
+        assert!(chunk["choices"][0].get("token_ids").is_none(), "{chunk}");
+    }
+    wait_idle(&s).await;
+}

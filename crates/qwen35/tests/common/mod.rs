@@ -20,7 +20,11 @@ pub type TopK = (Vec<Vec<u32>>, Vec<Vec<f32>>);
 pub fn dir(name: &str) -> PathBuf {
     std::env::var_os("QWEN35_FIXTURES")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
+        // Through the sibling path so that other crates' tests that include
+        // this module (gdn-server's gpu_served.rs) find the same fixtures.
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../qwen35/tests/fixtures")
+        })
         .join(name)
 }
 

@@ -49,6 +49,9 @@ pub struct ValidGeneration {
     pub stream: bool,
     pub include_usage: bool,
     pub continuous_usage: bool,
+    /// vLLM's `return_token_ids`: `prompt_token_ids` and per choice
+    /// `token_ids` (the deltas when streaming).
+    pub return_token_ids: bool,
 }
 
 /// A chat request after validation (messages are rendered separately).
@@ -285,6 +288,7 @@ pub fn validate_generation(
         stream,
         include_usage,
         continuous_usage,
+        return_token_ids: req.return_token_ids.unwrap_or(false),
     })
 }
 
