@@ -10,6 +10,8 @@
 # comma list (default 1,8,32,64,128). Needs .carry/bin/{gdn-server,qwen35_bench},
 # .carry/whl/sglang-0.4.10-*.whl, .carry/tok/tokenizer.json.xz. Writes under $OUT.
 set -uo pipefail
+# .gpucarry (device tool carry) unpacks into .carry
+if [ -d .gpucarry ]; then mkdir -p .carry/whl .carry/tok; tar -xJf .gpucarry/bin.tar.xz -C .carry; cp .gpucarry/whl/* .carry/whl/; cp .gpucarry/tok/* .carry/tok/; fi
 OUT=${OUT:-/tmp/gdn-out}; mkdir -p "$OUT"
 sets=${1:-1024/256,8192/256}; concs=${2:-1,8,32,64,128}
 log() { echo "[$(date -u +%T)] $*" | tee -a "$OUT/serve_bench.log"; }
@@ -49,7 +51,7 @@ log "cold start: $(python3 -c "print(round($(date +%s.%N) - $start, 2))") s (pro
 for set in ${sets//,/ }; do
   in=${set%/*}; out=${set#*/}
   for c in ${concs//,/ }; do
-    n=$(( c * 2 < 8 ? 8 : c * 2 ))
+    n=$(( c < 8 ? 8 : c ))
     log "in $in out $out concurrency $c prompts $n"
     timeout 300 python3 /tmp/sgl/sglang/bench_serving.py --backend vllm \
       --base-url http://127.0.0.1:8000 --model q4b --tokenizer /tmp/q4b \
