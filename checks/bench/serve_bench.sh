@@ -39,7 +39,7 @@ cat "$OUT/runtime.jsonl"
 # 2. Cold start: process start to /health 200.
 start=$(date +%s.%N)
 .carry/bin/gdn-server --model /tmp/q4b --served-model-name q4b --port 8000 --device gpu \
-  --max-num-seqs 128 --max-model-len 9216 > "$OUT/server.log" 2>&1 &
+  --max-num-seqs 128 --max-model-len 9216 --sse-keepalive-secs 0 > "$OUT/server.log" 2>&1 &
 server=$!
 until curl -sf -o /dev/null http://127.0.0.1:8000/health; do
   kill -0 $server 2>/dev/null || { log "server exited"; tail -20 "$OUT/server.log"; exit 1; }

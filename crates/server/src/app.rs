@@ -50,6 +50,8 @@ pub struct AppState {
     pub model: ModelFiles,
     pub served_model_name: String,
     pub max_request_bytes: usize,
+    /// Interval of SSE keep-alive comments (`None`: none are sent).
+    pub sse_keepalive: Option<std::time::Duration>,
     pub registry: Registry,
     pub metrics: ServerMetrics,
     /// Set on SIGTERM/SIGINT: new work gets 503 while the engine drains.

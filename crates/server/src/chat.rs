@@ -3,7 +3,6 @@
 //! body or as vLLM's SSE stream.
 
 use std::convert::Infallible;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::State;
@@ -26,9 +25,21 @@ use crate::responses::{
 use crate::template::{decode_tool_call_arguments, RenderInput, TemplateError};
 use crate::validate::{resolve_max_tokens, validate_chat, ValidChat, ValidationError};
 
-/// How often an SSE comment is sent while nothing else is (queued, long
-/// prefill): it keeps proxies from timing out and lets a disconnect be seen.
-pub const KEEP_ALIVE: Duration = Duration::from_secs(2);
+/// An SSE response with the server's keep-alive policy: a comment while
+/// nothing else is sent (queued, long prefill) keeps proxies from timing out
+/// and lets a disconnect be seen (`--sse-keepalive-secs`).
+pub fn sse_response<S>(state: &AppState, events: S) -> Response
+where
+    S: Stream<Item = Result<SseEvent, Infallible>> + Send + 'static,
+{
+    let sse = Sse::new(events);
+    match state.sse_keepalive {
+        Some(interval) => sse
+            .keep_alive(KeepAlive::new().interval(interval))
+            .into_response(),
+        None => sse.into_response(),
+    }
+}
 
 pub async fn handle(State(state): State<SharedState>, headers: HeaderMap, body: Body) -> Response {
     match run(&state, &headers, body).await {
@@ -139,9 +150,7 @@ async fn run(state: &SharedState, headers: &HeaderMap, body: Body) -> Result<Res
     };
     let guard = DisconnectGuard::new(state.clone());
     if out.valid.generation.stream {
-        Ok(Sse::new(stream(out, generation, guard))
-            .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
-            .into_response())
+        Ok(sse_response(&state, stream(out, generation, guard)))
     } else {
         collect(out, generation, guard).await
     }

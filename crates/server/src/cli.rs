@@ -61,6 +61,13 @@ pub struct Args {
     /// Positions per KV page.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
+    /// Seconds between SSE keep-alive comments (`:`) while a stream has
+    /// nothing to send (queued, or in a long prefill): the write lets the
+    /// server notice a client that went away before its first token. 0 turns
+    /// them off: vLLM sends none, and naive SSE readers (sglang's
+    /// bench_serving 0.4 parses every non-empty line as `data:`) fail on them.
+    #[arg(long, default_value_t = 15)]
+    pub sse_keepalive_secs: u64,
     /// KV pages (of --block-size positions) to allocate instead of as many
     /// as --gpu-memory-utilization allows (vLLM's flag). On the CPU executor
     /// too. A tiny pool makes the engine preempt (tests do this).

@@ -6,13 +6,13 @@ use std::convert::Infallible;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
+use axum::response::sse::Event as SseEvent;
+use axum::response::Response;
 use futures_util::Stream;
 use serde_json::Value as Json;
 
 use crate::app::{decode_json, random_id, read_body, unix_now, SharedState};
-use crate::chat::{json_response, DisconnectGuard, KEEP_ALIVE};
+use crate::chat::{json_response, sse_response, DisconnectGuard};
 use crate::error::ApiError;
 use crate::generate::{completion_logprobs, Generation, PromptSpec};
 use crate::openai::{GenerationRequest, Prompt};
@@ -125,9 +125,7 @@ async fn run(state: &SharedState, headers: &HeaderMap, body: Body) -> Result<Res
     };
     let guard = DisconnectGuard::new(state.clone());
     if out.valid.generation.stream {
-        Ok(Sse::new(stream(out, generation, guard))
-            .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
-            .into_response())
+        Ok(sse_response(&state, stream(out, generation, guard)))
     } else {
         collect(out, generation, guard).await
     }

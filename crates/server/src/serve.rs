@@ -50,6 +50,8 @@ pub fn start(
         model,
         served_model_name,
         max_request_bytes: args.max_request_bytes,
+        sse_keepalive: (args.sse_keepalive_secs > 0)
+            .then(|| std::time::Duration::from_secs(args.sse_keepalive_secs)),
         registry,
         metrics,
         draining: Default::default(),

@@ -28,6 +28,8 @@ fn demo_dir() -> std::path::PathBuf {
 
 struct Script {
     tokens: Vec<u32>,
+    /// Extra time every step takes (a slow first token).
+    step_delay: Duration,
     /// Fail the step with this index (0-based, counted over all steps).
     fail_step: Option<usize>,
     steps: Arc<AtomicUsize>,
@@ -55,7 +57,7 @@ impl Executor for ScriptedExecutor {
             return Err(ExecError::StepFailed("scripted device failure".into()));
         }
         // Pace the steps so a client can go away mid-stream.
-        std::thread::sleep(Duration::from_millis(2));
+        std::thread::sleep(Duration::from_millis(2) + script.step_delay);
         Ok(rows
             .iter()
             .filter_map(|r| r.sample)
@@ -81,15 +83,27 @@ struct TestServer {
 }
 
 fn server(output: &str, fail_step: Option<usize>) -> TestServer {
+    server_with(output, fail_step, Duration::ZERO, &[])
+}
+
+fn server_with(
+    output: &str,
+    fail_step: Option<usize>,
+    step_delay: Duration,
+    extra_args: &[&str],
+) -> TestServer {
     let model = ModelFiles::load(&demo_dir(), None).unwrap();
     let tokens = model.encode(output, false).unwrap();
     let steps = Arc::new(AtomicUsize::new(0));
     let script = Arc::new(Mutex::new(Script {
         tokens,
+        step_delay,
         fail_step,
         steps: steps.clone(),
     }));
-    let args = <Args as clap::Parser>::parse_from(["gdn-server", "--max-model-len", "2048"]);
+    let mut argv = vec!["gdn-server", "--max-model-len", "2048"];
+    argv.extend_from_slice(extra_args);
+    let args = <Args as clap::Parser>::parse_from(argv);
     let config = engine_config(&args, &model, None);
     let factory = Box::new(move || Ok(Box::new(ScriptedExecutor { script }) as Box<dyn Executor>));
     let state = start(&args, model, "demo".into(), config, factory).unwrap();
@@ -292,6 +306,7 @@ async fn health_is_503_while_loading() {
     let (release, wait) = std::sync::mpsc::channel::<()>();
     let script = Arc::new(Mutex::new(Script {
         tokens: vec![],
+        step_delay: Duration::ZERO,
         fail_step: None,
         steps: Default::default(),
     }));
@@ -447,4 +462,39 @@ async fn return_token_ids_on_chat() {
         assert!(chunk["choices"][0].get("token_ids").is_none(), "{chunk}");
     }
     wait_idle(&s).await;
+}
+
+/// A comment line (`:`) is an SSE keep-alive; vLLM sends none.
+fn keepalive_comments(bytes: &[u8]) -> usize {
+    String::from_utf8(bytes.to_vec())
+        .unwrap()
+        .split("\n\n")
+        .filter(|event| event.starts_with(':'))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sse_keepalive_comments_follow_the_flag() {
+    // Each step takes 1.2 s: a 1 s keep-alive fires before the first token.
+    let body = json!({"prompt": "hi", "max_tokens": 2, "stream": true, "ignore_eos": true});
+    let slow = Duration::from_millis(1200);
+    let on = server_with("ab", None, slow, &["--sse-keepalive-secs", "1"]);
+    let (status, bytes) = post(&on, "/v1/completions", body.clone()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        keepalive_comments(&bytes) >= 1,
+        "{}",
+        String::from_utf8_lossy(&bytes)
+    );
+    assert_eq!(sse_data(&bytes).last().map(String::as_str), Some("[DONE]"));
+    let off = server_with("ab", None, slow, &["--sse-keepalive-secs", "0"]);
+    let (status, bytes) = post(&off, "/v1/completions", body).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        keepalive_comments(&bytes),
+        0,
+        "{}",
+        String::from_utf8_lossy(&bytes)
+    );
+    assert_eq!(sse_data(&bytes).last().map(String::as_str), Some("[DONE]"));
 }
