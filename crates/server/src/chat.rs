@@ -150,7 +150,7 @@ async fn run(state: &SharedState, headers: &HeaderMap, body: Body) -> Result<Res
     };
     let guard = DisconnectGuard::new(state.clone());
     if out.valid.generation.stream {
-        Ok(sse_response(&state, stream(out, generation, guard)))
+        Ok(sse_response(state, stream(out, generation, guard)))
     } else {
         collect(out, generation, guard).await
     }
