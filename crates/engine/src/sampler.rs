@@ -348,8 +348,11 @@ fn draw(work: &[f32], spec: &SampleSpec<'_>) -> usize {
         candidates.retain(|&(_, w)| w >= kth);
     }
     if truncate_k || truncate_p {
-        // A total order: the unstable sort gives the stable one's result.
-        candidates.sort_unstable_by(by_prob_desc);
+        // `by_prob_desc` as integer keys: the weights are finite and not
+        // negative (exp of a finite number), where the bits order as the
+        // values. A total order, so the unstable sort gives the stable
+        // one's result.
+        candidates.sort_unstable_by_key(|&(id, w)| (std::cmp::Reverse(w.to_bits()), id));
     }
     if truncate_p {
         // Keep the shortest prefix whose mass reaches top_p: a token stays
