@@ -73,6 +73,9 @@ pub struct StepRow<'a> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct SampledToken {
     pub token: u32,
+    /// The chosen token's raw logprob when `params.logprobs` is `Some`; NaN
+    /// otherwise (not computed: it costs a pass of `exp` over the
+    /// vocabulary, and the worker reports it only when asked).
     pub logprob: f32,
     /// `(token, logprob)`, best first; `params.logprobs` of them.
     pub top_logprobs: Vec<(u32, f32)>,

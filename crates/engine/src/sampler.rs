@@ -40,14 +40,92 @@ pub fn uniform(seed: SampleSeed) -> f64 {
 ///
 /// Banned ids are never chosen unless every token is banned or non-finite
 /// (then the ban is ignored rather than inventing a token). NaN logits
-/// count as -inf.
+/// count as -inf. The chosen token's log-probability and the top list are
+/// computed only when `params.logprobs` asks (a pass of `exp` over the
+/// vocabulary); otherwise `logprob` is NaN.
 pub fn sample(logits: &[f32], spec: &SampleSpec<'_>) -> SampledToken {
     assert!(!logits.is_empty(), "sample: empty logits row");
     let params = spec.params;
-    // One working copy of the row (vocabulary-sized: up to ~250k floats).
-    let mut work: Vec<f32> = logits.iter().map(|&x| sanitize(x)).collect();
-    let log_norm = log_sum_exp(&work);
+    // A working copy only when penalties or bans change some logits; the
+    // common case (no penalties, no bans) reads the row in place.
+    let adjusted = adjusted_logits(logits, spec);
+    let work = adjusted.as_deref().unwrap_or(logits);
+    let token = if params.temperature < GREEDY_TEMPERATURE {
+        argmax(work)
+    } else {
+        draw(work, spec)
+    };
+    let (logprob, top_logprobs) = match params.logprobs {
+        None => (f32::NAN, Vec::new()),
+        Some(k) => {
+            let log_norm = log_sum_exp(logits);
+            let top = if k > 0 {
+                top_k_logprobs(logits, log_norm, k as usize)
+            } else {
+                Vec::new()
+            };
+            ((sanitize(logits[token]) as f64 - log_norm) as f32, top)
+        }
+    };
+    SampledToken {
+        token: token as u32,
+        logprob,
+        top_logprobs,
+    }
+}
 
+/// Samples every row (`rows[i]` with `specs[i]`) on up to `max_threads`
+/// threads (rows are independent), results in row order. Each row costs a
+/// pass or two over the vocabulary, so a large decode batch sampled on one
+/// thread would dominate the step.
+pub fn sample_rows<L: AsRef<[f32]> + Sync>(
+    rows: &[L],
+    specs: &[&SampleSpec<'_>],
+    max_threads: usize,
+) -> Vec<SampledToken> {
+    assert_eq!(rows.len(), specs.len(), "sample_rows: one spec per row");
+    let threads = max_threads.min(rows.len()).max(1);
+    if threads == 1 {
+        return rows
+            .iter()
+            .zip(specs)
+            .map(|(l, spec)| sample(l.as_ref(), spec))
+            .collect();
+    }
+    let chunk = rows.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = rows
+            .chunks(chunk)
+            .zip(specs.chunks(chunk))
+            .map(|(rows, specs)| {
+                scope.spawn(move || {
+                    rows.iter()
+                        .zip(specs)
+                        .map(|(l, spec)| sample(l.as_ref(), spec))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
+}
+
+/// The row after penalties and bans (sanitised), or `None` when neither
+/// changes anything, so that the row is read in place.
+fn adjusted_logits(logits: &[f32], spec: &SampleSpec<'_>) -> Option<Vec<f32>> {
+    let params = spec.params;
+    let output = &spec.history[spec.prompt_len.min(spec.history.len())..];
+    let repetition = params.repetition_penalty != 1.0 && !spec.history.is_empty();
+    let additive =
+        (params.presence_penalty != 0.0 || params.frequency_penalty != 0.0) && !output.is_empty();
+    let bans = spec.banned.iter().any(|&id| (id as usize) < logits.len());
+    if !repetition && !additive && !bans {
+        return None;
+    }
+    let mut work: Vec<f32> = logits.iter().map(|&x| sanitize(x)).collect();
     apply_penalties(&mut work, spec);
     let mut saved = Vec::with_capacity(spec.banned.len());
     for &id in spec.banned {
@@ -56,27 +134,13 @@ pub fn sample(logits: &[f32], spec: &SampleSpec<'_>) -> SampledToken {
             *x = f32::NEG_INFINITY;
         }
     }
-    if !work.iter().any(|x| x.is_finite()) {
+    if !saved.is_empty() && !work.iter().any(|x| x.is_finite()) {
         // Everything is banned or -inf: lift the ban.
         for (id, x) in saved.into_iter().rev() {
             work[id] = x;
         }
     }
-
-    let token = if params.temperature < GREEDY_TEMPERATURE {
-        argmax(&work)
-    } else {
-        draw(&work, spec)
-    };
-    let top_logprobs = match params.logprobs {
-        Some(k) if k > 0 => top_k_logprobs(logits, log_norm, k as usize),
-        _ => Vec::new(),
-    };
-    SampledToken {
-        token: token as u32,
-        logprob: (sanitize(logits[token]) as f64 - log_norm) as f32,
-        top_logprobs,
-    }
+    Some(work)
 }
 
 /// NaN logits count as -inf.
@@ -94,14 +158,13 @@ fn sanitize(x: f32) -> f32 {
 fn apply_penalties(work: &mut [f32], spec: &SampleSpec<'_>) {
     let params = spec.params;
     if params.repetition_penalty != 1.0 {
-        let mut seen = vec![false; work.len()];
-        for &id in spec.history {
-            if let Some(flag) = seen.get_mut(id as usize) {
-                *flag = true;
-            }
-        }
-        for (x, seen) in work.iter_mut().zip(seen) {
-            if seen {
+        // Each distinct id once: sort a copy of the history (its length,
+        // not the vocabulary's).
+        let mut seen = spec.history.to_vec();
+        seen.sort_unstable();
+        seen.dedup();
+        for id in seen {
+            if let Some(x) = work.get_mut(id as usize) {
                 *x = if *x > 0.0 {
                     *x / params.repetition_penalty
                 } else {
@@ -124,23 +187,50 @@ fn apply_penalties(work: &mut [f32], spec: &SampleSpec<'_>) {
     }
 }
 
-/// The largest value; the lowest id among equal ones.
+/// The largest value; the lowest id among equal ones; NaN counts as -inf
+/// (and id 0 when nothing is above -inf).
 fn argmax(values: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &x) in values.iter().enumerate() {
-        if x > values[best] {
-            best = i;
-        }
+    let max = max_ignoring_nan(values);
+    if max == f32::NEG_INFINITY {
+        return 0;
     }
-    best
+    values
+        .iter()
+        .position(|&x| x == max)
+        .expect("the maximum is in the row")
 }
 
+/// The maximum, NaN ignored (-inf for a row of NaN and -inf). Independent
+/// lanes so that the loop vectorises: `if x > m { x } else { m }` is one
+/// `max` instruction per lane and skips NaN like `sanitize` would.
+fn max_ignoring_nan(values: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = values.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        for (m, &x) in lanes.iter_mut().zip(chunk) {
+            *m = if x > *m { x } else { *m };
+        }
+    }
+    for (m, &x) in lanes.iter_mut().zip(rest) {
+        *m = if x > *m { x } else { *m };
+    }
+    lanes
+        .into_iter()
+        .fold(f32::NEG_INFINITY, |m, x| if x > m { x } else { m })
+}
+
+/// The log-normaliser of the raw row (NaN as -inf).
 fn log_sum_exp(values: &[f32]) -> f64 {
     let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if !max.is_finite() {
         return max as f64;
     }
-    let sum: f64 = values.iter().map(|&x| ((x - max) as f64).exp()).sum();
+    let sum: f64 = values
+        .iter()
+        .map(|&x| ((sanitize(x) - max) as f64).exp())
+        .sum();
     max as f64 + sum.ln()
 }
 
@@ -152,35 +242,117 @@ fn by_prob_desc(a: &(usize, f64), b: &(usize, f64)) -> Ordering {
         .then(a.0.cmp(&b.0))
 }
 
-/// Temperature, min-p, top-k, top-p, then one draw by inverse CDF.
+/// Up to this `top_k`, [`weighted_candidates`] skips the `exp` of tokens
+/// that cannot survive top-k.
+const PREFILTER_MAX_TOP_K: usize = 256;
+
+/// Unnormalised probabilities `(id, exp((x - max) / T))` of the finite
+/// tokens, in id order, and `false`; with a small `top_k` and more than k
+/// finite tokens, only those whose weight can reach the k-th largest, and
+/// `true`. Those hold every token top-k keeps, and every min-p survivor
+/// when min-p leaves no more than k (the weight is monotone in x and
+/// min-p keeps the weights above a threshold).
+fn weighted_candidates(
+    work: &[f32],
+    max: f64,
+    temperature: f64,
+    top_k: usize,
+) -> (Vec<(usize, f64)>, bool) {
+    let scaled = |x: f32| (x as f64 - max) / temperature;
+    if (1..=PREFILTER_MAX_TOP_K).contains(&top_k) {
+        if let Some(kth) = kth_largest_finite(work, top_k) {
+            // The k-th largest weight is exp(scaled(kth)) (the weight is
+            // monotone in x). A token more than 1e-9 below it in the
+            // exponent weighs at least 1e-9 (relative) less: far beyond
+            // exp's rounding (under one ulp), as long as the weight is a
+            // normal number, so it cannot tie with or pass the k-th.
+            let floor = scaled(kth);
+            if floor.exp() >= 1e-290 {
+                let floor = floor - 1e-9;
+                let kept = work
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, x)| x.is_finite() && scaled(**x) >= floor)
+                    .map(|(i, &x)| (i, scaled(x).exp()))
+                    .collect();
+                return (kept, true);
+            }
+        }
+    }
+    let all = work
+        .iter()
+        .enumerate()
+        .filter(|(_, x)| x.is_finite())
+        .map(|(i, &x)| (i, scaled(x).exp()))
+        .collect();
+    (all, false)
+}
+
+/// The `k`-th largest finite value, `None` when there are no more than
+/// `k` finite values (top-k then cuts nothing).
+fn kth_largest_finite(values: &[f32], k: usize) -> Option<f32> {
+    // The best k so far, descending, and one more to know that k+1 exist.
+    let mut best: Vec<f32> = Vec::with_capacity(k + 2);
+    for &x in values {
+        if !x.is_finite() || (best.len() > k && x <= best[k]) {
+            continue;
+        }
+        let at = best.partition_point(|&b| b >= x);
+        best.insert(at, x);
+        best.truncate(k + 1);
+    }
+    (best.len() > k).then(|| best[k - 1])
+}
+
+/// Temperature, min-p, top-k, top-p, then one draw by inverse CDF. NaN in
+/// `work` counts as -inf (dropped with the non-finite ones).
 fn draw(work: &[f32], spec: &SampleSpec<'_>) -> usize {
     let params = spec.params;
     let temperature = params.temperature as f64;
     let max = work.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    // Unnormalised probabilities of the finite tokens.
-    let mut candidates: Vec<(usize, f64)> = work
-        .iter()
-        .enumerate()
-        .filter(|(_, x)| x.is_finite())
-        .map(|(i, &x)| (i, ((x as f64 - max) / temperature).exp()))
-        .collect();
-    if params.min_p > 0.0 {
-        // The most likely token has weight exp(0) = 1, so the threshold
-        // min_p * max_prob is min_p in these unnormalised units.
-        let threshold = params.min_p as f64;
-        candidates.retain(|&(_, w)| w >= threshold);
-    }
     let top_k = params.top_k as usize;
-    let truncate_k = top_k > 0 && top_k < candidates.len();
+    let min_p = |candidates: &mut Vec<(usize, f64)>| {
+        if params.min_p > 0.0 {
+            // The most likely token has weight exp(0) = 1, so the threshold
+            // min_p * max_prob is min_p in these unnormalised units.
+            let threshold = params.min_p as f64;
+            candidates.retain(|&(_, w)| w >= threshold);
+        }
+    };
+    let (mut candidates, prefiltered) = weighted_candidates(work, max, temperature, top_k);
+    min_p(&mut candidates);
+    // Whether top-k cuts what min-p left of every finite token (which then
+    // ends sorted by probability, so this decides the draw's order too).
+    let truncate_k = if !prefiltered {
+        top_k > 0 && top_k < candidates.len()
+    } else if candidates.len() != top_k {
+        // Prefiltered: more than k finite tokens exist, and fewer than k
+        // left means min-p left no more anywhere.
+        candidates.len() > top_k
+    } else if params.min_p <= 0.0 {
+        true
+    } else {
+        // Exactly k left: whether min-p kept tokens below the prefilter
+        // is unknown; count them all (rare).
+        candidates = weighted_candidates(work, max, temperature, 0).0;
+        min_p(&mut candidates);
+        top_k < candidates.len()
+    };
     let truncate_p = params.top_p < 1.0;
-    if truncate_k || truncate_p {
-        candidates.sort_by(by_prob_desc);
-    }
     if truncate_k {
         // vLLM keeps every token whose logit equals the k-th (`logits <
-        // kth` is masked), so ties at the boundary stay.
-        let kth = candidates[top_k - 1].1;
+        // kth` is masked), so ties at the boundary stay. `by_prob_desc` is
+        // a total order, so the k-th by selection is the k-th of a sort.
+        let (_, kth, _) = candidates.select_nth_unstable_by(top_k - 1, by_prob_desc);
+        let kth = kth.1;
         candidates.retain(|&(_, w)| w >= kth);
+    }
+    if truncate_k || truncate_p {
+        // `by_prob_desc` as integer keys: the weights are finite and not
+        // negative (exp of a finite number), where the bits order as the
+        // values. A total order, so the unstable sort gives the stable
+        // one's result.
+        candidates.sort_unstable_by_key(|&(id, w)| (std::cmp::Reverse(w.to_bits()), id));
     }
     if truncate_p {
         // Keep the shortest prefix whose mass reaches top_p: a token stays
@@ -213,22 +385,32 @@ fn draw(work: &[f32], spec: &SampleSpec<'_>) -> usize {
 
 /// The `k` best raw log-probabilities, best first (ties: lower id first).
 fn top_k_logprobs(logits: &[f32], log_norm: f64, k: usize) -> Vec<(u32, f32)> {
-    let mut all: Vec<(usize, f64)> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, &x)| (i, sanitize(x) as f64))
-        .collect();
-    let k = k.min(all.len());
-    if k < all.len() {
-        all.select_nth_unstable_by(k - 1, by_prob_desc);
-        all.truncate(k);
+    // One scan keeping the best `k` so far, best first (k is at most
+    // `MAX_LOGPROBS`): ids come in ascending order, so a newcomer equal to
+    // the k-th loses the tie, as in `by_prob_desc`.
+    let k = k.min(logits.len());
+    if k == 0 {
+        return Vec::new();
     }
-    all.sort_by(by_prob_desc);
-    all.into_iter()
-        .map(|(i, x)| (i as u32, (x - log_norm) as f32))
+    let mut best: Vec<(usize, f32)> = Vec::with_capacity(k + 1);
+    for (i, &x) in logits.iter().enumerate() {
+        let x = sanitize(x);
+        if best.len() == k && x <= best[k - 1].1 {
+            continue;
+        }
+        let at = best.partition_point(|&(_, b)| b >= x);
+        best.insert(at, (i, x));
+        best.truncate(k);
+    }
+    best.into_iter()
+        .map(|(i, x)| (i as u32, (x as f64 - log_norm) as f32))
         .collect()
 }
 
 #[cfg(test)]
 #[path = "sampler_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "sampler_fast_tests.rs"]
+mod fast_tests;

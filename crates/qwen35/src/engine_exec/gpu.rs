@@ -2,7 +2,8 @@
 //! and one page more than the geometry tells the engine: the padding rows
 //! of decode CUDA graphs run there, out of every real sequence's way.
 //! Sampling runs on the host over the logits of the rows that sample (the
-//! lm_head runs on those rows only).
+//! lm_head runs on those rows only; one device-to-host copy brings them),
+//! the rows spread over a few threads.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -46,7 +47,15 @@ pub struct GpuExecutor {
     /// that a row continuing at the wrong position is refused, not run on
     /// the wrong state.
     held: Vec<Option<usize>>,
+    /// The host's parallelism, for sampling a step's rows.
+    sampler_threads: usize,
 }
+
+/// At most this many threads sample a step's rows: a row costs a pass or
+/// two over the vocabulary (~0.1 ms greedy at 248k), so a few threads take
+/// a large decode batch's sampling well below the step's GPU time without
+/// taking every core of a shared host.
+const SAMPLER_THREADS: usize = 8;
 
 impl GpuExecutor {
     /// Loads a Hugging Face model directory onto the GPU of `stream` and
@@ -124,6 +133,7 @@ impl GpuExecutor {
             cache,
             geometry,
             held: vec![None; num_slots],
+            sampler_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         })
     }
 
@@ -196,7 +206,7 @@ impl Executor for GpuExecutor {
             .collect();
         let logits = match self
             .model
-            .step(&mut self.cache, &model_rows, LogitsTo::Host)
+            .step_logits(&mut self.cache, &model_rows, LogitsTo::Host)
         {
             Ok(l) => l,
             Err(StepError::Refused(m)) => return Err(ExecError::Refused(m)),
@@ -224,10 +234,11 @@ impl Executor for GpuExecutor {
                 specs.len()
             )));
         }
-        Ok(logits
-            .iter()
-            .zip(specs)
-            .map(|(l, spec)| engine::sampler::sample(l, spec))
-            .collect())
+        let rows: Vec<&[f32]> = logits.rows().collect();
+        Ok(engine::sampler::sample_rows(
+            &rows,
+            &specs,
+            SAMPLER_THREADS.min(self.sampler_threads),
+        ))
     }
 }

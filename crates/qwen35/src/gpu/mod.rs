@@ -24,7 +24,7 @@ use half::bf16;
 pub use cache::{GpuCache, SlotState};
 use load::{Checkpoint, Random, WeightSource};
 use step::{Batches, LogitsPlan};
-pub use step::{LogitsTo, Row, RowLogits, StepError};
+pub use step::{HostLogits, LogitsTo, Row, RowLogits, StepError};
 
 use crate::config::{Config, LayerType};
 use crate::error::{Error, Result};

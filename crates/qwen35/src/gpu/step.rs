@@ -246,34 +246,63 @@ pub(crate) fn plan(rows: &[Row], b: Bounds) -> Result<Plan, String> {
     })
 }
 
-/// The logits `host` (rows of `vocab`, as the plan laid them out) in the
-/// caller's row order: one row per `Last` row, one per token of an `All` row.
-pub(crate) fn in_row_order(plan: &Plan, rows: &[Row], host: &[f32], vocab: usize) -> Vec<Vec<f32>> {
-    let mut host_rows: Vec<Option<&[f32]>> = host.chunks_exact(vocab).map(Some).collect();
-    // Batch row `b` (caller row `order[b]`) owns logits rows by the plan.
-    let mut by_row: Vec<Vec<&[f32]>> = vec![vec![]; rows.len()];
+/// Which row of the step's host logits (rows as the plan laid them out)
+/// each output row is, in the caller's row order: one per `Last` row, one
+/// per token of an `All` row.
+pub(crate) fn in_row_order(plan: &Plan, rows: &[Row]) -> Vec<usize> {
+    let mut by_row: Vec<Vec<usize>> = vec![vec![]; rows.len()];
     let mut token_at = 0;
     for (b, &i) in plan.order.iter().enumerate() {
         let n = rows[i].tokens.len();
         match plan.logits {
             LogitsPlan::AllTokens => {
-                let take: Vec<&[f32]> = (token_at..token_at + n)
-                    .map(|t| host_rows[t].take().expect("each token once"))
-                    .collect();
                 by_row[i] = match rows[i].logits {
                     RowLogits::None => vec![],
-                    RowLogits::Last => vec![take[n - 1]],
-                    RowLogits::All => take,
+                    RowLogits::Last => vec![token_at + n - 1],
+                    RowLogits::All => (token_at..token_at + n).collect(),
                 };
             }
-            LogitsPlan::LastOf(lo, hi) if (lo..hi).contains(&b) => {
-                by_row[i] = vec![host_rows[b - lo].take().expect("each row once")];
-            }
+            LogitsPlan::LastOf(lo, hi) if (lo..hi).contains(&b) => by_row[i] = vec![b - lo],
             _ => {}
         }
         token_at += n;
     }
-    by_row.into_iter().flatten().map(<[f32]>::to_vec).collect()
+    by_row.into_iter().flatten().collect()
+}
+
+/// The logits a step brought to the host: one device-to-host copy of the
+/// wanted rows only, handed out as slices (no second copy per row).
+#[derive(Debug, Default)]
+pub struct HostLogits {
+    data: Vec<f32>,
+    vocab: usize,
+    /// Row of `data` of each output row, in the caller's row order.
+    rows: Vec<usize>,
+}
+
+impl HostLogits {
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Output row `i` (`vocab` floats).
+    pub fn row(&self, i: usize) -> &[f32] {
+        let r = self.rows[i];
+        &self.data[r * self.vocab..(r + 1) * self.vocab]
+    }
+
+    pub fn rows(&self) -> impl Iterator<Item = &[f32]> {
+        (0..self.len()).map(|i| self.row(i))
+    }
+
+    /// Every row as its own vector (a copy).
+    pub fn to_vecs(&self) -> Vec<Vec<f32>> {
+        self.rows().map(<[f32]>::to_vec).collect()
+    }
 }
 
 impl GpuModel {
@@ -289,6 +318,17 @@ impl GpuModel {
         rows: &[Row],
         to: LogitsTo,
     ) -> Result<Vec<Vec<f32>>, StepError> {
+        Ok(self.step_logits(cache, rows, to)?.to_vecs())
+    }
+
+    /// [`GpuModel::step`] with the logits left in the one buffer they came
+    /// to the host in.
+    pub fn step_logits(
+        &mut self,
+        cache: &mut GpuCache,
+        rows: &[Row],
+        to: LogitsTo,
+    ) -> Result<HostLogits, StepError> {
         if cache.model_id != self.id {
             return Err(StepError::Refused(
                 "this cache was made by another model (use the model's own new_cache)".into(),
@@ -327,18 +367,22 @@ impl GpuModel {
         };
         if to == LogitsTo::DeviceOnly {
             s.synchronize()?;
-            return Ok(vec![]);
+            return Ok(HostLogits::default());
         }
         // A graph's logits hold every batch row; the eager buffer only the
         // plan's rows.
         let (first, count) = match plan.logits {
-            LogitsPlan::None => return Ok(vec![]),
+            LogitsPlan::None => return Ok(HostLogits::default()),
             LogitsPlan::LastOf(lo, hi) if graphed.is_some() => (lo, hi - lo),
             LogitsPlan::LastOf(lo, hi) => (0, hi - lo),
             LogitsPlan::AllTokens => (0, plan.layout.tokens.len()),
         };
-        let host = s.clone_dtoh(&logits.slice(first * v..(first + count) * v))?;
-        Ok(in_row_order(&plan, rows, &host, v))
+        let data = s.clone_dtoh(&logits.slice(first * v..(first + count) * v))?;
+        Ok(HostLogits {
+            data,
+            vocab: v,
+            rows: in_row_order(&plan, rows),
+        })
     }
 
     /// The whole batch on the device, and the decode and prefill parts of
@@ -420,6 +464,16 @@ mod tests {
         tags.iter().flat_map(|&t| [t, t]).collect()
     }
 
+    /// `host` (rows of vocab 2) in the caller's row order.
+    fn logits_in_row_order(plan: &Plan, rows: &[Row], host: Vec<f32>) -> Vec<Vec<f32>> {
+        HostLogits {
+            data: host,
+            vocab: 2,
+            rows: in_row_order(plan, rows),
+        }
+        .to_vecs()
+    }
+
     #[test]
     fn a_mixed_plan_orders_rows_and_returns_logits_in_row_order() {
         let (p0, p1, p2) = ([PageId(0), PageId(1)], [PageId(2)], [PageId(3), PageId(4)]);
@@ -465,7 +519,7 @@ mod tests {
         // Row 2 (two tokens from 0) uses only the first of its pages.
         assert_eq!(pl.layout.block_table, vec![9, -1, 2, -1, 0, 1, 3, -1]);
         // The eager buffer holds batch rows 1 (caller row 1) and 2 (row 0).
-        let out = in_row_order(&pl, &rows, &tagged(&[11.0, 10.0]), 2);
+        let out = logits_in_row_order(&pl, &rows, tagged(&[11.0, 10.0]));
         assert_eq!(out, vec![vec![10.0, 10.0], vec![11.0, 11.0]]);
     }
 
@@ -480,7 +534,7 @@ mod tests {
         assert_eq!(pl.order, vec![1, 0]);
         assert_eq!(pl.logits, LogitsPlan::AllTokens);
         // Batch tokens: row 1's token, then row 0's two.
-        let out = in_row_order(&pl, &rows, &tagged(&[30.0, 1.0, 2.0]), 2);
+        let out = logits_in_row_order(&pl, &rows, tagged(&[30.0, 1.0, 2.0]));
         assert_eq!(out, vec![vec![1.0, 1.0], vec![2.0, 2.0], vec![30.0, 30.0]]);
     }
 
