@@ -14,6 +14,8 @@ set -uo pipefail
 if [ -d .gpucarry ]; then mkdir -p .carry/whl .carry/tok; tar -xJf .gpucarry/bin.tar.xz -C .carry; cp .gpucarry/whl/* .carry/whl/; cp .gpucarry/tok/* .carry/tok/; fi
 OUT=${OUT:-/tmp/gdn-out}; mkdir -p "$OUT"
 sets=${1:-1024/256,8192/256}; concs=${2:-1,8,32,64,128}
+# No network there: transformers must not try the Hub (it retries for a minute per run).
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 log() { echo "[$(date -u +%T)] $*" | tee -a "$OUT/serve_bench.log"; }
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/sgl .carry/whl/sglang-0.4.10-*.whl || exit 1
 xz -dc .carry/tok/tokenizer.json.xz > /tmp/tokenizer.json
@@ -37,9 +39,11 @@ log "runtime step times (qwen35_bench)"
 cat "$OUT/runtime.jsonl"
 
 # 2. Cold start: process start to /health 200.
-start=$(date +%s.%N)
+start=$(date +%s.%N); log "server start"
+# Each server log line gets a wall-clock stamp (where start-up time goes).
 .carry/bin/gdn-server --model /tmp/q4b --served-model-name q4b --port 8000 --device gpu \
-  --max-num-seqs 128 --max-model-len 9216 --sse-keepalive-secs 0 > "$OUT/server.log" 2>&1 &
+  --max-num-seqs 128 --max-model-len 9216 --sse-keepalive-secs 0 \
+  > >(while IFS= read -r l; do printf '%s %s\n' "$(date -u +%T.%N | cut -c1-12)" "$l"; done > "$OUT/server.log") 2>&1 &
 server=$!
 until curl -sf -o /dev/null http://127.0.0.1:8000/health; do
   kill -0 $server 2>/dev/null || { log "server exited"; tail -20 "$OUT/server.log"; exit 1; }
