@@ -18,7 +18,7 @@ use crate::generate::{completion_logprobs, Generation, PromptSpec};
 use crate::openai::{GenerationRequest, Prompt};
 use crate::responses::{Chunk, Completion, CompletionChoice, CompletionChunkChoice, Usage};
 use crate::validate::{
-    resolve_max_tokens, validate_completion, ValidCompletion, ValidationError, MAX_N,
+    resolve_max_tokens, token_ids, validate_completion, ValidCompletion, ValidationError, MAX_N,
 };
 
 pub async fn handle(State(state): State<SharedState>, headers: HeaderMap, body: Body) -> Response {
@@ -36,19 +36,7 @@ fn prompts(
 ) -> Result<Vec<(Vec<u32>, String)>, ApiError> {
     let vocab_size = state.model.vocab_size;
     let from_ids = |ids: &[i64]| -> Result<(Vec<u32>, String), ApiError> {
-        let ids: Vec<u32> = ids
-            .iter()
-            .map(|&id| {
-                u32::try_from(id)
-                    .ok()
-                    .filter(|&id| (id as usize) < vocab_size)
-                    .ok_or(ValidationError::TokenOutOfVocab {
-                        field: "prompt",
-                        value: id,
-                        vocab_size,
-                    })
-            })
-            .collect::<Result<_, _>>()?;
+        let ids = token_ids("prompt", ids, vocab_size)?;
         let text = state
             .model
             .tokenizer

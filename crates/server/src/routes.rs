@@ -14,7 +14,7 @@ use crate::app::{decode_json, read_body, SharedState};
 use crate::chat::{json_response, render_chat};
 use crate::error::ApiError;
 use crate::openai::{DetokenizeRequest, TokenizeChat, TokenizePrompt};
-use crate::validate::ValidationError;
+use crate::validate::{token_ids, ValidationError};
 
 /// The OpenAPI document of the routes (served for clients and fuzzers).
 pub const OPENAPI: &str = include_str!("../openapi.json");
@@ -144,20 +144,7 @@ pub async fn detokenize(
         let req: DetokenizeRequest = decode_json(&bytes)?;
         state.check_model(req.model.as_deref())?;
         let vocab_size = state.model.vocab_size;
-        let ids: Vec<u32> = req
-            .tokens
-            .iter()
-            .map(|&id| {
-                u32::try_from(id)
-                    .ok()
-                    .filter(|&id| (id as usize) < vocab_size)
-                    .ok_or(ValidationError::TokenOutOfVocab {
-                        field: "tokens",
-                        value: id,
-                        vocab_size,
-                    })
-            })
-            .collect::<Result<_, _>>()?;
+        let ids = token_ids("tokens", &req.tokens, vocab_size)?;
         let prompt = state
             .model
             .tokenizer

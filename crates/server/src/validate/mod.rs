@@ -113,7 +113,10 @@ fn positive_count(
     Ok(v as usize)
 }
 
-fn token_ids(
+/// Client token ids (`stop_token_ids`, the `prompt` of /v1/completions, the
+/// `tokens` of /detokenize): each must be a vocabulary id; `field` names the
+/// request field in the error.
+pub fn token_ids(
     field: &'static str,
     ids: &[i64],
     vocab_size: usize,
