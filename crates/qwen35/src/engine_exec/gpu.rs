@@ -14,7 +14,7 @@ use engine::{CacheGeometry, ExecError, Executor, PageId, SampledToken, SlotId, S
 use super::{check_rows, check_starts};
 use crate::error::Result;
 use crate::gpu::{GpuCache, GpuModel, GpuOptions, LogitsTo, Row, StepError};
-use crate::{Config, Error, RowLogits, Weights};
+use crate::{Config, Error, PhaseTimes, RowLogits, Weights};
 
 /// How many KV pages the executor allocates.
 #[derive(Clone, Copy, Debug)]
@@ -49,6 +49,9 @@ pub struct GpuExecutor {
     held: Vec<Option<usize>>,
     /// The host's parallelism, for sampling a step's rows.
     sampler_threads: usize,
+    /// Where start-up time went: loading (when [`GpuExecutor::load`] made
+    /// it), the model's own phases, the cache, the graph captures.
+    startup_phases: PhaseTimes,
 }
 
 /// At most this many threads sample a step's rows: a row costs a pass or
@@ -66,15 +69,23 @@ impl GpuExecutor {
         options: GpuOptions,
         sizing: GpuSizing,
     ) -> Result<GpuExecutor> {
-        let config = Config::from_file(&dir.join("config.json"))?;
-        let weights = Weights::open(dir)?;
+        let mut phases = PhaseTimes::default();
+        let config = phases.time("model_config", || {
+            Config::from_file(&dir.join("config.json"))
+        })?;
+        let weights = phases.time("safetensors_open", || Weights::open(dir))?;
         let model = GpuModel::load(config, &weights, stream, options)?;
-        Self::new(model, sizing)
+        drop(weights);
+        let mut executor = Self::new(model, sizing)?;
+        phases.extend(&executor.startup_phases);
+        executor.startup_phases = phases;
+        Ok(executor)
     }
 
     /// An executor over a loaded model: allocates `num_slots + 1` slots and
     /// the pages of `sizing.pages` plus one (the padding slot and page).
     pub fn new(model: GpuModel, sizing: GpuSizing) -> Result<GpuExecutor> {
+        let start = std::time::Instant::now();
         let GpuSizing {
             num_slots,
             pages,
@@ -121,6 +132,9 @@ impl GpuExecutor {
             )));
         }
         let cache = model.new_cache(num_slots + 1, num_pages + 1, page_size)?;
+        model.stream().synchronize()?;
+        let mut startup_phases = model.load_phases().clone();
+        startup_phases.push("cache_alloc", start.elapsed());
         let geometry = CacheGeometry {
             num_slots,
             num_pages,
@@ -134,6 +148,7 @@ impl GpuExecutor {
             geometry,
             held: vec![None; num_slots],
             sampler_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            startup_phases,
         })
     }
 
@@ -150,14 +165,23 @@ impl GpuExecutor {
         if top > 0 {
             buckets.push(top);
         }
-        self.model.capture_decode_graphs(
+        let took = self.model.capture_decode_graphs(
             &mut self.cache,
             &buckets,
             self.geometry.max_model_len,
             SlotId(self.geometry.num_slots as u32),
             PageId(self.geometry.num_pages as u32),
         )?;
+        for (bucket, time) in took {
+            self.startup_phases
+                .push(format!("decode_graph_b{bucket}"), time);
+        }
         Ok(self.cache.decode_graph_batch_sizes())
+    }
+
+    /// Where start-up time went, phase by phase (see the field).
+    pub fn startup_phases(&self) -> &PhaseTimes {
+        &self.startup_phases
     }
 
     pub fn model(&self) -> &GpuModel {
