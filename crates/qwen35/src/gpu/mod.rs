@@ -15,7 +15,7 @@ mod upload;
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudarc::driver::{CudaContext, CudaSlice};
 use gdn_kernels::{
     AttentionShape, Backend, BackendRequest, DeltaNetInputs, DeltaNetShape, DeviceBatch,
     GdnGeometry, GdnPrefill, Gemm, ModelOps, PrefillBuffers,
@@ -23,6 +23,9 @@ use gdn_kernels::{
 use half::bf16;
 
 pub use cache::{GpuCache, SlotState};
+/// The stream type of [`GpuModel::default_stream`], for callers that hold one
+/// without depending on cudarc themselves.
+pub use cudarc::driver::CudaStream;
 use load::{Checkpoint, Random, WeightSource};
 use step::{Batches, LogitsPlan};
 pub use step::{HostLogits, LogitsTo, Row, RowLogits, StepError};
