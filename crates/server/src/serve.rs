@@ -36,6 +36,7 @@ fn engine_config_for(
     config.max_num_batched_tokens = args.max_num_batched_tokens;
     config.max_num_seqs = args.max_num_seqs;
     config.max_num_queued_reqs = args.max_num_queued_reqs;
+    config.max_num_queued_tokens = args.max_num_queued_tokens.unwrap_or(usize::MAX);
     if let Some(len) = args.max_model_len.or(model_max_len) {
         config.max_model_len = len;
     }
