@@ -14,18 +14,42 @@
 //! recomputed request must produce the same tokens as an unpreempted one.
 //!
 //! A [`FakeControl`] shared with the test records every step, injects
-//! failures, adds delay, and can gate steps one by one.
+//! failures, adds delay, and can gate steps one by one. [`collect`] reads a
+//! request's stream to its end (for any executor's tests).
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use crate::engine::RequestStream;
 use crate::executor::{
     CacheGeometry, ExecError, Executor, PageId, SampleSeed, SampleSpec, SampledToken, SlotId,
     StepRow,
 };
-use crate::request::GenerateRequest;
+use crate::request::{Event, GenerateRequest};
 use crate::sampler;
+
+/// A request's tokens and its terminal event (`Finished` or `Failed`),
+/// checking that nothing follows the terminal event.
+pub async fn collect(mut stream: RequestStream) -> (Vec<u32>, Event) {
+    let mut tokens = Vec::new();
+    loop {
+        match stream
+            .next()
+            .await
+            .expect("a terminal event before the end")
+        {
+            Event::Token(t) => tokens.push(t.token),
+            terminal => {
+                assert!(
+                    stream.next().await.is_none(),
+                    "events after the terminal one"
+                );
+                return (tokens, terminal);
+            }
+        }
+    }
+}
 
 /// One row as the fake saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use engine::testing::{FakeControl, FakeExecutor, FakeFailure};
+use engine::testing::{collect, FakeControl, FakeExecutor, FakeFailure};
 use engine::{Engine, EngineState, Event, SamplingParams, SubmitError};
 
 const WAIT: Duration = Duration::from_secs(10);

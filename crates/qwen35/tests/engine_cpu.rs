@@ -9,6 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Fixture, MODELS};
+use engine::testing::collect;
 use engine::{
     Engine, EngineConfig, EngineHandle, EngineStats, Event, Executor, GenerateRequest,
     SamplingParams, StopParams,
@@ -80,16 +81,13 @@ async fn tokens_of(handle: &EngineHandle, reqs: &[GenerateRequest]) -> Vec<Vec<u
         .map(|r| handle.submit(r.clone()).expect("accepted"))
         .collect();
     let mut all = vec![];
-    for mut s in streams {
-        let mut toks = vec![];
-        loop {
-            match s.next().await.expect("a terminal event") {
-                Event::Token(t) => toks.push(t.token),
-                Event::Finished { .. } => break,
-                Event::Failed(m) => panic!("request failed: {m}"),
-            }
-        }
-        all.push(toks);
+    for s in streams {
+        let (tokens, end) = collect(s).await;
+        assert!(
+            matches!(end, Event::Finished { .. }),
+            "request failed: {end:?}"
+        );
+        all.push(tokens);
     }
     all
 }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::drive::{run, Request};
 use common::{Fixture, MODELS};
+use engine::testing::collect;
 use engine::{
     Engine, EngineConfig, EngineHandle, Event, Executor, GenerateRequest, SamplingParams,
     StopParams,
@@ -90,16 +91,13 @@ async fn served(handle: &EngineHandle, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
         })
         .collect();
     let mut all = vec![];
-    for mut s in streams {
-        let mut toks = vec![];
-        loop {
-            match s.next().await.expect("a terminal event") {
-                Event::Token(t) => toks.push(t.token),
-                Event::Finished { .. } => break,
-                Event::Failed(m) => panic!("request failed: {m}"),
-            }
-        }
-        all.push(toks);
+    for s in streams {
+        let (tokens, end) = collect(s).await;
+        assert!(
+            matches!(end, Event::Finished { .. }),
+            "request failed: {end:?}"
+        );
+        all.push(tokens);
     }
     all
 }
