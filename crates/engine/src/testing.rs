@@ -51,6 +51,21 @@ pub async fn collect(mut stream: RequestStream) -> (Vec<u32>, Event) {
     }
 }
 
+/// The tokens of each stream, in order, each request having finished
+/// (panics on a failed one).
+pub async fn finished_tokens(streams: Vec<RequestStream>) -> Vec<Vec<u32>> {
+    let mut all = Vec::with_capacity(streams.len());
+    for stream in streams {
+        let (tokens, end) = collect(stream).await;
+        assert!(
+            matches!(end, Event::Finished { .. }),
+            "request failed: {end:?}"
+        );
+        all.push(tokens);
+    }
+    all
+}
+
 /// One row as the fake saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RowRecord {

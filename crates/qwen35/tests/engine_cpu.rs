@@ -9,10 +9,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Fixture, MODELS};
-use engine::testing::collect;
+use engine::testing::finished_tokens;
 use engine::{
-    Engine, EngineConfig, EngineHandle, EngineStats, Event, Executor, GenerateRequest,
-    SamplingParams, StopParams,
+    Engine, EngineConfig, EngineHandle, EngineStats, Executor, GenerateRequest, SamplingParams,
+    StopParams,
 };
 use qwen35::engine_exec::{CpuExecutor, CpuSizing};
 use qwen35::{CpuModel, Weights};
@@ -80,16 +80,7 @@ async fn tokens_of(handle: &EngineHandle, reqs: &[GenerateRequest]) -> Vec<Vec<u
         .iter()
         .map(|r| handle.submit(r.clone()).expect("accepted"))
         .collect();
-    let mut all = vec![];
-    for s in streams {
-        let (tokens, end) = collect(s).await;
-        assert!(
-            matches!(end, Event::Finished { .. }),
-            "request failed: {end:?}"
-        );
-        all.push(tokens);
-    }
-    all
+    finished_tokens(streams).await
 }
 
 fn released(handle: &EngineHandle) -> EngineStats {

@@ -14,10 +14,9 @@ use std::time::{Duration, Instant};
 
 use common::drive::{run, Request};
 use common::{Fixture, MODELS};
-use engine::testing::collect;
+use engine::testing::finished_tokens;
 use engine::{
-    Engine, EngineConfig, EngineHandle, Event, Executor, GenerateRequest, SamplingParams,
-    StopParams,
+    Engine, EngineConfig, EngineHandle, Executor, GenerateRequest, SamplingParams, StopParams,
 };
 use qwen35::engine_exec::{GpuExecutor, GpuSizing, PagePool};
 use qwen35::gpu::{GpuModel, GpuOptions};
@@ -90,16 +89,7 @@ async fn served(handle: &EngineHandle, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
             handle.submit(req).expect("accepted")
         })
         .collect();
-    let mut all = vec![];
-    for s in streams {
-        let (tokens, end) = collect(s).await;
-        assert!(
-            matches!(end, Event::Finished { .. }),
-            "request failed: {end:?}"
-        );
-        all.push(tokens);
-    }
-    all
+    finished_tokens(streams).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

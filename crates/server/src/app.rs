@@ -17,6 +17,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
 use crate::model::ModelFiles;
+use crate::openai::GenerationRequest;
 use crate::{chat, completions, routes};
 
 pub struct ServerMetrics {
@@ -236,6 +237,33 @@ async fn with_request_id(
     let value = HeaderValue::from_str(&id.0).expect("checked or generated as visible ASCII");
     resp.headers_mut().insert(REQUEST_ID_HEADER, value);
     resp
+}
+
+/// A generation route (chat, completions): reads and decodes the body
+/// (415/413/400), checks `model` (404), then `run` answers from the
+/// request's id, fields and raw body; an error is counted under its reason
+/// and becomes its response.
+pub async fn answer<F, Fut>(state: SharedState, req: Request, run: F) -> Response
+where
+    F: FnOnce(SharedState, RequestId, GenerationRequest, axum::body::Bytes) -> Fut,
+    Fut: std::future::Future<Output = Result<Response, ApiError>>,
+{
+    let (parts, body) = req.into_parts();
+    let request_id = parts
+        .extensions
+        .get::<RequestId>()
+        .cloned()
+        .unwrap_or_else(|| RequestId(random_id("")));
+    let answered = async {
+        let bytes = read_body(&state, &parts.headers, body).await?;
+        let request: GenerationRequest = decode_json(&bytes)?;
+        state.check_model(request.model.as_deref())?;
+        run(state.clone(), request_id, request, bytes).await
+    };
+    match answered.await {
+        Ok(response) => response,
+        Err(e) => state.reject(e),
+    }
 }
 
 /// A response id such as `chatcmpl-<32 hex>` (random per process and call).

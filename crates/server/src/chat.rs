@@ -2,15 +2,14 @@
 //! tokenize, submit one engine request per choice, then answer as one JSON
 //! body or as vLLM's SSE stream.
 
-use axum::body::Body;
-use axum::extract::{Extension, State};
-use axum::http::HeaderMap;
+use axum::body::Bytes;
+use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use futures_util::Stream;
 use minijinja::value::Value;
 use serde_json::Value as Json;
 
-use crate::app::{decode_json, random_id, read_body, unix_now, AppState, RequestId, SharedState};
+use crate::app::{answer, decode_json, random_id, unix_now, AppState, RequestId, SharedState};
 use crate::error::ApiError;
 use crate::generate::{Generation, Progress, PromptSpec};
 use crate::openai::{ChatTemplateView, GenerationRequest};
@@ -25,16 +24,8 @@ use crate::sse::{
 use crate::template::{decode_tool_call_arguments, RenderInput, TemplateError};
 use crate::validate::{resolve_max_tokens, validate_chat, ValidChat, ValidationError};
 
-pub async fn handle(
-    State(state): State<SharedState>,
-    Extension(request_id): Extension<RequestId>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    match run(&state, &request_id, &headers, body).await {
-        Ok(response) => response,
-        Err(e) => state.reject(e),
-    }
+pub async fn handle(State(state): State<SharedState>, req: Request) -> Response {
+    answer(state, req, run).await
 }
 
 /// The rendered prompt of a chat request and how its output starts.
@@ -91,14 +82,12 @@ pub fn render_chat(
 }
 
 async fn run(
-    state: &SharedState,
-    request_id: &RequestId,
-    headers: &HeaderMap,
-    body: Body,
+    state: SharedState,
+    request_id: RequestId,
+    req: GenerationRequest,
+    bytes: Bytes,
 ) -> Result<Response, ApiError> {
-    let bytes = read_body(state, headers, body).await?;
-    let req: GenerationRequest = decode_json(&bytes)?;
-    state.check_model(req.model.as_deref())?;
+    let state = &state;
     let valid = validate_chat(&req, &state.model.defaults, state.model.vocab_size)?;
     state.check_accepting()?;
     let rendered = render_chat(

@@ -1,14 +1,13 @@
 //! `POST /v1/completions`: a text prompt, a token-id prompt, or a list of
 //! either (one choice group per prompt, `n` choices each, as in vLLM).
 
-use axum::body::Body;
-use axum::extract::{Extension, State};
-use axum::http::HeaderMap;
+use axum::body::Bytes;
+use axum::extract::{Request, State};
 use axum::response::Response;
 use futures_util::Stream;
 use serde_json::Value as Json;
 
-use crate::app::{decode_json, read_body, unix_now, RequestId, SharedState};
+use crate::app::{answer, unix_now, RequestId, SharedState};
 use crate::chat::json_response;
 use crate::error::ApiError;
 use crate::generate::{completion_logprobs, Generation, PromptSpec};
@@ -21,16 +20,8 @@ use crate::validate::{
     resolve_max_tokens, token_ids, validate_completion, ValidCompletion, ValidationError, MAX_N,
 };
 
-pub async fn handle(
-    State(state): State<SharedState>,
-    Extension(request_id): Extension<RequestId>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    match run(&state, &request_id, &headers, body).await {
-        Ok(response) => response,
-        Err(e) => state.reject(e),
-    }
+pub async fn handle(State(state): State<SharedState>, req: Request) -> Response {
+    answer(state, req, run).await
 }
 
 /// Prompt ids and the text `echo` repeats.
@@ -69,14 +60,12 @@ fn prompts(
 }
 
 async fn run(
-    state: &SharedState,
-    request_id: &RequestId,
-    headers: &HeaderMap,
-    body: Body,
+    state: SharedState,
+    request_id: RequestId,
+    req: GenerationRequest,
+    _body: Bytes,
 ) -> Result<Response, ApiError> {
-    let bytes = read_body(state, headers, body).await?;
-    let req: GenerationRequest = decode_json(&bytes)?;
-    state.check_model(req.model.as_deref())?;
+    let state = &state;
     let valid = validate_completion(&req, &state.model.defaults, state.model.vocab_size)?;
     state.check_accepting()?;
     let prompt = req.prompt.as_ref().expect("validated");

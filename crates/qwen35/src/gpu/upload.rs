@@ -285,21 +285,13 @@ mod tests {
                 .upload(&[w.raw("big", &[big]).unwrap()], &mut large)
                 .unwrap();
             staging.finish().unwrap();
-            let got: Vec<u16> = stream
-                .clone_dtoh(&fused)
-                .unwrap()
-                .iter()
-                .map(|x| x.to_bits())
-                .collect();
-            assert_eq!(got, want, "staging of {elems} elements");
-            let got: Vec<u16> = stream
-                .clone_dtoh(&large)
-                .unwrap()
-                .iter()
-                .map(|x| x.to_bits())
-                .collect();
+            let bits = |buf: &CudaSlice<bf16>| -> Vec<u16> {
+                let host = stream.clone_dtoh(buf).unwrap();
+                host.iter().map(|x| x.to_bits()).collect()
+            };
+            assert_eq!(bits(&fused), want, "staging of {elems} elements");
             assert!(
-                got == expected(&w, "big", &[big]),
+                bits(&large) == expected(&w, "big", &[big]),
                 "big, staging of {elems}"
             );
         }
