@@ -157,6 +157,13 @@ impl GpuExecutor {
     /// sequences up to `max_model_len`. Call at start-up: a decode step then
     /// replays the smallest graph that holds it and never waits for a
     /// capture. Returns the batch sizes captured.
+    ///
+    /// Every bucket is kept although each costs start-up time (its
+    /// `decode_graph_b<size>` phase in [`GpuExecutor::startup_phases`]):
+    /// any batch size up to the slot count occurs under continuous
+    /// batching, and a step with no graph that holds it runs eagerly, which
+    /// is slower on every step. Dropping buckets trades that for a shorter
+    /// cold start; decide on the measured phases.
     pub fn capture_decode_graphs(&mut self, max_batch: usize) -> Result<Vec<usize>> {
         let top = max_batch.min(self.geometry.num_slots);
         let mut buckets: Vec<usize> = std::iter::successors(Some(1usize), |b| Some(b * 2))
