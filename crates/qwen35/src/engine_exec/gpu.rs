@@ -75,7 +75,14 @@ impl GpuExecutor {
         })?;
         let weights = phases.time("safetensors_open", || Weights::open(dir))?;
         let model = GpuModel::load(config, &weights, stream, options)?;
-        drop(weights);
+        // Unmapping the checkpoint takes ~10 ms per mapped GB (measured
+        // here: 12 ms for 1.5 GB) and nothing waits for it.
+        if let Err(e) = std::thread::Builder::new()
+            .name("gdn-unmap".into())
+            .spawn(move || drop(weights))
+        {
+            log::debug!("unmapping the checkpoint on this thread: {e}");
+        }
         let mut executor = Self::new(model, sizing)?;
         phases.extend(&executor.startup_phases);
         executor.startup_phases = phases;
