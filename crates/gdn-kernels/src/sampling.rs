@@ -202,9 +202,7 @@ impl DeviceSampler {
 
 /// One row's result words.
 fn decode(row: &RowSampling, w: &[u32], vocab: usize) -> SampledRow {
-    let top = row
-        .logprobs
-        .map_or(0, |k| (k as usize).min(vocab));
+    let top = row.logprobs.map_or(0, |k| (k as usize).min(vocab));
     let m = MAX_TOP_LOGPROBS as usize;
     SampledRow {
         token: w[0],

@@ -12,6 +12,10 @@
 //! - the kernel is deterministic run to run;
 //! - the GPU executor's device-sampled tokens equal the CPU sampler applied
 //!   to the runtime's host logits for the same rows.
+//!
+//! Not a test: `emit_cases_for_the_cpu_emulation` (ignored) writes random
+//! cases with the CPU sampler's answers for `checks/sampling_emulation`,
+//! which runs the kernel's source on the CPU (no GPU needed).
 
 mod common;
 
@@ -257,14 +261,20 @@ fn rounding_boundary(c: &Case, cpu: u32, gpu: u32) -> Option<String> {
         if c.params.top_p < 1.0 {
             moved.params.top_p = ulp(c.params.top_p, up).min(1.0);
             if sampler::sample(&moved.row, &moved.spec()).token == gpu {
-                return Some(format!("top_p {} -> {}", c.params.top_p, moved.params.top_p));
+                return Some(format!(
+                    "top_p {} -> {}",
+                    c.params.top_p, moved.params.top_p
+                ));
             }
             moved.params.top_p = c.params.top_p;
         }
         if c.params.min_p > 0.0 {
             moved.params.min_p = ulp(c.params.min_p, up);
             if sampler::sample(&moved.row, &moved.spec()).token == gpu {
-                return Some(format!("min_p {} -> {}", c.params.min_p, moved.params.min_p));
+                return Some(format!(
+                    "min_p {} -> {}",
+                    c.params.min_p, moved.params.min_p
+                ));
             }
         }
     }
@@ -340,12 +350,7 @@ fn compare(c: &Case, got: &SampledRow, want: &SampledToken, what: &str, tally: &
                 tally.boundary += 1;
                 return;
             }
-            None => panic!(
-                "token: gpu {} cpu {}; {}",
-                got.token,
-                want.token,
-                show()
-            ),
+            None => panic!("token: gpu {} cpu {}; {}", got.token, want.token, show()),
         }
     }
     assert!(
@@ -385,15 +390,17 @@ fn the_kernel_samples_what_the_cpu_sampler_samples_on_random_rows() {
     let plan: Vec<(usize, usize, usize)> = vec![
         (QWEN35_VOCAB, 64, 8),
         (1, 500, 2),
-        (7, 1000, 4),
-        (40, 1000, 6),
+        (7, 1000, 6),
+        (40, 1000, 8),
         (1023, 500, 4),
         (1025, 500, 4),
         (5000, 250, 4),
     ];
     for (vocab, per_call, calls) in plan {
         for call in 0..calls {
-            let cases: Vec<Case> = (0..per_call).map(|_| Case::random(&mut rng, vocab)).collect();
+            let cases: Vec<Case> = (0..per_call)
+                .map(|_| Case::random(&mut rng, vocab))
+                .collect();
             let got = sample_on_device(&mut sampler, &s, &cases, vocab, &mut rng);
             assert_eq!(got.len(), cases.len());
             let want: Vec<SampledToken> = cases
@@ -401,7 +408,13 @@ fn the_kernel_samples_what_the_cpu_sampler_samples_on_random_rows() {
                 .map(|c| sampler::sample(&c.row, &c.spec()))
                 .collect();
             for (i, ((c, g), w)) in cases.iter().zip(&got).zip(&want).enumerate() {
-                compare(c, g, w, &format!("vocab {vocab} call {call} row {i}"), &mut tally);
+                compare(
+                    c,
+                    g,
+                    w,
+                    &format!("vocab {vocab} call {call} row {i}"),
+                    &mut tally,
+                );
             }
         }
     }
@@ -452,10 +465,10 @@ fn hand_made_rows_with_known_answers() {
         ban: false,
     }];
     let rows_logits: [[f32; 6]; 5] = [
-        [0.0, 3.0, f32::NAN, 3.0, 1.0, -1.0],     // tie at the max: id 1
-        [0.0, 3.0, 2.0, 1.0, 2.5, -1.0],          // 1 banned: 4
-        [0.0, 3.0, 2.0, 1.0, 2.5, -1.0],          // all banned: lifted, 1
-        [0.0, 3.0, 2.0, 1.0, 2.5, -1.0],          // 3.0 / 2 = 1.5 < 2.5: 4
+        [0.0, 3.0, f32::NAN, 3.0, 1.0, -1.0], // tie at the max: id 1
+        [0.0, 3.0, 2.0, 1.0, 2.5, -1.0],      // 1 banned: 4
+        [0.0, 3.0, 2.0, 1.0, 2.5, -1.0],      // all banned: lifted, 1
+        [0.0, 3.0, 2.0, 1.0, 2.5, -1.0],      // 3.0 / 2 = 1.5 < 2.5: 4
         [f32::NAN, f32::NAN, f32::NAN, f32::NAN, f32::NAN, f32::NAN], // 0
     ];
     let host: Vec<f32> = rows_logits.iter().flatten().copied().collect();
@@ -480,7 +493,10 @@ fn hand_made_rows_with_known_answers() {
     let ids: Vec<u32> = got[0].top_logprobs.iter().map(|t| t.0).collect();
     assert_eq!(ids, vec![1, 3, 4]);
     // Row 3's chosen token 4 reports its raw logprob, not the penalised row's.
-    let z3: f64 = [0.0f64, 3.0, 2.0, 1.0, 2.5, -1.0].iter().map(|x| x.exp()).sum();
+    let z3: f64 = [0.0f64, 3.0, 2.0, 1.0, 2.5, -1.0]
+        .iter()
+        .map(|x| x.exp())
+        .sum();
     assert!((got[3].logprob - (2.5 - z3.ln()) as f32).abs() < 1e-5);
     // A row of NaN: every logprob NaN, the ids in order.
     assert!(got[4].logprob.is_nan());
@@ -519,7 +535,14 @@ fn the_executor_samples_on_the_device_what_the_cpu_sampler_draws_from_host_logit
     };
     let s = s.context().new_stream().unwrap();
     let f = common::Fixture::load(common::MODELS[0]);
-    let load = || GpuModel::load(f.config.clone(), &f.weights, s.clone(), GpuOptions::default());
+    let load = || {
+        GpuModel::load(
+            f.config.clone(),
+            &f.weights,
+            s.clone(),
+            GpuOptions::default(),
+        )
+    };
     let page = 16;
     let pages_per_slot = 8;
     let prompts: Vec<&Vec<u32>> = f
@@ -566,9 +589,7 @@ fn the_executor_samples_on_the_device_what_the_cpu_sampler_draws_from_host_logit
     let mut starts = vec![0usize; n];
     let mut compared = 0;
     for step in 0..4u64 {
-        let inputs: Vec<Vec<u32>> = (0..n)
-            .map(|i| histories[i][starts[i]..].to_vec())
-            .collect();
+        let inputs: Vec<Vec<u32>> = (0..n).map(|i| histories[i][starts[i]..].to_vec()).collect();
         let banned: Vec<Vec<u32>> = (0..n).map(|_| vec![rng.below(50) as u32]).collect();
         let specs: Vec<SampleSpec> = (0..n)
             .map(|i| SampleSpec {
@@ -631,4 +652,74 @@ fn the_executor_samples_on_the_device_what_the_cpu_sampler_draws_from_host_logit
         }
     }
     println!("{compared} executor rows equal to the CPU sampler on host logits");
+}
+
+/// Not a test: writes `PLAN` (`vocab x rows,...`) random cases of seed
+/// `SEED` (and with `TIES`, rows of three tied values with top-p / top-k
+/// cutting inside the ties) and the CPU sampler's answers to `EMIT`, for
+/// `checks/sampling_emulation/run.sh` (the layout its main.cpp reads).
+#[test]
+#[ignore]
+fn emit_cases_for_the_cpu_emulation() {
+    let path = std::env::var("EMIT").expect("EMIT=<output file>");
+    let plan: Vec<(usize, usize)> = std::env::var("PLAN")
+        .expect("PLAN=<vocab>x<rows>,...")
+        .split(',')
+        .map(|p| {
+            let (v, n) = p.split_once('x').expect("vocab x rows");
+            (v.parse().unwrap(), n.parse().unwrap())
+        })
+        .collect();
+    let seed = std::env::var("SEED").map_or(3, |s| s.parse().unwrap());
+    let ties = std::env::var_os("TIES").is_some();
+    let mut rng = Rng(seed);
+    let mut out: Vec<u8> = vec![];
+    let mut n = 0u32;
+    for (vocab, rows) in plan {
+        for _ in 0..rows {
+            let mut c = Case::random(&mut rng, vocab);
+            if ties {
+                c.row = (0..vocab)
+                    .map(|_| (rng.below(3) as f32 - 1.0) * 0.5)
+                    .collect();
+                c.params.temperature = 1.0;
+                c.params.top_p = (0.02 + 0.96 * rng.unit()) as f32;
+                if rng.below(2) == 0 {
+                    c.params.top_k = (vocab / 6 + rng.below(vocab as u64 / 2) as usize) as u32;
+                }
+            }
+            let spec = c.spec();
+            let want = sampler::sample(&c.row, &spec);
+            let adj = sampler::adjustments(&spec, vocab);
+            let p = &c.params;
+            let mut put = |b: &[u8]| out.extend_from_slice(b);
+            put(&(vocab as u32).to_le_bytes());
+            c.row.iter().for_each(|x| put(&x.to_le_bytes()));
+            put(&c.seed.seed.to_le_bytes());
+            put(&c.seed.draw.to_le_bytes());
+            for x in [p.temperature, p.top_p, p.min_p, p.repetition_penalty] {
+                put(&x.to_le_bytes());
+            }
+            put(&p.top_k.to_le_bytes());
+            put(&p.logprobs.map_or(-1i32, |k| k as i32).to_le_bytes());
+            put(&(adj.len() as u32).to_le_bytes());
+            for a in &adj {
+                put(&a.token.to_le_bytes());
+                put(&(u32::from(a.repetition) | (u32::from(a.ban) << 1)).to_le_bytes());
+                put(&a.subtract.to_le_bytes());
+            }
+            put(&want.token.to_le_bytes());
+            put(&want.logprob.to_le_bytes());
+            put(&(want.top_logprobs.len() as u32).to_le_bytes());
+            for (id, lp) in &want.top_logprobs {
+                put(&id.to_le_bytes());
+                put(&lp.to_le_bytes());
+            }
+            n += 1;
+        }
+    }
+    let mut file = n.to_le_bytes().to_vec();
+    file.extend(out);
+    std::fs::write(&path, file).unwrap();
+    println!("{n} cases written to {path}");
 }
