@@ -2,7 +2,7 @@
 # Builds everything the H200 run needs on this (CPU-only) machine and puts it
 # under .carry/ (git-ignored), for the device tool's `carry`:
 #   .carry/bin: the GPU test binaries (GDN op, Qwen3.5 forward, step seam,
-#               executor and engine, the served fixtures), the benchmarks
+#               executor and engine, device sampling, the served fixtures), the benchmarks
 #               (GDN op, Qwen3.5-4B), the dump tool, gdn-gen
 #   .carry/whl: fla-core (FLA Triton) and the pinned FlashInfer wheel (for the
 #               cross-machine reproducibility check with NVIDIA's toolkit there)
@@ -21,7 +21,7 @@ test_binary() {  # crate, test target -> path of the built test executable
 cp "$(test_binary gdn-kernels gpu_prefill)" .carry/bin/gpu_prefill
 cp "$(test_binary gdn-kernels gpu_dsl_prefill)" .carry/bin/gpu_dsl_prefill
 cp "$(test_binary gdn-kernels gpu_model_ops)" .carry/bin/gpu_model_ops
-for t in gpu_forward gpu_steps gpu_executor gpu_engine; do
+for t in gpu_forward gpu_steps gpu_executor gpu_engine gpu_sampling; do
   cp "$(test_binary qwen35 $t)" .carry/bin/$t
 done
 cp "$(test_binary gdn-server gpu_served)" .carry/bin/gpu_served

@@ -5,9 +5,27 @@
 //! top-k, top-p, and a draw from what is left. Log-probabilities are the raw
 //! model log-softmax (before all of that), as vLLM's default `raw_logprobs`.
 //!
-//! Randomness is a pure function of [`SampleSeed`] (`seed`, `draw`), so a
-//! request samples the same tokens whatever batch it runs in and after a
-//! preemption (recomputed requests repeat their draws).
+//! The draw is an exponential race (vLLM's `random_sample`: argmax of
+//! `p_i / E_i` with `E_i ~ Exp(1)`), in logs: each kept token `i` scores
+//!
+//! ```text
+//! key     = splitmix64(seed ^ splitmix64(draw))                 (per row)
+//! bits_i  = splitmix64(key + i * 0x9E3779B97F4A7C15)             (wrapping)
+//! U_i     = ((bits_i >> 11) | 1) * 2^-53                         in (0, 1)
+//! score_i = (x_i - max) / T - ln(-ln U_i)                        (f64)
+//! ```
+//!
+//! (`x_i` the adjusted logit, `max` the row's largest, both f32 widened to
+//! f64, `T` the temperature) and the highest score wins, the lowest id on
+//! equal scores. `-ln U_i` is Exp(1), so the winner is token `i` with
+//! probability `p_i` exactly. Every `U_i` depends only on (seed, draw,
+//! token id), never on which tokens are kept or in what order they are
+//! visited, so the GPU kernel (`gdn-kernels/cuda/sampling.cu`, which
+//! computes the same formula in [`race_key`], [`race_uniform`] and
+//! [`race_score`]'s CUDA twins) draws the same token as this sampler: this
+//! sampler is its oracle. Randomness is a pure function of [`SampleSeed`],
+//! so a request samples the same tokens whatever batch it runs in and after
+//! a preemption (recomputed requests repeat their draws).
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
@@ -15,25 +33,41 @@ use std::collections::HashMap;
 use crate::executor::{SampleSeed, SampleSpec, SampledToken};
 
 /// Below this temperature sampling is greedy (vLLM's `_SAMPLING_EPS`).
-const GREEDY_TEMPERATURE: f32 = 1e-5;
+pub const GREEDY_TEMPERATURE: f32 = 1e-5;
+
+/// SplitMix64's increment (the golden-ratio gamma of Steele et al.).
+const SPLITMIX_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// SplitMix64's finaliser (Steele, Lea, Flood 2014; the seeding function of
 /// `java.util.SplittableRandom` and xoshiro): a bijective 64-bit mix whose
 /// outputs for consecutive inputs pass BigCrush.
 fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = x.wrapping_add(SPLITMIX_GAMMA);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
 }
 
-/// A uniform number in [0, 1) from (`seed`, `draw`) with no state: a
-/// counter-based generator (two chained SplitMix64 mixes; the draw index
-/// is mixed on its own first so that (s, d) and (s ^ d, 0)-style collisions
-/// do not line up), 53 bits of mantissa.
-pub fn uniform(seed: SampleSeed) -> f64 {
-    let bits = splitmix64(seed.seed ^ splitmix64(seed.draw));
-    (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+/// The race's per-row key from (`seed`, `draw`): two chained SplitMix64
+/// mixes, the draw index mixed on its own first so that (s, d) and
+/// (s ^ d, 0)-style collisions do not line up.
+pub fn race_key(seed: SampleSeed) -> u64 {
+    splitmix64(seed.seed ^ splitmix64(seed.draw))
+}
+
+/// Token `token`'s uniform number for the row keyed `key`: the
+/// `token`-th output of a SplitMix64 stream started at `key` (a
+/// counter-based generator: no state, any token in any order), as an odd
+/// multiple of 2^-53, so strictly inside (0, 1) and exact in f64.
+pub fn race_uniform(key: u64, token: u32) -> f64 {
+    let bits = splitmix64(key.wrapping_add((token as u64).wrapping_mul(SPLITMIX_GAMMA)));
+    ((bits >> 11) | 1) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
+/// A kept token's race score: its log-weight plus a Gumbel variable
+/// `-ln(-ln u)`; the highest score wins the draw.
+pub fn race_score(x: f32, max: f32, temperature: f32, u: f64) -> f64 {
+    (x as f64 - max as f64) / temperature as f64 - (-u.ln()).ln()
 }
 
 /// Samples one token from `logits` (one row, vocabulary-sized).
@@ -113,30 +147,104 @@ pub fn sample_rows<L: AsRef<[f32]> + Sync>(
     })
 }
 
+/// One token's change before the draw, from the sequence's history and the
+/// request's bans: the sparse form of penalties and bans (a few entries per
+/// row, not a vocabulary-sized mask), applied in this order by both this
+/// sampler and the GPU kernel.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LogitAdjustment {
+    pub token: u32,
+    /// Divide the logit by the repetition penalty if positive, multiply it
+    /// otherwise (the token is in the prompt or the output).
+    pub repetition: bool,
+    /// Then subtract this: `presence + frequency * count` for a token seen
+    /// `count` times in the output, 0 otherwise.
+    pub subtract: f32,
+    /// Then -inf, unless every token ends up banned or -inf (then every ban
+    /// of the row is lifted rather than inventing a token).
+    pub ban: bool,
+}
+
+/// The adjustments of one row (`vocab` tokens), one per token that has any,
+/// by ascending id (vLLM `apply_penalties`: repetition over prompt +
+/// output, presence once and frequency per occurrence over the output
+/// only; then the bans). Ids at or beyond `vocab` are dropped.
+pub fn adjustments(spec: &SampleSpec<'_>, vocab: usize) -> Vec<LogitAdjustment> {
+    let params = spec.params;
+    let mut by_id: std::collections::BTreeMap<u32, LogitAdjustment> = Default::default();
+    fn entry(
+        by_id: &mut std::collections::BTreeMap<u32, LogitAdjustment>,
+        vocab: usize,
+        id: u32,
+    ) -> Option<&mut LogitAdjustment> {
+        ((id as usize) < vocab).then(|| {
+            by_id.entry(id).or_insert(LogitAdjustment {
+                token: id,
+                repetition: false,
+                subtract: 0.0,
+                ban: false,
+            })
+        })
+    }
+    if params.repetition_penalty != 1.0 {
+        for &id in spec.history {
+            if let Some(e) = entry(&mut by_id, vocab, id) {
+                e.repetition = true;
+            }
+        }
+    }
+    if params.presence_penalty != 0.0 || params.frequency_penalty != 0.0 {
+        let output = &spec.history[spec.prompt_len.min(spec.history.len())..];
+        let mut counts: HashMap<u32, u32> = HashMap::new();
+        for &id in output {
+            *counts.entry(id).or_default() += 1;
+        }
+        for (id, count) in counts {
+            if let Some(e) = entry(&mut by_id, vocab, id) {
+                e.subtract = params.presence_penalty + params.frequency_penalty * count as f32;
+            }
+        }
+    }
+    for &id in spec.banned {
+        if let Some(e) = entry(&mut by_id, vocab, id) {
+            e.ban = true;
+        }
+    }
+    by_id.into_values().collect()
+}
+
+/// `x` after a repetition penalty of `penalty` (the one formula, f32).
+fn repetition(x: f32, penalty: f32) -> f32 {
+    if x > 0.0 {
+        x / penalty
+    } else {
+        x * penalty
+    }
+}
+
 /// The row after penalties and bans (sanitised), or `None` when neither
 /// changes anything, so that the row is read in place.
 fn adjusted_logits(logits: &[f32], spec: &SampleSpec<'_>) -> Option<Vec<f32>> {
-    let params = spec.params;
-    let output = &spec.history[spec.prompt_len.min(spec.history.len())..];
-    let repetition = params.repetition_penalty != 1.0 && !spec.history.is_empty();
-    let additive =
-        (params.presence_penalty != 0.0 || params.frequency_penalty != 0.0) && !output.is_empty();
-    let bans = spec.banned.iter().any(|&id| (id as usize) < logits.len());
-    if !repetition && !additive && !bans {
+    let list = adjustments(spec, logits.len());
+    if list.is_empty() {
         return None;
     }
     let mut work: Vec<f32> = logits.iter().map(|&x| sanitize(x)).collect();
-    apply_penalties(&mut work, spec);
-    let mut saved = Vec::with_capacity(spec.banned.len());
-    for &id in spec.banned {
-        if let Some(x) = work.get_mut(id as usize) {
-            saved.push((id as usize, *x));
+    let mut saved = Vec::new();
+    for a in &list {
+        let x = &mut work[a.token as usize];
+        if a.repetition {
+            *x = repetition(*x, spec.params.repetition_penalty);
+        }
+        *x -= a.subtract;
+        if a.ban {
+            saved.push((a.token as usize, *x));
             *x = f32::NEG_INFINITY;
         }
     }
     if !saved.is_empty() && !work.iter().any(|x| x.is_finite()) {
         // Everything is banned or -inf: lift the ban.
-        for (id, x) in saved.into_iter().rev() {
+        for (id, x) in saved {
             work[id] = x;
         }
     }
@@ -149,41 +257,6 @@ fn sanitize(x: f32) -> f32 {
         f32::NEG_INFINITY
     } else {
         x
-    }
-}
-
-/// vLLM `apply_penalties`: repetition over prompt + output (divide positive
-/// logits, multiply negative ones), presence once and frequency per
-/// occurrence over the output only.
-fn apply_penalties(work: &mut [f32], spec: &SampleSpec<'_>) {
-    let params = spec.params;
-    if params.repetition_penalty != 1.0 {
-        // Each distinct id once: sort a copy of the history (its length,
-        // not the vocabulary's).
-        let mut seen = spec.history.to_vec();
-        seen.sort_unstable();
-        seen.dedup();
-        for id in seen {
-            if let Some(x) = work.get_mut(id as usize) {
-                *x = if *x > 0.0 {
-                    *x / params.repetition_penalty
-                } else {
-                    *x * params.repetition_penalty
-                };
-            }
-        }
-    }
-    if params.presence_penalty != 0.0 || params.frequency_penalty != 0.0 {
-        let output = &spec.history[spec.prompt_len.min(spec.history.len())..];
-        let mut counts: HashMap<u32, u32> = HashMap::new();
-        for &id in output {
-            *counts.entry(id).or_default() += 1;
-        }
-        for (id, count) in counts {
-            if let Some(x) = work.get_mut(id as usize) {
-                *x -= params.presence_penalty + params.frequency_penalty * count as f32;
-            }
-        }
     }
 }
 
@@ -304,12 +377,18 @@ fn kth_largest_finite(values: &[f32], k: usize) -> Option<f32> {
     (best.len() > k).then(|| best[k - 1])
 }
 
-/// Temperature, min-p, top-k, top-p, then one draw by inverse CDF. NaN in
-/// `work` counts as -inf (dropped with the non-finite ones).
+/// Temperature, min-p, top-k, top-p, then the race (module docs). NaN in
+/// `work` counts as -inf (dropped with the non-finite ones). A row with
+/// nothing finite, or with +inf (which holds all the mass), draws like
+/// greedy: the lowest id at the maximum.
 fn draw(work: &[f32], spec: &SampleSpec<'_>) -> usize {
     let params = spec.params;
     let temperature = params.temperature as f64;
-    let max = work.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let max_f32 = work.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if !max_f32.is_finite() {
+        return argmax(work);
+    }
+    let max = max_f32 as f64;
     let top_k = params.top_k as usize;
     let min_p = |candidates: &mut Vec<(usize, f64)>| {
         if params.min_p > 0.0 {
@@ -321,8 +400,7 @@ fn draw(work: &[f32], spec: &SampleSpec<'_>) -> usize {
     };
     let (mut candidates, prefiltered) = weighted_candidates(work, max, temperature, top_k);
     min_p(&mut candidates);
-    // Whether top-k cuts what min-p left of every finite token (which then
-    // ends sorted by probability, so this decides the draw's order too).
+    // Whether top-k cuts what min-p left of every finite token.
     let truncate_k = if !prefiltered {
         top_k > 0 && top_k < candidates.len()
     } else if candidates.len() != top_k {
@@ -347,14 +425,12 @@ fn draw(work: &[f32], spec: &SampleSpec<'_>) -> usize {
         let kth = kth.1;
         candidates.retain(|&(_, w)| w >= kth);
     }
-    if truncate_k || truncate_p {
+    if truncate_p {
         // `by_prob_desc` as integer keys: the weights are finite and not
         // negative (exp of a finite number), where the bits order as the
         // values. A total order, so the unstable sort gives the stable
         // one's result.
         candidates.sort_unstable_by_key(|&(id, w)| (std::cmp::Reverse(w.to_bits()), id));
-    }
-    if truncate_p {
         // Keep the shortest prefix whose mass reaches top_p: a token stays
         // when the mass before it is below top_p (vLLM masks the ascending
         // prefix whose cumulative sum is <= 1 - top_p).
@@ -371,16 +447,34 @@ fn draw(work: &[f32], spec: &SampleSpec<'_>) -> usize {
         }
         candidates.truncate(keep);
     }
-    let total: f64 = candidates.iter().map(|c| c.1).sum();
-    let target = uniform(spec.seed) * total;
-    let mut acc = 0.0;
-    for &(id, w) in &candidates {
-        acc += w;
-        if target < acc {
-            return id;
+    race(
+        work,
+        max_f32,
+        params.temperature,
+        spec.seed,
+        candidates.iter().map(|c| c.0),
+    )
+}
+
+/// The race's winner among `kept` (ids into `work`): the highest
+/// [`race_score`], the lowest id on equal scores.
+fn race(
+    work: &[f32],
+    max: f32,
+    temperature: f32,
+    seed: SampleSeed,
+    kept: impl Iterator<Item = usize>,
+) -> usize {
+    let key = race_key(seed);
+    let mut best = (f64::NEG_INFINITY, usize::MAX);
+    for id in kept {
+        let score = race_score(work[id], max, temperature, race_uniform(key, id as u32));
+        if score > best.0 || (score == best.0 && id < best.1) {
+            best = (score, id);
         }
     }
-    candidates.last().expect("at least one finite token").0
+    assert!(best.1 != usize::MAX, "the race needs a kept token");
+    best.1
 }
 
 /// The `k` best raw log-probabilities, best first (ties: lower id first).

@@ -3,6 +3,8 @@
 //! the log-normaliser always, a `seen` vector for the repetition penalty
 //! and a full sort for top-k/top-p) on random rows with ties, NaN and -inf.
 //! Tokens and top lists must be identical, and the logprob too when asked.
+//! Both draw by the same race ([`race_key`], [`race_uniform`],
+//! [`race_score`]); the race's distribution is tested in `sampler_tests`.
 
 use std::collections::HashMap;
 
@@ -152,16 +154,17 @@ mod reference {
             }
             candidates.truncate(keep);
         }
-        let total: f64 = candidates.iter().map(|c| c.1).sum();
-        let target = uniform(spec.seed) * total;
-        let mut acc = 0.0;
-        for &(id, w) in &candidates {
-            acc += w;
-            if target < acc {
-                return id;
-            }
-        }
-        candidates.last().expect("at least one finite token").0
+        // The race, written out: every kept token's score, the best.
+        let key = race_key(spec.seed);
+        let mut scored: Vec<(f64, usize)> = candidates
+            .iter()
+            .map(|&(id, _)| {
+                let u = race_uniform(key, id as u32);
+                (race_score(work[id], max as f32, params.temperature, u), id)
+            })
+            .collect();
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        scored.first().expect("at least one finite token").1
     }
 }
 

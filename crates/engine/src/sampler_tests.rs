@@ -14,7 +14,10 @@ fn chi2_critical_0_001(dof: usize) -> f64 {
         1 => 10.828,
         2 => 13.816,
         3 => 16.266,
+        5 => 20.515,
+        7 => 24.322,
         9 => 27.877,
+        15 => 37.697,
         _ => panic!("no table entry for {dof} degrees of freedom"),
     }
 }
@@ -212,15 +215,172 @@ fn draws_are_a_pure_function_of_seed_and_draw() {
 }
 
 #[test]
-fn uniform_is_uniform() {
-    // 10 equal bins, 100k draws of one seed.
-    let mut bins = [0u64; 10];
-    for draw in 0..100_000 {
-        let u = uniform(SampleSeed { seed: 42, draw });
-        assert!((0.0..1.0).contains(&u));
-        bins[(u * 10.0) as usize] += 1;
+fn race_uniforms_are_uniform_inside_the_open_interval() {
+    // 10 equal bins over 100k tokens of one row, and over 100k draws of
+    // one token (the two ways the counter moves).
+    let key = race_key(SampleSeed { seed: 42, draw: 0 });
+    let mut by_token = [0u64; 10];
+    let mut by_draw = [0u64; 10];
+    for i in 0..100_000u32 {
+        let u = race_uniform(key, i);
+        assert!(u > 0.0 && u < 1.0, "{u}");
+        by_token[(u * 10.0) as usize] += 1;
+        let v = race_uniform(
+            race_key(SampleSeed {
+                seed: 42,
+                draw: i as u64,
+            }),
+            7,
+        );
+        by_draw[(v * 10.0) as usize] += 1;
     }
-    assert_fits(&bins, &[0.1; 10]);
+    assert_fits(&by_token, &[0.1; 10]);
+    assert_fits(&by_draw, &[0.1; 10]);
+    // The extremes of the 53-bit grid stay inside (0, 1) and are finite
+    // Gumbel scores.
+    for u in [0.5f64.powi(53), 1.0 - 0.5f64.powi(53)] {
+        assert!(race_score(0.0, 0.0, 1.0, u).is_finite());
+    }
+}
+
+#[test]
+fn race_uniforms_of_neighbouring_tokens_are_independent() {
+    // Pairs (token 2i, token 2i+1) in a 4x4 grid: dependence between
+    // consecutive counters would skew the joint cells.
+    let key = race_key(SampleSeed { seed: 9, draw: 3 });
+    let mut cells = [0u64; 16];
+    for i in 0..80_000u32 {
+        let a = (race_uniform(key, 2 * i) * 4.0) as usize;
+        let b = (race_uniform(key, 2 * i + 1) * 4.0) as usize;
+        cells[4 * a + b] += 1;
+    }
+    assert_fits(&cells, &[1.0 / 16.0; 16]);
+}
+
+#[test]
+fn the_race_follows_the_exact_probabilities_of_many_parameter_sets() {
+    // Ten tokens, unequal, with a tie; each parameter set's exact kept
+    // distribution computed here from the definitions.
+    let probs = [0.02, 0.03, 0.05, 0.05, 0.08, 0.1, 0.12, 0.15, 0.18, 0.22];
+    let logits = logits_of(&probs);
+    let exact = |temperature: f64, keep: &[usize]| -> Vec<f64> {
+        let w: Vec<f64> = probs
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                if keep.contains(&i) {
+                    p.powf(1.0 / temperature)
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let total: f64 = w.iter().sum();
+        w.iter().map(|x| x / total).collect()
+    };
+    let all: Vec<usize> = (0..10).collect();
+    let cases: Vec<(SamplingParams, Vec<f64>)> = vec![
+        (SamplingParams::default(), exact(1.0, &all)),
+        (
+            SamplingParams {
+                temperature: 0.6,
+                ..SamplingParams::default()
+            },
+            exact(0.6, &all),
+        ),
+        (
+            SamplingParams {
+                temperature: 1.5,
+                ..SamplingParams::default()
+            },
+            exact(1.5, &all),
+        ),
+        (
+            // The 7th likeliest is tied (0.05 twice): both stay.
+            SamplingParams {
+                top_k: 7,
+                ..SamplingParams::default()
+            },
+            exact(1.0, &[2, 3, 4, 5, 6, 7, 8, 9]),
+        ),
+        (
+            // 0.22 + 0.18 + 0.15 = 0.55 >= 0.5: three tokens.
+            SamplingParams {
+                top_p: 0.5,
+                ..SamplingParams::default()
+            },
+            exact(1.0, &[7, 8, 9]),
+        ),
+        (
+            // min_p 0.3 of 0.22 = 0.066: 0.08 and up.
+            SamplingParams {
+                min_p: 0.3,
+                ..SamplingParams::default()
+            },
+            exact(1.0, &[4, 5, 6, 7, 8, 9]),
+        ),
+    ];
+    for (params, expected) in &cases {
+        let counts = histogram(&logits, params, 30_000);
+        assert_fits(&counts, expected);
+    }
+}
+
+#[test]
+fn the_race_does_not_depend_on_where_the_kept_tokens_sit() {
+    // The same four probabilities at other ids among -inf tokens: the
+    // distribution over those ids is unchanged.
+    let mut logits = vec![f32::NEG_INFINITY; 1000];
+    let ids = [3usize, 400, 401, 999];
+    for (&id, p) in ids.iter().zip([0.1f64, 0.2, 0.3, 0.4]) {
+        logits[id] = p.ln() as f32;
+    }
+    let counts = histogram(&logits, &SamplingParams::default(), 20_000);
+    let picked: Vec<u64> = ids.iter().map(|&i| counts[i]).collect();
+    assert_eq!(picked.iter().sum::<u64>(), 20_000);
+    assert_fits(&picked, &[0.1, 0.2, 0.3, 0.4]);
+}
+
+#[test]
+fn rows_with_nothing_finite_or_infinite_logits_draw_like_greedy() {
+    let params = SamplingParams::default();
+    let s = spec(&params, &[], 0);
+    assert_eq!(sample(&[f32::NAN, f32::NEG_INFINITY], &s).token, 0);
+    assert_eq!(
+        sample(&[1.0, f32::INFINITY, 2.0, f32::INFINITY], &s).token,
+        1
+    );
+}
+
+#[test]
+fn adjustments_are_one_entry_per_token_by_id() {
+    let params = SamplingParams {
+        repetition_penalty: 1.2,
+        presence_penalty: 0.5,
+        frequency_penalty: 0.25,
+        ..SamplingParams::default()
+    };
+    let history = [9, 4, 4, 2, 4, 50];
+    let mut s = spec(&params, &history, 2);
+    s.banned = &[7, 2, 99];
+    let got = adjustments(&s, 10);
+    let entry = |token, repetition, subtract, ban| LogitAdjustment {
+        token,
+        repetition,
+        subtract,
+        ban,
+    };
+    assert_eq!(
+        got,
+        vec![
+            entry(2, true, 0.75, true),
+            entry(4, true, 1.0, false),
+            entry(7, false, 0.0, true),
+            entry(9, true, 0.0, false),
+        ]
+    );
+    // Off by default: nothing to adjust.
+    assert!(adjustments(&spec(&SamplingParams::default(), &history, 2), 10).is_empty());
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! The GPU kernels of the Qwen3.5 runtime, from the verified bundle: Gated
 //! DeltaNet (GDN) chunked prefill ([`GdnPrefill`]), our model kernels
-//! ([`ModelOps`]: norms, DeltaNet conv/decode step, paged attention, SwiGLU)
-//! and cuBLAS linear layers ([`Gemm`]).
+//! ([`ModelOps`]: norms, DeltaNet conv/decode step, paged attention, SwiGLU),
+//! sampling on the device ([`DeviceSampler`]) and cuBLAS linear layers
+//! ([`Gemm`]).
 //!
 //! This crate is the only place that knows the bundle: generated symbols, the
 //! C ABI of the FlashInfer launcher, cubin names and the state layout the
@@ -25,6 +26,7 @@ mod gemm;
 mod model_ops;
 pub mod oracle;
 mod prefill;
+mod sampling;
 /// Test helpers, only with the `testing` feature (dev-dependencies enable it).
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -41,6 +43,7 @@ pub use gemm::{Gemm, GemmOutput};
 pub use model_ops::{AttentionShape, DeltaNetInputs, DeltaNetShape, ModelOps};
 pub use oracle::GdnGeometry;
 pub use prefill::{GdnPrefill, PrefillBuffers};
+pub use sampling::{DeviceSampler, RowSampling, SampledRow, TokenAdjustment, MAX_TOP_LOGPROBS};
 
 /// Head dimension every backend supports.
 pub const HEAD_DIM: usize = 128;

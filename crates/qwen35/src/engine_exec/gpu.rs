@@ -1,19 +1,23 @@
 //! The engine executor over the bf16 GPU runtime. The cache holds one slot
 //! and one page more than the geometry tells the engine: the padding rows
 //! of decode CUDA graphs run there, out of every real sequence's way.
-//! Sampling runs on the host over the logits of the rows that sample (the
-//! lm_head runs on those rows only; one device-to-host copy brings them),
-//! the rows spread over a few threads.
+//! Sampling runs on the device: the lm_head runs on the rows that sample
+//! only, their logits stay where the lm_head wrote them, and the sampling
+//! kernel (`gdn_kernels::DeviceSampler`, the engine's CPU sampler as its
+//! oracle) brings back a few bytes per row (token, logprob, top list).
 
 use std::path::Path;
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
-use engine::{CacheGeometry, ExecError, Executor, PageId, SampledToken, SlotId, StepRow};
+use engine::{
+    CacheGeometry, ExecError, Executor, PageId, SampleSpec, SampledToken, SlotId, StepRow,
+};
+use gdn_kernels::{DeviceSampler, RowSampling, TokenAdjustment};
 
 use super::{check_rows, check_starts};
 use crate::error::Result;
-use crate::gpu::{GpuCache, GpuModel, GpuOptions, LogitsTo, Row, StepError};
+use crate::gpu::{GpuCache, GpuModel, GpuOptions, Row, StepError};
 use crate::{Config, Error, PhaseTimes, RowLogits, Weights};
 
 /// How many KV pages the executor allocates.
@@ -47,18 +51,11 @@ pub struct GpuExecutor {
     /// that a row continuing at the wrong position is refused, not run on
     /// the wrong state.
     held: Vec<Option<usize>>,
-    /// The host's parallelism, for sampling a step's rows.
-    sampler_threads: usize,
+    sampler: DeviceSampler,
     /// Where start-up time went: loading (when [`GpuExecutor::load`] made
     /// it), the model's own phases, the cache, the graph captures.
     startup_phases: PhaseTimes,
 }
-
-/// At most this many threads sample a step's rows: a row costs a pass or
-/// two over the vocabulary (~0.1 ms greedy at 248k), so a few threads take
-/// a large decode batch's sampling well below the step's GPU time without
-/// taking every core of a shared host.
-const SAMPLER_THREADS: usize = 8;
 
 impl GpuExecutor {
     /// Loads a Hugging Face model directory onto the GPU of `stream` and
@@ -139,6 +136,7 @@ impl GpuExecutor {
             )));
         }
         let cache = model.new_cache(num_slots + 1, num_pages + 1, page_size)?;
+        let sampler = DeviceSampler::new(model.stream().clone())?;
         model.stream().synchronize()?;
         let mut startup_phases = model.load_phases().clone();
         startup_phases.push("cache_alloc", start.elapsed());
@@ -154,7 +152,7 @@ impl GpuExecutor {
             cache,
             geometry,
             held: vec![None; num_slots],
-            sampler_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            sampler,
             startup_phases,
         })
     }
@@ -242,11 +240,33 @@ impl Executor for GpuExecutor {
                 },
             })
             .collect();
-        let logits = match self
+        let specs: Vec<&SampleSpec> = rows.iter().filter_map(|r| r.sample.as_ref()).collect();
+        let vocab = self.geometry.vocab_size;
+        let adjustments: Vec<Vec<TokenAdjustment>> = specs
+            .iter()
+            .map(|spec| device_adjustments(spec, vocab))
+            .collect();
+        let sampler = &mut self.sampler;
+        let sampled = self
             .model
-            .step_logits(&mut self.cache, &model_rows, LogitsTo::Host)
-        {
-            Ok(l) => l,
+            .step_device(&mut self.cache, &model_rows, |logits, at| {
+                if at.len() != specs.len() {
+                    return Err(StepError::Failed(Error::InvalidInput(format!(
+                        "the model returned {} logits rows for {} sampling rows",
+                        at.len(),
+                        specs.len()
+                    ))));
+                }
+                let wanted: Vec<RowSampling> = specs
+                    .iter()
+                    .zip(at)
+                    .zip(&adjustments)
+                    .map(|((spec, &row), adj)| row_sampling(spec, row, adj))
+                    .collect();
+                Ok(sampler.sample(logits, vocab, &wanted)?)
+            });
+        let sampled = match sampled {
+            Ok(s) => s,
             Err(StepError::Refused(m)) => return Err(ExecError::Refused(m)),
             Err(StepError::Failed(e)) => {
                 for r in rows {
@@ -263,20 +283,48 @@ impl Executor for GpuExecutor {
         for r in rows {
             self.held[r.slot.0 as usize] = Some(r.start + r.tokens.len());
         }
-        let specs: Vec<_> = rows.iter().filter_map(|r| r.sample.as_ref()).collect();
-        if logits.len() != specs.len() {
-            // The step ran: its slots moved on, so this is no refusal.
-            return Err(ExecError::StepFailed(format!(
-                "the model returned {} logits rows for {} sampling rows",
-                logits.len(),
-                specs.len()
-            )));
-        }
-        let rows: Vec<&[f32]> = logits.rows().collect();
-        Ok(engine::sampler::sample_rows(
-            &rows,
-            &specs,
-            SAMPLER_THREADS.min(self.sampler_threads),
-        ))
+        Ok(sampled
+            .into_iter()
+            .map(|s| SampledToken {
+                token: s.token,
+                logprob: s.logprob,
+                top_logprobs: s.top_logprobs,
+            })
+            .collect())
+    }
+}
+
+/// The engine's sparse penalties and bans of one row, as the kernel takes
+/// them.
+pub(crate) fn device_adjustments(spec: &SampleSpec, vocab: usize) -> Vec<TokenAdjustment> {
+    engine::sampler::adjustments(spec, vocab)
+        .into_iter()
+        .map(|a| TokenAdjustment {
+            token: a.token,
+            repetition: a.repetition,
+            subtract: a.subtract,
+            ban: a.ban,
+        })
+        .collect()
+}
+
+/// One row's sampling request to the kernel, reading logits row `row`.
+pub(crate) fn row_sampling<'a>(
+    spec: &SampleSpec,
+    row: usize,
+    adjustments: &'a [TokenAdjustment],
+) -> RowSampling<'a> {
+    let p = spec.params;
+    RowSampling {
+        logits_row: row,
+        temperature: p.temperature,
+        top_p: p.top_p,
+        top_k: p.top_k,
+        min_p: p.min_p,
+        repetition_penalty: p.repetition_penalty,
+        logprobs: p.logprobs,
+        seed: spec.seed.seed,
+        draw: spec.seed.draw,
+        adjustments,
     }
 }

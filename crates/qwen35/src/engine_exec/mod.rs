@@ -2,7 +2,9 @@
 //! CPU reference forward ([`CpuExecutor`]: machines without a GPU, CI, the
 //! demo) and the bf16 GPU runtime ([`GpuExecutor`]). The engine decides
 //! slots, pages and rows; an executor checks them, runs them and samples
-//! with `engine::sampler` where a row asks.
+//! where a row asks: the CPU one with `engine::sampler`, the GPU one on the
+//! device with `gdn_kernels::DeviceSampler` (the same definition; the CPU
+//! sampler is its oracle in the GPU tests).
 
 mod cpu;
 mod gpu;

@@ -3,6 +3,7 @@
 //! out the batch (and the decode/prefill sub-batches of a mixed step), and
 //! bringing the wanted logits back in the caller's row order.
 
+use cudarc::driver::CudaSlice;
 use engine::{PageId, SlotId};
 use gdn_kernels::{BatchLayout, DeviceBatch};
 
@@ -329,6 +330,38 @@ impl GpuModel {
         rows: &[Row],
         to: LogitsTo,
     ) -> Result<HostLogits, StepError> {
+        let s = self.stream.clone();
+        let v = self.config.vocab_size;
+        self.step_device(cache, rows, |logits, at| {
+            if to == LogitsTo::DeviceOnly {
+                s.synchronize()?;
+                return Ok(HostLogits::default());
+            }
+            // One copy of the window of buffer rows the output rows use.
+            let (Some(&lo), Some(&hi)) = (at.iter().min(), at.iter().max()) else {
+                return Ok(HostLogits::default());
+            };
+            let data = s.clone_dtoh(&logits.slice(lo * v..(hi + 1) * v))?;
+            Ok(HostLogits {
+                data,
+                vocab: v,
+                rows: at.iter().map(|r| r - lo).collect(),
+            })
+        })
+    }
+
+    /// Runs one step (as [`GpuModel::step`]) and hands `then` the logits
+    /// where they are, on the device (`[n, vocab]` f32, queued on the
+    /// model's stream), with the buffer row of each output row in the
+    /// caller's row order (one per `Last` row, one per token of an `All`
+    /// row): sampling on the device reads them there. `then` may change
+    /// the rows it is given (they are the step's scratch).
+    pub fn step_device<R>(
+        &mut self,
+        cache: &mut GpuCache,
+        rows: &[Row],
+        then: impl FnOnce(&mut CudaSlice<f32>, &[usize]) -> Result<R, StepError>,
+    ) -> Result<R, StepError> {
         if cache.model_id != self.id {
             return Err(StepError::Refused(
                 "this cache was made by another model (use the model's own new_cache)".into(),
@@ -352,10 +385,10 @@ impl GpuModel {
             Some(g) if all_decode => g.fits(rows.len(), plan.max_pages),
             _ => None,
         };
-        let eager;
+        let mut eager;
         let logits = if let Some(key) = graphed {
             self.replay_decode(cache, rows, &plan.order, key)?;
-            &cache.graphs.as_ref().expect("checked").logits
+            &mut cache.graphs.as_mut().expect("checked").logits
         } else {
             let batches = self.batches(&plan)?;
             let n = plan.logits.rows(batches.full.num_tokens());
@@ -363,26 +396,19 @@ impl GpuModel {
             let mut out = crate::gpu::scratch::<f32>(&s, n.max(1) * v)?;
             self.run(cache, &batches, plan.logits, &mut out)?;
             eager = out;
-            &eager
+            &mut eager
         };
-        if to == LogitsTo::DeviceOnly {
-            s.synchronize()?;
-            return Ok(HostLogits::default());
-        }
         // A graph's logits hold every batch row; the eager buffer only the
         // plan's rows.
-        let (first, count) = match plan.logits {
-            LogitsPlan::None => return Ok(HostLogits::default()),
-            LogitsPlan::LastOf(lo, hi) if graphed.is_some() => (lo, hi - lo),
-            LogitsPlan::LastOf(lo, hi) => (0, hi - lo),
-            LogitsPlan::AllTokens => (0, plan.layout.tokens.len()),
+        let first = match plan.logits {
+            LogitsPlan::LastOf(lo, _) if graphed.is_some() => lo,
+            _ => 0,
         };
-        let data = s.clone_dtoh(&logits.slice(first * v..(first + count) * v))?;
-        Ok(HostLogits {
-            data,
-            vocab: v,
-            rows: in_row_order(&plan, rows),
-        })
+        let at: Vec<usize> = in_row_order(&plan, rows)
+            .into_iter()
+            .map(|r| first + r)
+            .collect();
+        then(logits, &at)
     }
 
     /// The whole batch on the device, and the decode and prefill parts of

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The device sampler's source run on the CPU (no GPU) against the engine's
+# CPU sampler: crates/qwen35/tests/gpu_sampling.rs writes random cases with
+# the CPU sampler's answers, main.cpp runs sampling.cu over them through
+# cuda_shim.h (1024 OS threads per row: slow, about 0.5-1 s a row on 2 cores).
+# Arguments: PLAN entries (`vocab`x`rows`), default a mix of small
+# vocabularies, two full Qwen3.5 rows and rows of ties; exits 1 on a difference.
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+out=target/sampling_emulation
+mkdir -p "$out"
+g++ -std=c++20 -O2 -ffp-contract=off -pthread -o "$out/emulate" checks/sampling_emulation/main.cpp
+plan=${1:-1x10,7x40,40x40,1023x15,1025x15,3000x10,248320x2}
+EMIT=$PWD/$out/cases.bin PLAN=$plan SEED=${SEED:-3} \
+  cargo test -q -p qwen35 --test gpu_sampling -- --ignored emit_cases_for_the_cpu_emulation --nocapture
+"$out/emulate" "$out/cases.bin"
+EMIT=$PWD/$out/ties.bin PLAN=3000x20 SEED=${SEED:-3} TIES=1 \
+  cargo test -q -p qwen35 --test gpu_sampling -- --ignored emit_cases_for_the_cpu_emulation --nocapture
+"$out/emulate" "$out/ties.bin"
