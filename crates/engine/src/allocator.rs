@@ -111,6 +111,33 @@ impl Allocator {
         true
     }
 
+    /// Holders of `page` (0: free).
+    pub fn page_refs(&self, page: PageId) -> u32 {
+        self.page_refs[page.0 as usize]
+    }
+
+    /// A slot and, first, a hold on each of `shared` (pages of a prefix-cache
+    /// hit), then fresh pages up to `positions`; `None` (nothing taken) when
+    /// a slot or the fresh pages are short.
+    pub fn open_shared(&mut self, shared: &[PageId], positions: usize) -> Option<SeqCache> {
+        let fresh = self.pages_for(positions).saturating_sub(shared.len());
+        if self.free_slots.is_empty() || fresh > self.pages_free() {
+            return None;
+        }
+        let slot = self.free_slots.pop()?;
+        self.slot_used[slot.0 as usize] = true;
+        for &page in shared {
+            self.retain_page(page);
+        }
+        let mut cache = SeqCache {
+            slot,
+            pages: shared.to_vec(),
+        };
+        let grown = self.grow(&mut cache, positions);
+        debug_assert!(grown);
+        Some(cache)
+    }
+
     /// Another holder of `page` (a prefix-cache share). The page must be in use.
     pub fn retain_page(&mut self, page: PageId) {
         let refs = &mut self.page_refs[page.0 as usize];

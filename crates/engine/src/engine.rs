@@ -11,6 +11,7 @@ use tokio::sync::{mpsc as tokio_mpsc, watch};
 
 use crate::executor::Executor;
 use crate::metrics::Metrics;
+use crate::prefix_cache::{PrefixCacheConfig, PrefixCacheStats};
 use crate::request::{EngineState, Event, GenerateRequest, RequestId, SubmitError};
 use crate::worker;
 
@@ -34,6 +35,10 @@ pub struct EngineConfig {
     /// Cap per prefill chunk so one long prompt leaves room in a step for
     /// others (0: the budget only).
     pub long_prefill_token_threshold: usize,
+    /// The prefix cache (off by default here; the server decides). Its
+    /// snapshot budget is also capped by the executor's snapshot pool; an
+    /// executor without one runs without a cache.
+    pub prefix_cache: PrefixCacheConfig,
 }
 
 impl EngineConfig {
@@ -46,6 +51,7 @@ impl EngineConfig {
             max_num_queued_reqs: 1024,
             eos_token_ids,
             long_prefill_token_threshold: 0,
+            prefix_cache: PrefixCacheConfig::default(),
         }
     }
 
@@ -102,6 +108,10 @@ pub struct EngineStats {
     pub preemptions: u64,
     pub steps: u64,
     pub aborted: u64,
+    /// The prefix cache's counts and holdings (`None`: no cache).
+    pub prefix_cache: Option<PrefixCacheStats>,
+    /// Bytes of one snapshot (the executor's).
+    pub snapshot_bytes: usize,
 }
 
 /// A request handed to the engine thread.

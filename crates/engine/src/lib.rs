@@ -16,6 +16,7 @@ pub mod allocator;
 mod engine;
 pub mod executor;
 pub mod metrics;
+pub mod prefix_cache;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
@@ -28,7 +29,7 @@ pub use engine::{
 };
 pub use executor::{
     CacheGeometry, ExecError, Executor, PageId, SampleSeed, SampleSpec, SampledToken, SlotId,
-    StepRow,
+    SnapshotGeometry, SnapshotId, StepRow,
 };
 pub use request::{
     EngineState, Event, FinishReason, GenerateRequest, RequestId, SamplingParams, StopParams,

@@ -26,6 +26,7 @@ fn scheduler(budget: usize, max_num_seqs: usize, threshold: usize, g: CacheGeome
             max_model_len: g.max_model_len,
             long_prefill_token_threshold: threshold,
             eos_token_ids: vec![EOS],
+            prefix_cache: Default::default(),
         },
         &g,
     )
