@@ -24,7 +24,7 @@
 //! looks the sequence up: a hit starts it at the cached position (shared
 //! pages, a copied tail page, the snapshot restored into its slot: the
 //! plan's `cache_ops`). Prefill chunks end at the sequence's snapshot
-//! points (the prompt's end, after the last configured marker such as
+//! points (before the prompt's last token, after the last configured marker such as
 //! `<|im_start|>assistant\n`, periodic points), where [`Scheduler::commit`]
 //! publishes the state; a sequence that finishes publishes the state after
 //! its last computed token too. Running sequences short of pages evict the
@@ -537,11 +537,14 @@ impl Scheduler {
     }
 }
 
-/// Where a prompt's state is published: its end, after the last occurrence
-/// of each marker, and every `snapshot_interval` tokens (ascending, each
-/// at most once, all within the prompt).
+/// Where a prompt's state is published: after its last-but-one token (an
+/// exact repeat must still compute the last prompt token, whose logits give
+/// the first output token, so a snapshot at the very end could never be
+/// used by it), after the last occurrence of each marker, and every
+/// `snapshot_interval` tokens (ascending, each at most once, all within
+/// the prompt, none at 0).
 pub fn snapshot_points(prompt: &[u32], config: &PrefixCacheConfig) -> Vec<usize> {
-    let mut points = vec![prompt.len()];
+    let mut points = vec![prompt.len() - 1];
     for marker in config.snapshot_after.iter().filter(|m| !m.is_empty()) {
         if let Some(at) = prompt.windows(marker.len()).rposition(|w| w == &marker[..]) {
             points.push(at + marker.len());
@@ -550,6 +553,7 @@ pub fn snapshot_points(prompt: &[u32], config: &PrefixCacheConfig) -> Vec<usize>
     if config.snapshot_interval > 0 {
         points.extend((1..).map(|k| k * config.snapshot_interval).take_while(|&q| q < prompt.len()));
     }
+    points.retain(|&q| q > 0 && q < prompt.len());
     points.sort_unstable();
     points.dedup();
     points

@@ -4,12 +4,21 @@
 //! Sampling runs on the host over the logits of the rows that sample (the
 //! lm_head runs on those rows only; one device-to-host copy brings them),
 //! the rows spread over a few threads.
+//!
+//! The prefix cache's snapshot pool is more slots of the same cache, after
+//! the padding slot: snapshot `k` is cache slot `num_slots + 1 + k`, so a
+//! snapshot and a restore are device-to-device slot copies
+//! ([`GpuCache::copy_slot`]) on the step stream, and no row ever names a
+//! snapshot's slot (the engine's slots stop at `num_slots`).
 
 use std::path::Path;
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
-use engine::{CacheGeometry, ExecError, Executor, PageId, SampledToken, SlotId, StepRow};
+use engine::{
+    CacheGeometry, ExecError, Executor, PageId, SampledToken, SlotId, SnapshotGeometry, SnapshotId,
+    StepRow,
+};
 
 use super::{check_rows, check_starts};
 use crate::error::Result;
@@ -49,6 +58,10 @@ pub struct GpuExecutor {
     held: Vec<Option<usize>>,
     /// The host's parallelism, for sampling a step's rows.
     sampler_threads: usize,
+    /// Tokens each snapshot's state has seen (`None`: empty); the pool's size.
+    snapshot_held: Vec<Option<usize>>,
+    /// Device bytes of one slot (= one snapshot).
+    slot_bytes: usize,
 }
 
 /// At most this many threads sample a step's rows: a row costs a pass or
@@ -75,6 +88,17 @@ impl GpuExecutor {
     /// An executor over a loaded model: allocates `num_slots + 1` slots and
     /// the pages of `sizing.pages` plus one (the padding slot and page).
     pub fn new(model: GpuModel, sizing: GpuSizing) -> Result<GpuExecutor> {
+        Self::with_snapshot_pool(model, sizing, 0)
+    }
+
+    /// [`GpuExecutor::new`] with a pool of `num_snapshots` state snapshots
+    /// for the prefix cache (slots after the padding slot; counted before
+    /// the pages when sizing from memory).
+    pub fn with_snapshot_pool(
+        model: GpuModel,
+        sizing: GpuSizing,
+        num_snapshots: usize,
+    ) -> Result<GpuExecutor> {
         let GpuSizing {
             num_slots,
             pages,
@@ -101,7 +125,8 @@ impl GpuExecutor {
                 let (free, total) = model.stream().context().mem_get_info()?;
                 let allowed = (total as f64 * u) as usize;
                 let used = total - free;
-                let fixed = used + (num_slots + 1) * slot_bytes + activation_reserve;
+                let fixed =
+                    used + (num_slots + 1 + num_snapshots) * slot_bytes + activation_reserve;
                 let n = allowed.saturating_sub(fixed) / page_bytes.max(1);
                 log::info!(
                     "GPU executor: {} of {} MiB in use, {} MiB allowed; {num_slots} slots of {} MiB, {} MiB reserved for activations: {n} KV pages of {page_size} positions ({} MiB each)",
@@ -120,7 +145,7 @@ impl GpuExecutor {
                 "no room for KV pages ({sizing:?}); lower the slot count or raise gpu_memory_utilization"
             )));
         }
-        let cache = model.new_cache(num_slots + 1, num_pages + 1, page_size)?;
+        let cache = model.new_cache(num_slots + 1 + num_snapshots, num_pages + 1, page_size)?;
         let geometry = CacheGeometry {
             num_slots,
             num_pages,
@@ -134,7 +159,21 @@ impl GpuExecutor {
             geometry,
             held: vec![None; num_slots],
             sampler_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            snapshot_held: vec![None; num_snapshots],
+            slot_bytes,
         })
+    }
+
+    /// The cache slot of `snapshot`.
+    fn snapshot_slot(&self, snapshot: SnapshotId) -> std::result::Result<SlotId, ExecError> {
+        let k = snapshot.0 as usize;
+        if k >= self.snapshot_held.len() {
+            return Err(ExecError::Refused(format!(
+                "snapshot {k} beyond the pool of {}",
+                self.snapshot_held.len()
+            )));
+        }
+        Ok(SlotId((self.geometry.num_slots + 1 + k) as u32))
     }
 
     /// Captures decode CUDA graphs for batch sizes 1, 2, 4, ... up to
@@ -185,6 +224,68 @@ impl GpuExecutor {
 impl Executor for GpuExecutor {
     fn geometry(&self) -> CacheGeometry {
         self.geometry
+    }
+
+    fn snapshot_geometry(&self) -> SnapshotGeometry {
+        SnapshotGeometry {
+            num_snapshots: self.snapshot_held.len(),
+            snapshot_bytes: self.slot_bytes,
+        }
+    }
+
+    fn snapshot(&mut self, slot: SlotId, snapshot: SnapshotId) -> std::result::Result<(), ExecError> {
+        let to = self.snapshot_slot(snapshot)?;
+        let held = self.held.get(slot.0 as usize).copied().flatten();
+        let Some(tokens) = held else {
+            return Err(ExecError::Refused(format!(
+                "snapshot of slot {}: no sequence's state there",
+                slot.0
+            )));
+        };
+        self.snapshot_held[snapshot.0 as usize] = None;
+        self.cache
+            .copy_slot(slot, to)
+            .map_err(|e| ExecError::StepFailed(e.to_string()))?;
+        self.snapshot_held[snapshot.0 as usize] = Some(tokens);
+        Ok(())
+    }
+
+    fn restore(&mut self, snapshot: SnapshotId, slot: SlotId) -> std::result::Result<(), ExecError> {
+        let from = self.snapshot_slot(snapshot)?;
+        let Some(tokens) = self.snapshot_held[snapshot.0 as usize] else {
+            return Err(ExecError::Refused(format!(
+                "restore of snapshot {}: nothing held there",
+                snapshot.0
+            )));
+        };
+        if slot.0 as usize >= self.geometry.num_slots {
+            return Err(ExecError::Refused(format!("restore into slot {}: no such slot", slot.0)));
+        }
+        self.held[slot.0 as usize] = None;
+        self.cache
+            .copy_slot(from, slot)
+            .map_err(|e| ExecError::StepFailed(e.to_string()))?;
+        self.held[slot.0 as usize] = Some(tokens);
+        Ok(())
+    }
+
+    fn drop_snapshot(&mut self, snapshot: SnapshotId) {
+        if let Some(held) = self.snapshot_held.get_mut(snapshot.0 as usize) {
+            *held = None;
+        }
+    }
+
+    fn copy_page(&mut self, from: PageId, to: PageId) -> std::result::Result<(), ExecError> {
+        let n = self.geometry.num_pages;
+        if from.0 as usize >= n || to.0 as usize >= n {
+            return Err(ExecError::Refused(format!(
+                "page copy {} -> {}: beyond the {n} pages",
+                from.0, to.0
+            )));
+        }
+        self.cache
+            .copy_page(from, to)
+            .map_err(|e| ExecError::StepFailed(e.to_string()))
     }
 
     fn step(&mut self, rows: &[StepRow<'_>]) -> std::result::Result<Vec<SampledToken>, ExecError> {
