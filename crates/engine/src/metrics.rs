@@ -253,7 +253,7 @@ impl Metrics {
             prefix_cache_pages: int_gauge(
                 registry,
                 "gdn:prefix_cache_pages",
-                "KV pages held by the prefix cache (some also held by running requests).",
+                "Holds of the prefix cache on KV pages (a page may also be held by running requests).",
             )?,
         })
     }

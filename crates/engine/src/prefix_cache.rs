@@ -82,7 +82,9 @@ pub struct PrefixCacheStats {
     pub kv_only_unusable_tokens: u64,
     /// Snapshots held now.
     pub snapshots: usize,
-    /// Pages the trie holds now (some may also be held by requests).
+    /// Holds the trie has on pages now (a page may also be held by
+    /// requests, and a page held as a full page and as a tail page counts
+    /// twice).
     pub pages: usize,
 }
 
