@@ -143,7 +143,9 @@ pub trait Executor {
     /// `snapshot`, replacing what was there. The slot is unchanged.
     fn snapshot(&mut self, slot: SlotId, snapshot: SnapshotId) -> Result<(), ExecError> {
         let _ = (slot, snapshot);
-        Err(ExecError::Refused("this executor has no snapshot pool".into()))
+        Err(ExecError::Refused(
+            "this executor has no snapshot pool".into(),
+        ))
     }
 
     /// Copies `snapshot` into `slot`: the slot then holds the state after
@@ -151,7 +153,9 @@ pub trait Executor {
     /// position. The snapshot is unchanged (copy, never in place).
     fn restore(&mut self, snapshot: SnapshotId, slot: SlotId) -> Result<(), ExecError> {
         let _ = (snapshot, slot);
-        Err(ExecError::Refused("this executor has no snapshot pool".into()))
+        Err(ExecError::Refused(
+            "this executor has no snapshot pool".into(),
+        ))
     }
 
     /// The engine will not restore `snapshot` again (until it takes a new

@@ -261,7 +261,10 @@ impl PrefixCache {
     ) -> bool {
         let ps = self.page_size;
         let p = tokens.len();
-        assert!(p > 0 && pages.len() * ps >= p, "pages must cover the tokens");
+        assert!(
+            p > 0 && pages.len() * ps >= p,
+            "pages must cover the tokens"
+        );
         let now = self.next_tick();
         let mut at = ROOT;
         self.node_mut(ROOT).last_used = now;
@@ -333,7 +336,11 @@ impl PrefixCache {
 
     /// A free snapshot id, evicting the least recently used snapshot when
     /// none is free; `None` when there are no snapshots at all.
-    fn free_snapshot(&mut self, alloc: &mut Allocator, ops: &mut Vec<CacheOp>) -> Option<SnapshotId> {
+    fn free_snapshot(
+        &mut self,
+        alloc: &mut Allocator,
+        ops: &mut Vec<CacheOp>,
+    ) -> Option<SnapshotId> {
         if let Some(id) = self.free_snapshots.pop() {
             return Some(id);
         }
@@ -342,7 +349,12 @@ impl PrefixCache {
             .iter()
             .enumerate()
             .filter_map(|(i, n)| n.as_ref().map(|n| (i, n)))
-            .flat_map(|(i, n)| n.tails.iter().enumerate().map(move |(t, tail)| (i, t, tail)))
+            .flat_map(|(i, n)| {
+                n.tails
+                    .iter()
+                    .enumerate()
+                    .map(move |(t, tail)| (i, t, tail))
+            })
             .min_by_key(|(_, _, tail)| tail.last_used)
             .map(|(i, t, _)| (i, t))?;
         self.remove_tail(n, t, alloc, ops);
@@ -372,10 +384,13 @@ impl PrefixCache {
             .count()
     }
 
-    /// Evicts least recently used leaves (a page and its tails; the root's
-    /// tails one by one) until `want` pages are free or nothing left to
-    /// evict would free one. Returns whether `want` pages are free.
-    /// `keep`: a hit being admitted, whose snapshot must survive.
+    /// Evicts until `want` pages are free: the least recently used unit
+    /// that frees a page (a tail with its snapshot and page, or a leaf of
+    /// the trie with its tails), else the least recently used unit at all
+    /// (its pages are also held by running requests, but it may be what
+    /// keeps a freeable parent from being a leaf). Returns whether `want`
+    /// pages are free; false only once nothing is left to evict. `keep`: a
+    /// hit being admitted, whose snapshot (and path) must survive.
     pub fn evict_pages(
         &mut self,
         want: usize,
@@ -383,36 +398,45 @@ impl PrefixCache {
         ops: &mut Vec<CacheOp>,
         keep: Option<SnapshotId>,
     ) -> bool {
+        #[derive(Clone, Copy)]
+        enum Unit {
+            Tail(usize, usize),
+            Leaf(usize),
+        }
         while alloc.pages_free() < want {
-            // (recency, node, root tail index)
-            let mut best: Option<(u64, usize, Option<usize>)> = None;
+            // (recency, unit) of the best freeing unit and of the best unit.
+            let mut freeing: Option<(u64, Unit)> = None;
+            let mut any: Option<(u64, Unit)> = None;
+            let mut offer = |used: u64, unit: Unit, frees: bool| {
+                if any.is_none_or(|(u, _)| used < u) {
+                    any = Some((used, unit));
+                }
+                if frees && freeing.is_none_or(|(u, _)| used < u) {
+                    freeing = Some((used, unit));
+                }
+            };
+            let held_once = |p: &Option<PageId>| p.is_some_and(|p| alloc.page_refs(p) == 1);
             for (i, node) in self.nodes.iter().enumerate() {
                 let Some(node) = node else { continue };
-                if i == ROOT {
-                    for (t, tail) in node.tails.iter().enumerate() {
-                        let frees = tail.page.is_some_and(|p| alloc.page_refs(p) == 1)
-                            && Some(tail.snapshot) != keep;
-                        if frees && best.is_none_or(|(u, _, _)| tail.last_used < u) {
-                            best = Some((tail.last_used, ROOT, Some(t)));
-                        }
+                let kept = node.tails.iter().any(|t| Some(t.snapshot) == keep);
+                for (t, tail) in node.tails.iter().enumerate() {
+                    if Some(tail.snapshot) != keep {
+                        offer(tail.last_used, Unit::Tail(i, t), held_once(&tail.page));
                     }
-                    continue;
                 }
-                if !node.children.is_empty()
-                    || self.frees(i, alloc) == 0
-                    || node.tails.iter().any(|t| Some(t.snapshot) == keep)
-                {
-                    continue;
-                }
-                let used = node.tails.iter().map(|t| t.last_used).fold(node.last_used, u64::max);
-                if best.is_none_or(|(u, _, _)| used < u) {
-                    best = Some((used, i, None));
+                if i != ROOT && node.children.is_empty() && !kept {
+                    let used = node
+                        .tails
+                        .iter()
+                        .map(|t| t.last_used)
+                        .fold(node.last_used, u64::max);
+                    offer(used, Unit::Leaf(i), self.frees(i, alloc) > 0);
                 }
             }
-            match best {
+            match freeing.or(any) {
                 None => return false,
-                Some((_, ROOT, Some(t))) => self.remove_tail(ROOT, t, alloc, ops),
-                Some((_, n, _)) => self.remove_leaf(n, alloc, ops),
+                Some((_, Unit::Tail(n, t))) => self.remove_tail(n, t, alloc, ops),
+                Some((_, Unit::Leaf(n))) => self.remove_leaf(n, alloc, ops),
             }
         }
         true
@@ -435,8 +459,11 @@ impl PrefixCache {
     /// Releases everything the cache holds (pages back to the allocator).
     pub fn clear(&mut self, alloc: &mut Allocator, ops: &mut Vec<CacheOp>) {
         loop {
-            let leaf = (1..self.nodes.len())
-                .find(|&i| self.nodes[i].as_ref().is_some_and(|n| n.children.is_empty()));
+            let leaf = (1..self.nodes.len()).find(|&i| {
+                self.nodes[i]
+                    .as_ref()
+                    .is_some_and(|n| n.children.is_empty())
+            });
             match leaf {
                 Some(n) => self.remove_leaf(n, alloc, ops),
                 None => break,

@@ -37,7 +37,7 @@ use std::collections::{HashMap, VecDeque};
 
 use crate::allocator::{Allocator, SeqCache};
 use crate::executor::{CacheGeometry, SampleSeed, SampleSpec, SampledToken, StepRow};
-use crate::prefix_cache::{CacheOp, PrefixCache, PrefixCacheConfig, PrefixCacheStats};
+use crate::prefix_cache::{CacheOp, Hit, PrefixCache, PrefixCacheConfig, PrefixCacheStats};
 use crate::request::{FinishReason, RequestId, SamplingParams, StopParams};
 
 /// The limits the scheduler enforces (already capped by the executor's geometry).
@@ -382,28 +382,30 @@ impl Scheduler {
                 Some(prefix) => prefix.lookup(&seq.tokens, seq.tokens.len() - 1),
                 None => (None, 0),
             };
-            let start = hit.as_ref().map_or(0, |h| h.position);
-            let shared = hit.as_ref().map_or(&[][..], |h| &h.pages[..]);
-            let want = self.cap_to_point(id, start, self.chunk_cap(seq.tokens.len() - start, *budget));
             // Leave one free page per running sequence for its growth in the
             // next steps, or the newcomer would be preempted at once (and
             // its prefill thrown away) as soon as an older one needs a page.
             let reserve = self.running.len();
-            let fresh = self.alloc.pages_for(start + want) - shared.len();
-            if let Some(prefix) = self.cache.as_mut() {
-                if fresh + reserve > self.alloc.pages_free() {
-                    let keep = hit.as_ref().map(|h| h.snapshot);
-                    prefix.evict_pages(fresh + reserve, &mut self.alloc, &mut self.cache_ops, keep);
-                }
-            }
-            let spare_pages = self.alloc.pages_free().saturating_sub(reserve);
-            let len = want.min(((shared.len() + spare_pages) * self.alloc.page_size()).saturating_sub(start));
-            if len == 0 {
+            // A hit keeps its own pages from eviction (and needs one more
+            // for the tail copy): when that does not fit, start from 0.
+            if self.alloc.slots_free() == 0 {
                 break;
             }
-            let Some(cache) = self.alloc.open_shared(shared, start + len) else {
-                break; // no free slot
+            let candidates = match hit {
+                Some(hit) => vec![Some(hit), None],
+                None => vec![None],
             };
+            let mut admitted = None;
+            for hit in candidates {
+                if let Some(fit) = self.fit(id, hit, reserve, *budget) {
+                    admitted = Some(fit);
+                    break;
+                }
+            }
+            let Some((hit, cache, len)) = admitted else {
+                break;
+            };
+            let start = hit.as_ref().map_or(0, |h| h.position);
             if let Some(hit) = &hit {
                 if let Some(from) = hit.tail_page {
                     let to = cache.pages[hit.pages.len()];
@@ -436,6 +438,37 @@ impl Scheduler {
             });
             *budget -= len;
         }
+    }
+
+    /// Pages and a slot for waiting `id` to start at `hit` (or at 0): the
+    /// cache gives pages back first. `None` (nothing taken): no slot, or
+    /// not one token fits.
+    fn fit(
+        &mut self,
+        id: RequestId,
+        hit: Option<Hit>,
+        reserve: usize,
+        budget: usize,
+    ) -> Option<(Option<Hit>, SeqCache, usize)> {
+        let seq = &self.seqs[&id];
+        let start = hit.as_ref().map_or(0, |h| h.position);
+        let shared = hit.as_ref().map_or(&[][..], |h| &h.pages[..]);
+        let want = self.cap_to_point(id, start, self.chunk_cap(seq.tokens.len() - start, budget));
+        let fresh = self.alloc.pages_for(start + want) - shared.len();
+        if let Some(prefix) = self.cache.as_mut() {
+            if fresh + reserve > self.alloc.pages_free() {
+                let keep = hit.as_ref().map(|h| h.snapshot);
+                prefix.evict_pages(fresh + reserve, &mut self.alloc, &mut self.cache_ops, keep);
+            }
+        }
+        let spare_pages = self.alloc.pages_free().saturating_sub(reserve);
+        let room = (shared.len() + spare_pages) * self.alloc.page_size();
+        let len = want.min(room.saturating_sub(start));
+        if len == 0 {
+            return None;
+        }
+        let cache = self.alloc.open_shared(shared, start + len)?;
+        Some((hit, cache, len))
     }
 
     /// EOS (unless `ignore_eos`) and stop ids while `min_tokens` is not reached.
@@ -551,7 +584,11 @@ pub fn snapshot_points(prompt: &[u32], config: &PrefixCacheConfig) -> Vec<usize>
         }
     }
     if config.snapshot_interval > 0 {
-        points.extend((1..).map(|k| k * config.snapshot_interval).take_while(|&q| q < prompt.len()));
+        points.extend(
+            (1..)
+                .map(|k| k * config.snapshot_interval)
+                .take_while(|&q| q < prompt.len()),
+        );
     }
     points.retain(|&q| q > 0 && q < prompt.len());
     points.sort_unstable();

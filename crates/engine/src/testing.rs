@@ -226,7 +226,9 @@ fn prefix_fingerprints(tokens: &[u32]) -> Vec<u64> {
     tokens
         .iter()
         .map(|&t| {
-            h = (h ^ t as u64).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(17);
+            h = (h ^ t as u64)
+                .wrapping_mul(0x0000_0100_0000_01b3)
+                .rotate_left(17);
             h
         })
         .collect()
@@ -241,7 +243,11 @@ impl FakeExecutor {
     }
 
     /// A fake with a pool of `num_snapshots` state snapshots.
-    pub fn with_snapshots(geometry: CacheGeometry, num_snapshots: usize, control: FakeControl) -> Self {
+    pub fn with_snapshots(
+        geometry: CacheGeometry,
+        num_snapshots: usize,
+        control: FakeControl,
+    ) -> Self {
         FakeExecutor {
             geometry,
             control,
@@ -266,8 +272,11 @@ impl FakeExecutor {
         control: FakeControl,
     ) -> impl FnOnce() -> Result<Box<dyn Executor>, String> + Send + 'static {
         move || {
-            Ok(Box::new(FakeExecutor::with_snapshots(geometry, num_snapshots, control))
-                as Box<dyn Executor>)
+            Ok(Box::new(FakeExecutor::with_snapshots(
+                geometry,
+                num_snapshots,
+                control,
+            )) as Box<dyn Executor>)
         }
     }
 
@@ -300,17 +309,26 @@ impl FakeExecutor {
                     row.pages.len()
                 ));
             }
-            if let Some(page) = row.pages.iter().find(|p| p.0 as usize >= self.geometry.num_pages) {
+            if let Some(page) = row
+                .pages
+                .iter()
+                .find(|p| p.0 as usize >= self.geometry.num_pages)
+            {
                 return Err(format!("row {i}: page {page:?} out of range"));
             }
             for page in &row.pages[row.start / ps..end.div_ceil(ps)] {
                 if !written.insert(*page) {
-                    return Err(format!("row {i}: page {page:?} written by two rows or twice"));
+                    return Err(format!(
+                        "row {i}: page {page:?} written by two rows or twice"
+                    ));
                 }
             }
         }
         for (i, row) in rows.iter().enumerate() {
-            if let Some(page) = row.pages[..row.start / ps].iter().find(|p| written.contains(p)) {
+            if let Some(page) = row.pages[..row.start / ps]
+                .iter()
+                .find(|p| written.contains(p))
+            {
                 return Err(format!(
                     "row {i}: page {page:?} is read here and written by a row of the same step"
                 ));
@@ -368,7 +386,9 @@ impl FakeExecutor {
         let ps = self.geometry.page_size;
         let mut history = match row.start {
             0 => Vec::new(),
-            _ => self.slot_history[slot].take().expect("checked before the step"),
+            _ => self.slot_history[slot]
+                .take()
+                .expect("checked before the step"),
         };
         history.extend_from_slice(row.tokens);
         let fingerprints = prefix_fingerprints(&history);

@@ -14,8 +14,8 @@ use tokio::sync::mpsc as tokio_mpsc;
 
 use crate::engine::{Command, EngineStats, Shared, Submission};
 use crate::executor::{CacheGeometry, ExecError, Executor};
-use crate::prefix_cache::{CacheOp, PrefixCacheConfig, PrefixCacheStats};
 use crate::metrics::Metrics;
+use crate::prefix_cache::{CacheOp, PrefixCacheConfig, PrefixCacheStats};
 use crate::request::{EngineState, Event, FinishReason, RequestId, TokenEvent, Usage};
 use crate::scheduler::{Outcome, Plan, Scheduler, SchedulerConfig};
 
@@ -485,7 +485,8 @@ impl Worker {
             m.prefix_cache_queries
                 .inc_by(now.queried_tokens - was.queried_tokens);
             m.prefix_cache_hits.inc_by(now.hit_tokens - was.hit_tokens);
-            m.snapshot_hits.inc_by(now.snapshot_hits - was.snapshot_hits);
+            m.snapshot_hits
+                .inc_by(now.snapshot_hits - was.snapshot_hits);
             m.snapshot_misses
                 .inc_by(now.snapshot_misses - was.snapshot_misses);
             m.snapshots_taken

@@ -10,8 +10,8 @@ use common::*;
 use engine::prefix_cache::PrefixCacheConfig;
 use engine::testing::{FakeControl, FakeExecutor};
 use engine::{
-    EngineConfig, Event, Executor, GenerateRequest, PageId, SampleSeed, SampleSpec,
-    SamplingParams, SlotId, SnapshotId, StepRow, Usage,
+    EngineConfig, Event, Executor, GenerateRequest, PageId, SampleSeed, SampleSpec, SamplingParams,
+    SlotId, SnapshotId, StepRow, Usage,
 };
 
 const PAGE: usize = 8;
@@ -43,7 +43,11 @@ fn cached(budget: usize, seqs: usize, marker: bool, max_snapshots: usize) -> Eng
 /// Runs `r` to the end; checks its tokens against the fake model alone.
 async fn run(s: &Started, r: &GenerateRequest) -> (Vec<u32>, Usage) {
     let (tokens, end) = collect(s.handle.submit(r.clone()).expect("accepted")).await;
-    assert_eq!(tokens, reference_tokens(r, &[EOS]), "tokens differ from the model alone");
+    assert_eq!(
+        tokens,
+        reference_tokens(r, &[EOS]),
+        "tokens differ from the model alone"
+    );
     match end {
         Event::Finished { usage, .. } => (tokens, usage),
         other => panic!("expected Finished, got {other:?}"),
@@ -55,7 +59,11 @@ fn metric(s: &Started, name: &str) -> f64 {
 }
 
 fn assert_no_violation(s: &Started) {
-    assert!(s.control.violations().is_empty(), "{:?}", s.control.violations());
+    assert!(
+        s.control.violations().is_empty(),
+        "{:?}",
+        s.control.violations()
+    );
 }
 
 #[tokio::test]
@@ -100,7 +108,10 @@ async fn without_a_snapshot_a_kv_match_is_counted_as_unusable() {
         let (_, usage) = run(&s, &r).await;
         assert_eq!(usage.cached_tokens, 0);
     }
-    assert_eq!(metric(&s, "gdn:prefix_cache_kv_only_hits_unusable_total"), 2.0);
+    assert_eq!(
+        metric(&s, "gdn:prefix_cache_kv_only_hits_unusable_total"),
+        2.0
+    );
     assert!(metric(&s, "gdn:prefix_cache_kv_only_unusable_tokens_total") >= 48.0);
     assert_no_violation(&s);
 }
@@ -148,7 +159,8 @@ async fn eight_concurrent_sharers_of_one_prefix() {
     assert_no_violation(&s);
     // Eight rows shared the prefix's pages in the same steps.
     let shared_step = s.control.steps().iter().any(|rows| {
-        rows.len() >= 2 && rows.iter().all(|r| r.start >= system.len() / PAGE * PAGE)
+        rows.len() >= 2
+            && rows.iter().all(|r| r.start >= system.len() / PAGE * PAGE)
             && rows.windows(2).all(|w| w[0].pages[0] == w[1].pages[0])
     });
     assert!(shared_step, "no step had sharers reading the same page");
@@ -171,7 +183,10 @@ async fn a_tiny_snapshot_budget_evicts_the_least_recently_used() {
     let stats = wait_idle_cached(&s.handle).prefix_cache.unwrap();
     assert!(stats.snapshots <= 2, "{stats:?}");
     assert!(stats.snapshot_evictions >= 8, "{stats:?}");
-    assert_eq!(metric(&s, "gdn:prefix_cache_snapshots"), stats.snapshots as f64);
+    assert_eq!(
+        metric(&s, "gdn:prefix_cache_snapshots"),
+        stats.snapshots as f64
+    );
     assert_eq!(
         metric(&s, "gdn:prefix_cache_snapshot_bytes"),
         (stats.snapshots * engine::testing::FAKE_SNAPSHOT_BYTES) as f64
@@ -201,7 +216,13 @@ async fn preempted_sharers_resume_exactly() {
     // the cache again) until all finish.
     let s = start_with_snapshots(cached(64, 4, true, 16), geometry(4, 20, PAGE), 16);
     let system = cat(&[&body(5, 38), &MARK]);
-    assert_eq!(run(&s, &request(cat(&[&system, &[7]]), 2, 0)).await.1.cached_tokens, 0);
+    assert_eq!(
+        run(&s, &request(cat(&[&system, &[7]]), 2, 0))
+            .await
+            .1
+            .cached_tokens,
+        0
+    );
     let requests: Vec<GenerateRequest> = (0..4u32)
         .map(|i| request(cat(&[&system, &body(70 + i, 8)]), 32, i as u64))
         .collect();
@@ -230,7 +251,12 @@ fn the_fake_catches_a_wrong_restore_or_a_missing_page_copy() {
     let g = geometry(2, 8, 4);
     let mut fake = FakeExecutor::with_snapshots(g, 2, FakeControl::new());
     let params = SamplingParams::default();
-    let run_row = |fake: &mut FakeExecutor, slot, start, tokens: &[u32], pages: &[PageId], history: &[u32]| {
+    let run_row = |fake: &mut FakeExecutor,
+                   slot,
+                   start,
+                   tokens: &[u32],
+                   pages: &[PageId],
+                   history: &[u32]| {
         let spec = SampleSpec {
             params: &params,
             history,
