@@ -98,7 +98,11 @@ impl Executor for CpuExecutor {
         }
     }
 
-    fn snapshot(&mut self, slot: SlotId, snapshot: SnapshotId) -> std::result::Result<(), ExecError> {
+    fn snapshot(
+        &mut self,
+        slot: SlotId,
+        snapshot: SnapshotId,
+    ) -> std::result::Result<(), ExecError> {
         let state = self.states.get(slot.0 as usize).and_then(Option::as_ref);
         let Some(state) = state else {
             return Err(ExecError::Refused(format!(
@@ -117,7 +121,11 @@ impl Executor for CpuExecutor {
         Ok(())
     }
 
-    fn restore(&mut self, snapshot: SnapshotId, slot: SlotId) -> std::result::Result<(), ExecError> {
+    fn restore(
+        &mut self,
+        snapshot: SnapshotId,
+        slot: SlotId,
+    ) -> std::result::Result<(), ExecError> {
         let Some(Some(state)) = self.snapshots.get(snapshot.0 as usize) else {
             return Err(ExecError::Refused(format!(
                 "restore of snapshot {}: nothing held there",
@@ -125,7 +133,10 @@ impl Executor for CpuExecutor {
             )));
         };
         let Some(place) = self.states.get_mut(slot.0 as usize) else {
-            return Err(ExecError::Refused(format!("restore into slot {}: no such slot", slot.0)));
+            return Err(ExecError::Refused(format!(
+                "restore into slot {}: no such slot",
+                slot.0
+            )));
         };
         *place = Some(state.clone());
         Ok(())

@@ -233,7 +233,11 @@ impl Executor for GpuExecutor {
         }
     }
 
-    fn snapshot(&mut self, slot: SlotId, snapshot: SnapshotId) -> std::result::Result<(), ExecError> {
+    fn snapshot(
+        &mut self,
+        slot: SlotId,
+        snapshot: SnapshotId,
+    ) -> std::result::Result<(), ExecError> {
         let to = self.snapshot_slot(snapshot)?;
         let held = self.held.get(slot.0 as usize).copied().flatten();
         let Some(tokens) = held else {
@@ -250,7 +254,11 @@ impl Executor for GpuExecutor {
         Ok(())
     }
 
-    fn restore(&mut self, snapshot: SnapshotId, slot: SlotId) -> std::result::Result<(), ExecError> {
+    fn restore(
+        &mut self,
+        snapshot: SnapshotId,
+        slot: SlotId,
+    ) -> std::result::Result<(), ExecError> {
         let from = self.snapshot_slot(snapshot)?;
         let Some(tokens) = self.snapshot_held[snapshot.0 as usize] else {
             return Err(ExecError::Refused(format!(
@@ -259,7 +267,10 @@ impl Executor for GpuExecutor {
             )));
         };
         if slot.0 as usize >= self.geometry.num_slots {
-            return Err(ExecError::Refused(format!("restore into slot {}: no such slot", slot.0)));
+            return Err(ExecError::Refused(format!(
+                "restore into slot {}: no such slot",
+                slot.0
+            )));
         }
         self.held[slot.0 as usize] = None;
         self.cache

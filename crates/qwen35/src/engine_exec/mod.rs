@@ -164,7 +164,8 @@ mod tests {
         assert!(refused(&[row(0, 4, &[1], &a), row(1, 4, &[1], &c)])
             .contains("reads page 1 while the step writes it"));
         // ...nor one two rows write.
-        assert!(refused(&[row(0, 5, &[1], &a), row(1, 2, &[1], &c)])
-            .contains("page 1 is given twice"));
+        assert!(
+            refused(&[row(0, 5, &[1], &a), row(1, 2, &[1], &c)]).contains("page 1 is given twice")
+        );
     }
 }

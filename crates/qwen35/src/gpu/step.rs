@@ -226,7 +226,10 @@ pub(crate) fn plan(rows: &[Row], b: Bounds) -> Result<Plan, String> {
             .iter()
             .find(|p| pages[p.0 as usize])
         {
-            return Err(format!("row {i} reads page {} while the step writes it", p.0));
+            return Err(format!(
+                "row {i} reads page {} while the step writes it",
+                p.0
+            ));
         }
     }
     let mut order: Vec<usize> = (0..rows.len()).collect();
