@@ -103,7 +103,10 @@ pub struct EngineStats {
     pub waiting: usize,
     pub slots_used: usize,
     pub slots_total: usize,
+    /// Pages held by requests (vLLM's `kv_cache_usage_perc` counts these).
     pub pages_used: usize,
+    /// Pages held by the prefix cache alone (given back on demand).
+    pub pages_cached: usize,
     pub pages_total: usize,
     pub preemptions: u64,
     pub steps: u64,

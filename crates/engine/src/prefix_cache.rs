@@ -272,7 +272,7 @@ impl PrefixCache {
             at = match self.node(at).children.get(key) {
                 Some(&child) => child,
                 None => {
-                    alloc.retain_page(pages[j]);
+                    alloc.cache_retain(pages[j]);
                     self.stats.pages += 1;
                     self.add_node(at, key.to_vec(), pages[j])
                 }
@@ -295,7 +295,7 @@ impl PrefixCache {
         // Eviction for the snapshot never removes nodes, so `at` stands.
         let page = (!tail_tokens.is_empty()).then(|| pages[p / ps]);
         if let Some(page) = page {
-            alloc.retain_page(page);
+            alloc.cache_retain(page);
             self.stats.pages += 1;
         }
         let tail = Tail {
@@ -369,7 +369,7 @@ impl PrefixCache {
         ops.push(CacheOp::Drop(tail.snapshot));
         self.free_snapshots.push(tail.snapshot);
         if let Some(page) = tail.page {
-            alloc.release_page(page);
+            alloc.cache_release(page);
             self.stats.pages -= 1;
         }
     }
@@ -450,7 +450,7 @@ impl PrefixCache {
         debug_assert!(node.children.is_empty());
         self.node_mut(node.parent).children.remove(&node.key);
         if let Some(page) = node.page {
-            alloc.release_page(page);
+            alloc.cache_release(page);
             self.stats.pages -= 1;
         }
         self.free_nodes.push(n);

@@ -431,6 +431,7 @@ impl Worker {
                 token: outcome.sampled.token,
                 logprob: client.logprobs.then_some(outcome.sampled.logprob),
                 top_logprobs: outcome.sampled.top_logprobs,
+                cached_tokens: outcome.cached_tokens,
             };
             let _ = client.events.send(Event::Token(token));
             let Some(reason) = outcome.finish else {
@@ -471,7 +472,8 @@ impl Worker {
             waiting: self.scheduler.num_waiting(),
             slots_used: alloc.slots_used(),
             slots_total: alloc.slots_total(),
-            pages_used: alloc.pages_used(),
+            pages_used: alloc.pages_in_sequences(),
+            pages_cached: alloc.pages_cache_only(),
             pages_total: alloc.pages_total(),
             preemptions: self.scheduler.preemptions(),
             steps: self.steps,

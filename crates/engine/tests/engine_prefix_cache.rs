@@ -78,7 +78,7 @@ async fn exact_repeat_resumes_before_the_last_prompt_token() {
         assert_eq!(again.prompt_tokens, 40);
     }
     assert_no_violation(&s);
-    wait_idle_cached(&s.handle);
+    wait_released(&s.handle);
     assert_eq!(metric(&s, "vllm:prefix_cache_queries_total"), 120.0);
     assert_eq!(metric(&s, "vllm:prefix_cache_hits_total"), 78.0);
     assert_eq!(metric(&s, "gdn:prefix_cache_snapshot_hits_total"), 2.0);
@@ -180,7 +180,7 @@ async fn a_tiny_snapshot_budget_evicts_the_least_recently_used() {
     assert_eq!(usage.cached_tokens, last.len() - 1);
     let (_, usage) = run(&s, &request(prompts[0].clone(), 4, 3)).await;
     assert_eq!(usage.cached_tokens, 0);
-    let stats = wait_idle_cached(&s.handle).prefix_cache.unwrap();
+    let stats = wait_released(&s.handle).prefix_cache.unwrap();
     assert!(stats.snapshots <= 2, "{stats:?}");
     assert!(stats.snapshot_evictions >= 8, "{stats:?}");
     assert_eq!(
@@ -203,7 +203,7 @@ async fn running_requests_take_pages_back_from_the_cache() {
         let r = request(body(60 + i, 40), 8, 5);
         assert_eq!(run(&s, &r).await.1.cached_tokens, 0);
     }
-    let stats = wait_idle_cached(&s.handle);
+    let stats = wait_released(&s.handle);
     let cache = stats.prefix_cache.unwrap();
     assert!(cache.snapshot_evictions > 0, "{cache:?}");
     assert_no_violation(&s);
@@ -238,7 +238,7 @@ async fn preempted_sharers_resume_exactly() {
             other => panic!("{other:?}"),
         }
     }
-    let stats = wait_idle_cached(&s.handle);
+    let stats = wait_released(&s.handle);
     assert!(stats.preemptions > 0, "no preemption: {stats:?}");
     assert_no_violation(&s);
 }

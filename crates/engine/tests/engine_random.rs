@@ -127,11 +127,7 @@ async fn one_workload(seed: u64, cache: bool) -> (u64, u64) {
         "seed {seed}: {:?}",
         s.control.violations()
     );
-    let stats = if cache {
-        wait_idle_cached(&s.handle)
-    } else {
-        wait_released(&s.handle)
-    };
+    let stats = wait_released(&s.handle);
     let hits = stats.prefix_cache.map_or(0, |c| c.hit_tokens);
     (stats.preemptions, hits)
 }

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use engine::prefix_cache::PrefixCacheConfig;
 use engine::{Engine, EngineConfig, Executor};
 use tokio::net::TcpListener;
 
@@ -29,7 +30,25 @@ pub fn engine_config(
     if let Some(len) = args.max_model_len.or(model_max_len) {
         config.max_model_len = len;
     }
+    config.prefix_cache = PrefixCacheConfig {
+        enabled: args.prefix_caching(),
+        // The executor's pool, sized from --prefix-cache-state-budget, caps it.
+        max_snapshots: usize::MAX,
+        snapshot_after: chat_snapshot_markers(model),
+        snapshot_interval: 0,
+    };
     config
+}
+
+/// Where a chat prompt's state is worth keeping: right after the final
+/// `<|im_start|>assistant\n`. The Qwen3.5 template re-renders earlier
+/// assistant turns without their `<think>` block, so the next turn's
+/// prompt leaves this one exactly there (docs/prefix-caching.md).
+fn chat_snapshot_markers(model: &ModelFiles) -> Vec<Vec<u32>> {
+    match model.encode("<|im_start|>assistant\n", false) {
+        Ok(ids) if !ids.is_empty() => vec![ids],
+        _ => Vec::new(),
+    }
 }
 
 /// Starts the engine and builds the shared state (the engine loads the

@@ -208,20 +208,3 @@ pub fn start_with_snapshots(
         registry,
     }
 }
-
-/// Polls until nothing runs, waits or holds a slot, and every page still
-/// in use is one the prefix cache holds; returns the last stats.
-pub fn wait_idle_cached(handle: &EngineHandle) -> EngineStats {
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        let stats = handle.stats();
-        let cached = stats.prefix_cache.map_or(0, |c| c.pages);
-        if (stats.running, stats.waiting, stats.slots_used) == (0, 0, 0)
-            && stats.pages_used <= cached
-        {
-            return stats;
-        }
-        assert!(Instant::now() < until, "resources not released: {stats:?}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}

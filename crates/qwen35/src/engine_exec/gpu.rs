@@ -85,6 +85,23 @@ impl GpuExecutor {
         Self::new(model, sizing)
     }
 
+    /// [`GpuExecutor::load`] with a snapshot pool of `snapshots(slot_bytes)`
+    /// snapshots (the caller turns a byte budget into a count).
+    pub fn load_with_snapshot_pool(
+        dir: &Path,
+        stream: Arc<CudaStream>,
+        options: GpuOptions,
+        sizing: GpuSizing,
+        snapshots: impl FnOnce(usize) -> usize,
+    ) -> Result<GpuExecutor> {
+        let config = Config::from_file(&dir.join("config.json"))?;
+        let weights = Weights::open(dir)?;
+        let model = GpuModel::load(config, &weights, stream, options)?;
+        let (slot_bytes, _) = model.slot_and_page_bytes(sizing.page_size);
+        let n = snapshots(slot_bytes);
+        Self::with_snapshot_pool(model, sizing, n)
+    }
+
     /// An executor over a loaded model: allocates `num_slots + 1` slots and
     /// the pages of `sizing.pages` plus one (the padding slot and page).
     pub fn new(model: GpuModel, sizing: GpuSizing) -> Result<GpuExecutor> {
