@@ -570,18 +570,32 @@ impl Scheduler {
     }
 }
 
-/// Where a prompt's state is published: after its last-but-one token (an
-/// exact repeat must still compute the last prompt token, whose logits give
-/// the first output token, so a snapshot at the very end could never be
-/// used by it), after the last occurrence of each marker, and every
-/// `snapshot_interval` tokens (ascending, each at most once, all within
-/// the prompt, none at 0).
+/// A marker point this close to the prompt's end makes the last-but-one
+/// point redundant: a repeat resumes there and recomputes a few tokens
+/// (chat: `<think>\n` after `<|im_start|>assistant\n`), which costs less
+/// than another snapshot and another prefill chunk.
+pub const MARKER_COVERS_END: usize = 16;
+
+/// Where a prompt's state is published: after the last occurrence of each
+/// marker; after its last-but-one token (an exact repeat must still compute
+/// the last prompt token, whose logits give the first output token, so a
+/// snapshot at the very end could never serve it) unless a marker point
+/// lies within [`MARKER_COVERS_END`] tokens before it; every
+/// `snapshot_interval` tokens. Ascending, each at most once, all within the
+/// prompt, none at 0.
 pub fn snapshot_points(prompt: &[u32], config: &PrefixCacheConfig) -> Vec<usize> {
-    let mut points = vec![prompt.len() - 1];
+    let mut points = vec![];
     for marker in config.snapshot_after.iter().filter(|m| !m.is_empty()) {
         if let Some(at) = prompt.windows(marker.len()).rposition(|w| w == &marker[..]) {
             points.push(at + marker.len());
         }
+    }
+    let last_but_one = prompt.len() - 1;
+    if !points
+        .iter()
+        .any(|&q| q + MARKER_COVERS_END >= last_but_one)
+    {
+        points.push(last_but_one);
     }
     if config.snapshot_interval > 0 {
         points.extend(

@@ -179,7 +179,8 @@ async fn exact_repeat_and_shared_system_prompt() {
         let f = Fixture::load(name);
         let (system, marker, questions) = parts(&f);
         let with_q = |q: &Vec<u32>| [&system[..], q].concat();
-        let repeat = with_q(&questions[0]);
+        // Long enough after the marker for its own last-but-one point.
+        let repeat = with_q(&[&questions[0][..], &questions[1], &questions[2]].concat());
         let waves = vec![
             vec![greedy(repeat.clone(), 8)],
             vec![greedy(repeat.clone(), 8)],

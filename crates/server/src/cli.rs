@@ -58,8 +58,9 @@ pub struct Args {
     /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT.
     #[arg(long, default_value_t = 30)]
     pub shutdown_timeout: u64,
-    /// Positions per KV page.
-    #[arg(long, default_value_t = 16)]
+    /// Positions per KV page: a multiple of 64 (the GDN chunk) by default,
+    /// so that the prefix cache's shared full pages end on chunk boundaries.
+    #[arg(long, default_value_t = 64)]
     pub block_size: usize,
     /// Seconds between SSE keep-alive comments (`:`) while a stream has
     /// nothing to send (queued, or in a long prefill): the write lets the

@@ -5,9 +5,10 @@
 //! equal those of a server with `--no-enable-prefix-caching`, turn by turn,
 //! and `usage.prompt_tokens_details.cached_tokens` must be exactly the
 //! longest earlier snapshot point that prefixes the new prompt: after an
-//! earlier prompt's final `<|im_start|>assistant\n`, before its last token,
-//! or at the end of its generation (the design's three points, recomputed
-//! here from the token ids alone). The template drops earlier turns'
+//! earlier prompt's final `<|im_start|>assistant\n`, before its last token
+//! (when that marker is not just before it), or at the end of its
+//! generation (the design's points, recomputed here from the token ids
+//! alone). The template drops earlier turns'
 //! `<think>` blocks, so the marker point is the one that serves each new
 //! turn: the test also checks that every turn after the first is served at
 //! least up to the previous prompt's final `<|im_start|>assistant\n`.
@@ -21,6 +22,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::{Request as HttpRequest, StatusCode};
 use clap::Parser;
+use engine::scheduler::MARKER_COVERS_END;
 use engine::EngineState;
 use gdn_server::app::{router, AppState};
 use gdn_server::cli::Args;
@@ -176,12 +178,16 @@ async fn five_turn_chat_cache_on_equals_off_with_exact_cached_tokens() {
                 assert!(p.starts_with(&previous[..m]));
                 assert!(*cached >= m, "turn {turn}: {cached} < {m}");
             }
-            // This request's own points: marker, before the last prompt
-            // token, the end of its generation (the last token is not fed).
-            if let Some(m) = after_last(p, &marker) {
+            // This request's own points: the marker; before the last prompt
+            // token unless the marker is at most MARKER_COVERS_END before
+            // it; the end of its generation (the last token is not fed).
+            let m = after_last(p, &marker);
+            if let Some(m) = m {
                 points.push(p[..m].to_vec());
             }
-            points.push(p[..p.len() - 1].to_vec());
+            if m.is_none_or(|m| m + MARKER_COVERS_END < p.len() - 1) {
+                points.push(p[..p.len() - 1].to_vec());
+            }
             points.push([&p[..], &o[..o.len() - 1]].concat());
         }
     }
