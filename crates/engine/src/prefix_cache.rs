@@ -21,7 +21,8 @@
 //! (copies, snapshots, drops) is returned as [`CacheOp`]s for the engine to
 //! run in order.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 
 use crate::allocator::Allocator;
 use crate::executor::{PageId, SlotId, SnapshotId};
@@ -121,6 +122,14 @@ struct Node {
 }
 
 const ROOT: usize = 0;
+
+/// What page eviction can remove: a tail (by node and snapshot), or a leaf
+/// node with its tails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Unit {
+    Tail(usize, SnapshotId),
+    Leaf(usize),
+}
 
 #[derive(Debug)]
 pub struct PrefixCache {
@@ -398,48 +407,69 @@ impl PrefixCache {
         ops: &mut Vec<CacheOp>,
         keep: Option<SnapshotId>,
     ) -> bool {
-        #[derive(Clone, Copy)]
-        enum Unit {
-            Tail(usize, usize),
-            Leaf(usize),
+        if alloc.pages_free() >= want {
+            return true;
+        }
+        // One pass collects the candidates; a leaf's parent joins them when
+        // it becomes a leaf. Smallest first: (frees no page, last used).
+        let mut heap = BinaryHeap::new();
+        for (i, node) in self.nodes.iter().enumerate() {
+            let Some(node) = node else { continue };
+            for tail in node.tails.iter().filter(|t| Some(t.snapshot) != keep) {
+                let frees = tail.page.is_some_and(|p| alloc.page_refs(p) == 1);
+                heap.push(Reverse((
+                    !frees,
+                    tail.last_used,
+                    Unit::Tail(i, tail.snapshot),
+                )));
+            }
+            heap.extend(self.leaf_unit(i, alloc, keep));
         }
         while alloc.pages_free() < want {
-            // (recency, unit) of the best freeing unit and of the best unit.
-            let mut freeing: Option<(u64, Unit)> = None;
-            let mut any: Option<(u64, Unit)> = None;
-            let mut offer = |used: u64, unit: Unit, frees: bool| {
-                if any.is_none_or(|(u, _)| used < u) {
-                    any = Some((used, unit));
-                }
-                if frees && freeing.is_none_or(|(u, _)| used < u) {
-                    freeing = Some((used, unit));
-                }
+            let Some(Reverse((_, _, unit))) = heap.pop() else {
+                return false;
             };
-            let held_once = |p: &Option<PageId>| p.is_some_and(|p| alloc.page_refs(p) == 1);
-            for (i, node) in self.nodes.iter().enumerate() {
-                let Some(node) = node else { continue };
-                let kept = node.tails.iter().any(|t| Some(t.snapshot) == keep);
-                for (t, tail) in node.tails.iter().enumerate() {
-                    if Some(tail.snapshot) != keep {
-                        offer(tail.last_used, Unit::Tail(i, t), held_once(&tail.page));
+            match unit {
+                Unit::Tail(n, id) => {
+                    // Gone already with its leaf?
+                    let at = self.nodes[n]
+                        .as_ref()
+                        .and_then(|node| node.tails.iter().position(|t| t.snapshot == id));
+                    if let Some(t) = at {
+                        self.remove_tail(n, t, alloc, ops);
                     }
                 }
-                if i != ROOT && node.children.is_empty() && !kept {
-                    let used = node
-                        .tails
-                        .iter()
-                        .map(|t| t.last_used)
-                        .fold(node.last_used, u64::max);
-                    offer(used, Unit::Leaf(i), self.frees(i, alloc) > 0);
+                Unit::Leaf(n) => {
+                    let parent = self.node(n).parent;
+                    self.remove_leaf(n, alloc, ops);
+                    heap.extend(self.leaf_unit(parent, alloc, keep));
                 }
-            }
-            match freeing.or(any) {
-                None => return false,
-                Some((_, Unit::Tail(n, t))) => self.remove_tail(n, t, alloc, ops),
-                Some((_, Unit::Leaf(n))) => self.remove_leaf(n, alloc, ops),
             }
         }
         true
+    }
+
+    /// Node `i` as an eviction candidate: a leaf (not the root) without the
+    /// kept snapshot, keyed by (frees no page, last use of it or its tails).
+    fn leaf_unit(
+        &self,
+        i: usize,
+        alloc: &Allocator,
+        keep: Option<SnapshotId>,
+    ) -> Option<Reverse<(bool, u64, Unit)>> {
+        let node = self.node(i);
+        if i == ROOT
+            || !node.children.is_empty()
+            || node.tails.iter().any(|t| Some(t.snapshot) == keep)
+        {
+            return None;
+        }
+        let used = node
+            .tails
+            .iter()
+            .map(|t| t.last_used)
+            .fold(node.last_used, u64::max);
+        Some(Reverse((self.frees(i, alloc) == 0, used, Unit::Leaf(i))))
     }
 
     fn remove_leaf(&mut self, n: usize, alloc: &mut Allocator, ops: &mut Vec<CacheOp>) {
