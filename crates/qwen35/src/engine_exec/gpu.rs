@@ -4,21 +4,14 @@
 //! Sampling runs on the host over the logits of the rows that sample (the
 //! lm_head runs on those rows only; one device-to-host copy brings them),
 //! the rows spread over a few threads.
-//!
-//! The prefix cache's snapshot pool is more slots of the same cache, after
-//! the padding slot: snapshot `k` is cache slot `num_slots + 1 + k`, so a
-//! snapshot and a restore are device-to-device slot copies
-//! ([`GpuCache::copy_slot`]) on the step stream, and no row ever names a
-//! snapshot's slot (the engine's slots stop at `num_slots`).
 
 use std::path::Path;
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
-use engine::{
-    CacheGeometry, ExecError, Executor, PageId, SampledToken, SlotId, SnapshotGeometry, SnapshotId,
-    StepRow,
-};
+use engine::{CacheGeometry, ExecError, Executor, PageId, SampledToken, SlotId, StepRow};
+// The prefix cache's snapshot pool (see `GpuExecutor::with_snapshot_pool`).
+use engine::{SnapshotGeometry, SnapshotId};
 
 use super::{check_rows, check_starts};
 use crate::error::Result;
@@ -52,16 +45,16 @@ pub struct GpuExecutor {
     model: GpuModel,
     cache: GpuCache,
     geometry: CacheGeometry,
+    /// Tokens each snapshot's state has seen (`None`: empty); the pool's size.
+    snapshot_held: Vec<Option<usize>>,
+    /// Device bytes of one slot (= one snapshot).
+    slot_bytes: usize,
     /// Tokens each slot's state has seen (`None`: no sequence's state), so
     /// that a row continuing at the wrong position is refused, not run on
     /// the wrong state.
     held: Vec<Option<usize>>,
     /// The host's parallelism, for sampling a step's rows.
     sampler_threads: usize,
-    /// Tokens each snapshot's state has seen (`None`: empty); the pool's size.
-    snapshot_held: Vec<Option<usize>>,
-    /// Device bytes of one slot (= one snapshot).
-    slot_bytes: usize,
 }
 
 /// At most this many threads sample a step's rows: a row costs a pass or
@@ -85,23 +78,6 @@ impl GpuExecutor {
         Self::new(model, sizing)
     }
 
-    /// [`GpuExecutor::load`] with a snapshot pool of `snapshots(slot_bytes)`
-    /// snapshots (the caller turns a byte budget into a count).
-    pub fn load_with_snapshot_pool(
-        dir: &Path,
-        stream: Arc<CudaStream>,
-        options: GpuOptions,
-        sizing: GpuSizing,
-        snapshots: impl FnOnce(usize) -> usize,
-    ) -> Result<GpuExecutor> {
-        let config = Config::from_file(&dir.join("config.json"))?;
-        let weights = Weights::open(dir)?;
-        let model = GpuModel::load(config, &weights, stream, options)?;
-        let (slot_bytes, _) = model.slot_and_page_bytes(sizing.page_size);
-        let n = snapshots(slot_bytes);
-        Self::with_snapshot_pool(model, sizing, n)
-    }
-
     /// An executor over a loaded model: allocates `num_slots + 1` slots and
     /// the pages of `sizing.pages` plus one (the padding slot and page).
     pub fn new(model: GpuModel, sizing: GpuSizing) -> Result<GpuExecutor> {
@@ -109,8 +85,12 @@ impl GpuExecutor {
     }
 
     /// [`GpuExecutor::new`] with a pool of `num_snapshots` state snapshots
-    /// for the prefix cache (slots after the padding slot; counted before
-    /// the pages when sizing from memory).
+    /// for the prefix cache, counted before the pages when sizing from
+    /// memory. The pool is more slots of the same cache, after the padding
+    /// slot: snapshot `k` is cache slot `num_slots + 1 + k`, so a snapshot
+    /// and a restore are device-to-device slot copies
+    /// ([`GpuCache::copy_slot`]) on the step stream, and no row ever names a
+    /// snapshot's slot (the engine's slots stop at `num_slots`).
     pub fn with_snapshot_pool(
         model: GpuModel,
         sizing: GpuSizing,
@@ -174,10 +154,10 @@ impl GpuExecutor {
             model,
             cache,
             geometry,
-            held: vec![None; num_slots],
-            sampler_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             snapshot_held: vec![None; num_snapshots],
             slot_bytes,
+            held: vec![None; num_slots],
+            sampler_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         })
     }
 
@@ -191,6 +171,23 @@ impl GpuExecutor {
             )));
         }
         Ok(SlotId((self.geometry.num_slots + 1 + k) as u32))
+    }
+
+    /// [`GpuExecutor::load`] with a snapshot pool of `snapshots(slot_bytes)`
+    /// snapshots (the caller turns a byte budget into a count).
+    pub fn load_with_snapshot_pool(
+        dir: &Path,
+        stream: Arc<CudaStream>,
+        options: GpuOptions,
+        sizing: GpuSizing,
+        snapshots: impl FnOnce(usize) -> usize,
+    ) -> Result<GpuExecutor> {
+        let config = Config::from_file(&dir.join("config.json"))?;
+        let weights = Weights::open(dir)?;
+        let model = GpuModel::load(config, &weights, stream, options)?;
+        let (slot_bytes, _) = model.slot_and_page_bytes(sizing.page_size);
+        let n = snapshots(slot_bytes);
+        Self::with_snapshot_pool(model, sizing, n)
     }
 
     /// Captures decode CUDA graphs for batch sizes 1, 2, 4, ... up to
