@@ -10,8 +10,6 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 use engine::{CacheGeometry, ExecError, Executor, PageId, SampledToken, SlotId, StepRow};
-// The prefix cache's snapshot pool (see `GpuExecutor::with_snapshot_pool`).
-use engine::{SnapshotGeometry, SnapshotId};
 
 use super::{check_rows, check_starts};
 use crate::error::Result;
@@ -162,7 +160,10 @@ impl GpuExecutor {
     }
 
     /// The cache slot of `snapshot`.
-    fn snapshot_slot(&self, snapshot: SnapshotId) -> std::result::Result<SlotId, ExecError> {
+    fn snapshot_slot(
+        &self,
+        snapshot: engine::SnapshotId,
+    ) -> std::result::Result<SlotId, ExecError> {
         let k = snapshot.0 as usize;
         if k >= self.snapshot_held.len() {
             return Err(ExecError::Refused(format!(
@@ -240,8 +241,8 @@ impl Executor for GpuExecutor {
         self.geometry
     }
 
-    fn snapshot_geometry(&self) -> SnapshotGeometry {
-        SnapshotGeometry {
+    fn snapshot_geometry(&self) -> engine::SnapshotGeometry {
+        engine::SnapshotGeometry {
             num_snapshots: self.snapshot_held.len(),
             snapshot_bytes: self.slot_bytes,
         }
@@ -250,7 +251,7 @@ impl Executor for GpuExecutor {
     fn snapshot(
         &mut self,
         slot: SlotId,
-        snapshot: SnapshotId,
+        snapshot: engine::SnapshotId,
     ) -> std::result::Result<(), ExecError> {
         let to = self.snapshot_slot(snapshot)?;
         let held = self.held.get(slot.0 as usize).copied().flatten();
@@ -270,7 +271,7 @@ impl Executor for GpuExecutor {
 
     fn restore(
         &mut self,
-        snapshot: SnapshotId,
+        snapshot: engine::SnapshotId,
         slot: SlotId,
     ) -> std::result::Result<(), ExecError> {
         let from = self.snapshot_slot(snapshot)?;
@@ -294,7 +295,7 @@ impl Executor for GpuExecutor {
         Ok(())
     }
 
-    fn drop_snapshot(&mut self, snapshot: SnapshotId) {
+    fn drop_snapshot(&mut self, snapshot: engine::SnapshotId) {
         if let Some(held) = self.snapshot_held.get_mut(snapshot.0 as usize) {
             *held = None;
         }
