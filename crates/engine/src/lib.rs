@@ -9,6 +9,9 @@
 //!   then chunked prefills in progress, then FCFS admission; preemption by
 //!   recompute when KV pages run out.
 //! - [`allocator`]: state slots and refcounted KV pages.
+//! - [`prefix_cache`]: a trie over full KV pages with recurrent-state
+//!   snapshots at exact positions (docs/prefix-caching.md); a hit resumes a
+//!   request from a snapshot copied into its own slot.
 //! - [`sampler`]: the CPU sampler (vLLM semantics, counter-based seeds).
 //! - [`metrics`]: the vLLM-named Prometheus series.
 
