@@ -78,7 +78,11 @@ async fn exact_repeat_resumes_before_the_last_prompt_token() {
         assert_eq!(again.prompt_tokens, 40);
     }
     assert_no_violation(&s);
-    wait_released(&s.handle);
+    // Pages only the cache holds count as free, as vLLM's cached blocks do.
+    let stats = wait_released(&s.handle);
+    assert!(stats.pages_cached >= 5, "{stats:?}");
+    assert_eq!(metric(&s, "vllm:kv_cache_usage_perc"), 0.0);
+    assert!(metric(&s, "gdn:prefix_cache_pages") >= 5.0);
     assert_eq!(metric(&s, "vllm:prefix_cache_queries_total"), 120.0);
     assert_eq!(metric(&s, "vllm:prefix_cache_hits_total"), 78.0);
     assert_eq!(metric(&s, "gdn:prefix_cache_snapshot_hits_total"), 2.0);
