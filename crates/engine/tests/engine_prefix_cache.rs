@@ -148,10 +148,13 @@ async fn eight_concurrent_sharers_of_one_prefix() {
     let requests: Vec<GenerateRequest> = (0..8u32)
         .map(|i| request(cat(&[&system, &body(40 + i, 3 + i as usize)]), 8, i as u64))
         .collect();
+    // Steps wait until every sharer is queued, so they run together.
+    s.control.hold();
     let streams: Vec<_> = requests
         .iter()
         .map(|r| s.handle.submit(r.clone()).expect("accepted"))
         .collect();
+    s.control.run_free();
     for (r, stream) in requests.iter().zip(streams) {
         let (tokens, end) = collect(stream).await;
         assert_eq!(tokens, reference_tokens(r, &[EOS]));
@@ -230,10 +233,12 @@ async fn preempted_sharers_resume_exactly() {
     let requests: Vec<GenerateRequest> = (0..4u32)
         .map(|i| request(cat(&[&system, &body(70 + i, 8)]), 32, i as u64))
         .collect();
+    s.control.hold();
     let streams: Vec<_> = requests
         .iter()
         .map(|r| s.handle.submit(r.clone()).expect("accepted"))
         .collect();
+    s.control.run_free();
     for (r, stream) in requests.iter().zip(streams) {
         let (tokens, end) = collect(stream).await;
         assert_eq!(tokens, reference_tokens(r, &[EOS]));
