@@ -7,7 +7,10 @@
 # the runtime's own step times from qwen35_bench in the same run.
 #   checks/bench/serve_bench.sh [SETS] [CONCURRENCIES]
 # SETS: comma list of IN/OUT (default 1024/256,8192/256); CONCURRENCIES:
-# comma list (default 1,8,32,64,128). Needs .carry/bin/{gdn-server,qwen35_bench},
+# comma list (default 1,8,32,64,128). COLD_START_ONLY=1: only the cold start,
+# COLD_STARTS times (default 3), each with the server's `startup:` phase line
+# and its gdn:startup_phase_seconds gauges; no runtime bench, no sweep.
+# Needs .carry/bin/{gdn-server,qwen35_bench},
 # .carry/whl/sglang-0.4.10-*.whl, .carry/tok/tokenizer.json.xz. Writes under $OUT.
 set -uo pipefail
 # .gpucarry (device tool carry) unpacks into .carry
@@ -34,22 +37,38 @@ cublas=$(find /usr/local/cuda*/ /usr/lib /usr/local/lib $(python3 -c 'import sit
 [[ -n $cublas ]] && export LD_LIBRARY_PATH=$(dirname "$cublas")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 # 1. The runtime alone, same process conditions: prefill and decode step times.
-log "runtime step times (qwen35_bench)"
-.carry/bin/qwen35_bench --decode-batches "$concs" > "$OUT/runtime.jsonl" 2> "$OUT/runtime.err"
-cat "$OUT/runtime.jsonl"
+if [ -z "${COLD_START_ONLY:-}" ]; then
+  log "runtime step times (qwen35_bench)"
+  .carry/bin/qwen35_bench --decode-batches "$concs" > "$OUT/runtime.jsonl" 2> "$OUT/runtime.err"
+  cat "$OUT/runtime.jsonl"
+fi
 
-# 2. Cold start: process start to /health 200.
-start=$(date +%s.%N); log "server start"
-# Each server log line gets a wall-clock stamp (where start-up time goes).
-.carry/bin/gdn-server --model /tmp/q4b --served-model-name q4b --port 8000 --device gpu \
-  --max-num-seqs 128 --max-model-len 9216 --sse-keepalive-secs 0 \
-  > >(while IFS= read -r l; do printf '%s %s\n' "$(date -u +%T.%N | cut -c1-12)" "$l"; done > "$OUT/server.log") 2>&1 &
-server=$!
-until curl -sf -o /dev/null http://127.0.0.1:8000/health; do
-  kill -0 $server 2>/dev/null || { log "server exited"; tail -20 "$OUT/server.log"; exit 1; }
-  sleep 0.05
-done
-log "cold start: $(python3 -c "print(round($(date +%s.%N) - $start, 2))") s (process start to /health 200, weights in page cache)"
+# 2. Cold start: process start to /health 200, then the server's own
+# breakdown (its `startup:` line and gauges).
+cold_start() {  # $1: server log file
+  start=$(date +%s.%N); log "server start"
+  # Each server log line gets a wall-clock stamp (where start-up time goes).
+  .carry/bin/gdn-server --model /tmp/q4b --served-model-name q4b --port 8000 --device gpu \
+    --max-num-seqs 128 --max-model-len 9216 --sse-keepalive-secs 0 \
+    > >(while IFS= read -r l; do printf '%s %s\n' "$(date -u +%T.%N | cut -c1-12)" "$l"; done > "$1") 2>&1 &
+  server=$!
+  until curl -sf -o /dev/null http://127.0.0.1:8000/health; do
+    kill -0 $server 2>/dev/null || { log "server exited"; tail -20 "$1"; exit 1; }
+    sleep 0.05
+  done
+  log "cold start: $(python3 -c "print(round($(date +%s.%N) - $start, 2))") s (process start to /health 200, weights in page cache)"
+  sleep 0.2  # the startup line follows ready by at most a few ms
+  grep -o 'startup:.*' "$1" | tee -a "$OUT/serve_bench.log"
+  curl -s http://127.0.0.1:8000/metrics | grep '^gdn:startup_phase_seconds' >> "$OUT/serve_bench.log"
+}
+if [ -n "${COLD_START_ONLY:-}" ]; then
+  for i in $(seq "${COLD_STARTS:-3}"); do
+    cold_start "$OUT/server$i.log"
+    kill -TERM $server; wait $server
+  done
+  exit 0
+fi
+cold_start "$OUT/server.log"
 
 # 3. The sweep.
 for set in ${sets//,/ }; do

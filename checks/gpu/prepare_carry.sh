@@ -25,6 +25,10 @@ for t in gpu_forward gpu_steps gpu_executor gpu_engine gpu_prefix_cache; do
   cp "$(test_binary qwen35 $t)" .carry/bin/$t
 done
 cp "$(test_binary gdn-server gpu_served)" .carry/bin/gpu_served
+# qwen35's unit tests: the staged weight upload's GPU test among them.
+cargo test --release -p qwen35 --lib --no-run --message-format=json 2>/dev/null \
+  | python3 -c 'import json,sys; print([j["executable"] for j in map(json.loads, sys.stdin) if j.get("executable")][-1])' \
+  | xargs -I{} cp {} .carry/bin/qwen35_lib
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .carry/whl fla-core==0.6.0
 read -r fi_wheel fi_url fi_sha < <(python3 -c 'import json; i=[i for i in json.load(open("gdn-bundle.lock.json"))["inputs"] if i["role"]=="kernel-source"][0]; print(i["filename"], i["url"], i["sha256"])')
 curl -fsSL -o ".carry/whl/$fi_wheel" "$fi_url"

@@ -30,6 +30,11 @@ pub struct EngineConfig {
     pub max_model_len: usize,
     /// Waiting requests at most before `SubmitError::Overloaded`.
     pub max_num_queued_reqs: usize,
+    /// Prompt tokens of the waiting requests at most before
+    /// `SubmitError::TooManyQueuedTokens` (`usize::MAX`: no limit). An
+    /// empty queue takes any prompt: the limit bounds the backlog, it does
+    /// not refuse a long prompt outright.
+    pub max_num_queued_tokens: usize,
     /// The model's EOS ids (generation_config / config).
     pub eos_token_ids: Vec<u32>,
     /// Cap per prefill chunk so one long prompt leaves room in a step for
@@ -49,6 +54,7 @@ impl EngineConfig {
             max_num_seqs: 256,
             max_model_len: usize::MAX,
             max_num_queued_reqs: 1024,
+            max_num_queued_tokens: usize::MAX,
             eos_token_ids,
             long_prefill_token_threshold: 0,
             prefix_cache: PrefixCacheConfig::default(),
@@ -129,6 +135,8 @@ pub(crate) enum Command {
     Submit(Box<Submission>),
     /// Finish what is running and waiting until the instant, then abort the rest and stop.
     Shutdown(Instant),
+    /// The prefix cache's snapshot markers from now on.
+    SetSnapshotMarkers(Vec<Vec<u32>>),
 }
 
 /// What both sides see.
@@ -142,6 +150,8 @@ pub(crate) struct Shared {
     pub stats: Mutex<EngineStats>,
     /// Submitted and not yet admitted for the first time (or gone).
     pub queued: AtomicUsize,
+    /// The prompt tokens of those requests.
+    pub queued_tokens: AtomicUsize,
     next_id: AtomicU64,
     /// True once the engine thread has stopped.
     pub stopped: watch::Sender<bool>,
@@ -183,6 +193,7 @@ impl Engine {
             vocab_size: Mutex::new(None),
             stats: Mutex::new(EngineStats::default()),
             queued: AtomicUsize::new(0),
+            queued_tokens: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
             stopped,
         });
@@ -264,6 +275,23 @@ impl EngineHandle {
                 retry_after: OVERLOADED_RETRY_AFTER,
             });
         }
+        let token_limit = self.shared.config.max_num_queued_tokens;
+        let took =
+            self.shared
+                .queued_tokens
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
+                    (queued == 0 || queued.saturating_add(prompt_tokens) <= token_limit)
+                        .then_some(queued + prompt_tokens)
+                });
+        if let Err(queued_tokens) = took {
+            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(SubmitError::TooManyQueuedTokens {
+                retry_after: OVERLOADED_RETRY_AFTER,
+                queued_tokens,
+                prompt_tokens,
+                limit: token_limit,
+            });
+        }
         let id = RequestId(self.shared.next_id.fetch_add(1, Ordering::Relaxed));
         let (events, receiver) = tokio_mpsc::unbounded_channel();
         let submission = Submission {
@@ -278,6 +306,9 @@ impl EngineHandle {
             .is_err()
         {
             self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+            self.shared
+                .queued_tokens
+                .fetch_sub(prompt_tokens, Ordering::AcqRel);
             return Err(SubmitError::Dead("the engine thread has stopped".into()));
         }
         Ok(RequestStream {
@@ -296,8 +327,22 @@ impl EngineHandle {
         *self.shared.max_model_len.lock().unwrap()
     }
 
+    /// Prompt tokens of the requests submitted and not yet admitted.
+    pub fn queued_tokens(&self) -> usize {
+        self.shared.queued_tokens.load(Ordering::Acquire)
+    }
+
     pub fn stats(&self) -> EngineStats {
         self.shared.stats.lock().unwrap().clone()
+    }
+
+    /// Replaces the prefix cache's snapshot markers
+    /// (`PrefixCacheConfig::snapshot_after`) for the requests submitted
+    /// after this call (the server knows them once its tokenizer loaded,
+    /// which may be after the engine started).
+    pub fn set_snapshot_markers(&self, markers: Vec<Vec<u32>>) {
+        // Fails only when the thread is gone: nothing left to configure.
+        let _ = self.commands.send(Command::SetSnapshotMarkers(markers));
     }
 
     /// Refuses new work (`submit` gives `ShuttingDown`), lets running and

@@ -188,6 +188,14 @@ pub enum SubmitError {
     Invalid(String),
     /// `max_num_queued_reqs` reached.
     Overloaded { retry_after: Duration },
+    /// The prompt would take the queued prompt tokens beyond
+    /// `max_num_queued_tokens`.
+    TooManyQueuedTokens {
+        retry_after: Duration,
+        queued_tokens: usize,
+        prompt_tokens: usize,
+        limit: usize,
+    },
     /// Shutdown in progress: no new work.
     ShuttingDown,
     /// Still loading the model.

@@ -220,6 +220,11 @@ impl Scheduler {
         self.preemptions
     }
 
+    /// Snapshot markers for the sequences added from now on.
+    pub fn set_snapshot_markers(&mut self, markers: Vec<Vec<u32>>) {
+        self.config.prefix_cache.snapshot_after = markers;
+    }
+
     /// The prefix cache's counts (`None`: no cache).
     pub fn prefix_cache_stats(&self) -> Option<PrefixCacheStats> {
         self.cache.as_ref().map(PrefixCache::stats)

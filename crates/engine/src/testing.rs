@@ -19,18 +19,57 @@
 //! one run alone.
 //!
 //! A [`FakeControl`] shared with the test records every step, injects
-//! failures, adds delay, and can gate steps one by one.
+//! failures, adds delay, and can gate steps one by one. [`collect`] reads a
+//! request's stream to its end (for any executor's tests).
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use crate::engine::RequestStream;
 use crate::executor::{
     CacheGeometry, ExecError, Executor, PageId, SampleSeed, SampleSpec, SampledToken, SlotId,
     SnapshotGeometry, SnapshotId, StepRow,
 };
-use crate::request::GenerateRequest;
+use crate::request::{Event, GenerateRequest};
 use crate::sampler;
+
+/// A request's tokens and its terminal event (`Finished` or `Failed`),
+/// checking that nothing follows the terminal event.
+pub async fn collect(mut stream: RequestStream) -> (Vec<u32>, Event) {
+    let mut tokens = Vec::new();
+    loop {
+        match stream
+            .next()
+            .await
+            .expect("a terminal event before the end")
+        {
+            Event::Token(t) => tokens.push(t.token),
+            terminal => {
+                assert!(
+                    stream.next().await.is_none(),
+                    "events after the terminal one"
+                );
+                return (tokens, terminal);
+            }
+        }
+    }
+}
+
+/// The tokens of each stream, in order, each request having finished
+/// (panics on a failed one).
+pub async fn finished_tokens(streams: Vec<RequestStream>) -> Vec<Vec<u32>> {
+    let mut all = Vec::with_capacity(streams.len());
+    for stream in streams {
+        let (tokens, end) = collect(stream).await;
+        assert!(
+            matches!(end, Event::Finished { .. }),
+            "request failed: {end:?}"
+        );
+        all.push(tokens);
+    }
+    all
+}
 
 /// One row as the fake saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -26,6 +26,8 @@ const SHUT_DOWN: &str = "the server shut down before the request finished";
 /// A request's client side, as the engine thread keeps it.
 struct Client {
     events: tokio_mpsc::UnboundedSender<Event>,
+    /// Counted in `Shared::queued_tokens` until first admitted.
+    prompt_tokens: usize,
     logprobs: bool,
     arrival: Instant,
     first_scheduled: Option<Instant>,
@@ -217,6 +219,7 @@ impl Worker {
             Command::Shutdown(deadline) => {
                 self.deadline = Some(self.deadline.map_or(deadline, |d| d.min(deadline)));
             }
+            Command::SetSnapshotMarkers(markers) => self.scheduler.set_snapshot_markers(markers),
         }
     }
 
@@ -235,6 +238,7 @@ impl Worker {
             id,
             Client {
                 events,
+                prompt_tokens: request.prompt.len(),
                 logprobs: request.sampling.logprobs.is_some(),
                 arrival,
                 first_scheduled: None,
@@ -248,14 +252,17 @@ impl Worker {
 
     /// Removes a request that ends without finishing (abort, failure).
     fn drop_request(&mut self, id: RequestId, reason: &str) -> Option<Client> {
-        let was_queued = self.scheduler.contains(id)
-            && self
-                .clients
-                .get(&id)
-                .is_some_and(|c| c.first_scheduled.is_none());
+        let queued_tokens = self
+            .clients
+            .get(&id)
+            .filter(|c| c.first_scheduled.is_none() && self.scheduler.contains(id))
+            .map(|c| c.prompt_tokens);
         self.scheduler.remove(id);
-        if was_queued {
+        if let Some(tokens) = queued_tokens {
             self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+            self.shared
+                .queued_tokens
+                .fetch_sub(tokens, Ordering::AcqRel);
         }
         self.metrics
             .request_success
@@ -302,6 +309,9 @@ impl Worker {
         for &id in &plan.first_admitted {
             self.shared.queued.fetch_sub(1, Ordering::AcqRel);
             if let Some(client) = self.clients.get_mut(&id) {
+                self.shared
+                    .queued_tokens
+                    .fetch_sub(client.prompt_tokens, Ordering::AcqRel);
                 client.first_scheduled = Some(now);
                 self.metrics
                     .request_queue_time

@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use engine::testing::{FakeControl, FakeExecutor, FakeFailure};
+use engine::testing::{collect, FakeControl, FakeExecutor, FakeFailure};
 use engine::{Engine, EngineState, Event, SamplingParams, SubmitError};
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -208,6 +208,80 @@ async fn a_full_queue_is_overloaded_with_a_retry_after() {
     // Room again.
     let (tokens, _) = collect(s.handle.submit(request(prompt(4, 4), 2, 1)).unwrap()).await;
     assert_eq!(tokens.len(), 2);
+    assert_clean(&s);
+}
+
+#[tokio::test]
+async fn queued_prompt_tokens_are_bounded_and_given_back() {
+    let mut config = config(64, 1);
+    config.max_num_queued_tokens = 10;
+    config.max_num_queued_reqs = 3;
+    let s = start(config, geometry(2, 64, 4));
+    s.control.hold();
+    let running = s.handle.submit(request(prompt(0, 8), 3, 1)).unwrap();
+    // Admitted once its step is held: no longer queued.
+    assert!(s.control.wait_blocked(WAIT));
+    assert_eq!(s.handle.queued_tokens(), 0);
+    // Two prompts fill the limit exactly; one token more is refused.
+    let first = s.handle.submit(request(prompt(1, 6), 3, 1)).unwrap();
+    let second = s.handle.submit(request(prompt(2, 4), 3, 1)).unwrap();
+    assert_eq!(s.handle.queued_tokens(), 10);
+    match s.handle.submit(request(prompt(3, 1), 3, 1)) {
+        Err(SubmitError::TooManyQueuedTokens {
+            retry_after,
+            queued_tokens,
+            prompt_tokens,
+            limit,
+        }) => {
+            assert!(retry_after >= Duration::from_secs(1));
+            assert_eq!((queued_tokens, prompt_tokens, limit), (10, 1, 10));
+        }
+        other => panic!(
+            "expected TooManyQueuedTokens, got {:?}",
+            other.map(|s| s.id())
+        ),
+    }
+    // A queued request that goes away gives its tokens back.
+    drop(first);
+    s.control.run_free();
+    for stream in [running, second] {
+        let (tokens, _) = collect(stream).await;
+        assert_eq!(tokens.len(), 3);
+    }
+    wait_released(&s.handle);
+    assert_eq!(s.handle.queued_tokens(), 0);
+    // An empty queue takes a prompt above the limit (it bounds the backlog,
+    // it does not refuse long prompts); the next one waits behind it.
+    s.control.hold();
+    let running = s.handle.submit(request(prompt(4, 4), 2, 1)).unwrap();
+    assert!(s.control.wait_blocked(WAIT));
+    let long = s.handle.submit(request(prompt(5, 12), 2, 1)).unwrap();
+    assert!(matches!(
+        s.handle.submit(request(prompt(6, 1), 2, 1)),
+        Err(SubmitError::TooManyQueuedTokens {
+            queued_tokens: 12,
+            ..
+        })
+    ));
+    s.control.run_free();
+    for stream in [running, long] {
+        let (tokens, _) = collect(stream).await;
+        assert_eq!(tokens.len(), 2);
+    }
+    assert_eq!(s.handle.queued_tokens(), 0);
+    // The refusals took no place in the request count: three requests
+    // queue again (the limit is 3).
+    s.control.hold();
+    let running = s.handle.submit(request(prompt(7, 4), 2, 1)).unwrap();
+    assert!(s.control.wait_blocked(WAIT));
+    let queued: Vec<_> = (8..11)
+        .map(|i| s.handle.submit(request(prompt(i, 2), 2, 1)).unwrap())
+        .collect();
+    s.control.run_free();
+    for stream in std::iter::once(running).chain(queued) {
+        assert_eq!(collect(stream).await.0.len(), 2);
+    }
+    assert_eq!(s.handle.queued_tokens(), 0);
     assert_clean(&s);
 }
 

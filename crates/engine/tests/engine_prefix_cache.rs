@@ -8,7 +8,7 @@ mod common;
 
 use common::*;
 use engine::prefix_cache::PrefixCacheConfig;
-use engine::testing::{FakeControl, FakeExecutor};
+use engine::testing::{collect, FakeControl, FakeExecutor};
 use engine::{
     EngineConfig, Event, Executor, GenerateRequest, PageId, SampleSeed, SampleSpec, SamplingParams,
     SlotId, SnapshotId, StepRow, Usage,

@@ -6,6 +6,7 @@ mod common;
 use std::collections::HashMap;
 
 use common::*;
+use engine::testing::collect;
 use engine::{FinishReason, SamplingParams};
 
 #[tokio::test]

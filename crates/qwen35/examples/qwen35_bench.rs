@@ -2,6 +2,9 @@
 //! random weights generated on the device: prefill throughput at 1k and 8k
 //! tokens, decode step latency at batch 1, 16 and 64, peak GPU memory, next to
 //! the roofline from this GPU's measured copy bandwidth and bf16 GEMM rate.
+//! Decode lines also carry the full memory floor of a step (weights, every
+//! sequence's KV at the context, and its recurrent + conv state read and
+//! written) at the measured copy bandwidth, and the step's ratio to it.
 //! Prints one JSON object per line. Run on the GPU machine:
 //!
 //!     cargo run --release -p qwen35 --example qwen35_bench
@@ -215,12 +218,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let dt = t0.elapsed().as_secs_f64() / steps as f64;
             note(&mut peak);
             let roofline = weight_bytes_read as f64 / copy_bw;
+            // The full floor (issue #12): a step must also read every
+            // sequence's KV and read and write its recurrent and conv state.
+            let (slot_bytes, page_bytes) = model.slot_and_page_bytes(PAGE);
+            let per_seq = CONTEXT * page_bytes / PAGE + 2 * slot_bytes;
+            let floor = (weight_bytes_read + batch * per_seq) as f64 / copy_bw;
             println!(
-                "{{\"decode_batch\": {batch}, \"cuda_graphs\": {graphs}, \"context\": {CONTEXT}, \"step_ms\": {:.3}, \"tokens_per_s\": {:.0}, \"weights_roofline_ms\": {:.3}, \"fraction_of_roofline\": {:.2}}}",
+                "{{\"decode_batch\": {batch}, \"cuda_graphs\": {graphs}, \"context\": {CONTEXT}, \"step_ms\": {:.3}, \"tokens_per_s\": {:.0}, \"weights_roofline_ms\": {:.3}, \"fraction_of_roofline\": {:.2}, \"memory_floor_ms\": {:.3}, \"step_over_floor\": {:.2}}}",
                 dt * 1e3,
                 batch as f64 / dt,
                 roofline * 1e3,
-                roofline / dt
+                roofline / dt,
+                floor * 1e3,
+                dt / floor
             );
         }
     }

@@ -12,12 +12,14 @@ mod error;
 #[cfg(feature = "testing")]
 pub mod gate;
 pub mod gpu;
+pub mod timing;
 pub mod tokenizer;
 pub mod weights;
 
 pub use config::{Config, LayerType};
 pub use cpu::{CpuModel, CpuState};
 pub use error::{Error, Result};
+pub use timing::PhaseTimes;
 pub use tokenizer::TextTokenizer;
 pub use weights::Weights;
 

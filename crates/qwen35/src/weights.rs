@@ -2,6 +2,8 @@
 //! Names are normalised to the text layout (`model.language_model.X` →
 //! `model.X`); vision (`model.visual.*`) and multi-token-prediction (`mtp.*`)
 //! tensors are ignored. Every access checks presence, shape and dtype.
+//! Headers are parsed once at open; [`Weights::raw`] gives a tensor's bytes
+//! as stored (the GPU upload copies bf16 straight from them).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -16,8 +18,35 @@ const SINGLE_FILE: &str = "model.safetensors";
 
 pub struct Weights {
     shards: Vec<Mmap>,
-    /// normalised name -> (shard, name in the file)
-    names: HashMap<String, (usize, String)>,
+    /// normalised name -> where its bytes are
+    names: HashMap<String, Entry>,
+}
+
+/// A tensor's place in its shard, from the header (validated at open).
+struct Entry {
+    shard: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    /// Byte range in the shard file.
+    bytes: std::ops::Range<usize>,
+}
+
+/// A tensor's bytes as stored in the checkpoint (little-endian).
+#[derive(Clone, Copy, Debug)]
+pub struct RawTensor<'a> {
+    pub dtype: Dtype,
+    pub bytes: &'a [u8],
+}
+
+impl RawTensor<'_> {
+    /// Elements (the dtypes [`Weights::raw`] accepts have whole-byte sizes).
+    pub fn len(&self) -> usize {
+        self.bytes.len() / self.dtype.bitsize().div_ceil(8)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
 }
 
 fn normalise(name: &str) -> Option<String> {
@@ -66,11 +95,22 @@ impl Weights {
             // SAFETY: the checkpoint is opened read-only and must not be
             // modified while loaded (the usual contract of mmapped weights).
             let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(f, e))?;
-            let st = SafeTensors::deserialize(&mmap)
+            // Checks offsets against each other and the file size.
+            let (header, metadata) = SafeTensors::read_metadata(&mmap)
                 .map_err(|e| Error::Safetensors(format!("{}: {e}", f.display())))?;
-            for name in st.names() {
-                if let Some(n) = normalise(name) {
-                    names.insert(n, (i, name.to_string()));
+            let data_start = 8 + header;
+            for (name, info) in metadata.tensors() {
+                if let Some(n) = normalise(&name) {
+                    let (lo, hi) = info.data_offsets;
+                    names.insert(
+                        n,
+                        Entry {
+                            shard: i,
+                            dtype: info.dtype,
+                            shape: info.shape.clone(),
+                            bytes: data_start + lo..data_start + hi,
+                        },
+                    );
                 }
             }
             shards.push(mmap);
@@ -82,26 +122,37 @@ impl Weights {
         self.names.contains_key(name)
     }
 
-    /// The tensor `name` as f32, checked against `shape`.
-    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let (shard, file_name) = self
+    /// The bytes of tensor `name` as stored, checked against `shape` and
+    /// for a float dtype (bf16, f16 or f32).
+    pub fn raw(&self, name: &str, shape: &[usize]) -> Result<RawTensor<'_>> {
+        let entry = self
             .names
             .get(name)
             .ok_or_else(|| Error::MissingTensor(name.to_string()))?;
-        let st = SafeTensors::deserialize(&self.shards[*shard])
-            .map_err(|e| Error::Safetensors(e.to_string()))?;
-        let view = st
-            .tensor(file_name)
-            .map_err(|e| Error::Safetensors(format!("{name}: {e}")))?;
-        if view.shape() != shape {
+        if entry.shape != shape {
             return Err(Error::WrongShape {
                 tensor: name.to_string(),
                 expected: shape.to_vec(),
-                actual: view.shape().to_vec(),
+                actual: entry.shape.clone(),
             });
         }
-        let bytes = view.data();
-        let out = match view.dtype() {
+        if !matches!(entry.dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32) {
+            return Err(Error::WrongDtype {
+                tensor: name.to_string(),
+                actual: format!("{:?}", entry.dtype),
+            });
+        }
+        Ok(RawTensor {
+            dtype: entry.dtype,
+            bytes: &self.shards[entry.shard][entry.bytes.clone()],
+        })
+    }
+
+    /// The tensor `name` as f32, checked against `shape`.
+    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let raw = self.raw(name, shape)?;
+        let bytes = raw.bytes;
+        let out = match raw.dtype {
             Dtype::BF16 => bytes
                 .chunks_exact(2)
                 .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
@@ -110,16 +161,11 @@ impl Weights {
                 .chunks_exact(2)
                 .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
                 .collect(),
-            Dtype::F32 => bytes
+            // F32, the one dtype left that `raw` accepts.
+            _ => bytes
                 .chunks_exact(4)
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                 .collect(),
-            other => {
-                return Err(Error::WrongDtype {
-                    tensor: name.to_string(),
-                    actual: format!("{other:?}"),
-                })
-            }
         };
         Ok(out)
     }

@@ -9,9 +9,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Fixture, MODELS};
+use engine::testing::finished_tokens;
 use engine::{
-    Engine, EngineConfig, EngineHandle, EngineStats, Event, Executor, GenerateRequest,
-    SamplingParams, StopParams,
+    Engine, EngineConfig, EngineHandle, EngineStats, Executor, GenerateRequest, SamplingParams,
+    StopParams,
 };
 use qwen35::engine_exec::{CpuExecutor, CpuSizing};
 use qwen35::{CpuModel, Weights};
@@ -79,19 +80,7 @@ async fn tokens_of(handle: &EngineHandle, reqs: &[GenerateRequest]) -> Vec<Vec<u
         .iter()
         .map(|r| handle.submit(r.clone()).expect("accepted"))
         .collect();
-    let mut all = vec![];
-    for mut s in streams {
-        let mut toks = vec![];
-        loop {
-            match s.next().await.expect("a terminal event") {
-                Event::Token(t) => toks.push(t.token),
-                Event::Finished { .. } => break,
-                Event::Failed(m) => panic!("request failed: {m}"),
-            }
-        }
-        all.push(toks);
-    }
-    all
+    finished_tokens(streams).await
 }
 
 fn released(handle: &EngineHandle) -> EngineStats {

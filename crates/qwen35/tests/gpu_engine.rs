@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use common::drive::{run, Request};
 use common::{Fixture, MODELS};
+use engine::testing::finished_tokens;
 use engine::{
-    Engine, EngineConfig, EngineHandle, Event, Executor, GenerateRequest, SamplingParams,
-    StopParams,
+    Engine, EngineConfig, EngineHandle, Executor, GenerateRequest, SamplingParams, StopParams,
 };
 use qwen35::engine_exec::{GpuExecutor, GpuSizing, PagePool};
 use qwen35::gpu::{GpuModel, GpuOptions};
@@ -89,19 +89,7 @@ async fn served(handle: &EngineHandle, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
             handle.submit(req).expect("accepted")
         })
         .collect();
-    let mut all = vec![];
-    for mut s in streams {
-        let mut toks = vec![];
-        loop {
-            match s.next().await.expect("a terminal event") {
-                Event::Token(t) => toks.push(t.token),
-                Event::Finished { .. } => break,
-                Event::Failed(m) => panic!("request failed: {m}"),
-            }
-        }
-        all.push(toks);
-    }
-    all
+    finished_tokens(streams).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

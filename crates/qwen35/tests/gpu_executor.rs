@@ -118,6 +118,24 @@ fn teacher_forced_greedy_through_the_executor_passes_the_hf_bf16_gate() {
                 let sizes = exec.capture_decode_graphs(8).unwrap();
                 assert_eq!(sizes.first(), Some(&1), "{name}");
                 assert_eq!(*sizes.last().unwrap(), short.len().min(8), "{name}");
+                // Start-up phases: the load's, the cache's, one per batch size.
+                let phases: Vec<String> = exec
+                    .startup_phases()
+                    .iter()
+                    .map(|(p, _)| p.to_string())
+                    .collect();
+                let mut want: Vec<String> = [
+                    "pinned_staging",
+                    "model_kernels",
+                    "cublas",
+                    "gdn_prefill_init",
+                    "weights_upload",
+                    "cache_alloc",
+                ]
+                .map(String::from)
+                .to_vec();
+                want.extend(sizes.iter().map(|b| format!("decode_graph_b{b}")));
+                assert_eq!(phases, want, "{name}");
             }
             // Each prompt: its first quarter as the prompt (at least one
             // token), the rest forced one token per step.

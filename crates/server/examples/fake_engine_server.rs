@@ -12,6 +12,7 @@ fn pick(
     _args: &Args,
     _dir: &std::path::Path,
     max_model_len: usize,
+    _startup: std::sync::Arc<gdn_server::startup::Startup>,
 ) -> Result<ExecutorFactory, String> {
     let geometry = CacheGeometry {
         num_slots: 64,

@@ -5,8 +5,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::Request;
-use axum::http::{header, HeaderMap};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -16,6 +17,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
 use crate::model::ModelFiles;
+use crate::openai::GenerationRequest;
 use crate::{chat, completions, routes};
 
 pub struct ServerMetrics {
@@ -57,6 +59,8 @@ pub struct AppState {
     /// Set on SIGTERM/SIGINT: new work gets 503 while the engine drains.
     pub draining: AtomicBool,
     pub created: u64,
+    /// Start-up phase times (`gdn:startup_phase_seconds`).
+    pub startup: Arc<crate::startup::Startup>,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -160,6 +164,108 @@ pub fn decode_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     Ok(value)
 }
 
+/// The id of one HTTP request: the client's `X-Request-Id`, else a fresh
+/// 32-hex one. Echoed in the response's `X-Request-Id` (streams too: it is
+/// a header), the body's `id` (`chatcmpl-<id>`, `cmpl-<id>`, as vLLM
+/// builds it) and the log lines of the request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestId(pub String);
+
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// Longest `X-Request-Id` accepted (it is logged and sent back).
+pub const MAX_REQUEST_ID_LEN: usize = 256;
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl RequestId {
+    /// The client's header value if it is 1 to [`MAX_REQUEST_ID_LEN`]
+    /// visible ASCII characters (it goes into headers, JSON and logs as
+    /// is); a 400 otherwise. No header: a fresh id.
+    pub fn from_header(value: Option<&HeaderValue>) -> Result<RequestId, ApiError> {
+        let Some(value) = value else {
+            return Ok(RequestId(random_id("")));
+        };
+        let bytes = value.as_bytes();
+        if bytes.is_empty()
+            || bytes.len() > MAX_REQUEST_ID_LEN
+            || !bytes.iter().all(|b| b.is_ascii_graphic())
+        {
+            return Err(ApiError::bad_request(
+                "invalid_request_id",
+                format!(
+                    "X-Request-Id must be 1 to {MAX_REQUEST_ID_LEN} visible ASCII characters (no spaces)."
+                ),
+            )
+            .with_param("X-Request-Id"));
+        }
+        Ok(RequestId(String::from_utf8_lossy(bytes).into_owned()))
+    }
+
+    /// Logs which engine requests serve this HTTP request.
+    pub fn log_submitted(&self, generation: &crate::generate::Generation) {
+        log::debug!(
+            "request {self}: engine requests {:?}, {} prompt tokens",
+            generation.engine_ids(),
+            generation.prompt_tokens.iter().sum::<usize>()
+        );
+    }
+}
+
+/// Gives every request its [`RequestId`] (an extension handlers read),
+/// echoes it in the response header and logs error statuses under it.
+async fn with_request_id(
+    State(state): State<SharedState>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let id = match RequestId::from_header(req.headers().get(REQUEST_ID_HEADER)) {
+        Ok(id) => id,
+        Err(e) => return state.reject(e),
+    };
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    req.extensions_mut().insert(id.clone());
+    let mut resp = next.run(req).await;
+    let status = resp.status();
+    if status.is_client_error() || status.is_server_error() {
+        log::info!("request {id}: {method} {path} -> {status}");
+    }
+    let value = HeaderValue::from_str(&id.0).expect("checked or generated as visible ASCII");
+    resp.headers_mut().insert(REQUEST_ID_HEADER, value);
+    resp
+}
+
+/// A generation route (chat, completions): reads and decodes the body
+/// (415/413/400), checks `model` (404), then `run` answers from the
+/// request's id, fields and raw body; an error is counted under its reason
+/// and becomes its response.
+pub async fn answer<F, Fut>(state: SharedState, req: Request, run: F) -> Response
+where
+    F: FnOnce(SharedState, RequestId, GenerationRequest, axum::body::Bytes) -> Fut,
+    Fut: std::future::Future<Output = Result<Response, ApiError>>,
+{
+    let (parts, body) = req.into_parts();
+    let request_id = parts
+        .extensions
+        .get::<RequestId>()
+        .cloned()
+        .unwrap_or_else(|| RequestId(random_id("")));
+    let answered = async {
+        let bytes = read_body(&state, &parts.headers, body).await?;
+        let request: GenerationRequest = decode_json(&bytes)?;
+        state.check_model(request.model.as_deref())?;
+        run(state.clone(), request_id, request, bytes).await
+    };
+    match answered.await {
+        Ok(response) => response,
+        Err(e) => state.reject(e),
+    }
+}
+
 /// A response id such as `chatcmpl-<32 hex>` (random per process and call).
 pub fn random_id(prefix: &str) -> String {
     use std::hash::{BuildHasher, Hasher};
@@ -200,5 +306,9 @@ pub fn router(state: SharedState) -> Router {
         .route("/openapi.json", get(routes::openapi))
         .fallback(not_found)
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed().into_response() })
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            with_request_id,
+        ))
         .with_state(state)
 }

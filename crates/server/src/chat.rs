@@ -2,18 +2,14 @@
 //! tokenize, submit one engine request per choice, then answer as one JSON
 //! body or as vLLM's SSE stream.
 
-use std::convert::Infallible;
-
-use axum::body::Body;
-use axum::extract::State;
-use axum::http::HeaderMap;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::body::Bytes;
+use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use futures_util::Stream;
 use minijinja::value::Value;
 use serde_json::Value as Json;
 
-use crate::app::{decode_json, random_id, read_body, unix_now, AppState, SharedState};
+use crate::app::{answer, decode_json, random_id, unix_now, AppState, RequestId, SharedState};
 use crate::error::ApiError;
 use crate::generate::{Generation, Progress, PromptSpec};
 use crate::openai::{ChatTemplateView, GenerationRequest};
@@ -22,30 +18,14 @@ use crate::responses::{
     chat_logprobs, ChatChoice, ChatLogprobs, Chunk, ChunkChoice, Completion, Delta, FunctionOut,
     LogprobOut, Message, ToolCallOut, Usage,
 };
+use crate::sse::{
+    closing, data, next_progress, sse_response, DisconnectGuard, SseItem, StreamOptions,
+};
 use crate::template::{decode_tool_call_arguments, RenderInput, TemplateError};
 use crate::validate::{resolve_max_tokens, validate_chat, ValidChat, ValidationError};
 
-/// An SSE response with the server's keep-alive policy: a comment while
-/// nothing else is sent (queued, long prefill) keeps proxies from timing out
-/// and lets a disconnect be seen (`--sse-keepalive-secs`).
-pub fn sse_response<S>(state: &AppState, events: S) -> Response
-where
-    S: Stream<Item = Result<SseEvent, Infallible>> + Send + 'static,
-{
-    let sse = Sse::new(events);
-    match state.sse_keepalive {
-        Some(interval) => sse
-            .keep_alive(KeepAlive::new().interval(interval))
-            .into_response(),
-        None => sse.into_response(),
-    }
-}
-
-pub async fn handle(State(state): State<SharedState>, headers: HeaderMap, body: Body) -> Response {
-    match run(&state, &headers, body).await {
-        Ok(response) => response,
-        Err(e) => state.reject(e),
-    }
+pub async fn handle(State(state): State<SharedState>, req: Request) -> Response {
+    answer(state, req, run).await
 }
 
 /// The rendered prompt of a chat request and how its output starts.
@@ -101,10 +81,13 @@ pub fn render_chat(
     })
 }
 
-async fn run(state: &SharedState, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let bytes = read_body(state, headers, body).await?;
-    let req: GenerationRequest = decode_json(&bytes)?;
-    state.check_model(req.model.as_deref())?;
+async fn run(
+    state: SharedState,
+    request_id: RequestId,
+    req: GenerationRequest,
+    bytes: Bytes,
+) -> Result<Response, ApiError> {
+    let state = &state;
     let valid = validate_chat(&req, &state.model.defaults, state.model.vocab_size)?;
     state.check_accepting()?;
     let rendered = render_chat(
@@ -140,42 +123,20 @@ async fn run(state: &SharedState, headers: &HeaderMap, body: Body) -> Result<Res
             )
         })
         .collect();
+    request_id.log_submitted(&generation);
     let out = ChatOutput {
-        id: random_id("chatcmpl-"),
+        id: format!("chatcmpl-{request_id}"),
         created: unix_now(),
         model: state.served_model_name.clone(),
         parsers,
         tool_call_counts: vec![0; valid.generation.n],
         valid,
     };
-    let guard = DisconnectGuard::new(state.clone());
+    let guard = DisconnectGuard::new(state.clone(), &request_id.0);
     if out.valid.generation.stream {
         Ok(sse_response(state, stream(out, generation, guard)))
     } else {
         collect(out, generation, guard).await
-    }
-}
-
-/// Counts a client disconnect unless the response completed.
-pub struct DisconnectGuard {
-    state: SharedState,
-    done: bool,
-}
-
-impl DisconnectGuard {
-    pub fn new(state: SharedState) -> Self {
-        DisconnectGuard { state, done: false }
-    }
-    pub fn done(&mut self) {
-        self.done = true;
-    }
-}
-
-impl Drop for DisconnectGuard {
-    fn drop(&mut self) {
-        if !self.done {
-            self.state.metrics.disconnects.inc();
-        }
     }
 }
 
@@ -266,21 +227,14 @@ fn usage(generation: &Generation) -> Usage {
     )
 }
 
-fn data(text: String) -> Result<SseEvent, Infallible> {
-    Ok(SseEvent::default().data(text))
-}
-
 fn stream(
     mut out: ChatOutput,
     mut generation: Generation,
     mut guard: DisconnectGuard,
-) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+) -> impl Stream<Item = SseItem> {
     async_stream::stream! {
-        let n = out.valid.generation.n;
-        let include_usage = out.valid.generation.include_usage;
-        let continuous = include_usage && out.valid.generation.continuous_usage;
-        let want_logprobs = out.valid.generation.sampling.logprobs.is_some();
-        let want_token_ids = out.valid.generation.return_token_ids;
+        let StreamOptions { n, include_usage, continuous_usage: continuous, logprobs: want_logprobs, token_ids: want_token_ids } =
+            StreamOptions::of(&out.valid.generation);
         for index in 0..n {
             let delta = Delta { role: Some("assistant"), content: Some(String::new()), ..Default::default() };
             let choice = ChunkChoice { index, delta, logprobs: None, finish_reason: None, stop_reason: None, token_ids: None };
@@ -291,13 +245,13 @@ fn stream(
             }
             yield data(serde_json::to_string(&chunk).expect("serializable"));
         }
-        while let Some(next) = generation.next().await {
+        while let Some(next) = next_progress(&mut generation, &mut guard).await {
             let p = match next {
                 Ok(p) => p,
-                Err(message) => {
-                    yield data(ApiError::engine_failure(message).body().to_string());
-                    yield data("[DONE]".into());
-                    guard.done();
+                Err(end) => {
+                    for event in end {
+                        yield event;
+                    }
                     return;
                 }
             };
@@ -324,11 +278,10 @@ fn stream(
             };
             yield data(out.chunk_text(vec![choice], continuous.then(|| usage(&generation))));
         }
-        if include_usage {
-            yield data(out.chunk_text(vec![], Some(usage(&generation))));
+        let usage_chunk = include_usage.then(|| out.chunk_text(vec![], Some(usage(&generation))));
+        for event in closing(usage_chunk, &mut guard) {
+            yield event;
         }
-        yield data("[DONE]".into());
-        guard.done();
     }
 }
 

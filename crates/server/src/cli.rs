@@ -47,6 +47,11 @@ pub struct Args {
     /// Waiting requests at most; beyond it requests get 503 with Retry-After.
     #[arg(long, default_value_t = 1024)]
     pub max_num_queued_reqs: usize,
+    /// Prompt tokens of the waiting requests at most; a request that would
+    /// go beyond gets 503 with Retry-After (an empty queue takes any
+    /// prompt). Default: no limit.
+    #[arg(long)]
+    pub max_num_queued_tokens: Option<usize>,
     /// Largest request body accepted (413 above it).
     #[arg(long, default_value_t = 32 * 1024 * 1024)]
     pub max_request_bytes: usize,

@@ -1,31 +1,27 @@
 //! `POST /v1/completions`: a text prompt, a token-id prompt, or a list of
 //! either (one choice group per prompt, `n` choices each, as in vLLM).
 
-use std::convert::Infallible;
-
-use axum::body::Body;
-use axum::extract::State;
-use axum::http::HeaderMap;
-use axum::response::sse::Event as SseEvent;
+use axum::body::Bytes;
+use axum::extract::{Request, State};
 use axum::response::Response;
 use futures_util::Stream;
 use serde_json::Value as Json;
 
-use crate::app::{decode_json, random_id, read_body, unix_now, SharedState};
-use crate::chat::{json_response, sse_response, DisconnectGuard};
+use crate::app::{answer, unix_now, RequestId, SharedState};
+use crate::chat::json_response;
 use crate::error::ApiError;
 use crate::generate::{completion_logprobs, Generation, PromptSpec};
 use crate::openai::{GenerationRequest, Prompt};
 use crate::responses::{Chunk, Completion, CompletionChoice, CompletionChunkChoice, Usage};
+use crate::sse::{
+    closing, data, next_progress, sse_response, DisconnectGuard, SseItem, StreamOptions,
+};
 use crate::validate::{
     resolve_max_tokens, token_ids, validate_completion, ValidCompletion, ValidationError, MAX_N,
 };
 
-pub async fn handle(State(state): State<SharedState>, headers: HeaderMap, body: Body) -> Response {
-    match run(&state, &headers, body).await {
-        Ok(response) => response,
-        Err(e) => state.reject(e),
-    }
+pub async fn handle(State(state): State<SharedState>, req: Request) -> Response {
+    answer(state, req, run).await
 }
 
 /// Prompt ids and the text `echo` repeats.
@@ -63,10 +59,13 @@ fn prompts(
     Ok(list)
 }
 
-async fn run(state: &SharedState, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let bytes = read_body(state, headers, body).await?;
-    let req: GenerationRequest = decode_json(&bytes)?;
-    state.check_model(req.model.as_deref())?;
+async fn run(
+    state: SharedState,
+    request_id: RequestId,
+    req: GenerationRequest,
+    _body: Bytes,
+) -> Result<Response, ApiError> {
+    let state = &state;
     let valid = validate_completion(&req, &state.model.defaults, state.model.vocab_size)?;
     state.check_accepting()?;
     let prompt = req.prompt.as_ref().expect("validated");
@@ -104,14 +103,15 @@ async fn run(state: &SharedState, headers: &HeaderMap, body: Body) -> Result<Res
         specs,
         &valid.generation,
     )?;
+    request_id.log_submitted(&generation);
     let out = CompletionOutput {
-        id: random_id("cmpl-"),
+        id: format!("cmpl-{request_id}"),
         created: unix_now(),
         model: state.served_model_name.clone(),
         echoes,
         valid,
     };
-    let guard = DisconnectGuard::new(state.clone());
+    let guard = DisconnectGuard::new(state.clone(), &request_id.0);
     if out.valid.generation.stream {
         Ok(sse_response(state, stream(out, generation, guard)))
     } else {
@@ -150,10 +150,6 @@ fn usage(generation: &Generation, n: usize) -> Usage {
     Usage::new(prompt, generation.completion_tokens(), cached)
 }
 
-fn data(text: String) -> Result<SseEvent, Infallible> {
-    Ok(SseEvent::default().data(text))
-}
-
 impl CompletionOutput {
     fn chunk(&self, choices: Vec<CompletionChunkChoice>, usage: Option<Usage>) -> String {
         let chunk = Chunk {
@@ -173,23 +169,20 @@ fn stream(
     out: CompletionOutput,
     mut generation: Generation,
     mut guard: DisconnectGuard,
-) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+) -> impl Stream<Item = SseItem> {
     async_stream::stream! {
-        let n = out.valid.generation.n;
-        let include_usage = out.valid.generation.include_usage;
-        let continuous = include_usage && out.valid.generation.continuous_usage;
-        let want_logprobs = out.valid.generation.sampling.logprobs.is_some();
-        let want_token_ids = out.valid.generation.return_token_ids;
+        let StreamOptions { n, include_usage, continuous_usage: continuous, logprobs: want_logprobs, token_ids: want_token_ids } =
+            StreamOptions::of(&out.valid.generation);
         let mut offsets = vec![0usize; generation.choices.len()];
         let mut echoed = vec![false; generation.choices.len()];
         let mut prompt_ids_sent = vec![false; generation.choices.len()];
-        while let Some(next) = generation.next().await {
+        while let Some(next) = next_progress(&mut generation, &mut guard).await {
             let p = match next {
                 Ok(p) => p,
-                Err(message) => {
-                    yield data(ApiError::engine_failure(message).body().to_string());
-                    yield data("[DONE]".into());
-                    guard.done();
+                Err(end) => {
+                    for event in end {
+                        yield event;
+                    }
                     return;
                 }
             };
@@ -217,11 +210,10 @@ fn stream(
             };
             yield data(out.chunk(vec![choice], continuous.then(|| usage(&generation, n))));
         }
-        if include_usage {
-            yield data(out.chunk(vec![], Some(usage(&generation, n))));
+        let usage_chunk = include_usage.then(|| out.chunk(vec![], Some(usage(&generation, n))));
+        for event in closing(usage_chunk, &mut guard) {
+            yield event;
         }
-        yield data("[DONE]".into());
-        guard.done();
     }
 }
 

@@ -120,6 +120,26 @@ impl ApiError {
         e
     }
 
+    /// `--max-num-queued-tokens` would be exceeded (counted under its own
+    /// reason, `queued_tokens_exceeded`).
+    pub fn too_many_queued_tokens(
+        retry_after: Duration,
+        queued_tokens: usize,
+        prompt_tokens: usize,
+        limit: usize,
+    ) -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_overloaded",
+            "queued_tokens_exceeded",
+            format!(
+                "The server's queue holds {queued_tokens} prompt tokens; this request's {prompt_tokens} would exceed its limit of {limit} (--max-num-queued-tokens); retry later."
+            ),
+        );
+        e.retry_after = Some(retry_after);
+        e
+    }
+
     pub fn unavailable(message: impl Into<String>) -> Self {
         let mut e = Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -201,6 +221,12 @@ impl From<SubmitError> for ApiError {
             .into(),
             SubmitError::Invalid(m) => ApiError::bad_request("invalid_value", m),
             SubmitError::Overloaded { retry_after } => ApiError::overloaded(retry_after),
+            SubmitError::TooManyQueuedTokens {
+                retry_after,
+                queued_tokens,
+                prompt_tokens,
+                limit,
+            } => ApiError::too_many_queued_tokens(retry_after, queued_tokens, prompt_tokens, limit),
             SubmitError::ShuttingDown => ApiError::unavailable("The server is shutting down."),
             SubmitError::Loading => ApiError::unavailable("The model is still loading."),
             SubmitError::Dead(detail) => {

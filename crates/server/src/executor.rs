@@ -4,12 +4,14 @@
 //! contexts are created there).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use engine::Executor;
 use gdn_server::cli::{Args, Device, StateBudget};
 use gdn_server::serve::ExecutorFactory;
+use gdn_server::startup::Startup;
 use qwen35::engine_exec::{CpuExecutor, CpuSizing, GpuExecutor, GpuSizing, PagePool};
-use qwen35::gpu::{GpuModel, GpuOptions};
+use qwen35::gpu::{CudaStream, GpuModel, GpuOptions};
 
 /// Context length when neither the flag nor the model sets one.
 const FALLBACK_MAX_MODEL_LEN: usize = 32768;
@@ -32,7 +34,12 @@ struct Plan {
     snapshots: Option<StateBudget>,
 }
 
-pub fn pick(args: &Args, dir: &Path, max_model_len: usize) -> Result<ExecutorFactory, String> {
+pub fn pick(
+    args: &Args,
+    dir: &Path,
+    max_model_len: usize,
+    startup: Arc<Startup>,
+) -> Result<ExecutorFactory, String> {
     let max_model_len = if max_model_len == usize::MAX {
         FALLBACK_MAX_MODEL_LEN
     } else {
@@ -55,24 +62,30 @@ pub fn pick(args: &Args, dir: &Path, max_model_len: usize) -> Result<ExecutorFac
             + (512 << 20),
         snapshots: args.prefix_caching().then(|| args.state_budget()),
     };
-    Ok(Box::new(move || build(&plan)))
+    Ok(Box::new(move || build(&plan, &startup)))
 }
 
-fn build(plan: &Plan) -> Result<Box<dyn Executor>, String> {
+fn build(plan: &Plan, startup: &Startup) -> Result<Box<dyn Executor>, String> {
+    let stream = || startup.time("cuda_context", GpuModel::default_stream);
     match plan.device {
-        Device::Cpu => cpu(plan),
-        Device::Gpu => gpu(plan),
-        Device::Auto => match GpuModel::default_stream() {
-            Ok(_) => gpu(plan),
+        Device::Cpu => cpu(plan, startup),
+        Device::Gpu => {
+            let stream = stream().map_err(|e| format!("no usable GPU: {e}"))?;
+            gpu(plan, stream, startup)
+        }
+        // The probe's stream serves: a second context creation would cost
+        // as much again.
+        Device::Auto => match stream() {
+            Ok(stream) => gpu(plan, stream, startup),
             Err(e) => {
                 log::info!("no usable GPU ({e}): serving on the CPU executor");
-                cpu(plan)
+                cpu(plan, startup)
             }
         },
     }
 }
 
-fn cpu(plan: &Plan) -> Result<Box<dyn Executor>, String> {
+fn cpu(plan: &Plan, startup: &Startup) -> Result<Box<dyn Executor>, String> {
     // The CPU forward keeps keys per sequence; pages only bound the total,
     // so every slot may reach the full context.
     let pages_per_seq = plan.max_model_len.div_ceil(plan.page_size);
@@ -86,8 +99,9 @@ fn cpu(plan: &Plan) -> Result<Box<dyn Executor>, String> {
         "loading {} on the CPU executor ({sizing:?})",
         plan.dir.display()
     );
-    let executor =
-        CpuExecutor::load(&plan.dir, sizing).map_err(|e| format!("CPU executor: {e}"))?;
+    let executor = startup
+        .time("cpu_model_load", || CpuExecutor::load(&plan.dir, sizing))
+        .map_err(|e| format!("CPU executor: {e}"))?;
     let snapshots = plan.snapshots.map_or(0, |budget| {
         // A CPU snapshot also holds the sequence's keys and values (they
         // live in its state here): a byte budget counts the state only.
@@ -96,8 +110,11 @@ fn cpu(plan: &Plan) -> Result<Box<dyn Executor>, String> {
     Ok(Box::new(executor.with_snapshot_pool(snapshots)))
 }
 
-fn gpu(plan: &Plan) -> Result<Box<dyn Executor>, String> {
-    let stream = GpuModel::default_stream().map_err(|e| format!("no usable GPU: {e}"))?;
+fn gpu(
+    plan: &Plan,
+    stream: Arc<CudaStream>,
+    startup: &Startup,
+) -> Result<Box<dyn Executor>, String> {
     let sizing = GpuSizing {
         num_slots: plan.num_slots,
         pages: match plan.num_pages {
@@ -127,5 +144,8 @@ fn gpu(plan: &Plan) -> Result<Box<dyn Executor>, String> {
         .capture_decode_graphs(plan.num_slots)
         .map_err(|e| format!("capturing decode graphs: {e}"))?;
     log::info!("decode graphs captured for batch sizes {buckets:?}");
+    for (phase, took) in executor.startup_phases().iter() {
+        startup.record(phase, took);
+    }
     Ok(Box::new(executor))
 }

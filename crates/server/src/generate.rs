@@ -85,6 +85,11 @@ pub struct PromptSpec {
 }
 
 impl Generation {
+    /// The engine's ids of the choices' requests still open (for logs).
+    pub fn engine_ids(&self) -> Vec<u64> {
+        self.streams.iter().flatten().map(|s| s.id().0).collect()
+    }
+
     /// Submits `n` engine requests per prompt (choice index = prompt * n + i;
     /// seeds `seed + i` so choices differ but stay reproducible). If any
     /// submit fails, the ones already queued are dropped (aborted).

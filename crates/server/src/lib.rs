@@ -16,5 +16,7 @@ pub mod pyjson;
 pub mod responses;
 pub mod routes;
 pub mod serve;
+pub mod sse;
+pub mod startup;
 pub mod template;
 pub mod validate;

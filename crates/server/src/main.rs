@@ -7,10 +7,21 @@ use clap::Parser;
 use gdn_server::cli::Args;
 use gdn_server::serve::{init_logging, run_main};
 
-#[tokio::main]
-async fn main() {
+fn main() {
+    // Before the runtime starts: start-up times count from here.
+    gdn_server::startup::mark_process_start();
     init_logging();
-    if let Err(e) = run_main(Args::parse(), executor::pick).await {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("gdn-server: starting the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = runtime.block_on(run_main(Args::parse(), executor::pick)) {
         eprintln!("gdn-server: {e}");
         std::process::exit(1);
     }

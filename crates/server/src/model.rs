@@ -8,6 +8,7 @@ use std::sync::Arc;
 use serde_json::Value as Json;
 use tokenizers::Tokenizer;
 
+use crate::startup::Startup;
 use crate::template::ChatTemplate;
 use crate::validate::SamplingDefaults;
 
@@ -86,10 +87,45 @@ fn template_source(
     }
 }
 
+fn read_config(dir: &Path) -> Result<Json, String> {
+    read_json(&dir.join("config.json"))?.ok_or_else(|| format!("{}: no config.json", dir.display()))
+}
+
+/// EOS ids named by generation_config.json, then config.json (its
+/// text_config too), without duplicates; empty when none names one (then
+/// [`ModelFiles::load`] asks the tokenizer for tokenizer_config's
+/// `eos_token`).
+pub fn configured_eos_ids(dir: &Path) -> Result<Vec<u32>, String> {
+    let config = read_config(dir)?;
+    let text_config = config.get("text_config").unwrap_or(&config);
+    let generation_config = read_json(&dir.join("generation_config.json"))?;
+    let mut eos_token_ids = ids(generation_config
+        .as_ref()
+        .and_then(|g| g.get("eos_token_id")));
+    for id in ids(text_config.get("eos_token_id"))
+        .into_iter()
+        .chain(ids(config.get("eos_token_id")))
+    {
+        if !eos_token_ids.contains(&id) {
+            eos_token_ids.push(id);
+        }
+    }
+    Ok(eos_token_ids)
+}
+
 impl ModelFiles {
     pub fn load(dir: &Path, chat_template_override: Option<&Path>) -> Result<ModelFiles, String> {
-        let config = read_json(&dir.join("config.json"))?
-            .ok_or_else(|| format!("{}: no config.json", dir.display()))?;
+        Self::load_timed(dir, chat_template_override, &Startup::new())
+    }
+
+    /// [`ModelFiles::load`], recording the tokenizer's and the template's
+    /// load times in `startup`.
+    pub fn load_timed(
+        dir: &Path,
+        chat_template_override: Option<&Path>,
+        startup: &Startup,
+    ) -> Result<ModelFiles, String> {
+        let config = read_config(dir)?;
         // Qwen3.5 checkpoints nest the language model's config.
         let text_config = config.get("text_config").unwrap_or(&config);
         let vocab_size = text_config
@@ -99,22 +135,13 @@ impl ModelFiles {
             .ok_or_else(|| "config.json: no vocab_size".to_string())?
             as usize;
         let tokenizer_path = dir.join("tokenizer.json");
-        let tokenizer = Tokenizer::from_file(&tokenizer_path)
+        let tokenizer = startup
+            .time("tokenizer", || Tokenizer::from_file(&tokenizer_path))
             .map_err(|e| format!("{}: {e}", tokenizer_path.display()))?;
         let tokenizer_config = read_json(&dir.join("tokenizer_config.json"))?;
         let generation_config = read_json(&dir.join("generation_config.json"))?;
 
-        let mut eos_token_ids = ids(generation_config
-            .as_ref()
-            .and_then(|g| g.get("eos_token_id")));
-        for id in ids(text_config.get("eos_token_id"))
-            .into_iter()
-            .chain(ids(config.get("eos_token_id")))
-        {
-            if !eos_token_ids.contains(&id) {
-                eos_token_ids.push(id);
-            }
-        }
+        let mut eos_token_ids = configured_eos_ids(dir)?;
         if eos_token_ids.is_empty() {
             if let Some(id) = tokenizer_config
                 .as_ref()
@@ -134,8 +161,10 @@ impl ModelFiles {
                     Some((key.to_string(), text))
                 })
                 .collect();
-        let source = template_source(dir, tokenizer_config.as_ref(), chat_template_override)?;
-        let template = ChatTemplate::new(source, special_tokens)?;
+        let template = startup.time("chat_template", || {
+            let source = template_source(dir, tokenizer_config.as_ref(), chat_template_override)?;
+            ChatTemplate::new(source, special_tokens)
+        })?;
 
         let g = generation_config.as_ref();
         let f = |k: &str| g.and_then(|g| g.get(k)).and_then(Json::as_f64);

@@ -12,7 +12,8 @@ use tokio::net::TcpListener;
 
 use crate::app::{router, unix_now, AppState, ServerMetrics};
 use crate::cli::Args;
-use crate::model::ModelFiles;
+use crate::model::{configured_eos_ids, ModelFiles};
+use crate::startup::Startup;
 
 /// Builds the engine's executor on the engine thread.
 pub type ExecutorFactory = Box<dyn FnOnce() -> Result<Box<dyn Executor>, String> + Send + 'static>;
@@ -23,10 +24,22 @@ pub fn engine_config(
     model: &ModelFiles,
     model_max_len: Option<usize>,
 ) -> EngineConfig {
-    let mut config = EngineConfig::new(model.eos_token_ids.clone());
+    let mut config = engine_config_for(args, model.eos_token_ids.clone(), model_max_len);
+    config.prefix_cache.snapshot_after = chat_snapshot_markers(model);
+    config
+}
+
+/// [`engine_config`] from the EOS ids alone (before the tokenizer loads).
+fn engine_config_for(
+    args: &Args,
+    eos_token_ids: Vec<u32>,
+    model_max_len: Option<usize>,
+) -> EngineConfig {
+    let mut config = EngineConfig::new(eos_token_ids);
     config.max_num_batched_tokens = args.max_num_batched_tokens;
     config.max_num_seqs = args.max_num_seqs;
     config.max_num_queued_reqs = args.max_num_queued_reqs;
+    config.max_num_queued_tokens = args.max_num_queued_tokens.unwrap_or(usize::MAX);
     if let Some(len) = args.max_model_len.or(model_max_len) {
         config.max_model_len = len;
     }
@@ -34,7 +47,8 @@ pub fn engine_config(
         enabled: args.prefix_caching(),
         // The executor's pool, sized from --prefix-cache-state-budget, caps it.
         max_snapshots: usize::MAX,
-        snapshot_after: chat_snapshot_markers(model),
+        // Set once the tokenizer has loaded (see `prepare`).
+        snapshot_after: Vec::new(),
         snapshot_interval: 0,
     };
     config
@@ -62,8 +76,30 @@ pub fn start(
 ) -> Result<Arc<AppState>, String> {
     let registry = prometheus::Registry::new();
     let engine = Engine::start(config, make_executor, &registry).map_err(|e| e.to_string())?;
+    state_of(
+        args,
+        model,
+        served_model_name,
+        engine,
+        registry,
+        Startup::new(),
+    )
+}
+
+/// The shared state over a started engine.
+fn state_of(
+    args: &Args,
+    model: ModelFiles,
+    served_model_name: String,
+    engine: engine::EngineHandle,
+    registry: prometheus::Registry,
+    startup: Arc<Startup>,
+) -> Result<Arc<AppState>, String> {
     let metrics = ServerMetrics::register(&registry)
         .map_err(|e| format!("registering server metrics: {e}"))?;
+    startup
+        .register(&registry)
+        .map_err(|e| format!("registering start-up metrics: {e}"))?;
     Ok(Arc::new(AppState {
         engine,
         model,
@@ -75,6 +111,7 @@ pub fn start(
         metrics,
         draining: Default::default(),
         created: unix_now(),
+        startup,
     }))
 }
 
@@ -126,8 +163,10 @@ pub async fn serve(
         .await
 }
 
-/// Picks and builds the executor for `--device` over a model directory.
-pub type ExecutorPicker = fn(&Args, &std::path::Path, usize) -> Result<ExecutorFactory, String>;
+/// Picks and builds the executor for `--device` over a model directory
+/// (recording its load phases in the [`Startup`]).
+pub type ExecutorPicker =
+    fn(&Args, &std::path::Path, usize, Arc<Startup>) -> Result<ExecutorFactory, String>;
 
 /// A started server before it listens: the state the router serves, the
 /// served name, and the unpacked demo directory (removed on drop).
@@ -138,32 +177,52 @@ pub struct Prepared {
 }
 
 /// Loads the model files (the demo without --model) and starts the engine
-/// with the picked executor; the model loads in the background.
+/// with the picked executor; the model loads in the background. Where the
+/// configs name the EOS ids, the tokenizer and chat template load on this
+/// thread while the engine thread loads the weights (otherwise the EOS id
+/// comes from the tokenizer, which then loads first).
 pub fn prepare(args: &Args, pick_executor: ExecutorPicker) -> Result<Prepared, String> {
+    let startup = Startup::new();
     let mut demo_dir = None;
     let (dir, default_name) = match &args.model {
         Some(dir) => (dir.clone(), dir.display().to_string()),
         None => {
             eprintln!("{}", crate::demo::BANNER);
-            let unpacked =
-                crate::demo::unpack().map_err(|e| format!("unpacking the demo model: {e}"))?;
+            let unpacked = startup
+                .time("demo_unpack", crate::demo::unpack)
+                .map_err(|e| format!("unpacking the demo model: {e}"))?;
             let dir = unpacked.path().to_path_buf();
             demo_dir = Some(unpacked);
             (dir, crate::demo::DEMO_MODEL_NAME.to_string())
         }
     };
-    let model = ModelFiles::load(&dir, args.chat_template.as_deref())?;
+    let template = args.chat_template.as_deref();
     let model_max_len = model_max_position_embeddings(&dir);
-    let config = engine_config(args, &model, model_max_len);
+    let eos = startup.time("model_config", || configured_eos_ids(&dir))?;
+    let mut model = None;
+    if eos.is_empty() {
+        model = Some(ModelFiles::load_timed(&dir, template, &startup)?);
+    }
+    let eos = model.as_ref().map_or(eos, |m| m.eos_token_ids.clone());
+    let config = engine_config_for(args, eos, model_max_len);
     let make_executor = pick_executor(
         args,
         &dir,
         config
             .max_model_len
             .min(model_max_len.unwrap_or(usize::MAX)),
+        startup.clone(),
     )?;
     let name = args.served_model_name.clone().unwrap_or(default_name);
-    let state = start(args, model, name.clone(), config, make_executor)?;
+    let registry = prometheus::Registry::new();
+    let engine = Engine::start(config, make_executor, &registry).map_err(|e| e.to_string())?;
+    let model = match model {
+        Some(model) => model,
+        None => ModelFiles::load_timed(&dir, template, &startup)?,
+    };
+    // Before any request can reach the engine (the app state is built below).
+    engine.set_snapshot_markers(chat_snapshot_markers(&model));
+    let state = state_of(args, model, name.clone(), engine, registry, startup)?;
     Ok(Prepared {
         state,
         name,
@@ -171,14 +230,34 @@ pub fn prepare(args: &Args, pick_executor: ExecutorPicker) -> Result<Prepared, S
     })
 }
 
+/// Logs the start-up summary line once the engine is ready (nothing if it
+/// fails to load: the engine logs why).
+async fn report_startup(state: Arc<AppState>) {
+    loop {
+        match state.engine.state() {
+            engine::EngineState::Loading => {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            engine::EngineState::Ready => {
+                log::info!("{}", state.startup.ready());
+                return;
+            }
+            _ => return,
+        }
+    }
+}
+
 /// The whole program: [`prepare`], serve, drain on a signal.
 pub async fn run_main(args: Args, pick_executor: ExecutorPicker) -> Result<(), String> {
     let prepared = prepare(&args, pick_executor)?;
     let name = &prepared.name;
     let addr = format!("{}:{}", args.host, args.port);
+    let bind_start = std::time::Instant::now();
     let listener = TcpListener::bind(&addr)
         .await
         .map_err(|e| format!("binding {addr}: {e}"))?;
+    prepared.state.startup.record("bind", bind_start.elapsed());
+    tokio::spawn(report_startup(prepared.state.clone()));
     log::info!(
         "serving `{name}` on http://{} (loading the model; /health turns 200 when ready)",
         listener.local_addr().map(|a| a.to_string()).unwrap_or(addr)

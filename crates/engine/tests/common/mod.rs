@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use engine::testing::{FakeControl, FakeExecutor};
 use engine::{
     CacheGeometry, Engine, EngineConfig, EngineHandle, EngineStats, Event, FinishReason,
-    GenerateRequest, RequestStream, SamplingParams, StopParams,
+    GenerateRequest, SamplingParams, StopParams,
 };
 
 pub const VOCAB: usize = 64;
@@ -124,27 +124,6 @@ pub fn request(prompt: Vec<u32>, max_tokens: usize, seed: u64) -> GenerateReques
             stop_token_ids: Vec::new(),
             ignore_eos: true,
         },
-    }
-}
-
-/// Every token of a stream and its terminal event.
-pub async fn collect(mut stream: RequestStream) -> (Vec<u32>, Event) {
-    let mut tokens = Vec::new();
-    loop {
-        match stream
-            .next()
-            .await
-            .expect("a terminal event before the end")
-        {
-            Event::Token(t) => tokens.push(t.token),
-            terminal => {
-                assert!(
-                    stream.next().await.is_none(),
-                    "events after the terminal one"
-                );
-                return (tokens, terminal);
-            }
-        }
     }
 }
 

@@ -76,7 +76,8 @@ impl GpuModel {
     /// and `padding_page` (which real rows may then no longer use). Replaces
     /// graphs captured before. Needs a created stream (capture is not
     /// allowed on the legacy default stream). The capture runs only padding
-    /// rows: no real slot or page is touched.
+    /// rows: no real slot or page is touched. Returns the time each batch
+    /// size took (its graphs of every width, captured and launched once).
     pub fn capture_decode_graphs(
         &mut self,
         cache: &mut GpuCache,
@@ -84,7 +85,7 @@ impl GpuModel {
         max_context: usize,
         padding_slot: SlotId,
         padding_page: PageId,
-    ) -> Result<()> {
+    ) -> Result<Vec<(usize, std::time::Duration)>> {
         if cache.model_id != self.id {
             return Err(Error::InvalidInput(
                 "this cache was made by another model".into(),
@@ -120,7 +121,9 @@ impl GpuModel {
         let top = buckets.iter().copied().max().unwrap_or(1);
         let mut logits = scratch::<f32>(&self.stream, top * self.config.vocab_size)?;
         let mut graphs = BTreeMap::new();
+        let mut took = Vec::with_capacity(buckets.len());
         for &bucket in buckets {
+            let start = std::time::Instant::now();
             for &width in &widths {
                 let layout = padded_layout(&[], &[], bucket, width, cache.page_size, padding);
                 let mut batch = DeviceBatch::upload(&self.stream, &layout)?;
@@ -135,6 +138,10 @@ impl GpuModel {
                 let graph = self.capture(cache, batch, bucket, &mut logits)?;
                 graphs.insert((bucket, width), graph);
             }
+            // The first launches are asynchronous: the bucket is ready when
+            // they are done.
+            self.stream.synchronize()?;
+            took.push((bucket, start.elapsed()));
         }
         log::info!(
             "qwen35 gpu: {} decode graphs captured (batch sizes {buckets:?}, page-table widths {widths:?})",
@@ -146,7 +153,7 @@ impl GpuModel {
             widths,
             logits,
         });
-        Ok(())
+        Ok(took)
     }
 
     fn capture(

@@ -1,6 +1,7 @@
-//! Where the GPU model's weights come from: a checkpoint (uploaded once, bf16
-//! matrices, f32 vectors) or, for benchmarks of full-size models without a
-//! checkpoint, deterministic random values generated on the device.
+//! Where the GPU model's weights come from: a checkpoint (uploaded once
+//! through pinned staging buffers, bf16 matrices, f32 vectors) or, for
+//! benchmarks of full-size models without a checkpoint, deterministic
+//! random values generated on the device.
 
 use std::sync::Arc;
 
@@ -8,8 +9,9 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use gdn_kernels::ModelOps;
 use half::bf16;
 
+use super::upload::Staging;
 use crate::error::Result;
-use crate::weights::Weights;
+use crate::weights::{RawTensor, Weights};
 
 pub(crate) trait WeightSource {
     /// The named `[rows_i, cols]` matrices stacked row-wise into one bf16
@@ -23,16 +25,21 @@ pub(crate) trait WeightSource {
 pub(crate) struct Checkpoint<'a> {
     pub weights: &'a Weights,
     pub stream: Arc<CudaStream>,
+    pub staging: Staging,
 }
 
 impl WeightSource for Checkpoint<'_> {
     fn matrix(&mut self, parts: &[(&str, usize)], cols: usize) -> Result<CudaSlice<bf16>> {
-        let mut host: Vec<bf16> = vec![];
-        for (name, rows) in parts {
-            let w = self.weights.get(name, &[*rows, cols])?;
-            host.extend(w.iter().map(|&x| bf16::from_f32(x)));
-        }
-        Ok(self.stream.clone_htod(&host)?)
+        let raw = parts
+            .iter()
+            .map(|(name, rows)| self.weights.raw(name, &[*rows, cols]))
+            .collect::<Result<Vec<RawTensor>>>()?;
+        let len = raw.iter().map(RawTensor::len).sum();
+        // SAFETY: the staging copies write every element before any use
+        // (same stream).
+        let mut buf = unsafe { self.stream.alloc::<bf16>(len) }?;
+        self.staging.upload(&raw, &mut buf)?;
+        Ok(buf)
     }
     fn vector(&mut self, name: &str, shape: &[usize]) -> Result<CudaSlice<f32>> {
         Ok(self.stream.clone_htod(&self.weights.get(name, shape)?)?)

@@ -11,10 +11,11 @@ mod cache;
 mod graphs;
 mod load;
 mod step;
+mod upload;
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudarc::driver::{CudaContext, CudaSlice};
 use gdn_kernels::{
     AttentionShape, Backend, BackendRequest, DeltaNetInputs, DeltaNetShape, DeviceBatch,
     GdnGeometry, GdnPrefill, Gemm, ModelOps, PrefillBuffers,
@@ -22,12 +23,16 @@ use gdn_kernels::{
 use half::bf16;
 
 pub use cache::{GpuCache, SlotState};
+/// The stream type of [`GpuModel::default_stream`], for callers that hold one
+/// without depending on cudarc themselves.
+pub use cudarc::driver::CudaStream;
 use load::{Checkpoint, Random, WeightSource};
 use step::{Batches, LogitsPlan};
 pub use step::{HostLogits, LogitsTo, Row, RowLogits, StepError};
 
 use crate::config::{Config, LayerType};
 use crate::error::{Error, Result};
+use crate::timing::PhaseTimes;
 use crate::weights::Weights;
 
 /// Options of the GPU model.
@@ -96,6 +101,8 @@ pub struct GpuModel {
     norm: CudaSlice<f32>,
     inv_freq: CudaSlice<f32>,
     layers: Vec<Layer>,
+    /// Where the load's time went (kernel modules, cuBLAS, uploads).
+    load_phases: PhaseTimes,
 }
 
 /// An activation buffer the next op overwrites completely (every producer
@@ -146,11 +153,16 @@ impl GpuModel {
         stream: Arc<CudaStream>,
         options: GpuOptions,
     ) -> Result<GpuModel> {
+        let mut phases = PhaseTimes::default();
+        let staging = phases.time("pinned_staging", || {
+            upload::Staging::new(stream.clone(), upload::STAGING_ELEMS)
+        })?;
         let mut src = Checkpoint {
             weights,
             stream: stream.clone(),
+            staging,
         };
-        Self::build(config, &mut src, stream, options)
+        Self::build(config, &mut src, stream, options, phases)
     }
 
     /// A model with deterministic random weights generated on the device
@@ -163,7 +175,7 @@ impl GpuModel {
     ) -> Result<GpuModel> {
         let ops = ModelOps::new(stream.clone())?;
         let mut src = Random { ops: &ops, seed };
-        Self::build(config, &mut src, stream, options)
+        Self::build(config, &mut src, stream, options, PhaseTimes::default())
     }
 
     fn build(
@@ -171,6 +183,7 @@ impl GpuModel {
         src: &mut dyn WeightSource,
         stream: Arc<CudaStream>,
         options: GpuOptions,
+        mut phases: PhaseTimes,
     ) -> Result<GpuModel> {
         let c = &config;
         let (dn, attn) = shapes(c)?;
@@ -186,19 +199,22 @@ impl GpuModel {
         // (weights, caches, activations, the ops' own buffers).
         unsafe { stream.context().disable_event_tracking() };
         let (h, v, i) = (c.hidden_size, c.vocab_size, c.intermediate_size);
-        let ops = ModelOps::new(stream.clone())?;
+        let ops = phases.time("model_kernels", || ModelOps::new(stream.clone()))?;
         // Refuse unsupported shapes now, not mid-step after state changed.
         ops.check_model(h, dn, attn)?;
-        let gemm = Gemm::new(stream.clone())?;
-        let gdn = GdnPrefill::new(
-            stream.clone(),
-            GdnGeometry {
-                num_qk_heads: dn.qk_heads,
-                num_v_heads: dn.v_heads,
-                head_dim: gdn_kernels::HEAD_DIM,
-            },
-            options.gdn_backend,
-        )?;
+        let gemm = phases.time("cublas", || Gemm::new(stream.clone()))?;
+        let gdn = phases.time("gdn_prefill_init", || {
+            GdnPrefill::new(
+                stream.clone(),
+                GdnGeometry {
+                    num_qk_heads: dn.qk_heads,
+                    num_v_heads: dn.v_heads,
+                    head_dim: gdn_kernels::HEAD_DIM,
+                },
+                options.gdn_backend,
+            )
+        })?;
+        let upload_start = std::time::Instant::now();
         let embed = src.matrix(&[("model.embed_tokens.weight", v)], h)?;
         let (mut n_linear, mut n_full) = (0, 0);
         let mut layers = vec![];
@@ -278,6 +294,9 @@ impl GpuModel {
             .map(|k| (1.0 / c.rope_theta.powf((2 * k) as f64 / rot as f64)) as f32)
             .collect();
         let inv_freq = stream.clone_htod(&freqs)?;
+        // The copies are asynchronous: the upload ends when they are done.
+        stream.synchronize()?;
+        phases.push("weights_upload", upload_start.elapsed());
         log::info!(
             "qwen35 gpu: {} layers ({n_linear} DeltaNet, {n_full} attention), GDN prefill on {}, model kernels sm_{}",
             layers.len(),
@@ -298,7 +317,13 @@ impl GpuModel {
             norm,
             inv_freq,
             layers,
+            load_phases: phases,
         })
+    }
+
+    /// Where the load's time went, phase by phase.
+    pub fn load_phases(&self) -> &PhaseTimes {
+        &self.load_phases
     }
 
     /// A new stream on CUDA device 0 (a created stream, not the legacy

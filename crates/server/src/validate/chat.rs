@@ -6,6 +6,9 @@ use crate::openai::{GenerationRequest, MessageContent, ToolChoice};
 
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
+const TOOL_CHOICE_INSTEAD: &str =
+    "Use tool_choice 'auto' (or leave it out): the model then calls the given tools when it chooses to.";
+
 pub fn validate_chat(
     req: &GenerationRequest,
     defaults: &SamplingDefaults,
@@ -122,9 +125,10 @@ pub fn validate_chat(
             true
         }
         Some(ToolChoice::Mode(m)) if m == "required" => {
-            return Err(ValidationError::Unsupported {
+            return Err(ValidationError::NeedsConstrainedDecoding {
                 field: "tool_choice",
                 value: "'required'".into(),
+                instead: TOOL_CHOICE_INSTEAD,
             })
         }
         Some(ToolChoice::Mode(m)) => {
@@ -133,9 +137,10 @@ pub fn validate_chat(
             })
         }
         Some(ToolChoice::Named(named)) => {
-            return Err(ValidationError::Unsupported {
+            return Err(ValidationError::NeedsConstrainedDecoding {
                 field: "tool_choice",
                 value: format!("a named function ('{}')", named.function.name),
+                instead: TOOL_CHOICE_INSTEAD,
             })
         }
     };
@@ -155,4 +160,67 @@ pub fn validate_chat(
         continue_final_message,
         include_reasoning: req.include_reasoning.unwrap_or(true),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::openai::GenerationRequest;
+
+    fn refusal(extra: &str) -> (String, Option<String>, &'static str) {
+        let json = format!(
+            r#"{{"messages": [{{"role": "user", "content": "hi"}}], "tools": [{{"type": "function", "function": {{"name": "f", "parameters": {{}}}}}}], {extra}}}"#
+        );
+        let req: GenerationRequest = serde_json::from_str(&json).unwrap();
+        let e = validate_chat(&req, &SamplingDefaults::default(), 1000).unwrap_err();
+        (e.to_string(), e.param(), e.code())
+    }
+
+    #[test]
+    fn what_needs_constrained_decoding_is_refused_saying_so() {
+        for (extra, field, value, instead) in [
+            (
+                r#""tool_choice": {"type": "function", "function": {"name": "f"}}"#,
+                "tool_choice",
+                "a named function ('f')",
+                "tool_choice 'auto'",
+            ),
+            (
+                r#""tool_choice": "required""#,
+                "tool_choice",
+                "'required'",
+                "tool_choice 'auto'",
+            ),
+            (
+                r#""response_format": {"type": "json_object"}"#,
+                "response_format.type",
+                "json_object",
+                "in the prompt",
+            ),
+            (
+                r#""response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}"#,
+                "response_format.type",
+                "json_schema",
+                "in the prompt",
+            ),
+        ] {
+            let (message, param, code) = refusal(extra);
+            assert!(
+                message.starts_with(&format!(
+                    "{field}={value} needs constrained (guided) decoding"
+                )),
+                "{message}"
+            );
+            assert!(message.contains("does not have"), "{message}");
+            assert!(message.contains(instead), "{message}");
+            assert_eq!(param.as_deref(), Some(field));
+            assert_eq!(code, "unsupported_value");
+        }
+        // What needs no constraint is accepted.
+        let req: GenerationRequest = serde_json::from_str(
+            r#"{"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "text"}}"#,
+        )
+        .unwrap();
+        assert!(validate_chat(&req, &SamplingDefaults::default(), 1000).is_ok());
+    }
 }

@@ -57,6 +57,13 @@ pub enum ValidationError {
         field: &'static str,
         value: String,
     },
+    /// A value that only constrained (guided) decoding could honour.
+    NeedsConstrainedDecoding {
+        field: &'static str,
+        value: String,
+        /// What to send instead.
+        instead: &'static str,
+    },
     EmptyTools,
     BadToolType {
         index: usize,
@@ -132,6 +139,14 @@ impl std::fmt::Display for ValidationError {
             Unsupported { field, value } => {
                 write!(f, "{field}={value} is not supported by this server.")
             }
+            NeedsConstrainedDecoding {
+                field,
+                value,
+                instead,
+            } => write!(
+                f,
+                "{field}={value} needs constrained (guided) decoding, which this server does not have: it cannot force the output's shape. {instead}"
+            ),
             EmptyTools => write!(f, "tools must not be an empty list (leave it out instead)."),
             BadToolType { index, kind } => {
                 write!(f, "tools[{index}].type must be 'function', got '{kind}'.")
@@ -169,7 +184,9 @@ impl ValidationError {
             NotFinite { field } | OutOfRange { field, .. } | MissingField { field } => {
                 field.to_string()
             }
-            Unsupported { field, .. } | TokenOutOfVocab { field, .. } => field.to_string(),
+            Unsupported { field, .. }
+            | NeedsConstrainedDecoding { field, .. }
+            | TokenOutOfVocab { field, .. } => field.to_string(),
             EmptyMessages | Template { .. } => "messages".into(),
             BadRole { index, .. } => format!("messages[{index}].role"),
             BadContentPart { index, part, .. } => format!("messages[{index}].content[{part}]"),
@@ -196,7 +213,8 @@ impl ValidationError {
             ValidationError::PromptTooLong { .. } | ValidationError::MaxTokensTooLarge { .. } => {
                 "context_length_exceeded"
             }
-            ValidationError::Unsupported { .. } => "unsupported_value",
+            ValidationError::Unsupported { .. }
+            | ValidationError::NeedsConstrainedDecoding { .. } => "unsupported_value",
             ValidationError::Template { .. } => "invalid_chat_template_input",
             _ => "invalid_value",
         }

@@ -260,9 +260,10 @@ pub fn validate_generation(
     }
     if let Some(format) = &req.response_format {
         if format.kind != "text" {
-            return Err(ValidationError::Unsupported {
+            return Err(ValidationError::NeedsConstrainedDecoding {
                 field: "response_format.type",
                 value: format.kind.clone(),
+                instead: "Ask for the format in the prompt instead (the output is then not guaranteed to follow it).",
             });
         }
     }
