@@ -9,7 +9,7 @@
 #   repro      `gdn-gen verify` with the machine's own nvcc under /usr/local/cuda
 #   fixtures   regenerate the Qwen3.5 fixtures with HF transformers (fixtures.tar)
 #   qwen35     qwen35's unit tests (the staged weight upload on the GPU), the
-#              Qwen3.5 GPU gates, step-seam, executor and engine tests, and the
+#              Qwen3.5 GPU gates, step-seam, executor, engine and prefix-cache tests, and the
 #              fixtures served by gdn-server (on the fixtures just made, else the
 #              committed ones)
 #   qbench     the Qwen3.5-4B random-weight benchmark
@@ -67,7 +67,7 @@ export QWEN35_FIXTURES=${QWEN35_FIXTURES:-$PWD/crates/qwen35/tests/fixtures}
 [[ -n $cublas ]] && export LD_LIBRARY_PATH=$(dirname "$cublas")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 if has qwen35; then
   echo "### fixtures: $QWEN35_FIXTURES, cuBLAS: ${cublas:-not found}" > "$OUT/qwen35.log"
-  for t in qwen35_lib gpu_forward gpu_steps gpu_executor gpu_engine gpu_sampling gpu_served; do
+  for t in qwen35_lib gpu_forward gpu_steps gpu_executor gpu_engine gpu_sampling gpu_prefix_cache gpu_served; do
     [ -x .carry/bin/$t ] || continue
     { echo "### GDN_REQUIRE_GPU=1 $t"; GDN_REQUIRE_GPU=1 .carry/bin/$t --test-threads=1 --nocapture; } >> "$OUT/qwen35.log" 2>&1 || rc=1
   done

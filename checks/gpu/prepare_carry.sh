@@ -21,7 +21,7 @@ test_binary() {  # crate, test target -> path of the built test executable
 cp "$(test_binary gdn-kernels gpu_prefill)" .carry/bin/gpu_prefill
 cp "$(test_binary gdn-kernels gpu_dsl_prefill)" .carry/bin/gpu_dsl_prefill
 cp "$(test_binary gdn-kernels gpu_model_ops)" .carry/bin/gpu_model_ops
-for t in gpu_forward gpu_steps gpu_executor gpu_engine gpu_sampling; do
+for t in gpu_forward gpu_steps gpu_executor gpu_engine gpu_sampling gpu_prefix_cache; do
   cp "$(test_binary qwen35 $t)" .carry/bin/$t
 done
 cp "$(test_binary gdn-server gpu_served)" .carry/bin/gpu_served

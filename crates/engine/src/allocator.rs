@@ -17,8 +17,13 @@ pub struct SeqCache {
 #[derive(Debug)]
 pub struct Allocator {
     page_size: usize,
-    /// Holders of each page (0: free).
+    /// Holders of each page (0: free), the prefix cache included.
     page_refs: Vec<u32>,
+    /// Of those, the prefix cache's holds.
+    cache_refs: Vec<u32>,
+    /// Pages only the prefix cache holds (evictable: vLLM counts such
+    /// blocks as free in `kv_cache_usage_perc`).
+    cache_only: usize,
     /// Free pages, popped from the end (LIFO keeps recently freed pages warm).
     free_pages: Vec<PageId>,
     slot_used: Vec<bool>,
@@ -31,6 +36,8 @@ impl Allocator {
         Allocator {
             page_size: geometry.page_size,
             page_refs: vec![0; geometry.num_pages],
+            cache_refs: vec![0; geometry.num_pages],
+            cache_only: 0,
             // Reversed so that the first pages handed out are 0, 1, 2, ...
             free_pages: (0..geometry.num_pages as u32).rev().map(PageId).collect(),
             slot_used: vec![false; geometry.num_slots],
@@ -111,21 +118,100 @@ impl Allocator {
         true
     }
 
+    /// Holders of `page` (0: free).
+    pub fn page_refs(&self, page: PageId) -> u32 {
+        self.page_refs[page.0 as usize]
+    }
+
+    /// Pages held by the prefix cache alone.
+    pub fn pages_cache_only(&self) -> usize {
+        self.cache_only
+    }
+
+    /// Pages held by sequences (shared ones once).
+    pub fn pages_in_sequences(&self) -> usize {
+        self.pages_used() - self.cache_only
+    }
+
+    fn is_cache_only(&self, page: PageId) -> bool {
+        let p = page.0 as usize;
+        self.page_refs[p] > 0 && self.page_refs[p] == self.cache_refs[p]
+    }
+
+    /// Changes `page`'s holds by `request` and `cache` (+1 or -1 each),
+    /// keeping the cache-only count.
+    fn change_holds(&mut self, page: PageId, request: i32, cache: i32) {
+        let was = self.is_cache_only(page);
+        let p = page.0 as usize;
+        self.page_refs[p] = (self.page_refs[p] as i32 + request + cache) as u32;
+        self.cache_refs[p] = (self.cache_refs[p] as i32 + cache) as u32;
+        match (was, self.is_cache_only(page)) {
+            (false, true) => self.cache_only += 1,
+            (true, false) => self.cache_only -= 1,
+            _ => {}
+        }
+        if self.page_refs[p] == 0 {
+            self.free_pages.push(page);
+        }
+    }
+
+    /// The prefix cache's hold on `page` (which must be in use).
+    pub fn cache_retain(&mut self, page: PageId) {
+        assert!(
+            self.page_refs[page.0 as usize] > 0,
+            "cache retain of free page {page:?}"
+        );
+        self.change_holds(page, 0, 1);
+    }
+
+    /// Drops a prefix-cache hold on `page`; free when none is left.
+    pub fn cache_release(&mut self, page: PageId) {
+        assert!(
+            self.cache_refs[page.0 as usize] > 0,
+            "double cache release of page {page:?}"
+        );
+        self.change_holds(page, 0, -1);
+    }
+
+    /// A slot and, first, a hold on each of `shared` (pages of a prefix-cache
+    /// hit), then fresh pages up to `positions`; `None` (nothing taken) when
+    /// a slot or the fresh pages are short.
+    pub fn open_shared(&mut self, shared: &[PageId], positions: usize) -> Option<SeqCache> {
+        let fresh = self.pages_for(positions).saturating_sub(shared.len());
+        if self.free_slots.is_empty() || fresh > self.pages_free() {
+            return None;
+        }
+        let slot = self.free_slots.pop()?;
+        self.slot_used[slot.0 as usize] = true;
+        for &page in shared {
+            self.retain_page(page);
+        }
+        let mut cache = SeqCache {
+            slot,
+            pages: shared.to_vec(),
+        };
+        let grown = self.grow(&mut cache, positions);
+        debug_assert!(grown);
+        Some(cache)
+    }
+
     /// Another holder of `page` (a prefix-cache share). The page must be in use.
     pub fn retain_page(&mut self, page: PageId) {
-        let refs = &mut self.page_refs[page.0 as usize];
-        assert!(*refs > 0, "retain of free page {page:?}");
-        *refs += 1;
+        assert!(
+            self.page_refs[page.0 as usize] > 0,
+            "retain of free page {page:?}"
+        );
+        self.change_holds(page, 1, 0);
     }
 
     /// Drops one holder of `page`; the page is free when none is left.
     pub fn release_page(&mut self, page: PageId) {
-        let refs = &mut self.page_refs[page.0 as usize];
-        assert!(*refs > 0, "double release of page {page:?}");
-        *refs -= 1;
-        if *refs == 0 {
-            self.free_pages.push(page);
-        }
+        let p = page.0 as usize;
+        assert!(
+            self.page_refs[p] > self.cache_refs[p],
+            "double release of page {page:?}"
+        );
+        self.change_holds(page, -1, 0);
     }
 
     /// Gives back a sequence's slot and its holds on its pages.
@@ -205,6 +291,37 @@ mod tests {
         assert_eq!(alloc.pages_used(), 1);
         alloc.release_page(shared);
         assert_eq!(alloc.pages_used(), 0);
+    }
+
+    #[test]
+    fn pages_held_by_the_cache_alone_are_counted_apart() {
+        let mut alloc = Allocator::new(&geometry(2, 4, 4));
+        let a = alloc.open(8).unwrap();
+        let (p0, p1) = (a.pages[0], a.pages[1]);
+        alloc.cache_retain(p0);
+        alloc.cache_retain(p1);
+        assert_eq!(
+            (alloc.pages_in_sequences(), alloc.pages_cache_only()),
+            (2, 0)
+        );
+        // A second sequence shares p0.
+        let b = alloc.open_shared(&[p0], 5).unwrap();
+        assert_eq!(alloc.page_refs(p0), 3);
+        alloc.close(a);
+        // p1 is the cache's alone now; p0 is still b's.
+        assert_eq!(
+            (alloc.pages_in_sequences(), alloc.pages_cache_only()),
+            (2, 1)
+        );
+        alloc.close(b);
+        assert_eq!(
+            (alloc.pages_in_sequences(), alloc.pages_cache_only()),
+            (0, 2)
+        );
+        alloc.cache_release(p0);
+        alloc.cache_release(p1);
+        assert_eq!((alloc.pages_used(), alloc.pages_cache_only()), (0, 0));
+        assert_eq!(alloc.pages_free(), 4);
     }
 
     #[test]

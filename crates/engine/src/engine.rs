@@ -11,6 +11,7 @@ use tokio::sync::{mpsc as tokio_mpsc, watch};
 
 use crate::executor::Executor;
 use crate::metrics::Metrics;
+use crate::prefix_cache::{PrefixCacheConfig, PrefixCacheStats};
 use crate::request::{EngineState, Event, GenerateRequest, RequestId, SubmitError};
 use crate::worker;
 
@@ -39,6 +40,10 @@ pub struct EngineConfig {
     /// Cap per prefill chunk so one long prompt leaves room in a step for
     /// others (0: the budget only).
     pub long_prefill_token_threshold: usize,
+    /// The prefix cache (off by default here; the server decides). Its
+    /// snapshot budget is also capped by the executor's snapshot pool; an
+    /// executor without one runs without a cache.
+    pub prefix_cache: PrefixCacheConfig,
 }
 
 impl EngineConfig {
@@ -52,6 +57,7 @@ impl EngineConfig {
             max_num_queued_tokens: usize::MAX,
             eos_token_ids,
             long_prefill_token_threshold: 0,
+            prefix_cache: PrefixCacheConfig::default(),
         }
     }
 
@@ -103,11 +109,18 @@ pub struct EngineStats {
     pub waiting: usize,
     pub slots_used: usize,
     pub slots_total: usize,
+    /// Pages held by requests (vLLM's `kv_cache_usage_perc` counts these).
     pub pages_used: usize,
+    /// Pages held by the prefix cache alone (given back on demand).
+    pub pages_cached: usize,
     pub pages_total: usize,
     pub preemptions: u64,
     pub steps: u64,
     pub aborted: u64,
+    /// The prefix cache's counts and holdings (`None`: no cache).
+    pub prefix_cache: Option<PrefixCacheStats>,
+    /// Bytes of one snapshot (the executor's).
+    pub snapshot_bytes: usize,
 }
 
 /// A request handed to the engine thread.
@@ -122,6 +135,8 @@ pub(crate) enum Command {
     Submit(Box<Submission>),
     /// Finish what is running and waiting until the instant, then abort the rest and stop.
     Shutdown(Instant),
+    /// The prefix cache's snapshot markers from now on.
+    SetSnapshotMarkers(Vec<Vec<u32>>),
 }
 
 /// What both sides see.
@@ -319,6 +334,15 @@ impl EngineHandle {
 
     pub fn stats(&self) -> EngineStats {
         self.shared.stats.lock().unwrap().clone()
+    }
+
+    /// Replaces the prefix cache's snapshot markers
+    /// (`PrefixCacheConfig::snapshot_after`) for the requests submitted
+    /// after this call (the server knows them once its tokenizer loaded,
+    /// which may be after the engine started).
+    pub fn set_snapshot_markers(&self, markers: Vec<Vec<u32>>) {
+        // Fails only when the thread is gone: nothing left to configure.
+        let _ = self.commands.send(Command::SetSnapshotMarkers(markers));
     }
 
     /// Refuses new work (`submit` gives `ShuttingDown`), lets running and

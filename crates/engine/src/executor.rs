@@ -13,6 +13,22 @@ pub struct SlotId(pub u32);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PageId(pub u32);
 
+/// A state snapshot of the executor's snapshot pool: a copy of a slot's
+/// recurrent and conv state after some number of tokens, kept for the
+/// prefix cache. Separate from the slots, so no running sequence ever
+/// writes into one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SnapshotId(pub u32);
+
+/// The executor's snapshot pool (empty: it cannot snapshot, and the engine
+/// runs without a prefix cache).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotGeometry {
+    pub num_snapshots: usize,
+    /// Device (or host) bytes of one snapshot, for the metrics and budget.
+    pub snapshot_bytes: usize,
+}
+
 /// What an executor holds; the engine's allocator hands these out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CacheGeometry {
@@ -60,7 +76,9 @@ pub struct StepRow<'a> {
     pub start: usize,
     pub tokens: &'a [u32],
     /// The sequence's KV pages in position order, covering at least
-    /// `start + tokens.len()` positions.
+    /// `start + tokens.len()` positions. Pages wholly before `start` may be
+    /// shared read-only with other rows and sequences (the prefix cache);
+    /// the pages the row writes (from the one holding `start`) are its own.
     pub pages: &'a [PageId],
     /// Sample a token after the row's last token (`None`: a prefill chunk
     /// that is not the prompt's last).
@@ -114,4 +132,43 @@ pub trait Executor {
     /// Runs one forward over `rows` (each slot at most once) and returns one
     /// [`SampledToken`] per row with `sample: Some(..)`, in row order.
     fn step(&mut self, rows: &[StepRow<'_>]) -> Result<Vec<SampledToken>, ExecError>;
+
+    /// The snapshot pool; an executor without one keeps the default (none)
+    /// and the engine never calls the methods below.
+    fn snapshot_geometry(&self) -> SnapshotGeometry {
+        SnapshotGeometry::default()
+    }
+
+    /// Copies the state `slot` holds now (after its last step) into
+    /// `snapshot`, replacing what was there. The slot is unchanged.
+    fn snapshot(&mut self, slot: SlotId, snapshot: SnapshotId) -> Result<(), ExecError> {
+        let _ = (slot, snapshot);
+        Err(ExecError::Refused(
+            "this executor has no snapshot pool".into(),
+        ))
+    }
+
+    /// Copies `snapshot` into `slot`: the slot then holds the state after
+    /// the snapshot's tokens, and the next row of the slot continues at that
+    /// position. The snapshot is unchanged (copy, never in place).
+    fn restore(&mut self, snapshot: SnapshotId, slot: SlotId) -> Result<(), ExecError> {
+        let _ = (snapshot, slot);
+        Err(ExecError::Refused(
+            "this executor has no snapshot pool".into(),
+        ))
+    }
+
+    /// The engine will not restore `snapshot` again (until it takes a new
+    /// one there): an executor may free what it holds for it.
+    fn drop_snapshot(&mut self, snapshot: SnapshotId) {
+        let _ = snapshot;
+    }
+
+    /// Copies every position of KV page `from` onto page `to` (a prefix hit
+    /// that ends inside a page: the request writes its next positions into
+    /// its own copy, never into the shared page).
+    fn copy_page(&mut self, from: PageId, to: PageId) -> Result<(), ExecError> {
+        let _ = (from, to);
+        Err(ExecError::Refused("this executor cannot copy pages".into()))
+    }
 }

@@ -9,6 +9,9 @@
 //!   then chunked prefills in progress, then FCFS admission; preemption by
 //!   recompute when KV pages run out.
 //! - [`allocator`]: state slots and refcounted KV pages.
+//! - [`prefix_cache`]: a trie over full KV pages with recurrent-state
+//!   snapshots at exact positions (docs/prefix-caching.md); a hit resumes a
+//!   request from a snapshot copied into its own slot.
 //! - [`sampler`]: the CPU sampler (vLLM semantics, counter-based seeds).
 //! - [`metrics`]: the vLLM-named Prometheus series.
 
@@ -16,6 +19,7 @@ pub mod allocator;
 mod engine;
 pub mod executor;
 pub mod metrics;
+pub mod prefix_cache;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
@@ -28,7 +32,7 @@ pub use engine::{
 };
 pub use executor::{
     CacheGeometry, ExecError, Executor, PageId, SampleSeed, SampleSpec, SampledToken, SlotId,
-    StepRow,
+    SnapshotGeometry, SnapshotId, StepRow,
 };
 pub use request::{
     EngineState, Event, FinishReason, GenerateRequest, RequestId, SamplingParams, StopParams,

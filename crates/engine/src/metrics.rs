@@ -53,6 +53,18 @@ pub struct Metrics {
     pub step_duration: Histogram,
     pub tokens_per_step: Histogram,
     pub requests_aborted: IntCounter,
+    /// Prefix cache (vLLM's two counters, in tokens, then ours).
+    pub prefix_cache_queries: IntCounter,
+    pub prefix_cache_hits: IntCounter,
+    pub snapshot_hits: IntCounter,
+    pub snapshot_misses: IntCounter,
+    pub snapshots_taken: IntCounter,
+    pub snapshot_evictions: IntCounter,
+    pub kv_only_unusable: IntCounter,
+    pub kv_only_unusable_tokens: IntCounter,
+    pub snapshots: IntGauge,
+    pub snapshot_bytes: IntGauge,
+    pub prefix_cache_pages: IntGauge,
 }
 
 fn histogram(
@@ -187,6 +199,61 @@ impl Metrics {
                 registry,
                 "gdn:requests_aborted_total",
                 "Requests aborted because their stream was dropped (client gone).",
+            )?,
+            prefix_cache_queries: int_counter(
+                registry,
+                "vllm:prefix_cache_queries_total",
+                "Prefix cache queries, in terms of number of queried tokens.",
+            )?,
+            prefix_cache_hits: int_counter(
+                registry,
+                "vllm:prefix_cache_hits_total",
+                "Prefix cache hits, in terms of number of cached tokens.",
+            )?,
+            snapshot_hits: int_counter(
+                registry,
+                "gdn:prefix_cache_snapshot_hits_total",
+                "First admissions that resumed from a state snapshot.",
+            )?,
+            snapshot_misses: int_counter(
+                registry,
+                "gdn:prefix_cache_snapshot_misses_total",
+                "First admissions that found no usable state snapshot.",
+            )?,
+            snapshots_taken: int_counter(
+                registry,
+                "gdn:prefix_cache_snapshots_taken_total",
+                "Recurrent-state snapshots taken into the snapshot pool.",
+            )?,
+            snapshot_evictions: int_counter(
+                registry,
+                "gdn:prefix_cache_snapshot_evictions_total",
+                "Recurrent-state snapshots evicted (budget or page pressure).",
+            )?,
+            kv_only_unusable: int_counter(
+                registry,
+                "gdn:prefix_cache_kv_only_hits_unusable_total",
+                "Lookups whose KV match ran past the last snapshot (the KV beyond it was recomputed).",
+            )?,
+            kv_only_unusable_tokens: int_counter(
+                registry,
+                "gdn:prefix_cache_kv_only_unusable_tokens_total",
+                "Tokens of KV matched beyond the last usable snapshot (recomputed for want of a state).",
+            )?,
+            snapshots: int_gauge(
+                registry,
+                "gdn:prefix_cache_snapshots",
+                "Recurrent-state snapshots held by the prefix cache.",
+            )?,
+            snapshot_bytes: int_gauge(
+                registry,
+                "gdn:prefix_cache_snapshot_bytes",
+                "Bytes of the recurrent-state snapshots held by the prefix cache.",
+            )?,
+            prefix_cache_pages: int_gauge(
+                registry,
+                "gdn:prefix_cache_pages",
+                "Holds of the prefix cache on KV pages (a page may also be held by running requests).",
             )?,
         })
     }

@@ -143,7 +143,8 @@ pub enum FinishReason {
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
-    /// Prompt tokens served from the prefix cache (0 until it exists).
+    /// Prompt tokens served from the prefix cache (resumed from a state
+    /// snapshot at first admission; 0 with the cache off).
     pub cached_tokens: usize,
 }
 
@@ -154,6 +155,9 @@ pub struct TokenEvent {
     /// Present when the request asked for logprobs.
     pub logprob: Option<f32>,
     pub top_logprobs: Vec<(u32, f32)>,
+    /// Prompt tokens served from the prefix cache (the same on every token
+    /// of a request; `Usage::cached_tokens` at the end).
+    pub cached_tokens: usize,
 }
 
 /// What a request's stream yields, in order: tokens, then exactly one

@@ -20,6 +20,16 @@
 //! it would have had. The earliest admitted sequence therefore always makes
 //! progress, and it cannot be blocked by requests that arrived after it.
 //!
+//! With the prefix cache ([`crate::prefix_cache`]) on, admission first
+//! looks the sequence up: a hit starts it at the cached position (shared
+//! pages, a copied tail page, the snapshot restored into its slot: the
+//! plan's `cache_ops`). Prefill chunks end at the sequence's snapshot
+//! points (before the prompt's last token, after the last configured marker such as
+//! `<|im_start|>assistant\n`, periodic points), where [`Scheduler::commit`]
+//! publishes the state; a sequence that finishes publishes the state after
+//! its last computed token too. Running sequences short of pages evict the
+//! cache before anyone is preempted; admission evicts it too.
+//!
 //! The scheduler is single-threaded and pure (no clocks, no channels): the
 //! engine thread drives it and the tests drive it directly.
 
@@ -27,6 +37,7 @@ use std::collections::{HashMap, VecDeque};
 
 use crate::allocator::{Allocator, SeqCache};
 use crate::executor::{CacheGeometry, SampleSeed, SampleSpec, SampledToken, StepRow};
+use crate::prefix_cache::{CacheOp, Hit, PrefixCache, PrefixCacheConfig, PrefixCacheStats};
 use crate::request::{FinishReason, RequestId, SamplingParams, StopParams};
 
 /// The limits the scheduler enforces (already capped by the executor's geometry).
@@ -38,6 +49,8 @@ pub struct SchedulerConfig {
     /// Cap per prefill chunk; 0: the budget only.
     pub long_prefill_token_threshold: usize,
     pub eos_token_ids: Vec<u32>,
+    /// `enabled` with `max_snapshots > 0` turns the prefix cache on.
+    pub prefix_cache: PrefixCacheConfig,
 }
 
 /// A request as the scheduler keeps it.
@@ -55,6 +68,11 @@ struct Sequence {
     /// Admitted at least once (a preempted sequence is waiting again but
     /// has been admitted).
     admitted_once: bool,
+    /// Positions after which the state is published to the prefix cache
+    /// (ascending; empty without a cache). Prefill chunks end there.
+    points: Vec<usize>,
+    /// Prompt tokens served from the prefix cache at first admission.
+    cached_tokens: usize,
 }
 
 impl Sequence {
@@ -81,6 +99,9 @@ pub struct Plan {
     pub first_admitted: Vec<RequestId>,
     /// Preempted while planning (now at the front of the waiting queue).
     pub preempted: Vec<RequestId>,
+    /// Executor work to run, in order, before the step (prefix-cache hits'
+    /// page copies and restores; drops of evicted snapshots).
+    pub cache_ops: Vec<CacheOp>,
 }
 
 impl Plan {
@@ -98,6 +119,8 @@ pub struct Outcome {
     pub finish: Option<FinishReason>,
     pub prompt_len: usize,
     pub output_len: usize,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: usize,
 }
 
 #[derive(Debug)]
@@ -109,11 +132,18 @@ pub struct Scheduler {
     /// Admission order (oldest first); preemption takes from the back.
     running: Vec<RequestId>,
     preemptions: u64,
+    cache: Option<PrefixCache>,
+    /// Executor work for the cache not yet handed out (see
+    /// [`Scheduler::take_cache_ops`]).
+    cache_ops: Vec<CacheOp>,
 }
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig, geometry: &CacheGeometry) -> Self {
         assert!(config.max_num_batched_tokens >= config.max_num_seqs.max(1));
+        let pc = &config.prefix_cache;
+        let cache = (pc.enabled && pc.max_snapshots > 0)
+            .then(|| PrefixCache::new(geometry.page_size, pc.max_snapshots));
         Scheduler {
             config,
             alloc: Allocator::new(geometry),
@@ -121,6 +151,8 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             preemptions: 0,
+            cache,
+            cache_ops: Vec::new(),
         }
     }
 
@@ -140,6 +172,10 @@ impl Scheduler {
     ) {
         assert!(!prompt.is_empty() && prompt.len() < self.config.max_model_len);
         let prompt_len = prompt.len();
+        let points = match &self.cache {
+            Some(_) => snapshot_points(&prompt, &self.config.prefix_cache),
+            None => Vec::new(),
+        };
         let seq = Sequence {
             tokens: prompt,
             prompt_len,
@@ -149,6 +185,8 @@ impl Scheduler {
             computed: 0,
             cache: None,
             admitted_once: false,
+            points,
+            cached_tokens: 0,
         };
         assert!(self.seqs.insert(id, seq).is_none(), "duplicate {id:?}");
         self.waiting.push_back(id);
@@ -180,6 +218,33 @@ impl Scheduler {
 
     pub fn preemptions(&self) -> u64 {
         self.preemptions
+    }
+
+    /// Snapshot markers for the sequences added from now on.
+    pub fn set_snapshot_markers(&mut self, markers: Vec<Vec<u32>>) {
+        self.config.prefix_cache.snapshot_after = markers;
+    }
+
+    /// The prefix cache's counts (`None`: no cache).
+    pub fn prefix_cache_stats(&self) -> Option<PrefixCacheStats> {
+        self.cache.as_ref().map(PrefixCache::stats)
+    }
+
+    /// Executor work for the cache produced since the last plan (snapshots
+    /// to take after the step just committed): run it, in order, before
+    /// the next step.
+    pub fn take_cache_ops(&mut self) -> Vec<CacheOp> {
+        std::mem::take(&mut self.cache_ops)
+    }
+
+    /// Shortens a chunk of `len` tokens from `start` so that it ends at the
+    /// sequence's next snapshot point, if one lies inside it.
+    fn cap_to_point(&self, id: RequestId, start: usize, len: usize) -> usize {
+        let points = &self.seqs[&id].points;
+        match points.iter().find(|&&q| q > start && q < start + len) {
+            Some(&q) => q - start,
+            None => len,
+        }
     }
 
     /// Removes a request wherever it is and frees its slot and pages.
@@ -238,7 +303,8 @@ impl Scheduler {
                 let want = if decodes {
                     1
                 } else {
-                    self.chunk_cap(remaining, budget)
+                    let want = self.chunk_cap(remaining, budget);
+                    self.cap_to_point(id, seq.computed, want)
                 };
                 let Some(len) = self.grant_pages(id, want, &mut plan, &mut budget) else {
                     // The latest admitted waits for pages: it is the last
@@ -257,6 +323,9 @@ impl Scheduler {
             }
         }
         self.admit(&mut plan, &mut budget);
+        // Drops of snapshots evicted while planning go with the restores,
+        // in the order they were decided.
+        plan.cache_ops = std::mem::take(&mut self.cache_ops);
         plan
     }
 
@@ -272,6 +341,15 @@ impl Scheduler {
         budget: &mut usize,
     ) -> Option<usize> {
         loop {
+            // Running sequences come before the cache: evict it first.
+            if let Some(prefix) = self.cache.as_mut() {
+                let seq = &self.seqs[&id];
+                let cache = seq.cache.as_ref().expect("running sequence has a cache");
+                let need = self.alloc.pages_missing(cache, seq.computed + want);
+                if need > self.alloc.pages_free() {
+                    prefix.evict_pages(need, &mut self.alloc, &mut self.cache_ops, None);
+                }
+            }
             let seq = self.seqs.get_mut(&id).expect("running sequence");
             let cache = seq.cache.as_mut().expect("running sequence has a cache");
             let held = cache.pages.len() * self.alloc.page_size();
@@ -305,36 +383,97 @@ impl Scheduler {
                 break;
             }
             let seq = &self.seqs[&id];
+            let (hit, kv_matched) = match self.cache.as_mut() {
+                Some(prefix) => prefix.lookup(&seq.tokens, seq.tokens.len() - 1),
+                None => (None, 0),
+            };
             // Leave one free page per running sequence for its growth in the
             // next steps, or the newcomer would be preempted at once (and
             // its prefill thrown away) as soon as an older one needs a page.
             let reserve = self.running.len();
-            let spare_pages = self.alloc.pages_free().saturating_sub(reserve);
-            let len = self
-                .chunk_cap(seq.tokens.len(), *budget)
-                .min(spare_pages * self.alloc.page_size());
-            if len == 0 {
+            // A hit keeps its own pages from eviction (and needs one more
+            // for the tail copy): when that does not fit, start from 0.
+            if self.alloc.slots_free() == 0 {
                 break;
             }
-            let Some(cache) = self.alloc.open(len) else {
-                break; // no free slot
+            let candidates = match hit {
+                Some(hit) => vec![Some(hit), None],
+                None => vec![None],
             };
+            let mut admitted = None;
+            for hit in candidates {
+                if let Some(fit) = self.fit(id, hit, reserve, *budget) {
+                    admitted = Some(fit);
+                    break;
+                }
+            }
+            let Some((hit, cache, len)) = admitted else {
+                break;
+            };
+            let start = hit.as_ref().map_or(0, |h| h.position);
+            if let Some(hit) = &hit {
+                if let Some(from) = hit.tail_page {
+                    let to = cache.pages[hit.pages.len()];
+                    self.cache_ops.push(CacheOp::CopyPage { from, to });
+                }
+                self.cache_ops.push(CacheOp::Restore {
+                    snapshot: hit.snapshot,
+                    slot: cache.slot,
+                });
+            }
             self.waiting.pop_front();
             let seq = self.seqs.get_mut(&id).expect("waiting sequence");
             seq.cache = Some(cache);
+            seq.computed = start;
             if !seq.admitted_once {
                 seq.admitted_once = true;
+                seq.cached_tokens = start;
                 plan.first_admitted.push(id);
+                let (queried, limit) = (seq.tokens.len(), seq.tokens.len() - 1);
+                if let Some(prefix) = self.cache.as_mut() {
+                    prefix.record(queried, start, kv_matched, limit);
+                }
             }
             self.running.push(id);
             plan.rows.push(Scheduled {
                 id,
-                start: 0,
+                start,
                 len,
-                sample: len == seq.tokens.len(),
+                sample: start + len == seq.tokens.len(),
             });
             *budget -= len;
         }
+    }
+
+    /// Pages and a slot for waiting `id` to start at `hit` (or at 0): the
+    /// cache gives pages back first. `None` (nothing taken): no slot, or
+    /// not one token fits.
+    fn fit(
+        &mut self,
+        id: RequestId,
+        hit: Option<Hit>,
+        reserve: usize,
+        budget: usize,
+    ) -> Option<(Option<Hit>, SeqCache, usize)> {
+        let seq = &self.seqs[&id];
+        let start = hit.as_ref().map_or(0, |h| h.position);
+        let shared = hit.as_ref().map_or(&[][..], |h| &h.pages[..]);
+        let want = self.cap_to_point(id, start, self.chunk_cap(seq.tokens.len() - start, budget));
+        let fresh = self.alloc.pages_for(start + want) - shared.len();
+        if let Some(prefix) = self.cache.as_mut() {
+            if fresh + reserve > self.alloc.pages_free() {
+                let keep = hit.as_ref().map(|h| h.snapshot);
+                prefix.evict_pages(fresh + reserve, &mut self.alloc, &mut self.cache_ops, keep);
+            }
+        }
+        let spare_pages = self.alloc.pages_free().saturating_sub(reserve);
+        let room = (shared.len() + spare_pages) * self.alloc.page_size();
+        let len = want.min(room.saturating_sub(start));
+        if len == 0 {
+            return None;
+        }
+        let cache = self.alloc.open_shared(shared, start + len)?;
+        Some((hit, cache, len))
     }
 
     /// EOS (unless `ignore_eos`) and stop ids while `min_tokens` is not reached.
@@ -389,6 +528,7 @@ impl Scheduler {
             let seq = self.seqs.get_mut(&row.id).expect("scheduled sequence");
             seq.computed += row.len;
             if !row.sample {
+                self.publish_state(row.id, false);
                 continue;
             }
             let token = sampled.next().expect("one sampled token per sampling row");
@@ -400,13 +540,79 @@ impl Scheduler {
                 finish,
                 prompt_len: seq.prompt_len,
                 output_len: seq.output_len(),
+                cached_tokens: seq.cached_tokens,
             });
+            self.publish_state(row.id, finish.is_some());
             if finish.is_some() {
                 self.remove(row.id);
             }
         }
         outcomes
     }
+}
+
+impl Scheduler {
+    /// After a committed row: publishes the sequence's state to the prefix
+    /// cache when it stands at a snapshot point, or when the sequence ends
+    /// (the state after its last computed token: the next turn of a
+    /// conversation re-sends prompt + answer).
+    fn publish_state(&mut self, id: RequestId, finishing: bool) {
+        let Some(prefix) = self.cache.as_mut() else {
+            return;
+        };
+        let seq = &self.seqs[&id];
+        if !(finishing || seq.points.binary_search(&seq.computed).is_ok()) {
+            return;
+        }
+        let cache = seq.cache.as_ref().expect("scheduled sequence has a cache");
+        prefix.insert(
+            &seq.tokens[..seq.computed],
+            &cache.pages,
+            cache.slot,
+            &mut self.alloc,
+            &mut self.cache_ops,
+        );
+    }
+}
+
+/// A marker point this close to the prompt's end makes the last-but-one
+/// point redundant: a repeat resumes there and recomputes a few tokens
+/// (chat: `<think>\n` after `<|im_start|>assistant\n`), which costs less
+/// than another snapshot and another prefill chunk.
+pub const MARKER_COVERS_END: usize = 16;
+
+/// Where a prompt's state is published: after the last occurrence of each
+/// marker; after its last-but-one token (an exact repeat must still compute
+/// the last prompt token, whose logits give the first output token, so a
+/// snapshot at the very end could never serve it) unless a marker point
+/// lies within [`MARKER_COVERS_END`] tokens before it; every
+/// `snapshot_interval` tokens. Ascending, each at most once, all within the
+/// prompt, none at 0.
+pub fn snapshot_points(prompt: &[u32], config: &PrefixCacheConfig) -> Vec<usize> {
+    let mut points = vec![];
+    for marker in config.snapshot_after.iter().filter(|m| !m.is_empty()) {
+        if let Some(at) = prompt.windows(marker.len()).rposition(|w| w == &marker[..]) {
+            points.push(at + marker.len());
+        }
+    }
+    let last_but_one = prompt.len() - 1;
+    if !points
+        .iter()
+        .any(|&q| q + MARKER_COVERS_END >= last_but_one)
+    {
+        points.push(last_but_one);
+    }
+    if config.snapshot_interval > 0 {
+        points.extend(
+            (1..)
+                .map(|k| k * config.snapshot_interval)
+                .take_while(|&q| q < prompt.len()),
+        );
+    }
+    points.retain(|&q| q > 0 && q < prompt.len());
+    points.sort_unstable();
+    points.dedup();
+    points
 }
 
 /// vLLM's `check_stop` order: EOS (unless `ignore_eos`), stop ids, then

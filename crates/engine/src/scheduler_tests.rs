@@ -5,6 +5,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::*;
+use crate::prefix_cache::PrefixCacheConfig;
 
 const EOS: u32 = 0;
 
@@ -26,6 +27,7 @@ fn scheduler(budget: usize, max_num_seqs: usize, threshold: usize, g: CacheGeome
             max_model_len: g.max_model_len,
             long_prefill_token_threshold: threshold,
             eos_token_ids: vec![EOS],
+            prefix_cache: Default::default(),
         },
         &g,
     )
@@ -471,4 +473,29 @@ fn random_arrivals_and_removals_keep_every_rule() {
             }
         }
     }
+}
+
+#[test]
+fn snapshot_points_marker_last_but_one_and_interval() {
+    let cfg = |marker: Vec<u32>, interval| PrefixCacheConfig {
+        enabled: true,
+        max_snapshots: 8,
+        snapshot_after: vec![marker],
+        snapshot_interval: interval,
+    };
+    // 100 tokens, the marker [7, 8] at 10..12 and 60..62: its last end is 62.
+    let mut prompt: Vec<u32> = (0..100).map(|i| 20 + i % 50).collect();
+    prompt[10..12].copy_from_slice(&[7, 8]);
+    prompt[60..62].copy_from_slice(&[7, 8]);
+    assert_eq!(snapshot_points(&prompt, &cfg(vec![7, 8], 0)), vec![62, 99]);
+    assert_eq!(
+        snapshot_points(&prompt, &cfg(vec![7, 8], 40)),
+        vec![40, 62, 80, 99]
+    );
+    // A marker within MARKER_COVERS_END of the end covers the end.
+    prompt[90..92].copy_from_slice(&[7, 8]);
+    assert_eq!(snapshot_points(&prompt, &cfg(vec![7, 8], 0)), vec![92]);
+    // No marker in the prompt; a one-token prompt has no point at all.
+    assert_eq!(snapshot_points(&prompt, &cfg(vec![9, 9], 0)), vec![99]);
+    assert!(snapshot_points(&[5], &cfg(vec![], 0)).is_empty());
 }

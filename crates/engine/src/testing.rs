@@ -2,16 +2,21 @@
 //! `testing`; for tests only).
 //!
 //! It keeps, per slot, the tokens the slot's state has absorbed and, per
-//! page, the token written at each position, and refuses a step (recording
-//! a violation) when the engine breaks the executor contract: a slot twice
-//! in a step, a row whose `start` is not what the slot holds, pages that do
-//! not cover the row, a page shared by two rows or overwritten while its
-//! previous sequence is still being continued, a sampling history that is
-//! not the slot's. Its "model" reads the history back through the pages
-//! (so a wrong page list changes the output) and turns it into logits by
-//! hashing; the real sampler then draws with the row's `SampleSeed`. The
-//! output is thus a pure function of (history, seed, draw): a preempted and
-//! recomputed request must produce the same tokens as an unpreempted one.
+//! page position, a fingerprint of the prefix whose KV it holds, and refuses
+//! a step (recording a violation) when the engine breaks the executor
+//! contract: a slot twice in a step, a row whose `start` is not what the
+//! slot holds, pages that do not cover the row, a page written by two rows
+//! or read by one row while another writes it, an earlier position whose KV
+//! is not the sequence's own prefix (a page overwritten while still in use,
+//! a wrong shared page, a wrong prefix-cache copy), a sampling history that
+//! is not the slot's. It also has a snapshot pool (prefix cache): a
+//! snapshot keeps a slot's history, a restore puts it back, so restoring
+//! the wrong snapshot or at the wrong position is refused at the next row.
+//! Its "model" turns the history into logits by hashing; the real sampler
+//! then draws with the row's `SampleSeed`. The output is thus a pure
+//! function of (history, seed, draw): a preempted and recomputed request,
+//! or one resumed from the prefix cache, must produce the same tokens as
+//! one run alone.
 //!
 //! A [`FakeControl`] shared with the test records every step, injects
 //! failures, adds delay, and can gate steps one by one. [`collect`] reads a
@@ -24,7 +29,7 @@ use std::time::Duration;
 use crate::engine::RequestStream;
 use crate::executor::{
     CacheGeometry, ExecError, Executor, PageId, SampleSeed, SampleSpec, SampledToken, SlotId,
-    StepRow,
+    SnapshotGeometry, SnapshotId, StepRow,
 };
 use crate::request::{Event, GenerateRequest};
 use crate::sampler;
@@ -242,24 +247,52 @@ pub struct FakeExecutor {
     geometry: CacheGeometry,
     control: FakeControl,
     /// Tokens absorbed by each slot's state; `None`: undefined (fresh, or
-    /// its pages were given to another sequence since).
+    /// lost in a failed step).
     slot_history: Vec<Option<Vec<u32>>>,
-    /// Per page: the slot that last wrote it, and the token at each offset.
-    page_owner: Vec<Option<SlotId>>,
-    page_tokens: Vec<Vec<u32>>,
-    /// Each slot's page list as of its last row.
-    slot_pages: Vec<Vec<PageId>>,
+    /// Per page and offset: a fingerprint of the prefix whose KV the
+    /// position holds (`None`: never written). A sequence's KV at position
+    /// i is a function of its tokens up to i; the fake checks, before a row
+    /// continues, that every earlier position holds exactly its own
+    /// prefix's, whoever wrote it (shared prefix-cache pages included).
+    page_kv: Vec<Vec<Option<u64>>>,
+    /// The snapshot pool: the tokens each snapshot's state has absorbed.
+    snapshots: Vec<Option<Vec<u32>>>,
 }
+
+/// Fingerprints of every prefix of `tokens` (`[i]`: of `tokens[..=i]`).
+fn prefix_fingerprints(tokens: &[u32]) -> Vec<u64> {
+    let mut h: u64 = 0x9E37_79B9_7F4A_7C15;
+    tokens
+        .iter()
+        .map(|&t| {
+            h = (h ^ t as u64)
+                .wrapping_mul(0x0000_0100_0000_01b3)
+                .rotate_left(17);
+            h
+        })
+        .collect()
+}
+
+/// Bytes the fake reports per snapshot (any positive number does).
+pub const FAKE_SNAPSHOT_BYTES: usize = 4096;
 
 impl FakeExecutor {
     pub fn new(geometry: CacheGeometry, control: FakeControl) -> Self {
+        Self::with_snapshots(geometry, 0, control)
+    }
+
+    /// A fake with a pool of `num_snapshots` state snapshots.
+    pub fn with_snapshots(
+        geometry: CacheGeometry,
+        num_snapshots: usize,
+        control: FakeControl,
+    ) -> Self {
         FakeExecutor {
             geometry,
             control,
             slot_history: vec![None; geometry.num_slots],
-            page_owner: vec![None; geometry.num_pages],
-            page_tokens: vec![vec![0; geometry.page_size]; geometry.num_pages],
-            slot_pages: vec![Vec::new(); geometry.num_slots],
+            page_kv: vec![vec![None; geometry.page_size]; geometry.num_pages],
+            snapshots: vec![None; num_snapshots],
         }
     }
 
@@ -268,13 +301,35 @@ impl FakeExecutor {
         geometry: CacheGeometry,
         control: FakeControl,
     ) -> impl FnOnce() -> Result<Box<dyn Executor>, String> + Send + 'static {
-        move || Ok(Box::new(FakeExecutor::new(geometry, control)) as Box<dyn Executor>)
+        Self::factory_with_snapshots(geometry, 0, control)
+    }
+
+    /// A factory for a fake with a snapshot pool.
+    pub fn factory_with_snapshots(
+        geometry: CacheGeometry,
+        num_snapshots: usize,
+        control: FakeControl,
+    ) -> impl FnOnce() -> Result<Box<dyn Executor>, String> + Send + 'static {
+        move || {
+            Ok(Box::new(FakeExecutor::with_snapshots(
+                geometry,
+                num_snapshots,
+                control,
+            )) as Box<dyn Executor>)
+        }
+    }
+
+    fn violation(&self, what: String) -> ExecError {
+        self.control.lock().violations.push(what.clone());
+        ExecError::Refused(what)
     }
 
     /// The contract checks that need no state change.
     fn check_rows(&self, rows: &[StepRow<'_>]) -> Result<(), String> {
+        let ps = self.geometry.page_size;
         let mut slots = HashSet::new();
-        let mut pages_in_step = HashSet::new();
+        // Pages a row writes (from the one holding its `start`): its own.
+        let mut written = HashSet::new();
         for (i, row) in rows.iter().enumerate() {
             let slot = row.slot.0 as usize;
             if slot >= self.geometry.num_slots {
@@ -287,20 +342,39 @@ impl FakeExecutor {
                 return Err(format!("row {i}: no tokens"));
             }
             let end = row.start + row.tokens.len();
-            if row.pages.len() * self.geometry.page_size < end {
+            if row.pages.len() * ps < end {
                 return Err(format!(
                     "row {i}: {} pages do not cover {end} positions",
                     row.pages.len()
                 ));
             }
-            for page in row.pages {
-                if page.0 as usize >= self.geometry.num_pages {
-                    return Err(format!("row {i}: page {page:?} out of range"));
-                }
-                if !pages_in_step.insert(*page) {
-                    return Err(format!("row {i}: page {page:?} in two rows or twice"));
+            if let Some(page) = row
+                .pages
+                .iter()
+                .find(|p| p.0 as usize >= self.geometry.num_pages)
+            {
+                return Err(format!("row {i}: page {page:?} out of range"));
+            }
+            for page in &row.pages[row.start / ps..end.div_ceil(ps)] {
+                if !written.insert(*page) {
+                    return Err(format!(
+                        "row {i}: page {page:?} written by two rows or twice"
+                    ));
                 }
             }
+        }
+        for (i, row) in rows.iter().enumerate() {
+            if let Some(page) = row.pages[..row.start / ps]
+                .iter()
+                .find(|p| written.contains(p))
+            {
+                return Err(format!(
+                    "row {i}: page {page:?} is read here and written by a row of the same step"
+                ));
+            }
+        }
+        for (i, row) in rows.iter().enumerate() {
+            let slot = row.slot.0 as usize;
             if row.start > 0 {
                 let Some(history) = &self.slot_history[slot] else {
                     return Err(format!(
@@ -315,12 +389,10 @@ impl FakeExecutor {
                         history.len()
                     ));
                 }
-                // The KV of every earlier position must still be this slot's.
-                for (pos, &expected) in history.iter().enumerate() {
-                    let page = row.pages[pos / self.geometry.page_size].0 as usize;
-                    if self.page_owner[page] != Some(row.slot)
-                        || self.page_tokens[page][pos % self.geometry.page_size] != expected
-                    {
+                // The KV of every earlier position must be this sequence's.
+                for (pos, fingerprint) in prefix_fingerprints(history).into_iter().enumerate() {
+                    let page = row.pages[pos / ps].0 as usize;
+                    if self.page_kv[page][pos % ps] != Some(fingerprint) {
                         return Err(format!(
                             "row {i}: KV of position {pos} of slot {slot} is not its own"
                         ));
@@ -348,60 +420,24 @@ impl FakeExecutor {
         Ok(())
     }
 
-    /// Whether `slot`'s current sequence keeps KV in `page`.
-    fn holds(&self, slot: SlotId, page: PageId) -> bool {
-        let Some(history) = &self.slot_history[slot.0 as usize] else {
-            return false;
-        };
-        let used = history.len().div_ceil(self.geometry.page_size);
-        self.slot_pages[slot.0 as usize]
-            .iter()
-            .take(used)
-            .any(|&p| p == page)
-    }
-
     fn run_row(&mut self, row: &StepRow<'_>) -> Option<SampledToken> {
         let slot = row.slot.0 as usize;
-        let page_size = self.geometry.page_size;
-        let mut history = if row.start == 0 {
-            Vec::new()
-        } else {
-            // Checked before the step; gone only if an earlier row of this
-            // step overwrote its KV.
-            match self.slot_history[slot].take() {
-                Some(history) => history,
-                None => {
-                    let violation = format!("slot {slot}: KV overwritten within the step");
-                    self.control.lock().violations.push(violation);
-                    Vec::new()
-                }
-            }
+        let ps = self.geometry.page_size;
+        let mut history = match row.start {
+            0 => Vec::new(),
+            _ => self.slot_history[slot]
+                .take()
+                .expect("checked before the step"),
         };
-        self.slot_pages[slot] = row.pages.to_vec();
-        for (k, &token) in row.tokens.iter().enumerate() {
-            let pos = row.start + k;
-            let page = row.pages[pos / page_size];
-            if let Some(previous) = self.page_owner[page.0 as usize] {
-                if previous != row.slot && self.holds(previous, page) {
-                    // That sequence's KV is gone: continuing it is a bug.
-                    self.slot_history[previous.0 as usize] = None;
-                }
-            }
-            self.page_owner[page.0 as usize] = Some(row.slot);
-            self.page_tokens[page.0 as usize][pos % page_size] = token;
-            history.push(token);
+        history.extend_from_slice(row.tokens);
+        let fingerprints = prefix_fingerprints(&history);
+        for (pos, &fingerprint) in fingerprints.iter().enumerate().skip(row.start) {
+            self.page_kv[row.pages[pos / ps].0 as usize][pos % ps] = Some(fingerprint);
         }
+        let logits = fake_logits(&history, self.geometry.vocab_size);
         self.slot_history[slot] = Some(history);
         let spec = row.sample.as_ref()?;
-        // The model reads its context back through the pages.
-        let end = row.start + row.tokens.len();
-        let context: Vec<u32> = (0..end)
-            .map(|pos| self.page_tokens[row.pages[pos / page_size].0 as usize][pos % page_size])
-            .collect();
-        Some(sampler::sample(
-            &fake_logits(&context, self.geometry.vocab_size),
-            spec,
-        ))
+        Some(sampler::sample(&logits, spec))
     }
 }
 
@@ -456,5 +492,54 @@ impl Executor for FakeExecutor {
             }
         }
         Ok(rows.iter().filter_map(|row| self.run_row(row)).collect())
+    }
+
+    fn snapshot_geometry(&self) -> SnapshotGeometry {
+        SnapshotGeometry {
+            num_snapshots: self.snapshots.len(),
+            snapshot_bytes: FAKE_SNAPSHOT_BYTES,
+        }
+    }
+
+    fn snapshot(&mut self, slot: SlotId, snapshot: SnapshotId) -> Result<(), ExecError> {
+        let s = snapshot.0 as usize;
+        let history = self.slot_history.get(slot.0 as usize).cloned().flatten();
+        match history {
+            Some(history) if s < self.snapshots.len() => {
+                self.snapshots[s] = Some(history);
+                Ok(())
+            }
+            _ => Err(self.violation(format!(
+                "snapshot of slot {slot:?} (undefined or out of range) into {snapshot:?}"
+            ))),
+        }
+    }
+
+    fn restore(&mut self, snapshot: SnapshotId, slot: SlotId) -> Result<(), ExecError> {
+        let held = self.snapshots.get(snapshot.0 as usize).cloned().flatten();
+        match held {
+            Some(history) if (slot.0 as usize) < self.slot_history.len() => {
+                self.slot_history[slot.0 as usize] = Some(history);
+                Ok(())
+            }
+            _ => Err(self.violation(format!(
+                "restore of {snapshot:?} (empty or out of range) into {slot:?}"
+            ))),
+        }
+    }
+
+    fn drop_snapshot(&mut self, snapshot: SnapshotId) {
+        if let Some(s) = self.snapshots.get_mut(snapshot.0 as usize) {
+            *s = None;
+        }
+    }
+
+    fn copy_page(&mut self, from: PageId, to: PageId) -> Result<(), ExecError> {
+        let n = self.geometry.num_pages;
+        if from.0 as usize >= n || to.0 as usize >= n {
+            return Err(self.violation(format!("copy of page {from:?} onto {to:?}: out of range")));
+        }
+        self.page_kv[to.0 as usize] = self.page_kv[from.0 as usize].clone();
+        Ok(())
     }
 }

@@ -15,6 +15,7 @@ use tokio::sync::mpsc as tokio_mpsc;
 use crate::engine::{Command, EngineStats, Shared, Submission};
 use crate::executor::{CacheGeometry, ExecError, Executor};
 use crate::metrics::Metrics;
+use crate::prefix_cache::{CacheOp, PrefixCacheConfig, PrefixCacheStats};
 use crate::request::{EngineState, Event, FinishReason, RequestId, TokenEvent, Usage};
 use crate::scheduler::{Outcome, Plan, Scheduler, SchedulerConfig};
 
@@ -75,7 +76,23 @@ pub(crate) fn run<F>(
         }
     };
     let geometry = executor.geometry();
+    let snapshots = executor.snapshot_geometry();
     let config = &shared.config;
+    let prefix_cache = PrefixCacheConfig {
+        max_snapshots: config
+            .prefix_cache
+            .max_snapshots
+            .min(snapshots.num_snapshots),
+        ..config.prefix_cache.clone()
+    };
+    if config.prefix_cache.enabled {
+        log::info!(
+            "prefix cache: {} snapshots of {} bytes ({} in the executor's pool)",
+            prefix_cache.max_snapshots,
+            snapshots.snapshot_bytes,
+            snapshots.num_snapshots
+        );
+    }
     // A lone sequence must always fit in the page pool, so the oldest
     // request can always progress (preemption frees everything else).
     let max_model_len = config
@@ -89,6 +106,7 @@ pub(crate) fn run<F>(
             max_model_len,
             long_prefill_token_threshold: config.long_prefill_token_threshold,
             eos_token_ids: config.eos_token_ids.clone(),
+            prefix_cache,
         },
         &geometry,
     );
@@ -111,6 +129,8 @@ pub(crate) fn run<F>(
         steps: 0,
         aborted: 0,
         deadline: None,
+        snapshot_bytes: snapshots.snapshot_bytes,
+        published_cache: PrefixCacheStats::default(),
     };
     worker.publish();
     // The step is guarded inside serve; this catches a panic anywhere else
@@ -144,6 +164,9 @@ struct Worker {
     aborted: u64,
     /// Set by a shutdown command.
     deadline: Option<Instant>,
+    snapshot_bytes: usize,
+    /// The cache counts last added to the metrics.
+    published_cache: PrefixCacheStats,
 }
 
 impl Worker {
@@ -196,6 +219,7 @@ impl Worker {
             Command::Shutdown(deadline) => {
                 self.deadline = Some(self.deadline.map_or(deadline, |d| d.min(deadline)));
             }
+            Command::SetSnapshotMarkers(markers) => self.scheduler.set_snapshot_markers(markers),
         }
     }
 
@@ -307,6 +331,9 @@ impl Worker {
             .iter()
             .map(|r| self.scheduler.banned(r.id))
             .collect();
+        if let Err(error) = self.run_cache_ops(&plan.cache_ops) {
+            return self.step_error(&plan, error);
+        }
         let rows = self.scheduler.step_rows(&plan, &banned);
         let expected = rows.iter().filter(|r| r.sample.is_some()).count();
         let executor = self.executor.as_mut().expect("alive while serving");
@@ -321,11 +348,7 @@ impl Worker {
             .observe(plan.num_tokens() as f64);
         let sampled = match result {
             Err(payload) => return Err(format!("executor panicked: {}", panic_text(&*payload))),
-            Ok(Err(ExecError::Fatal(why))) => return Err(format!("executor lost: {why}")),
-            Ok(Err(error)) => {
-                self.fail_step(&plan, &error.to_string());
-                return Ok(());
-            }
+            Ok(Err(error)) => return self.step_error(&plan, error),
             Ok(Ok(sampled)) if sampled.len() != expected => {
                 let why = format!(
                     "executor returned {} tokens for {expected} sampling rows",
@@ -337,10 +360,43 @@ impl Worker {
             Ok(Ok(sampled)) => sampled,
         };
         let outcomes = self.scheduler.commit(&plan, sampled);
+        // Snapshots are taken now, while the slots hold exactly the
+        // committed tokens (a finished request's slot is not reused before
+        // the next plan).
+        let ops = self.scheduler.take_cache_ops();
+        if let Err(error) = self.run_cache_ops(&ops) {
+            // A snapshot that failed is in the tree but holds nothing
+            // usable: the cache cannot be trusted any more.
+            return Err(format!("taking prefix-cache snapshots: {error}"));
+        }
         // Resources of finished requests are already free: publish first so
         // a client that sees its terminal event sees them released.
         self.publish();
         self.deliver(outcomes);
+        Ok(())
+    }
+
+    /// Runs the prefix cache's executor work in order.
+    fn run_cache_ops(&mut self, ops: &[CacheOp]) -> Result<(), ExecError> {
+        let executor = self.executor.as_mut().expect("alive while serving");
+        for &op in ops {
+            match op {
+                CacheOp::CopyPage { from, to } => executor.copy_page(from, to)?,
+                CacheOp::Restore { snapshot, slot } => executor.restore(snapshot, slot)?,
+                CacheOp::Take { slot, snapshot } => executor.snapshot(slot, snapshot)?,
+                CacheOp::Drop(snapshot) => executor.drop_snapshot(snapshot),
+            }
+        }
+        Ok(())
+    }
+
+    /// A failed step (or a failed restore before it): Fatal stops the
+    /// engine, anything else fails the step's requests.
+    fn step_error(&mut self, plan: &Plan, error: ExecError) -> Result<(), String> {
+        if let ExecError::Fatal(why) = error {
+            return Err(format!("executor lost: {why}"));
+        }
+        self.fail_step(plan, &error.to_string());
         Ok(())
     }
 
@@ -385,6 +441,7 @@ impl Worker {
                 token: outcome.sampled.token,
                 logprob: client.logprobs.then_some(outcome.sampled.logprob),
                 top_logprobs: outcome.sampled.top_logprobs,
+                cached_tokens: outcome.cached_tokens,
             };
             let _ = client.events.send(Event::Token(token));
             let Some(reason) = outcome.finish else {
@@ -412,7 +469,7 @@ impl Worker {
                 usage: Usage {
                     prompt_tokens: outcome.prompt_len,
                     completion_tokens: outcome.output_len,
-                    cached_tokens: 0,
+                    cached_tokens: outcome.cached_tokens,
                 },
             });
         }
@@ -425,12 +482,38 @@ impl Worker {
             waiting: self.scheduler.num_waiting(),
             slots_used: alloc.slots_used(),
             slots_total: alloc.slots_total(),
-            pages_used: alloc.pages_used(),
+            pages_used: alloc.pages_in_sequences(),
+            pages_cached: alloc.pages_cache_only(),
             pages_total: alloc.pages_total(),
             preemptions: self.scheduler.preemptions(),
             steps: self.steps,
             aborted: self.aborted,
+            prefix_cache: self.scheduler.prefix_cache_stats(),
+            snapshot_bytes: self.snapshot_bytes,
         };
+        if let Some(now) = stats.prefix_cache {
+            let was = std::mem::replace(&mut self.published_cache, now);
+            let m = &self.metrics;
+            m.prefix_cache_queries
+                .inc_by(now.queried_tokens - was.queried_tokens);
+            m.prefix_cache_hits.inc_by(now.hit_tokens - was.hit_tokens);
+            m.snapshot_hits
+                .inc_by(now.snapshot_hits - was.snapshot_hits);
+            m.snapshot_misses
+                .inc_by(now.snapshot_misses - was.snapshot_misses);
+            m.snapshots_taken
+                .inc_by(now.snapshots_taken - was.snapshots_taken);
+            m.snapshot_evictions
+                .inc_by(now.snapshot_evictions - was.snapshot_evictions);
+            m.kv_only_unusable
+                .inc_by(now.kv_only_unusable - was.kv_only_unusable);
+            m.kv_only_unusable_tokens
+                .inc_by(now.kv_only_unusable_tokens - was.kv_only_unusable_tokens);
+            m.snapshots.set(now.snapshots as i64);
+            m.snapshot_bytes
+                .set((now.snapshots * self.snapshot_bytes) as i64);
+            m.prefix_cache_pages.set(now.pages as i64);
+        }
         self.metrics.num_requests_running.set(stats.running as i64);
         self.metrics.num_requests_waiting.set(stats.waiting as i64);
         self.metrics.state_slots_used.set(stats.slots_used as i64);

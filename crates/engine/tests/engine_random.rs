@@ -28,7 +28,10 @@ impl Rng {
     }
 }
 
-async fn one_workload(seed: u64) -> u64 {
+/// Runs one workload; with `cache`, the prefix cache is on and the prompts
+/// share prefixes (three stems, cut at random lengths). Returns the
+/// preemptions and the prompt tokens served from the cache.
+async fn one_workload(seed: u64, cache: bool) -> (u64, u64) {
     let mut rng = Rng(seed);
     let page_size = 1 + rng.below(8);
     let num_slots = 1 + rng.below(6);
@@ -43,14 +46,39 @@ async fn one_workload(seed: u64) -> u64 {
         1 + rng.below(16)
     };
     config.max_num_queued_reqs = 1000;
-    let s = start(config, geometry(num_slots, num_pages, page_size));
+    let snapshots = 1 + rng.below(8);
+    if cache {
+        config.prefix_cache = engine::prefix_cache::PrefixCacheConfig {
+            enabled: true,
+            max_snapshots: snapshots,
+            snapshot_after: vec![vec![5, 6]],
+            snapshot_interval: rng.below(3) * (1 + rng.below(12)),
+        };
+    }
+    let s = start_with_snapshots(config, geometry(num_slots, num_pages, page_size), snapshots);
     let max_model_len = s.handle.max_model_len().unwrap();
+    let stems: Vec<Vec<u32>> = (0..3)
+        .map(|k| {
+            (0..max_model_len as u32)
+                .map(|i| 1 + (k * 11 + i * 7 + i * i * 3) % 63)
+                .collect()
+        })
+        .collect();
 
     let mut tasks = Vec::new();
     for i in 0..24u32 {
         let prompt_len = 1 + rng.below(max_model_len / 2);
         let max_tokens = 1 + rng.below(max_model_len - prompt_len);
-        let mut r = request(prompt(i % 60, prompt_len), max_tokens, rng.next());
+        let tokens = if cache {
+            let stem = &stems[rng.below(3)];
+            let shared = rng.below(prompt_len + 1);
+            let mut p = stem[..shared].to_vec();
+            p.extend(prompt(i % 60, prompt_len - shared));
+            p
+        } else {
+            prompt(i % 60, prompt_len)
+        };
+        let mut r = request(tokens, max_tokens, rng.next());
         if rng.below(3) == 0 {
             r.sampling = SamplingParams {
                 temperature: 0.0,
@@ -67,6 +95,7 @@ async fn one_workload(seed: u64) -> u64 {
         // A quarter of the requests are dropped after a few tokens.
         let abort_after = (rng.below(4) == 0).then(|| rng.below(max_tokens));
         let stream = s.handle.submit(r.clone()).expect("accepted");
+        let handle = s.handle.clone();
         tasks.push(tokio::spawn(async move {
             let mut stream = stream;
             let mut tokens = Vec::new();
@@ -80,7 +109,7 @@ async fn one_workload(seed: u64) -> u64 {
                         assert_eq!(usage.completion_tokens, tokens.len());
                         return Some((r, tokens));
                     }
-                    Event::Failed(why) => panic!("request failed: {why}"),
+                    Event::Failed(why) => panic!("request failed: {why} ({:?})", handle.state()),
                 }
             }
         }));
@@ -98,15 +127,32 @@ async fn one_workload(seed: u64) -> u64 {
         "seed {seed}: {:?}",
         s.control.violations()
     );
-    wait_released(&s.handle).preemptions
+    let stats = wait_released(&s.handle);
+    let hits = stats.prefix_cache.map_or(0, |c| c.hit_tokens);
+    (stats.preemptions, hits)
 }
 
 #[tokio::test]
 async fn random_workloads_match_the_model_run_alone() {
     let mut preemptions = 0;
     for seed in 0..20 {
-        preemptions += one_workload(seed).await;
+        preemptions += one_workload(seed, false).await.0;
     }
     // The small pools must have exercised preemption.
     assert!(preemptions > 0);
+}
+
+#[tokio::test]
+async fn random_workloads_with_the_prefix_cache_match_the_model_run_alone() {
+    let (mut preemptions, mut hits) = (0, 0);
+    for seed in 100..140 {
+        let (p, h) = one_workload(seed, true).await;
+        preemptions += p;
+        hits += h;
+    }
+    // Both preemption and cache hits must have been exercised.
+    assert!(
+        preemptions > 0 && hits > 0,
+        "{preemptions} preemptions, {hits} hit tokens"
+    );
 }

@@ -103,11 +103,13 @@ pub struct CpuModel {
 
 /// Per-sequence state: conv and recurrent state of every DeltaNet layer, the
 /// KV cache of every attention layer, and the position of the next token.
+#[derive(Clone)]
 pub struct CpuState {
     layers: Vec<LayerState>,
     pub position: usize,
 }
 
+#[derive(Clone)]
 enum LayerState {
     Linear {
         /// The last `kernel - 1` conv inputs, oldest first: [kernel - 1][conv_dim].
@@ -120,6 +122,22 @@ enum LayerState {
         keys: Vec<Vec<f32>>,
         values: Vec<Vec<f32>>,
     },
+}
+
+impl CpuState {
+    /// Bytes of the conv and recurrent state (the part a GPU snapshot
+    /// holds; the keys and values kept here per sequence are not counted).
+    pub fn recurrent_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Linear { conv, recurrent } => {
+                    (conv.iter().map(Vec::len).sum::<usize>() + recurrent.len()) * 4
+                }
+                LayerState::Full { .. } => 0,
+            })
+            .sum()
+    }
 }
 
 impl CpuModel {

@@ -223,6 +223,7 @@ fn usage(generation: &Generation) -> Usage {
     Usage::new(
         generation.prompt_tokens.first().copied().unwrap_or(0),
         generation.completion_tokens(),
+        generation.choices.first().map_or(0, |c| c.cached_tokens),
     )
 }
 

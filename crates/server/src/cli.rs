@@ -63,8 +63,9 @@ pub struct Args {
     /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT.
     #[arg(long, default_value_t = 30)]
     pub shutdown_timeout: u64,
-    /// Positions per KV page.
-    #[arg(long, default_value_t = 16)]
+    /// Positions per KV page: a multiple of 64 (the GDN chunk) by default,
+    /// so that the prefix cache's shared full pages end on chunk boundaries.
+    #[arg(long, default_value_t = 64)]
     pub block_size: usize,
     /// Seconds between SSE keep-alive comments (`:`) while a stream has
     /// nothing to send (queued, or in a long prefill): the write lets the
@@ -78,4 +79,105 @@ pub struct Args {
     /// too. A tiny pool makes the engine preempt (tests do this).
     #[arg(long)]
     pub num_gpu_blocks_override: Option<usize>,
+    /// Prefix caching (on by default): KV pages of earlier requests shared
+    /// through a radix tree, resumed from recurrent-state snapshots taken
+    /// at exact positions (docs/prefix-caching.md). Greedy outputs are the
+    /// same with it on or off.
+    #[arg(long, overrides_with = "no_enable_prefix_caching")]
+    pub enable_prefix_caching: bool,
+    /// Turns prefix caching off.
+    #[arg(long, overrides_with = "enable_prefix_caching")]
+    pub no_enable_prefix_caching: bool,
+    /// The prefix cache's recurrent-state snapshots: a count (`64`) or a
+    /// size (`4GiB`, `512MiB`, `2GB`; a 4B snapshot is ~51 MB). They are
+    /// allocated up front, before the KV pages. Default: 2 x --max-num-seqs.
+    #[arg(long, value_parser = parse_state_budget)]
+    pub prefix_cache_state_budget: Option<StateBudget>,
+}
+
+/// `--prefix-cache-state-budget`: snapshots, or bytes to fill with them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateBudget {
+    Snapshots(usize),
+    Bytes(usize),
+}
+
+impl StateBudget {
+    /// Snapshots of `snapshot_bytes` each that the budget allows.
+    pub fn snapshots(self, snapshot_bytes: usize) -> usize {
+        match self {
+            StateBudget::Snapshots(n) => n,
+            StateBudget::Bytes(b) => b / snapshot_bytes.max(1),
+        }
+    }
+}
+
+impl Args {
+    /// Whether prefix caching is on (the later of the two flags wins).
+    pub fn prefix_caching(&self) -> bool {
+        !self.no_enable_prefix_caching
+    }
+
+    /// The snapshot budget in force.
+    pub fn state_budget(&self) -> StateBudget {
+        self.prefix_cache_state_budget
+            .unwrap_or(StateBudget::Snapshots(2 * self.max_num_seqs))
+    }
+}
+
+fn parse_state_budget(text: &str) -> Result<StateBudget, String> {
+    let t = text.trim();
+    let units: [(&str, usize); 6] = [
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+        ("GB", 1_000_000_000),
+        ("MB", 1_000_000),
+        ("KB", 1_000),
+    ];
+    let bad =
+        || format!("expected a snapshot count (64) or a size (4GiB, 512MiB, 2GB), got {text:?}");
+    for (suffix, scale) in units {
+        if let Some(number) = t.strip_suffix(suffix) {
+            let n: f64 = number.trim().parse().map_err(|_| bad())?;
+            if !(n.is_finite() && n >= 0.0) {
+                return Err(bad());
+            }
+            return Ok(StateBudget::Bytes((n * scale as f64) as usize));
+        }
+    }
+    t.parse().map(StateBudget::Snapshots).map_err(|_| bad())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_caching_flags_and_state_budget() {
+        let parse = |args: &[&str]| Args::try_parse_from([&["gdn-server"], args].concat());
+        let a = parse(&[]).unwrap();
+        assert!(a.prefix_caching());
+        assert_eq!(a.state_budget(), StateBudget::Snapshots(256));
+        assert!(!parse(&["--no-enable-prefix-caching"])
+            .unwrap()
+            .prefix_caching());
+        let last = ["--no-enable-prefix-caching", "--enable-prefix-caching"];
+        assert!(parse(&last).unwrap().prefix_caching());
+        let b = |s: &str| {
+            parse(&["--prefix-cache-state-budget", s])
+                .unwrap()
+                .state_budget()
+        };
+        assert_eq!(b("64"), StateBudget::Snapshots(64));
+        assert_eq!(b("2GiB"), StateBudget::Bytes(2 << 30));
+        assert_eq!(b("1.5 MB"), StateBudget::Bytes(1_500_000));
+        assert_eq!(b("51MB").snapshots(51_000_000), 1);
+        for bad in ["-3", "lots", "2TiB", "-1GB"] {
+            assert!(
+                parse(&["--prefix-cache-state-budget", bad]).is_err(),
+                "{bad}"
+            );
+        }
+    }
 }

@@ -140,7 +140,14 @@ impl CompletionOutput {
 fn usage(generation: &Generation, n: usize) -> Usage {
     // Each prompt counts once however many choices it has.
     let prompt: usize = generation.prompt_tokens.iter().step_by(n).sum();
-    Usage::new(prompt, generation.completion_tokens())
+    // Like the prompt, the first choice of each prompt counts.
+    let cached: usize = generation
+        .choices
+        .iter()
+        .step_by(n)
+        .map(|c| c.cached_tokens)
+        .sum();
+    Usage::new(prompt, generation.completion_tokens(), cached)
 }
 
 impl CompletionOutput {

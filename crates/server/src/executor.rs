@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use engine::Executor;
-use gdn_server::cli::{Args, Device};
+use gdn_server::cli::{Args, Device, StateBudget};
 use gdn_server::serve::ExecutorFactory;
 use gdn_server::startup::Startup;
 use qwen35::engine_exec::{CpuExecutor, CpuSizing, GpuExecutor, GpuSizing, PagePool};
@@ -30,6 +30,8 @@ struct Plan {
     /// graphs (an estimate, not a measurement: 64 KiB per batched token,
     /// the f32 logits of every running row, 512 MiB of workspace).
     activation_reserve: usize,
+    /// The prefix cache's snapshot pool (`None`: prefix caching off).
+    snapshots: Option<StateBudget>,
 }
 
 pub fn pick(
@@ -58,6 +60,7 @@ pub fn pick(
         activation_reserve: args.max_num_batched_tokens * 64 * 1024
             + args.max_num_seqs * vocab_estimate * 4
             + (512 << 20),
+        snapshots: args.prefix_caching().then(|| args.state_budget()),
     };
     Ok(Box::new(move || build(&plan, &startup)))
 }
@@ -99,7 +102,12 @@ fn cpu(plan: &Plan, startup: &Startup) -> Result<Box<dyn Executor>, String> {
     let executor = startup
         .time("cpu_model_load", || CpuExecutor::load(&plan.dir, sizing))
         .map_err(|e| format!("CPU executor: {e}"))?;
-    Ok(Box::new(executor))
+    let snapshots = plan.snapshots.map_or(0, |budget| {
+        // A CPU snapshot also holds the sequence's keys and values (they
+        // live in its state here): a byte budget counts the state only.
+        budget.snapshots(executor.model().new_state().recurrent_bytes())
+    });
+    Ok(Box::new(executor.with_snapshot_pool(snapshots)))
 }
 
 fn gpu(
@@ -123,8 +131,15 @@ fn gpu(
         "loading {} on the GPU executor ({sizing:?})",
         plan.dir.display()
     );
-    let mut executor = GpuExecutor::load(&plan.dir, stream, GpuOptions::default(), sizing)
-        .map_err(|e| format!("GPU executor: {e}"))?;
+    let snapshots = plan.snapshots;
+    let mut executor = GpuExecutor::load_with_snapshot_pool(
+        &plan.dir,
+        stream,
+        GpuOptions::default(),
+        sizing,
+        |slot_bytes| snapshots.map_or(0, |budget| budget.snapshots(slot_bytes)),
+    )
+    .map_err(|e| format!("GPU executor: {e}"))?;
     let buckets = executor
         .capture_decode_graphs(plan.num_slots)
         .map_err(|e| format!("capturing decode graphs: {e}"))?;

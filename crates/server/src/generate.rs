@@ -61,6 +61,8 @@ pub struct Choice {
     pending_logprobs: Vec<TokenLogprob>,
     pending_token_ids: Vec<u32>,
     pub completion_tokens: usize,
+    /// Prompt tokens the engine served from its prefix cache.
+    pub cached_tokens: usize,
     pub finish: Option<Finish>,
 }
 
@@ -138,6 +140,7 @@ impl Generation {
                     pending_logprobs: Vec::new(),
                     pending_token_ids: Vec::new(),
                     completion_tokens: 0,
+                    cached_tokens: 0,
                     finish: None,
                 });
             }
@@ -201,6 +204,7 @@ impl Generation {
                 });
                 let choice = &mut self.choices[index];
                 choice.completion_tokens += 1;
+                choice.cached_tokens = t.cached_tokens;
                 if let Some(lp) = logprob {
                     choice.pending_logprobs.push(lp);
                 }
@@ -237,6 +241,7 @@ impl Generation {
                 self.streams[index] = None;
                 let choice = &mut self.choices[index];
                 choice.completion_tokens = usage.completion_tokens;
+                choice.cached_tokens = usage.cached_tokens;
                 let tail = choice.detok.flush();
                 choice.text.push_str(&tail);
                 if let Some((cut, stop)) = choice.stops.check(&choice.text, tail.len()) {

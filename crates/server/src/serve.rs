@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use engine::prefix_cache::PrefixCacheConfig;
 use engine::{Engine, EngineConfig, Executor};
 use tokio::net::TcpListener;
 
@@ -23,7 +24,9 @@ pub fn engine_config(
     model: &ModelFiles,
     model_max_len: Option<usize>,
 ) -> EngineConfig {
-    engine_config_for(args, model.eos_token_ids.clone(), model_max_len)
+    let mut config = engine_config_for(args, model.eos_token_ids.clone(), model_max_len);
+    config.prefix_cache.snapshot_after = chat_snapshot_markers(model);
+    config
 }
 
 /// [`engine_config`] from the EOS ids alone (before the tokenizer loads).
@@ -40,7 +43,26 @@ fn engine_config_for(
     if let Some(len) = args.max_model_len.or(model_max_len) {
         config.max_model_len = len;
     }
+    config.prefix_cache = PrefixCacheConfig {
+        enabled: args.prefix_caching(),
+        // The executor's pool, sized from --prefix-cache-state-budget, caps it.
+        max_snapshots: usize::MAX,
+        // Set once the tokenizer has loaded (see `prepare`).
+        snapshot_after: Vec::new(),
+        snapshot_interval: 0,
+    };
     config
+}
+
+/// Where a chat prompt's state is worth keeping: right after the final
+/// `<|im_start|>assistant\n`. The Qwen3.5 template re-renders earlier
+/// assistant turns without their `<think>` block, so the next turn's
+/// prompt leaves this one exactly there (docs/prefix-caching.md).
+fn chat_snapshot_markers(model: &ModelFiles) -> Vec<Vec<u32>> {
+    match model.encode("<|im_start|>assistant\n", false) {
+        Ok(ids) if !ids.is_empty() => vec![ids],
+        _ => Vec::new(),
+    }
 }
 
 /// Starts the engine and builds the shared state (the engine loads the
@@ -198,6 +220,8 @@ pub fn prepare(args: &Args, pick_executor: ExecutorPicker) -> Result<Prepared, S
         Some(model) => model,
         None => ModelFiles::load_timed(&dir, template, &startup)?,
     };
+    // Before any request can reach the engine (the app state is built below).
+    engine.set_snapshot_markers(chat_snapshot_markers(&model));
     let state = state_of(args, model, name.clone(), engine, registry, startup)?;
     Ok(Prepared {
         state,

@@ -161,3 +161,29 @@ pub fn wait_released(handle: &EngineHandle) -> EngineStats {
 pub fn reference_tokens(request: &GenerateRequest, eos: &[u32]) -> Vec<u32> {
     engine::testing::lone_run(request, eos, VOCAB)
 }
+
+/// [`start`] with a fake that has a pool of `num_snapshots` snapshots.
+pub fn start_with_snapshots(
+    config: EngineConfig,
+    geometry: CacheGeometry,
+    num_snapshots: usize,
+) -> Started {
+    let control = FakeControl::new();
+    let registry = prometheus::Registry::new();
+    let handle = Engine::start(
+        config,
+        FakeExecutor::factory_with_snapshots(geometry, num_snapshots, control.clone()),
+        &registry,
+    )
+    .expect("engine starts");
+    let until = Instant::now() + Duration::from_secs(10);
+    while handle.max_model_len().is_none() {
+        assert!(Instant::now() < until, "engine did not finish loading");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Started {
+        handle,
+        control,
+        registry,
+    }
+}

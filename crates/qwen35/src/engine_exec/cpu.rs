@@ -2,11 +2,16 @@
 //! [`CpuState`] (conv, recurrent state and its own growing KV cache): pages
 //! are checked for bounds only, the CPU forward keeps keys and values per
 //! sequence. Rows of one step run on separate threads (their states are
-//! disjoint).
+//! disjoint). The prefix cache's snapshots are whole [`CpuState`] clones
+//! (keys and values included, since they live in the state here), so a
+//! page copy has nothing to do.
 
 use std::path::Path;
 
-use engine::{CacheGeometry, ExecError, Executor, SampledToken, StepRow};
+use engine::{
+    CacheGeometry, ExecError, Executor, PageId, SampledToken, SlotId, SnapshotGeometry, SnapshotId,
+    StepRow,
+};
 
 use super::{check_rows, check_starts};
 use crate::cpu::{CpuModel, CpuState};
@@ -29,6 +34,8 @@ pub struct CpuExecutor {
     geometry: CacheGeometry,
     /// By slot: `None` until a sequence starts there.
     states: Vec<Option<CpuState>>,
+    /// The snapshot pool (prefix cache): `None` where nothing is held.
+    snapshots: Vec<Option<CpuState>>,
 }
 
 impl CpuExecutor {
@@ -56,7 +63,15 @@ impl CpuExecutor {
             model,
             geometry,
             states: (0..num_slots).map(|_| None).collect(),
+            snapshots: Vec::new(),
         })
+    }
+
+    /// The same executor with a pool of `num_snapshots` state snapshots
+    /// (the prefix cache's).
+    pub fn with_snapshot_pool(mut self, num_snapshots: usize) -> Self {
+        self.snapshots = (0..num_snapshots).map(|_| None).collect();
+        self
     }
 
     /// Loads a Hugging Face model directory (`config.json` and safetensors).
@@ -74,6 +89,75 @@ impl CpuExecutor {
 impl Executor for CpuExecutor {
     fn geometry(&self) -> CacheGeometry {
         self.geometry
+    }
+
+    fn snapshot_geometry(&self) -> SnapshotGeometry {
+        SnapshotGeometry {
+            num_snapshots: self.snapshots.len(),
+            snapshot_bytes: self.model.new_state().recurrent_bytes(),
+        }
+    }
+
+    fn snapshot(
+        &mut self,
+        slot: SlotId,
+        snapshot: SnapshotId,
+    ) -> std::result::Result<(), ExecError> {
+        let state = self.states.get(slot.0 as usize).and_then(Option::as_ref);
+        let Some(state) = state else {
+            return Err(ExecError::Refused(format!(
+                "snapshot of slot {}: no sequence's state there",
+                slot.0
+            )));
+        };
+        let Some(place) = self.snapshots.get_mut(snapshot.0 as usize) else {
+            return Err(ExecError::Refused(format!(
+                "snapshot {} beyond the pool of {}",
+                snapshot.0,
+                self.snapshots.len()
+            )));
+        };
+        *place = Some(state.clone());
+        Ok(())
+    }
+
+    fn restore(
+        &mut self,
+        snapshot: SnapshotId,
+        slot: SlotId,
+    ) -> std::result::Result<(), ExecError> {
+        let Some(Some(state)) = self.snapshots.get(snapshot.0 as usize) else {
+            return Err(ExecError::Refused(format!(
+                "restore of snapshot {}: nothing held there",
+                snapshot.0
+            )));
+        };
+        let Some(place) = self.states.get_mut(slot.0 as usize) else {
+            return Err(ExecError::Refused(format!(
+                "restore into slot {}: no such slot",
+                slot.0
+            )));
+        };
+        *place = Some(state.clone());
+        Ok(())
+    }
+
+    fn drop_snapshot(&mut self, snapshot: SnapshotId) {
+        if let Some(place) = self.snapshots.get_mut(snapshot.0 as usize) {
+            *place = None;
+        }
+    }
+
+    fn copy_page(&mut self, from: PageId, to: PageId) -> std::result::Result<(), ExecError> {
+        // Keys and values live in the states (restored whole): only bounds.
+        let n = self.geometry.num_pages;
+        if from.0 as usize >= n || to.0 as usize >= n {
+            return Err(ExecError::Refused(format!(
+                "page copy {} -> {}: beyond the {n} pages",
+                from.0, to.0
+            )));
+        }
+        Ok(())
     }
 
     fn step(&mut self, rows: &[StepRow<'_>]) -> std::result::Result<Vec<SampledToken>, ExecError> {

@@ -47,6 +47,10 @@ pub struct GpuExecutor {
     model: GpuModel,
     cache: GpuCache,
     geometry: CacheGeometry,
+    /// Tokens each snapshot's state has seen (`None`: empty); the pool's size.
+    snapshot_held: Vec<Option<usize>>,
+    /// Device bytes of one slot (= one snapshot).
+    slot_bytes: usize,
     /// Tokens each slot's state has seen (`None`: no sequence's state), so
     /// that a row continuing at the wrong position is refused, not run on
     /// the wrong state.
@@ -66,29 +70,27 @@ impl GpuExecutor {
         options: GpuOptions,
         sizing: GpuSizing,
     ) -> Result<GpuExecutor> {
-        let mut phases = PhaseTimes::default();
-        let config = phases.time("model_config", || {
-            Config::from_file(&dir.join("config.json"))
-        })?;
-        let weights = phases.time("safetensors_open", || Weights::open(dir))?;
-        let model = GpuModel::load(config, &weights, stream, options)?;
-        // Unmapping the checkpoint takes ~10 ms per mapped GB (measured
-        // here: 12 ms for 1.5 GB) and nothing waits for it.
-        if let Err(e) = std::thread::Builder::new()
-            .name("gdn-unmap".into())
-            .spawn(move || drop(weights))
-        {
-            log::debug!("unmapping the checkpoint on this thread: {e}");
-        }
-        let mut executor = Self::new(model, sizing)?;
-        phases.extend(&executor.startup_phases);
-        executor.startup_phases = phases;
-        Ok(executor)
+        Self::load_with_snapshot_pool(dir, stream, options, sizing, |_| 0)
     }
 
     /// An executor over a loaded model: allocates `num_slots + 1` slots and
     /// the pages of `sizing.pages` plus one (the padding slot and page).
     pub fn new(model: GpuModel, sizing: GpuSizing) -> Result<GpuExecutor> {
+        Self::with_snapshot_pool(model, sizing, 0)
+    }
+
+    /// [`GpuExecutor::new`] with a pool of `num_snapshots` state snapshots
+    /// for the prefix cache, counted before the pages when sizing from
+    /// memory. The pool is more slots of the same cache, after the padding
+    /// slot: snapshot `k` is cache slot `num_slots + 1 + k`, so a snapshot
+    /// and a restore are device-to-device slot copies
+    /// ([`GpuCache::copy_slot`]) on the step stream, and no row ever names a
+    /// snapshot's slot (the engine's slots stop at `num_slots`).
+    pub fn with_snapshot_pool(
+        model: GpuModel,
+        sizing: GpuSizing,
+        num_snapshots: usize,
+    ) -> Result<GpuExecutor> {
         let start = std::time::Instant::now();
         let GpuSizing {
             num_slots,
@@ -116,7 +118,8 @@ impl GpuExecutor {
                 let (free, total) = model.stream().context().mem_get_info()?;
                 let allowed = (total as f64 * u) as usize;
                 let used = total - free;
-                let fixed = used + (num_slots + 1) * slot_bytes + activation_reserve;
+                let fixed =
+                    used + (num_slots + 1 + num_snapshots) * slot_bytes + activation_reserve;
                 let n = allowed.saturating_sub(fixed) / page_bytes.max(1);
                 log::info!(
                     "GPU executor: {} of {} MiB in use, {} MiB allowed; {num_slots} slots of {} MiB, {} MiB reserved for activations: {n} KV pages of {page_size} positions ({} MiB each)",
@@ -135,7 +138,7 @@ impl GpuExecutor {
                 "no room for KV pages ({sizing:?}); lower the slot count or raise gpu_memory_utilization"
             )));
         }
-        let cache = model.new_cache(num_slots + 1, num_pages + 1, page_size)?;
+        let cache = model.new_cache(num_slots + 1 + num_snapshots, num_pages + 1, page_size)?;
         let sampler = DeviceSampler::new(model.stream().clone())?;
         model.stream().synchronize()?;
         let mut startup_phases = model.load_phases().clone();
@@ -151,10 +154,58 @@ impl GpuExecutor {
             model,
             cache,
             geometry,
+            snapshot_held: vec![None; num_snapshots],
+            slot_bytes,
             held: vec![None; num_slots],
             sampler,
             startup_phases,
         })
+    }
+
+    /// The cache slot of `snapshot`.
+    fn snapshot_slot(
+        &self,
+        snapshot: engine::SnapshotId,
+    ) -> std::result::Result<SlotId, ExecError> {
+        let k = snapshot.0 as usize;
+        if k >= self.snapshot_held.len() {
+            return Err(ExecError::Refused(format!(
+                "snapshot {k} beyond the pool of {}",
+                self.snapshot_held.len()
+            )));
+        }
+        Ok(SlotId((self.geometry.num_slots + 1 + k) as u32))
+    }
+
+    /// [`GpuExecutor::load`] with a snapshot pool of `snapshots(slot_bytes)`
+    /// snapshots (the caller turns a byte budget into a count).
+    pub fn load_with_snapshot_pool(
+        dir: &Path,
+        stream: Arc<CudaStream>,
+        options: GpuOptions,
+        sizing: GpuSizing,
+        snapshots: impl FnOnce(usize) -> usize,
+    ) -> Result<GpuExecutor> {
+        let mut phases = PhaseTimes::default();
+        let config = phases.time("model_config", || {
+            Config::from_file(&dir.join("config.json"))
+        })?;
+        let weights = phases.time("safetensors_open", || Weights::open(dir))?;
+        let model = GpuModel::load(config, &weights, stream, options)?;
+        // Unmapping the checkpoint takes ~10 ms per mapped GB (measured
+        // here: 12 ms for 1.5 GB) and nothing waits for it.
+        if let Err(e) = std::thread::Builder::new()
+            .name("gdn-unmap".into())
+            .spawn(move || drop(weights))
+        {
+            log::debug!("unmapping the checkpoint on this thread: {e}");
+        }
+        let (slot_bytes, _) = model.slot_and_page_bytes(sizing.page_size);
+        let n = snapshots(slot_bytes);
+        let mut executor = Self::with_snapshot_pool(model, sizing, n)?;
+        phases.extend(&executor.startup_phases);
+        executor.startup_phases = phases;
+        Ok(executor)
     }
 
     /// Captures decode CUDA graphs for batch sizes 1, 2, 4, ... up to
@@ -221,6 +272,79 @@ impl GpuExecutor {
 impl Executor for GpuExecutor {
     fn geometry(&self) -> CacheGeometry {
         self.geometry
+    }
+
+    fn snapshot_geometry(&self) -> engine::SnapshotGeometry {
+        engine::SnapshotGeometry {
+            num_snapshots: self.snapshot_held.len(),
+            snapshot_bytes: self.slot_bytes,
+        }
+    }
+
+    fn snapshot(
+        &mut self,
+        slot: SlotId,
+        snapshot: engine::SnapshotId,
+    ) -> std::result::Result<(), ExecError> {
+        let to = self.snapshot_slot(snapshot)?;
+        let held = self.held.get(slot.0 as usize).copied().flatten();
+        let Some(tokens) = held else {
+            return Err(ExecError::Refused(format!(
+                "snapshot of slot {}: no sequence's state there",
+                slot.0
+            )));
+        };
+        self.snapshot_held[snapshot.0 as usize] = None;
+        self.cache
+            .copy_slot(slot, to)
+            .map_err(|e| ExecError::StepFailed(e.to_string()))?;
+        self.snapshot_held[snapshot.0 as usize] = Some(tokens);
+        Ok(())
+    }
+
+    fn restore(
+        &mut self,
+        snapshot: engine::SnapshotId,
+        slot: SlotId,
+    ) -> std::result::Result<(), ExecError> {
+        let from = self.snapshot_slot(snapshot)?;
+        let Some(tokens) = self.snapshot_held[snapshot.0 as usize] else {
+            return Err(ExecError::Refused(format!(
+                "restore of snapshot {}: nothing held there",
+                snapshot.0
+            )));
+        };
+        if slot.0 as usize >= self.geometry.num_slots {
+            return Err(ExecError::Refused(format!(
+                "restore into slot {}: no such slot",
+                slot.0
+            )));
+        }
+        self.held[slot.0 as usize] = None;
+        self.cache
+            .copy_slot(from, slot)
+            .map_err(|e| ExecError::StepFailed(e.to_string()))?;
+        self.held[slot.0 as usize] = Some(tokens);
+        Ok(())
+    }
+
+    fn drop_snapshot(&mut self, snapshot: engine::SnapshotId) {
+        if let Some(held) = self.snapshot_held.get_mut(snapshot.0 as usize) {
+            *held = None;
+        }
+    }
+
+    fn copy_page(&mut self, from: PageId, to: PageId) -> std::result::Result<(), ExecError> {
+        let n = self.geometry.num_pages;
+        if from.0 as usize >= n || to.0 as usize >= n {
+            return Err(ExecError::Refused(format!(
+                "page copy {} -> {}: beyond the {n} pages",
+                from.0, to.0
+            )));
+        }
+        self.cache
+            .copy_page(from, to)
+            .map_err(|e| ExecError::StepFailed(e.to_string()))
     }
 
     fn step(&mut self, rows: &[StepRow<'_>]) -> std::result::Result<Vec<SampledToken>, ExecError> {

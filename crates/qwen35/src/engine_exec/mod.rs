@@ -15,8 +15,11 @@ pub use gpu::{GpuExecutor, GpuSizing, PagePool};
 use engine::{CacheGeometry, ExecError, StepRow};
 
 /// The checks both executors make before touching any state: ids within
-/// the geometry, each slot and page at most once, tokens within the vocab,
-/// enough pages for every position, nothing beyond `max_model_len`.
+/// the geometry, each slot at most once, tokens within the vocab, enough
+/// pages for every position, nothing beyond `max_model_len`, and each page
+/// a row writes (from the one holding its `start`) in no other row and
+/// only once. Pages wholly before a row's `start` are only read: several
+/// rows may share them (prefix-cache pages).
 pub(crate) fn check_rows(rows: &[StepRow], g: &CacheGeometry) -> Result<(), ExecError> {
     let refuse = |m: String| Err(ExecError::Refused(m));
     if rows.is_empty() {
@@ -25,7 +28,7 @@ pub(crate) fn check_rows(rows: &[StepRow], g: &CacheGeometry) -> Result<(), Exec
     // Bitmaps, not hash sets: a decode step of hundreds of long sequences
     // names tens of thousands of pages.
     let mut slots = vec![false; g.num_slots];
-    let mut pages = vec![false; g.num_pages];
+    let mut written = vec![false; g.num_pages];
     for (i, r) in rows.iter().enumerate() {
         if r.slot.0 as usize >= g.num_slots {
             return refuse(format!(
@@ -60,16 +63,28 @@ pub(crate) fn check_rows(rows: &[StepRow], g: &CacheGeometry) -> Result<(), Exec
                 r.pages.len()
             ));
         }
-        for p in &r.pages[..used] {
+        for (k, p) in r.pages[..used].iter().enumerate() {
             if p.0 as usize >= g.num_pages {
                 return refuse(format!(
                     "row {i}: page {} beyond the {} pages",
                     p.0, g.num_pages
                 ));
             }
-            if std::mem::replace(&mut pages[p.0 as usize], true) {
+            let writes = k >= r.start / g.page_size;
+            if writes && std::mem::replace(&mut written[p.0 as usize], true) {
                 return refuse(format!("page {} is given twice in one step", p.0));
             }
+        }
+    }
+    for (i, r) in rows.iter().enumerate() {
+        if let Some(p) = r.pages[..r.start / g.page_size]
+            .iter()
+            .find(|p| written[p.0 as usize])
+        {
+            return refuse(format!(
+                "row {i} reads page {} while the step writes it",
+                p.0
+            ));
         }
     }
     Ok(())
@@ -142,5 +157,17 @@ mod tests {
         );
         let bad = [PageId(4)];
         assert!(refused(&[row(0, 0, &[1], &bad)]).contains("page 4 beyond"));
+        // A page wholly before both rows' starts is shared read-only...
+        let a = [PageId(0), PageId(1)];
+        let b = [PageId(0), PageId(2)];
+        assert!(check_rows(&[row(0, 4, &[1], &a), row(1, 4, &[1], &b)], &geometry()).is_ok());
+        // ...but not one that a row writes (its start lies inside it)...
+        let c = [PageId(1), PageId(3)];
+        assert!(refused(&[row(0, 4, &[1], &a), row(1, 4, &[1], &c)])
+            .contains("reads page 1 while the step writes it"));
+        // ...nor one two rows write.
+        assert!(
+            refused(&[row(0, 5, &[1], &a), row(1, 2, &[1], &c)]).contains("page 1 is given twice")
+        );
     }
 }

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use engine::SlotId;
+use engine::{PageId, SlotId};
 use gdn_kernels::{AttentionShape, DeltaNetShape};
 use half::bf16;
 
@@ -168,6 +168,27 @@ impl GpuCache {
         }
         for rec in &mut self.recurrent {
             copy_within(&self.stream, rec, r, f, t)?;
+        }
+        Ok(())
+    }
+
+    /// Copies every position of KV page `from` onto page `to`, in every
+    /// attention layer (a prefix-cache hit ending inside a page: the request
+    /// continues in its own copy). Queued on the stream, before any later step.
+    pub fn copy_page(&mut self, from: PageId, to: PageId) -> Result<()> {
+        let (f, t) = (from.0 as usize, to.0 as usize);
+        if f >= self.num_pages || t >= self.num_pages {
+            return Err(Error::InvalidInput(format!(
+                "page copy {f} -> {t}: beyond the cache's {} pages",
+                self.num_pages
+            )));
+        }
+        if f == t {
+            return Ok(());
+        }
+        for buf in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            let per = buf.len() / self.num_pages;
+            copy_within(&self.stream, buf, per, f, t)?;
         }
         Ok(())
     }

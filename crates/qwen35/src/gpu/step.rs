@@ -208,16 +208,30 @@ pub(crate) fn plan(rows: &[Row], b: Bounds) -> Result<Plan, String> {
                 b.page_size
             ));
         }
-        for p in &r.pages[..used] {
+        for (k, p) in r.pages[..used].iter().enumerate() {
             let pi = p.0 as usize;
             if pi >= b.num_pages || padding.is_some_and(|x| x.page == pi as i32) {
                 return Err(format!("row {i}: page {pi} is not a page of this cache"));
             }
-            if std::mem::replace(&mut pages[pi], true) {
+            // Pages wholly before `start` are only read (shared prefix-cache
+            // pages may appear in several rows); a written page is the row's.
+            let writes = k >= r.start / b.page_size;
+            if writes && std::mem::replace(&mut pages[pi], true) {
                 return Err(format!("page {pi} is given twice in one step"));
             }
         }
         max_pages = max_pages.max(used);
+    }
+    for (i, r) in rows.iter().enumerate() {
+        if let Some(p) = r.pages[..r.start / b.page_size]
+            .iter()
+            .find(|p| pages[p.0 as usize])
+        {
+            return Err(format!(
+                "row {i} reads page {} while the step writes it",
+                p.0
+            ));
+        }
     }
     let mut order: Vec<usize> = (0..rows.len()).collect();
     order.sort_by_key(|&i| rank(&rows[i]));

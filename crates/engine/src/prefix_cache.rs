@@ -1,0 +1,510 @@
+//! The prefix cache for a hybrid model: a trie over full KV pages, with
+//! recurrent-state snapshots attached at exact positions.
+//!
+//! A sequence's KV at position i depends only on its tokens up to i, so a
+//! full page of KV can be shared by every sequence that starts with the same
+//! tokens; the trie's nodes are such pages (key: the page's tokens), held
+//! through the allocator's reference counts. The DeltaNet layers, however,
+//! carry a state that exists only where a step stopped: KV alone cannot
+//! resume a sequence. So a node also holds *tails*: a snapshot of the state
+//! after `depth * page_size + tail.len()` tokens (taken into the executor's
+//! snapshot pool, never a running slot) and, when the tail is not empty, the
+//! page holding the tail's KV. A hit is the longest prefix p with KV up to p
+//! **and** a snapshot exactly at p; the request gets the full pages before
+//! p shared (read-only: it writes from p on), a private copy of the tail
+//! page (the positions from p on are its to write), and the snapshot copied
+//! into its own slot.
+//!
+//! Eviction is least-recently-used: snapshots when the snapshot budget is
+//! full, leaves of the trie (a page and its tails) when running requests
+//! need pages. Everything here only counts; the executor work it implies
+//! (copies, snapshots, drops) is returned as [`CacheOp`]s for the engine to
+//! run in order.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+use crate::allocator::Allocator;
+use crate::executor::{PageId, SlotId, SnapshotId};
+
+/// How the engine uses the prefix cache.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrefixCacheConfig {
+    pub enabled: bool,
+    /// Snapshots kept at most (also capped by the executor's pool).
+    pub max_snapshots: usize,
+    /// Token sequences after whose last occurrence in a prompt the state is
+    /// snapshotted (chat: `<|im_start|>assistant\n`, where the next turn's
+    /// prompt leaves this one).
+    pub snapshot_after: Vec<Vec<u32>>,
+    /// Also snapshot at every multiple of this many prompt tokens (0: off).
+    pub snapshot_interval: usize,
+}
+
+impl Default for PrefixCacheConfig {
+    fn default() -> Self {
+        PrefixCacheConfig {
+            enabled: false,
+            max_snapshots: usize::MAX,
+            snapshot_after: Vec::new(),
+            snapshot_interval: 0,
+        }
+    }
+}
+
+/// Executor work the cache needs, in the order it must run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheOp {
+    /// Before the step: a hit's partial page, copied into the request's page.
+    CopyPage { from: PageId, to: PageId },
+    /// Before the step: a hit's snapshot, copied into the request's slot.
+    Restore { snapshot: SnapshotId, slot: SlotId },
+    /// After the step: the slot's state, copied into the snapshot.
+    Take { slot: SlotId, snapshot: SnapshotId },
+    /// The snapshot was evicted.
+    Drop(SnapshotId),
+}
+
+/// Cumulative counts (and two levels) for the metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefixCacheStats {
+    /// Prompt tokens looked up (vLLM's `prefix_cache_queries`).
+    pub queried_tokens: u64,
+    /// Prompt tokens served from the cache (vLLM's `prefix_cache_hits`).
+    pub hit_tokens: u64,
+    /// Lookups that found a snapshot / found none.
+    pub snapshot_hits: u64,
+    pub snapshot_misses: u64,
+    pub snapshots_taken: u64,
+    pub snapshot_evictions: u64,
+    /// Lookups whose KV match ran past the last usable snapshot, and the
+    /// tokens of KV matched beyond it (recomputed, for want of a state).
+    pub kv_only_unusable: u64,
+    pub kv_only_unusable_tokens: u64,
+    /// Snapshots held now.
+    pub snapshots: usize,
+    /// Holds the trie has on pages now (a page may also be held by
+    /// requests, and a page held as a full page and as a tail page counts
+    /// twice).
+    pub pages: usize,
+}
+
+/// A lookup's result: resume at `position` from `snapshot`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hit {
+    pub position: usize,
+    /// The full pages before `position` (shared, read-only).
+    pub pages: Vec<PageId>,
+    /// The page holding positions `pages.len() * page_size .. position`
+    /// (`None` when `position` is a page boundary): to be copied.
+    pub tail_page: Option<PageId>,
+    pub snapshot: SnapshotId,
+}
+
+#[derive(Debug)]
+struct Tail {
+    tokens: Vec<u32>,
+    page: Option<PageId>,
+    snapshot: SnapshotId,
+    last_used: u64,
+}
+
+#[derive(Debug)]
+struct Node {
+    parent: usize,
+    /// The page's tokens (empty for the root).
+    key: Vec<u32>,
+    /// `None` for the root only.
+    page: Option<PageId>,
+    children: HashMap<Vec<u32>, usize>,
+    tails: Vec<Tail>,
+    last_used: u64,
+}
+
+const ROOT: usize = 0;
+
+/// What page eviction can remove: a tail (by node and snapshot), or a leaf
+/// node with its tails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Unit {
+    Tail(usize, SnapshotId),
+    Leaf(usize),
+}
+
+#[derive(Debug)]
+pub struct PrefixCache {
+    page_size: usize,
+    /// Slab of nodes (`None`: free); 0 is the root.
+    nodes: Vec<Option<Node>>,
+    free_nodes: Vec<usize>,
+    free_snapshots: Vec<SnapshotId>,
+    tick: u64,
+    stats: PrefixCacheStats,
+}
+
+impl PrefixCache {
+    /// A cache over pages of `page_size` with `num_snapshots` snapshot ids.
+    pub fn new(page_size: usize, num_snapshots: usize) -> Self {
+        assert!(page_size > 0);
+        let root = Node {
+            parent: ROOT,
+            key: Vec::new(),
+            page: None,
+            children: HashMap::new(),
+            tails: Vec::new(),
+            last_used: 0,
+        };
+        PrefixCache {
+            page_size,
+            nodes: vec![Some(root)],
+            free_nodes: Vec::new(),
+            free_snapshots: (0..num_snapshots as u32).rev().map(SnapshotId).collect(),
+            tick: 0,
+            stats: PrefixCacheStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> PrefixCacheStats {
+        self.stats
+    }
+
+    fn node(&self, i: usize) -> &Node {
+        self.nodes[i].as_ref().expect("live node")
+    }
+
+    fn node_mut(&mut self, i: usize) -> &mut Node {
+        self.nodes[i].as_mut().expect("live node")
+    }
+
+    fn next_tick(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+
+    /// The longest cached prefix of `tokens` no longer than `limit` (the
+    /// caller keeps at least one token to compute), and how far the KV
+    /// alone matched (a full page or a tail's tokens). Touches what it
+    /// finds (LRU); counts nothing (see [`Self::record`]).
+    pub fn lookup(&mut self, tokens: &[u32], limit: usize) -> (Option<Hit>, usize) {
+        let ps = self.page_size;
+        let now = self.next_tick();
+        let mut path = vec![ROOT];
+        // (position, node, tail index) of the best snapshot so far.
+        let mut best: Option<(usize, usize, usize)> = None;
+        let mut kv_matched = 0;
+        loop {
+            let at = *path.last().expect("root");
+            let depth = path.len() - 1;
+            let base = depth * ps;
+            for (t, tail) in self.node(at).tails.iter().enumerate() {
+                let end = base + tail.tokens.len();
+                if end <= tokens.len() && tokens[base..end] == tail.tokens[..] {
+                    kv_matched = kv_matched.max(end);
+                    if end <= limit && best.is_none_or(|(p, _, _)| end > p) {
+                        best = Some((end, at, t));
+                    }
+                }
+            }
+            if base + ps > tokens.len() {
+                break;
+            }
+            match self.node(at).children.get(&tokens[base..base + ps]) {
+                Some(&child) => {
+                    path.push(child);
+                    kv_matched = kv_matched.max(base + ps);
+                }
+                None => break,
+            }
+        }
+        let hit = best.map(|(position, at, t)| {
+            let depth = position / ps;
+            for &n in &path[..=depth] {
+                self.node_mut(n).last_used = now;
+            }
+            let tail = &mut self.node_mut(at).tails[t];
+            tail.last_used = now;
+            let (tail_page, snapshot) = (tail.page, tail.snapshot);
+            let pages = path[1..=depth]
+                .iter()
+                .map(|&n| self.node(n).page.expect("non-root node has a page"))
+                .collect();
+            Hit {
+                position,
+                pages,
+                tail_page,
+                snapshot,
+            }
+        });
+        (hit, kv_matched)
+    }
+
+    /// Counts a first admission's lookup: `queried` prompt tokens, `hit`
+    /// of them served, KV matched up to `kv_matched` of the `limit` usable.
+    pub fn record(&mut self, queried: usize, hit: usize, kv_matched: usize, limit: usize) {
+        let s = &mut self.stats;
+        s.queried_tokens += queried as u64;
+        s.hit_tokens += hit as u64;
+        if hit > 0 {
+            s.snapshot_hits += 1;
+        } else {
+            s.snapshot_misses += 1;
+        }
+        let usable_kv = kv_matched.min(limit);
+        if usable_kv > hit {
+            s.kv_only_unusable += 1;
+            s.kv_only_unusable_tokens += (usable_kv - hit) as u64;
+        }
+    }
+
+    /// Publishes the state `slot` holds after `tokens` (whose KV is in
+    /// `pages`, position order): the full pages join the trie (held), and a
+    /// snapshot is taken unless one exists at this exact prefix. Returns
+    /// false when no snapshot could be had (budget 0).
+    pub fn insert(
+        &mut self,
+        tokens: &[u32],
+        pages: &[PageId],
+        slot: SlotId,
+        alloc: &mut Allocator,
+        ops: &mut Vec<CacheOp>,
+    ) -> bool {
+        let ps = self.page_size;
+        let p = tokens.len();
+        assert!(
+            p > 0 && pages.len() * ps >= p,
+            "pages must cover the tokens"
+        );
+        let now = self.next_tick();
+        let mut at = ROOT;
+        self.node_mut(ROOT).last_used = now;
+        for (j, key) in tokens.chunks_exact(ps).enumerate() {
+            at = match self.node(at).children.get(key) {
+                Some(&child) => child,
+                None => {
+                    alloc.cache_retain(pages[j]);
+                    self.stats.pages += 1;
+                    self.add_node(at, key.to_vec(), pages[j])
+                }
+            };
+            self.node_mut(at).last_used = now;
+        }
+        let tail_tokens = &tokens[p / ps * ps..];
+        if let Some(tail) = self
+            .node_mut(at)
+            .tails
+            .iter_mut()
+            .find(|t| t.tokens == tail_tokens)
+        {
+            tail.last_used = now;
+            return true;
+        }
+        let Some(snapshot) = self.free_snapshot(alloc, ops) else {
+            return false;
+        };
+        // Eviction for the snapshot never removes nodes, so `at` stands.
+        let page = (!tail_tokens.is_empty()).then(|| pages[p / ps]);
+        if let Some(page) = page {
+            alloc.cache_retain(page);
+            self.stats.pages += 1;
+        }
+        let tail = Tail {
+            tokens: tail_tokens.to_vec(),
+            page,
+            snapshot,
+            last_used: now,
+        };
+        self.node_mut(at).tails.push(tail);
+        ops.push(CacheOp::Take { slot, snapshot });
+        self.stats.snapshots += 1;
+        self.stats.snapshots_taken += 1;
+        true
+    }
+
+    fn add_node(&mut self, parent: usize, key: Vec<u32>, page: PageId) -> usize {
+        let node = Node {
+            parent,
+            key: key.clone(),
+            page: Some(page),
+            children: HashMap::new(),
+            tails: Vec::new(),
+            last_used: self.tick,
+        };
+        let i = match self.free_nodes.pop() {
+            Some(i) => {
+                self.nodes[i] = Some(node);
+                i
+            }
+            None => {
+                self.nodes.push(Some(node));
+                self.nodes.len() - 1
+            }
+        };
+        self.node_mut(parent).children.insert(key, i);
+        i
+    }
+
+    /// A free snapshot id, evicting the least recently used snapshot when
+    /// none is free; `None` when there are no snapshots at all.
+    fn free_snapshot(
+        &mut self,
+        alloc: &mut Allocator,
+        ops: &mut Vec<CacheOp>,
+    ) -> Option<SnapshotId> {
+        if let Some(id) = self.free_snapshots.pop() {
+            return Some(id);
+        }
+        let (n, t) = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| n.as_ref().map(|n| (i, n)))
+            .flat_map(|(i, n)| {
+                n.tails
+                    .iter()
+                    .enumerate()
+                    .map(move |(t, tail)| (i, t, tail))
+            })
+            .min_by_key(|(_, _, tail)| tail.last_used)
+            .map(|(i, t, _)| (i, t))?;
+        self.remove_tail(n, t, alloc, ops);
+        self.free_snapshots.pop()
+    }
+
+    /// Evicts one tail: its snapshot is dropped, its page released.
+    fn remove_tail(&mut self, n: usize, t: usize, alloc: &mut Allocator, ops: &mut Vec<CacheOp>) {
+        let tail = self.node_mut(n).tails.swap_remove(t);
+        self.stats.snapshots -= 1;
+        self.stats.snapshot_evictions += 1;
+        ops.push(CacheOp::Drop(tail.snapshot));
+        self.free_snapshots.push(tail.snapshot);
+        if let Some(page) = tail.page {
+            alloc.cache_release(page);
+            self.stats.pages -= 1;
+        }
+    }
+
+    /// Pages that evicting node `n` (a leaf) and its tails would free.
+    fn frees(&self, n: usize, alloc: &Allocator) -> usize {
+        let node = self.node(n);
+        node.page
+            .iter()
+            .chain(node.tails.iter().filter_map(|t| t.page.as_ref()))
+            .filter(|&&p| alloc.page_refs(p) == 1)
+            .count()
+    }
+
+    /// Evicts until `want` pages are free: the least recently used unit
+    /// that frees a page (a tail with its snapshot and page, or a leaf of
+    /// the trie with its tails), else the least recently used unit at all
+    /// (its pages are also held by running requests, but it may be what
+    /// keeps a freeable parent from being a leaf). Returns whether `want`
+    /// pages are free; false only once nothing is left to evict. `keep`: a
+    /// hit being admitted, whose snapshot (and path) must survive.
+    pub fn evict_pages(
+        &mut self,
+        want: usize,
+        alloc: &mut Allocator,
+        ops: &mut Vec<CacheOp>,
+        keep: Option<SnapshotId>,
+    ) -> bool {
+        if alloc.pages_free() >= want {
+            return true;
+        }
+        // One pass collects the candidates; a leaf's parent joins them when
+        // it becomes a leaf. Smallest first: (frees no page, last used).
+        let mut heap = BinaryHeap::new();
+        for (i, node) in self.nodes.iter().enumerate() {
+            let Some(node) = node else { continue };
+            for tail in node.tails.iter().filter(|t| Some(t.snapshot) != keep) {
+                let frees = tail.page.is_some_and(|p| alloc.page_refs(p) == 1);
+                heap.push(Reverse((
+                    !frees,
+                    tail.last_used,
+                    Unit::Tail(i, tail.snapshot),
+                )));
+            }
+            heap.extend(self.leaf_unit(i, alloc, keep));
+        }
+        while alloc.pages_free() < want {
+            let Some(Reverse((_, _, unit))) = heap.pop() else {
+                return false;
+            };
+            match unit {
+                Unit::Tail(n, id) => {
+                    // Gone already with its leaf?
+                    let at = self.nodes[n]
+                        .as_ref()
+                        .and_then(|node| node.tails.iter().position(|t| t.snapshot == id));
+                    if let Some(t) = at {
+                        self.remove_tail(n, t, alloc, ops);
+                    }
+                }
+                Unit::Leaf(n) => {
+                    let parent = self.node(n).parent;
+                    self.remove_leaf(n, alloc, ops);
+                    heap.extend(self.leaf_unit(parent, alloc, keep));
+                }
+            }
+        }
+        true
+    }
+
+    /// Node `i` as an eviction candidate: a leaf (not the root) without the
+    /// kept snapshot, keyed by (frees no page, last use of it or its tails).
+    fn leaf_unit(
+        &self,
+        i: usize,
+        alloc: &Allocator,
+        keep: Option<SnapshotId>,
+    ) -> Option<Reverse<(bool, u64, Unit)>> {
+        let node = self.node(i);
+        if i == ROOT
+            || !node.children.is_empty()
+            || node.tails.iter().any(|t| Some(t.snapshot) == keep)
+        {
+            return None;
+        }
+        let used = node
+            .tails
+            .iter()
+            .map(|t| t.last_used)
+            .fold(node.last_used, u64::max);
+        Some(Reverse((self.frees(i, alloc) == 0, used, Unit::Leaf(i))))
+    }
+
+    fn remove_leaf(&mut self, n: usize, alloc: &mut Allocator, ops: &mut Vec<CacheOp>) {
+        while !self.node(n).tails.is_empty() {
+            self.remove_tail(n, 0, alloc, ops);
+        }
+        let node = self.nodes[n].take().expect("live node");
+        debug_assert!(node.children.is_empty());
+        self.node_mut(node.parent).children.remove(&node.key);
+        if let Some(page) = node.page {
+            alloc.cache_release(page);
+            self.stats.pages -= 1;
+        }
+        self.free_nodes.push(n);
+    }
+
+    /// Releases everything the cache holds (pages back to the allocator).
+    pub fn clear(&mut self, alloc: &mut Allocator, ops: &mut Vec<CacheOp>) {
+        loop {
+            let leaf = (1..self.nodes.len()).find(|&i| {
+                self.nodes[i]
+                    .as_ref()
+                    .is_some_and(|n| n.children.is_empty())
+            });
+            match leaf {
+                Some(n) => self.remove_leaf(n, alloc, ops),
+                None => break,
+            }
+        }
+        while !self.node(ROOT).tails.is_empty() {
+            self.remove_tail(ROOT, 0, alloc, ops);
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "prefix_cache_tests.rs"]
+mod tests;

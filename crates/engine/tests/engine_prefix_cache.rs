@@ -1,0 +1,307 @@
+//! The prefix cache on the fake executor: every request must get exactly
+//! the tokens of the fake model run alone (`lone_run`, no engine, no
+//! cache), the fake checks every row (a resumed row's earlier KV must be its
+//! own prefix's, its restored state must hold exactly `start` tokens), and
+//! `cached_tokens` must be the position the design promises for each case.
+
+mod common;
+
+use common::*;
+use engine::prefix_cache::PrefixCacheConfig;
+use engine::testing::{collect, FakeControl, FakeExecutor};
+use engine::{
+    EngineConfig, Event, Executor, GenerateRequest, PageId, SampleSeed, SampleSpec, SamplingParams,
+    SlotId, SnapshotId, StepRow, Usage,
+};
+
+const PAGE: usize = 8;
+/// The "end of preamble" marker of these tests (chat: `<|im_start|>assistant\n`).
+const MARK: [u32; 2] = [62, 63];
+
+/// `len` tokens in 1..=60 (never EOS, never part of `MARK`).
+fn body(tag: u32, len: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| 1 + (tag * 31 + i * 17 + i * i) % 60)
+        .collect()
+}
+
+fn cat(parts: &[&[u32]]) -> Vec<u32> {
+    parts.concat()
+}
+
+fn cached(budget: usize, seqs: usize, marker: bool, max_snapshots: usize) -> EngineConfig {
+    let mut c = config(budget, seqs);
+    c.prefix_cache = PrefixCacheConfig {
+        enabled: true,
+        max_snapshots,
+        snapshot_after: if marker { vec![MARK.to_vec()] } else { vec![] },
+        snapshot_interval: 0,
+    };
+    c
+}
+
+/// Runs `r` to the end; checks its tokens against the fake model alone.
+async fn run(s: &Started, r: &GenerateRequest) -> (Vec<u32>, Usage) {
+    let (tokens, end) = collect(s.handle.submit(r.clone()).expect("accepted")).await;
+    assert_eq!(
+        tokens,
+        reference_tokens(r, &[EOS]),
+        "tokens differ from the model alone"
+    );
+    match end {
+        Event::Finished { usage, .. } => (tokens, usage),
+        other => panic!("expected Finished, got {other:?}"),
+    }
+}
+
+fn metric(s: &Started, name: &str) -> f64 {
+    metric_value(&metrics_text(&s.registry), name)
+}
+
+fn assert_no_violation(s: &Started) {
+    assert!(
+        s.control.violations().is_empty(),
+        "{:?}",
+        s.control.violations()
+    );
+}
+
+#[tokio::test]
+async fn exact_repeat_resumes_before_the_last_prompt_token() {
+    let s = start_with_snapshots(cached(64, 4, false, 16), geometry(4, 64, PAGE), 16);
+    let r = request(body(1, 40), 6, 7);
+    let (_, first) = run(&s, &r).await;
+    assert_eq!(first.cached_tokens, 0);
+    for _ in 0..2 {
+        let (_, again) = run(&s, &r).await;
+        assert_eq!(again.cached_tokens, 39);
+        assert_eq!(again.prompt_tokens, 40);
+    }
+    assert_no_violation(&s);
+    // Pages only the cache holds count as free, as vLLM's cached blocks do.
+    let stats = wait_released(&s.handle);
+    assert!(stats.pages_cached >= 5, "{stats:?}");
+    assert_eq!(metric(&s, "vllm:kv_cache_usage_perc"), 0.0);
+    assert!(metric(&s, "gdn:prefix_cache_pages") >= 5.0);
+    assert_eq!(metric(&s, "vllm:prefix_cache_queries_total"), 120.0);
+    assert_eq!(metric(&s, "vllm:prefix_cache_hits_total"), 78.0);
+    assert_eq!(metric(&s, "gdn:prefix_cache_snapshot_hits_total"), 2.0);
+    assert_eq!(metric(&s, "gdn:prefix_cache_snapshot_misses_total"), 1.0);
+}
+
+#[tokio::test]
+async fn shared_system_prompt_hits_at_the_marker() {
+    let s = start_with_snapshots(cached(64, 4, true, 16), geometry(4, 64, PAGE), 16);
+    let system = cat(&[&body(2, 29), &MARK]);
+    for (i, len) in [5usize, 9, 12, 7].into_iter().enumerate() {
+        let r = request(cat(&[&system, &body(10 + i as u32, len)]), 5, i as u64);
+        let (_, usage) = run(&s, &r).await;
+        assert_eq!(usage.cached_tokens, if i == 0 { 0 } else { system.len() });
+    }
+    assert_no_violation(&s);
+}
+
+#[tokio::test]
+async fn without_a_snapshot_a_kv_match_is_counted_as_unusable() {
+    // No marker: the questions share three full pages of KV with the first
+    // request but no state, so nothing is served and the metric says why.
+    let s = start_with_snapshots(cached(64, 4, false, 16), geometry(4, 64, PAGE), 16);
+    let system = body(2, 29);
+    for i in 0..3u32 {
+        let r = request(cat(&[&system, &body(10 + i, 6)]), 4, 1);
+        let (_, usage) = run(&s, &r).await;
+        assert_eq!(usage.cached_tokens, 0);
+    }
+    assert_eq!(
+        metric(&s, "gdn:prefix_cache_kv_only_hits_unusable_total"),
+        2.0
+    );
+    assert!(metric(&s, "gdn:prefix_cache_kv_only_unusable_tokens_total") >= 48.0);
+    assert_no_violation(&s);
+}
+
+#[tokio::test]
+async fn the_next_turn_resumes_at_the_end_of_the_generation() {
+    let s = start_with_snapshots(cached(64, 4, true, 32), geometry(4, 64, PAGE), 32);
+    let mut history = cat(&[&body(3, 20), &MARK]);
+    for turn in 0..4u32 {
+        let r = request(history.clone(), 6, turn as u64);
+        let (out, usage) = run(&s, &r).await;
+        // The first turn finds nothing; each later one resumes where the
+        // previous generation stopped computing (its last token is new).
+        if turn > 0 {
+            assert_eq!(usage.cached_tokens, history.len() - 1 - 9 - MARK.len());
+        } else {
+            assert_eq!(usage.cached_tokens, 0);
+        }
+        history = cat(&[&history, &out, &body(20 + turn, 9), &MARK]);
+    }
+    assert_no_violation(&s);
+}
+
+#[tokio::test]
+async fn eight_concurrent_sharers_of_one_prefix() {
+    let s = start_with_snapshots(cached(256, 8, true, 32), geometry(8, 128, PAGE), 32);
+    let system = cat(&[&body(4, 45), &MARK]);
+    let seed = request(cat(&[&system, &body(30, 4)]), 3, 99);
+    assert_eq!(run(&s, &seed).await.1.cached_tokens, 0);
+    let requests: Vec<GenerateRequest> = (0..8u32)
+        .map(|i| request(cat(&[&system, &body(40 + i, 3 + i as usize)]), 8, i as u64))
+        .collect();
+    // Steps wait until every sharer is queued, so they run together.
+    s.control.hold();
+    let streams: Vec<_> = requests
+        .iter()
+        .map(|r| s.handle.submit(r.clone()).expect("accepted"))
+        .collect();
+    s.control.run_free();
+    for (r, stream) in requests.iter().zip(streams) {
+        let (tokens, end) = collect(stream).await;
+        assert_eq!(tokens, reference_tokens(r, &[EOS]));
+        match end {
+            Event::Finished { usage, .. } => assert_eq!(usage.cached_tokens, system.len()),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_no_violation(&s);
+    // Eight rows shared the prefix's pages in the same steps.
+    let shared_step = s.control.steps().iter().any(|rows| {
+        rows.len() >= 2
+            && rows.iter().all(|r| r.start >= system.len() / PAGE * PAGE)
+            && rows.windows(2).all(|w| w[0].pages[0] == w[1].pages[0])
+    });
+    assert!(shared_step, "no step had sharers reading the same page");
+}
+
+#[tokio::test]
+async fn a_tiny_snapshot_budget_evicts_the_least_recently_used() {
+    let s = start_with_snapshots(cached(64, 2, false, 2), geometry(2, 64, PAGE), 16);
+    let prompts: Vec<Vec<u32>> = (0..5).map(|i| body(50 + i, 20 + i as usize)).collect();
+    for p in &prompts {
+        assert_eq!(run(&s, &request(p.clone(), 4, 3)).await.1.cached_tokens, 0);
+    }
+    // Two snapshots kept: the last prompt's (before its last token) and
+    // the end of its generation; the first prompt's are gone.
+    let last = prompts.last().unwrap();
+    let (_, usage) = run(&s, &request(last.clone(), 4, 3)).await;
+    assert_eq!(usage.cached_tokens, last.len() - 1);
+    let (_, usage) = run(&s, &request(prompts[0].clone(), 4, 3)).await;
+    assert_eq!(usage.cached_tokens, 0);
+    let stats = wait_released(&s.handle).prefix_cache.unwrap();
+    assert!(stats.snapshots <= 2, "{stats:?}");
+    assert!(stats.snapshot_evictions >= 8, "{stats:?}");
+    assert_eq!(
+        metric(&s, "gdn:prefix_cache_snapshots"),
+        stats.snapshots as f64
+    );
+    assert_eq!(
+        metric(&s, "gdn:prefix_cache_snapshot_bytes"),
+        (stats.snapshots * engine::testing::FAKE_SNAPSHOT_BYTES) as f64
+    );
+    assert_no_violation(&s);
+}
+
+#[tokio::test]
+async fn running_requests_take_pages_back_from_the_cache() {
+    // 12 pages of 8: each request needs 6; the cache must give its pages
+    // back for every new prompt, and never blocks a request.
+    let s = start_with_snapshots(cached(64, 2, false, 16), geometry(2, 12, PAGE), 16);
+    for i in 0..6u32 {
+        let r = request(body(60 + i, 40), 8, 5);
+        assert_eq!(run(&s, &r).await.1.cached_tokens, 0);
+    }
+    let stats = wait_released(&s.handle);
+    let cache = stats.prefix_cache.unwrap();
+    assert!(cache.snapshot_evictions > 0, "{cache:?}");
+    assert_no_violation(&s);
+}
+
+#[tokio::test]
+async fn preempted_sharers_resume_exactly() {
+    // 4 slots, 20 pages of 8: four sharers of 48 tokens growing to 80 each
+    // cannot all fit, so the latest are preempted and readmitted (through
+    // the cache again) until all finish.
+    let s = start_with_snapshots(cached(64, 4, true, 16), geometry(4, 20, PAGE), 16);
+    let system = cat(&[&body(5, 38), &MARK]);
+    assert_eq!(
+        run(&s, &request(cat(&[&system, &[7]]), 2, 0))
+            .await
+            .1
+            .cached_tokens,
+        0
+    );
+    let requests: Vec<GenerateRequest> = (0..4u32)
+        .map(|i| request(cat(&[&system, &body(70 + i, 8)]), 32, i as u64))
+        .collect();
+    s.control.hold();
+    let streams: Vec<_> = requests
+        .iter()
+        .map(|r| s.handle.submit(r.clone()).expect("accepted"))
+        .collect();
+    s.control.run_free();
+    for (r, stream) in requests.iter().zip(streams) {
+        let (tokens, end) = collect(stream).await;
+        assert_eq!(tokens, reference_tokens(r, &[EOS]));
+        match end {
+            Event::Finished { usage, .. } => assert_eq!(usage.cached_tokens, system.len()),
+            other => panic!("{other:?}"),
+        }
+    }
+    let stats = wait_released(&s.handle);
+    assert!(stats.preemptions > 0, "no preemption: {stats:?}");
+    assert_no_violation(&s);
+}
+
+/// The fake refuses the mistakes a prefix cache can make, so the tests
+/// above can fail: restoring another sequence's snapshot, or resuming
+/// without copying the partial page.
+#[test]
+fn the_fake_catches_a_wrong_restore_or_a_missing_page_copy() {
+    let g = geometry(2, 8, 4);
+    let mut fake = FakeExecutor::with_snapshots(g, 2, FakeControl::new());
+    let params = SamplingParams::default();
+    let run_row = |fake: &mut FakeExecutor,
+                   slot,
+                   start,
+                   tokens: &[u32],
+                   pages: &[PageId],
+                   history: &[u32]| {
+        let spec = SampleSpec {
+            params: &params,
+            history,
+            prompt_len: history.len(),
+            seed: SampleSeed { seed: 0, draw: 0 },
+            banned: &[],
+        };
+        fake.step(&[StepRow {
+            slot: SlotId(slot),
+            start,
+            tokens,
+            pages,
+            sample: Some(spec),
+        }])
+    };
+    let a = [1, 2, 3, 4, 5, 6];
+    let b = [1, 2, 3, 4, 9, 9];
+    run_row(&mut fake, 0, 0, &a, &[PageId(0), PageId(1)], &a).unwrap();
+    fake.snapshot(SlotId(0), SnapshotId(0)).unwrap();
+    run_row(&mut fake, 1, 0, &b, &[PageId(2), PageId(3)], &b).unwrap();
+    fake.snapshot(SlotId(1), SnapshotId(1)).unwrap();
+    let next = |h: &[u32]| cat(&[h, &[7]]);
+    // Right: a's snapshot, a's first page shared, its partial page copied.
+    fake.restore(SnapshotId(0), SlotId(1)).unwrap();
+    fake.copy_page(PageId(1), PageId(4)).unwrap();
+    run_row(&mut fake, 1, 6, &[7], &[PageId(0), PageId(4)], &next(&a)).unwrap();
+    // Wrong snapshot (b's state over a's pages).
+    fake.restore(SnapshotId(1), SlotId(1)).unwrap();
+    fake.copy_page(PageId(1), PageId(5)).unwrap();
+    let err = run_row(&mut fake, 1, 6, &[7], &[PageId(0), PageId(5)], &next(&b));
+    assert!(format!("{err:?}").contains("is not its own"), "{err:?}");
+    // Right snapshot, partial page not copied.
+    fake.restore(SnapshotId(0), SlotId(1)).unwrap();
+    let err = run_row(&mut fake, 1, 6, &[7], &[PageId(0), PageId(6)], &next(&a));
+    assert!(format!("{err:?}").contains("is not its own"), "{err:?}");
+    // A dropped snapshot cannot be restored.
+    fake.drop_snapshot(SnapshotId(0));
+    assert!(fake.restore(SnapshotId(0), SlotId(1)).is_err());
+}

@@ -1,0 +1,196 @@
+//! Prefix caching through the server: a 5-turn chat on the demo checkpoint
+//! (CPU executor), rendered by the server's own chat template (Qwen3.5's),
+//! thinking on and off. Each turn re-sends the whole conversation, as chat
+//! clients do. With `--enable-prefix-caching` the generated token ids must
+//! equal those of a server with `--no-enable-prefix-caching`, turn by turn,
+//! and `usage.prompt_tokens_details.cached_tokens` must be exactly the
+//! longest earlier snapshot point that prefixes the new prompt: after an
+//! earlier prompt's final `<|im_start|>assistant\n`, before its last token
+//! (when that marker is not just before it), or at the end of its
+//! generation (the design's points, recomputed here from the token ids
+//! alone). The template drops earlier turns'
+//! `<think>` blocks, so the marker point is the one that serves each new
+//! turn: the test also checks that every turn after the first is served at
+//! least up to the previous prompt's final `<|im_start|>assistant\n`.
+
+#[path = "../src/executor.rs"]
+mod executor;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request as HttpRequest, StatusCode};
+use clap::Parser;
+use engine::scheduler::MARKER_COVERS_END;
+use engine::EngineState;
+use gdn_server::app::{router, AppState};
+use gdn_server::cli::Args;
+use gdn_server::serve::{prepare, Prepared};
+use http_body_util::BodyExt;
+use serde_json::{json, Value as Json};
+use tower::ServiceExt;
+
+const DEMO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/demo");
+
+async fn start(cache_flag: &str) -> Prepared {
+    let args = Args::parse_from([
+        "gdn-server",
+        "--model",
+        DEMO,
+        "--device",
+        "cpu",
+        "--max-model-len",
+        "2048",
+        "--max-num-seqs",
+        "4",
+        "--max-num-batched-tokens",
+        "256",
+        "--block-size",
+        "64",
+        // Room for every snapshot of the test (3 per request, 10 requests):
+        // no eviction, so the expected hits below are exact.
+        "--prefix-cache-state-budget",
+        "64",
+        cache_flag,
+    ]);
+    let prepared = prepare(&args, executor::pick).expect("the server starts");
+    let until = Instant::now() + Duration::from_secs(120);
+    loop {
+        match prepared.state.engine.state() {
+            EngineState::Ready => break,
+            EngineState::Dead(why) => panic!("the engine failed to load: {why}"),
+            state => assert!(Instant::now() < until, "not loaded: {state:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    prepared
+}
+
+async fn chat(state: &Arc<AppState>, messages: &[Json], thinking: bool) -> Json {
+    let body = json!({
+        "messages": messages, "max_tokens": 12, "temperature": 0,
+        "return_token_ids": true,
+        "chat_template_kwargs": {"enable_thinking": thinking},
+    });
+    let req = HttpRequest::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let resp = router(state.clone()).oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    assert_eq!(status, StatusCode::OK, "{text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+fn ids(v: &Json) -> Vec<u32> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list of token ids: {v}"))
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// One conversation: per turn, (prompt ids, output ids, cached_tokens).
+async fn conversation(state: &Arc<AppState>, thinking: bool) -> Vec<(Vec<u32>, Vec<u32>, usize)> {
+    let questions = [
+        "What is the capital of France?",
+        "And of Italy?",
+        "Which of the two is larger?",
+        "Name a river in each.",
+        "Thanks. Summarise in one line.",
+    ];
+    let mut messages =
+        vec![json!({"role": "system", "content": "You are a terse geography tutor."})];
+    let mut turns = vec![];
+    for q in questions {
+        messages.push(json!({"role": "user", "content": q}));
+        let v = chat(state, &messages, thinking).await;
+        let prompt = ids(&v["prompt_token_ids"]);
+        let out = ids(&v["choices"][0]["token_ids"]);
+        let usage = &v["usage"];
+        assert_eq!(usage["prompt_tokens"], prompt.len(), "{v}");
+        let cached = usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no cached_tokens: {v}")) as usize;
+        // The client sends the answer back as content (reasoning dropped).
+        let content = v["choices"][0]["message"]["content"].as_str().unwrap_or("");
+        messages.push(json!({"role": "assistant", "content": content}));
+        turns.push((prompt, out, cached));
+    }
+    turns
+}
+
+/// Positions after the last occurrence of `marker` in `tokens`.
+fn after_last(tokens: &[u32], marker: &[u32]) -> Option<usize> {
+    tokens
+        .windows(marker.len())
+        .rposition(|w| w == marker)
+        .map(|i| i + marker.len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_turn_chat_cache_on_equals_off_with_exact_cached_tokens() {
+    let tokenizer = tokenizers::Tokenizer::from_file(format!("{DEMO}/tokenizer.json")).unwrap();
+    let marker = tokenizer
+        .encode("<|im_start|>assistant\n", false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
+    assert!(!marker.is_empty());
+    let on = start("--enable-prefix-caching").await;
+    let off = start("--no-enable-prefix-caching").await;
+    // Snapshot points of every request the cached server has served (the
+    // thinking-off conversation also shares the thinking one's first
+    // prompt up to its `<|im_start|>assistant\n`).
+    let mut points: Vec<Vec<u32>> = vec![];
+    for thinking in [true, false] {
+        let with = conversation(&on.state, thinking).await;
+        let without = conversation(&off.state, thinking).await;
+        for (turn, ((p, o, cached), (p_off, o_off, cached_off))) in
+            with.iter().zip(&without).enumerate()
+        {
+            assert_eq!(p, p_off, "thinking {thinking}, turn {turn}: prompts differ");
+            assert_eq!(
+                o, o_off,
+                "thinking {thinking}, turn {turn}: cache on and off differ"
+            );
+            assert_eq!(*cached_off, 0);
+            let expected = points
+                .iter()
+                .filter(|s| s.len() < p.len() && p.starts_with(s))
+                .map(Vec::len)
+                .max()
+                .unwrap_or(0);
+            println!(
+                "thinking {thinking}, turn {turn}: {} prompt tokens, {cached} cached",
+                p.len()
+            );
+            assert_eq!(
+                *cached, expected,
+                "thinking {thinking}, turn {turn}: cached_tokens"
+            );
+            if turn > 0 {
+                let previous = &with[turn - 1].0;
+                let m = after_last(previous, &marker).expect("a generation prompt");
+                assert!(p.starts_with(&previous[..m]));
+                assert!(*cached >= m, "turn {turn}: {cached} < {m}");
+            }
+            // This request's own points: the marker; before the last prompt
+            // token unless the marker is at most MARKER_COVERS_END before
+            // it; the end of its generation (the last token is not fed).
+            let m = after_last(p, &marker);
+            if let Some(m) = m {
+                points.push(p[..m].to_vec());
+            }
+            if m.is_none_or(|m| m + MARKER_COVERS_END < p.len() - 1) {
+                points.push(p[..p.len() - 1].to_vec());
+            }
+            points.push([&p[..], &o[..o.len() - 1]].concat());
+        }
+    }
+    on.state.engine.shutdown(Duration::from_secs(5)).await;
+    off.state.engine.shutdown(Duration::from_secs(5)).await;
+}
