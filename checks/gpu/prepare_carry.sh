@@ -14,9 +14,10 @@ cd "$(git rev-parse --show-toplevel)"
 rm -rf .carry && mkdir -p .carry/bin .carry/whl
 cargo build --release -p gdn-gen -p gdn-kernels -p qwen35 --examples
 cp target/release/gdn-gen target/release/examples/{gdn_bench,gdn_dump,qwen35_bench} .carry/bin/
-test_binary() {  # crate, test target -> path of the built test executable
+test_binary() {  # crate, test target -> path of the built test executable (that
+  # target's only: a crate with a binary also reports the binary's path)
   cargo test --release -p "$1" --test "$2" --no-run --message-format=json 2>/dev/null \
-    | python3 -c 'import json,sys; print([j["executable"] for j in map(json.loads, sys.stdin) if j.get("executable")][-1])'
+    | python3 -c 'import json,sys; print([j["executable"] for j in map(json.loads, sys.stdin) if j.get("executable") and j["target"]["kind"] == ["test"] and j["target"]["name"] == sys.argv[1]][-1])' "$2"
 }
 cp "$(test_binary gdn-kernels gpu_prefill)" .carry/bin/gpu_prefill
 cp "$(test_binary gdn-kernels gpu_dsl_prefill)" .carry/bin/gpu_dsl_prefill

@@ -190,8 +190,13 @@ impl DeviceSampler {
             });
         }
         let pinned = self.pinned.as_mut().expect("allocated above");
-        s.memcpy_dtoh(&out, pinned)?;
-        let host = pinned.as_slice()?;
+        // Exactly `words`: cudarc copies the destination's whole length, and
+        // the pinned buffer may be longer than `out` (CUDA_ERROR_INVALID_VALUE
+        // on the H200 before this). Through a plain slice cudarc does not
+        // wait, and pinned memory makes the copy truly asynchronous: wait.
+        let host = &mut pinned.as_mut_slice()?[..words];
+        s.memcpy_dtoh(&out, host)?;
+        s.synchronize()?;
         Ok(rows
             .iter()
             .zip(host.chunks_exact(OUT_WORDS))
