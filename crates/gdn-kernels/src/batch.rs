@@ -131,7 +131,12 @@ fn host_tables(layout: &BatchLayout) -> Result<HostTables, GdnError> {
             format!("slot {dup} is given to two sequences"),
         ));
     }
-    let mut seen_pages = std::collections::HashSet::new();
+    // A page a sequence writes (at or after its start position) belongs to
+    // it alone; pages wholly before its start are only read and may be
+    // shared read-only between sequences (prefix-cache pages), never with a
+    // sequence that writes them.
+    let mut written_pages = std::collections::HashSet::new();
+    let mut read_pages = std::collections::HashSet::new();
     let mut tok_seq = vec![];
     let mut positions = vec![];
     let mut last_rows = vec![];
@@ -186,12 +191,26 @@ fn host_tables(layout: &BatchLayout) -> Result<HostTables, GdnError> {
                 ),
             ));
         }
-        for &p in &l.block_table[s * l.max_blocks..s * l.max_blocks + pages_needed] {
-            if p >= 0 && !is_padding(s) && !seen_pages.insert(p) {
-                return Err(op_error(
-                    OP,
-                    format!("page {p} is given to two sequences (or twice to one)"),
-                ));
+        let first_written = p0 as usize / l.page_size;
+        let row_pages = &l.block_table[s * l.max_blocks..s * l.max_blocks + pages_needed];
+        for (k, &p) in row_pages.iter().enumerate() {
+            if p >= 0 && !is_padding(s) {
+                let clash = if k >= first_written {
+                    !written_pages.insert(p) || read_pages.contains(&p)
+                } else {
+                    written_pages.contains(&p) || row_pages[..k].contains(&p) || {
+                        read_pages.insert(p);
+                        false
+                    }
+                };
+                if clash {
+                    return Err(op_error(
+                        OP,
+                        format!(
+                            "page {p} is given to two sequences (or twice to one) and one of them writes it"
+                        ),
+                    ));
+                }
             }
             if p < 0 {
                 return Err(op_error(
@@ -356,6 +375,31 @@ mod tests {
         }
     }
 
+    /// Two sequences resuming at position 32 on the same two read-only
+    /// prefix pages (5, 6... as pages 0 and 1), each writing its own third.
+    fn shared_prefix() -> BatchLayout {
+        BatchLayout {
+            tokens: (0..6).collect(),
+            cu_seqlens: vec![0, 3, 6],
+            start_positions: vec![32, 32],
+            slots: vec![0, 1],
+            block_table: vec![5, 6, 7, 5, 6, 8],
+            max_blocks: 3,
+            page_size: 16,
+            padding: None,
+        }
+    }
+
+    #[test]
+    fn read_only_prefix_pages_may_be_shared_written_pages_may_not() {
+        let t = host_tables(&shared_prefix()).unwrap();
+        assert_eq!(t.max_page, 8);
+        let mut l = shared_prefix();
+        l.block_table = vec![5, 6, 7, 5, 6, 7];
+        let e = host_tables(&l).unwrap_err().to_string();
+        assert!(e.contains("page 7 is given to two"), "{e}");
+    }
+
     #[test]
     fn tables_follow_the_layout() {
         let t = host_tables(&layout()).unwrap();
@@ -395,6 +439,18 @@ mod tests {
         let mut l = layout();
         l.block_table = vec![7, -1, 2, 7];
         assert!(err(l).contains("page 7 is given to two"));
+        // Sequence 0 writes page 7 (its start, 5, is inside it); sequence 1
+        // reading it as a shared prefix page is refused too.
+        let mut l = layout();
+        l.start_positions = vec![5, 16];
+        l.cu_seqlens = vec![0, 3, 7];
+        l.tokens.truncate(7);
+        l.block_table = vec![7, -1, 7, 3];
+        assert!(err(l).contains("page 7 is given to two"));
+        // One sequence listing a read-only page twice.
+        let mut l = shared_prefix();
+        l.block_table = vec![5, 5, 6, 5, 5, 7];
+        assert!(err(l).contains("page 5 is given to two"));
         let mut l = layout();
         l.tokens.pop();
         assert!(err(l).contains("22 token ids for 23 tokens"));
