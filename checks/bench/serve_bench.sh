@@ -7,7 +7,9 @@
 # the runtime's own step times from qwen35_bench in the same run.
 #   checks/bench/serve_bench.sh [SETS] [CONCURRENCIES]
 # SETS: comma list of IN/OUT (default 1024/256,8192/256); CONCURRENCIES:
-# comma list (default 1,8,32,64,128). COLD_START_ONLY=1: only the cold start,
+# comma list (default 1,8,32,64,128). SERVER_ARGS: more gdn-server flags
+# (e.g. --no-enable-prefix-caching); SKIP_RUNTIME=1: no qwen35_bench.
+# COLD_START_ONLY=1: only the cold start,
 # COLD_STARTS times (default 3), each with the server's `startup:` phase line
 # and its gdn:startup_phase_seconds gauges; no runtime bench, no sweep.
 # Needs .carry/bin/{gdn-server,qwen35_bench},
@@ -37,7 +39,7 @@ cublas=$(find /usr/local/cuda*/ /usr/lib /usr/local/lib $(python3 -c 'import sit
 [[ -n $cublas ]] && export LD_LIBRARY_PATH=$(dirname "$cublas")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 # 1. The runtime alone, same process conditions: prefill and decode step times.
-if [ -z "${COLD_START_ONLY:-}" ]; then
+if [ -z "${COLD_START_ONLY:-}" ] && [ -z "${SKIP_RUNTIME:-}" ]; then
   log "runtime step times (qwen35_bench)"
   .carry/bin/qwen35_bench --decode-batches "$concs" > "$OUT/runtime.jsonl" 2> "$OUT/runtime.err"
   cat "$OUT/runtime.jsonl"
@@ -49,7 +51,7 @@ cold_start() {  # $1: server log file
   start=$(date +%s.%N); log "server start"
   # Each server log line gets a wall-clock stamp (where start-up time goes).
   .carry/bin/gdn-server --model /tmp/q4b --served-model-name q4b --port 8000 --device gpu \
-    --max-num-seqs 128 --max-model-len 9216 --sse-keepalive-secs 0 \
+    --max-num-seqs 128 --max-model-len 9216 --sse-keepalive-secs 0 ${SERVER_ARGS:-} \
     > >(while IFS= read -r l; do printf '%s %s\n' "$(date -u +%T.%N | cut -c1-12)" "$l"; done > "$1") 2>&1 &
   server=$!
   until curl -sf -o /dev/null http://127.0.0.1:8000/health; do
