@@ -86,6 +86,6 @@ for set in ${sets//,/ }; do
     grep -E "Successful requests|Output token throughput|Mean TTFT|Median TTFT|P99 TTFT|Median TPOT|P99 TPOT|Median ITL|P99 ITL" "$OUT/last_client.log" | tee -a "$OUT/serve_bench.log"
   done
 done
-curl -s http://127.0.0.1:8000/metrics | grep -E "^vllm:(num_preemptions_total|num_requests_running|kv_cache_usage_perc)|^gdn:state_slots" | tee -a "$OUT/serve_bench.log"
+curl -s http://127.0.0.1:8000/metrics | grep -E "^vllm:(num_preemptions_total|num_requests_running|kv_cache_usage_perc|prefix_cache_queries_total|prefix_cache_hits_total)|^gdn:state_slots" | tee -a "$OUT/serve_bench.log"
 kill -TERM $server; wait $server
 log "server exit status $?"
