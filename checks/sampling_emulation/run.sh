@@ -5,11 +5,21 @@
 # cuda_shim.h (1024 OS threads per row: slow, about 0.5-1 s a row on 2 cores).
 # Arguments: PLAN entries (`vocab`x`rows`), default a mix of small
 # vocabularies, two full Qwen3.5 rows and rows of ties; exits 1 on a difference.
+# REPLAY=<calls> instead runs the random GPU test's first calls row for row.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 out=target/sampling_emulation
 mkdir -p "$out"
-g++ -std=c++20 -O2 -ffp-contract=off -pthread -o "$out/emulate" checks/sampling_emulation/main.cpp
+# SANITIZE=1: built with AddressSanitizer and UBSan (out-of-bounds host
+# memory, static __shared__ arrays included; slower).
+opt=(-O2)
+[[ ${SANITIZE:-0} == 1 ]] && opt=(-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined)
+g++ -std=c++20 "${opt[@]}" -ffp-contract=off -pthread -o "$out/emulate" checks/sampling_emulation/main.cpp
+if [[ -n ${REPLAY:-} ]]; then
+  EMIT=$PWD/$out/replay.bin \
+    cargo test -q -p qwen35 --test gpu_sampling -- --ignored emit_cases_for_the_cpu_emulation --nocapture
+  exec "$out/emulate" "$out/replay.bin"
+fi
 plan=${1:-1x10,7x40,40x40,1023x15,1025x15,3000x10,248320x2}
 EMIT=$PWD/$out/cases.bin PLAN=$plan SEED=${SEED:-3} \
   cargo test -q -p qwen35 --test gpu_sampling -- --ignored emit_cases_for_the_cpu_emulation --nocapture

@@ -209,10 +209,7 @@ fn sample_on_device(
     rng: &mut Rng,
 ) -> Vec<SampledRow> {
     let n = cases.len();
-    let mut slots: Vec<usize> = (0..n).collect();
-    for i in (1..n).rev() {
-        slots.swap(i, rng.below(i as u64 + 1) as usize);
-    }
+    let slots = shuffled_slots(n, rng);
     let mut host = vec![0f32; n * vocab];
     for (c, &slot) in cases.iter().zip(&slots) {
         host[slot * vocab..(slot + 1) * vocab].copy_from_slice(&c.row);
@@ -240,8 +237,35 @@ fn sample_on_device(
             }
         })
         .collect();
-    sampler.sample(&mut logits, vocab, &rows).unwrap()
+    // Which call failed matters (a fault is reported for the whole call):
+    // `emit_cases_for_the_cpu_emulation` with REPLAY replays it on the CPU.
+    sampler
+        .sample(&mut logits, vocab, &rows)
+        .unwrap_or_else(|e| panic!("{n} rows of vocab {vocab}: {e}"))
 }
+
+/// The logits rows of `n` cases, shuffled.
+fn shuffled_slots(n: usize, rng: &mut Rng) -> Vec<usize> {
+    let mut slots: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        slots.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    slots
+}
+
+/// The random test's (vocab, rows per call, calls): Qwen3.5's vocabulary,
+/// then small ones (one below and above the block's 1024 threads, and tiny
+/// rows).
+const RANDOM_TEST_PLAN: [(usize, usize, usize); 7] = [
+    (QWEN35_VOCAB, 64, 8),
+    (1, 500, 2),
+    (7, 1000, 6),
+    (40, 1000, 8),
+    (1023, 500, 4),
+    (1025, 500, 4),
+    (5000, 250, 4),
+];
+const RANDOM_TEST_SEED: u64 = 0x5a3b1e;
 
 /// Whether two logprobs agree (NaN with NaN, infinities exactly).
 fn close(a: f32, b: f32) -> bool {
@@ -383,21 +407,11 @@ fn the_kernel_samples_what_the_cpu_sampler_samples_on_random_rows() {
         return;
     };
     let mut sampler = DeviceSampler::new(s.clone()).unwrap();
-    let mut rng = Rng(0x5a3b1e);
+    let mut rng = Rng(RANDOM_TEST_SEED);
     let mut tally = Tally::default();
-    // (vocab, rows per call, calls): Qwen3.5's vocabulary, then small ones
-    // (one below and above the block's 1024 threads, and tiny rows).
-    let plan: Vec<(usize, usize, usize)> = vec![
-        (QWEN35_VOCAB, 64, 8),
-        (1, 500, 2),
-        (7, 1000, 6),
-        (40, 1000, 8),
-        (1023, 500, 4),
-        (1025, 500, 4),
-        (5000, 250, 4),
-    ];
-    for (vocab, per_call, calls) in plan {
+    for (vocab, per_call, calls) in RANDOM_TEST_PLAN {
         for call in 0..calls {
+            println!("vocab {vocab} call {call}: {per_call} rows");
             let cases: Vec<Case> = (0..per_call)
                 .map(|_| Case::random(&mut rng, vocab))
                 .collect();
@@ -656,38 +670,57 @@ fn the_executor_samples_on_the_device_what_the_cpu_sampler_draws_from_host_logit
 
 /// Not a test: writes `PLAN` (`vocab x rows,...`) random cases of seed
 /// `SEED` (and with `TIES`, rows of three tied values with top-p / top-k
-/// cutting inside the ties) and the CPU sampler's answers to `EMIT`, for
+/// cutting inside the ties), or with `REPLAY=<calls>` the rows of the
+/// random test's first calls, and the CPU sampler's answers to `EMIT`, for
 /// `checks/sampling_emulation/run.sh` (the layout its main.cpp reads).
 #[test]
 #[ignore]
 fn emit_cases_for_the_cpu_emulation() {
     let path = std::env::var("EMIT").expect("EMIT=<output file>");
-    let plan: Vec<(usize, usize)> = std::env::var("PLAN")
-        .expect("PLAN=<vocab>x<rows>,...")
-        .split(',')
-        .map(|p| {
-            let (v, n) = p.split_once('x').expect("vocab x rows");
-            (v.parse().unwrap(), n.parse().unwrap())
-        })
-        .collect();
     let seed = std::env::var("SEED").map_or(3, |s| s.parse().unwrap());
     let ties = std::env::var_os("TIES").is_some();
     let mut rng = Rng(seed);
+    let mut cases: Vec<(usize, Case)> = vec![];
+    if let Ok(calls) = std::env::var("REPLAY") {
+        // The random test's first `calls` calls, row for row (its seed, and
+        // its shuffles drawn in between).
+        let mut left: usize = calls.parse().expect("REPLAY=<calls>");
+        rng = Rng(RANDOM_TEST_SEED);
+        for (vocab, per_call, calls) in RANDOM_TEST_PLAN {
+            for _ in 0..calls.min(left) {
+                let call: Vec<Case> = (0..per_call)
+                    .map(|_| Case::random(&mut rng, vocab))
+                    .collect();
+                shuffled_slots(per_call, &mut rng);
+                cases.extend(call.into_iter().map(|c| (vocab, c)));
+                left -= 1;
+            }
+        }
+    } else {
+        let plan = std::env::var("PLAN").expect("PLAN=<vocab>x<rows>,... or REPLAY=<calls>");
+        for p in plan.split(',') {
+            let (v, n) = p.split_once('x').expect("vocab x rows");
+            let (vocab, rows): (usize, usize) = (v.parse().unwrap(), n.parse().unwrap());
+            for _ in 0..rows {
+                let mut c = Case::random(&mut rng, vocab);
+                if ties {
+                    c.row = (0..vocab)
+                        .map(|_| (rng.below(3) as f32 - 1.0) * 0.5)
+                        .collect();
+                    c.params.temperature = 1.0;
+                    c.params.top_p = (0.02 + 0.96 * rng.unit()) as f32;
+                    if rng.below(2) == 0 {
+                        c.params.top_k = (vocab / 6 + rng.below(vocab as u64 / 2) as usize) as u32;
+                    }
+                }
+                cases.push((vocab, c));
+            }
+        }
+    }
     let mut out: Vec<u8> = vec![];
     let mut n = 0u32;
-    for (vocab, rows) in plan {
-        for _ in 0..rows {
-            let mut c = Case::random(&mut rng, vocab);
-            if ties {
-                c.row = (0..vocab)
-                    .map(|_| (rng.below(3) as f32 - 1.0) * 0.5)
-                    .collect();
-                c.params.temperature = 1.0;
-                c.params.top_p = (0.02 + 0.96 * rng.unit()) as f32;
-                if rng.below(2) == 0 {
-                    c.params.top_k = (vocab / 6 + rng.below(vocab as u64 / 2) as usize) as u32;
-                }
-            }
+    for (vocab, c) in cases {
+        {
             let spec = c.spec();
             let want = sampler::sample(&c.row, &spec);
             let adj = sampler::adjustments(&spec, vocab);
