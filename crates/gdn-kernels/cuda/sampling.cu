@@ -392,8 +392,13 @@ extern "C" __global__ void __launch_bounds__(kThreads)
             if (better(s, i, score, id)) score = s, id = i;
         }
         block_best(score, id);
-        token = id;
+        // A draw always keeps the row's maximum (weight 1), so `id` is a
+        // token; should nothing be kept all the same, the greedy token
+        // stands rather than an id outside the row.
+        if (id < n) token = id;
     }
+    // Never an index outside the row (the H200 read x[0x7fffffff] once).
+    if (token < 0 || token >= n) token = 0;
 
     if (tid == 0) {
         o[0] = (uint32_t)token;
