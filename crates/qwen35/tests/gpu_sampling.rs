@@ -756,3 +756,64 @@ fn emit_cases_for_the_cpu_emulation() {
     std::fs::write(&path, file).unwrap();
     println!("{n} cases written to {path}");
 }
+
+/// Not a gate: a diagnosis for the random-rows failure on the H200. The
+/// random test's first call (64 rows at Qwen3.5's vocabulary), sampled
+/// together as that test does, then each row alone in a one-row launch;
+/// prints the rows whose token or top-logprobs ids differ from the CPU
+/// sampler in each mode (rows that differ together but not alone point at
+/// blocks disturbing each other; rows that differ alone, at the kernel's
+/// own arithmetic). Asserts only that it ran every row.
+#[test]
+#[ignore]
+fn diagnose_first_random_call_together_and_alone() {
+    let Some(s) = gdn_kernels::testing::gpu_stream() else {
+        return;
+    };
+    let mut sampler = DeviceSampler::new(s.clone()).unwrap();
+    let mut rng = Rng(RANDOM_TEST_SEED);
+    let vocab = QWEN35_VOCAB;
+    let cases: Vec<Case> = (0..64).map(|_| Case::random(&mut rng, vocab)).collect();
+    let differs = |c: &Case, g: &SampledRow| {
+        let w = sampler::sample(&c.row, &c.spec());
+        g.token != w.token
+            || g.top_logprobs
+                .iter()
+                .map(|t| t.0)
+                .ne(w.top_logprobs.iter().map(|t| t.0))
+    };
+    let together = sample_on_device(&mut sampler, &s, &cases, vocab, &mut rng);
+    let bad_together: Vec<usize> = (0..cases.len())
+        .filter(|&i| differs(&cases[i], &together[i]))
+        .collect();
+    let mut bad_alone = Vec::new();
+    for (i, c) in cases.iter().enumerate() {
+        let alone = sample_on_device(&mut sampler, &s, std::slice::from_ref(c), vocab, &mut rng);
+        if differs(c, &alone[0]) {
+            bad_alone.push(i);
+        }
+    }
+    println!("rows differing together: {bad_together:?}; alone: {bad_alone:?}");
+    for &i in &bad_together {
+        let p = &cases[i].params;
+        let want = sampler::sample(&cases[i].row, &cases[i].spec());
+        let got = &together[i];
+        let first_top = got
+            .top_logprobs
+            .iter()
+            .zip(&want.top_logprobs)
+            .position(|(g, w)| g.0 != w.0);
+        println!(
+            "row {i}: token {} (cpu {}), first top difference at {first_top:?}; T {} top_k {} top_p {} min_p {} logprobs {:?} adjustments {}",
+            got.token,
+            want.token,
+            p.temperature,
+            p.top_k,
+            p.top_p,
+            p.min_p,
+            p.logprobs,
+            sampler::adjustments(&cases[i].spec(), vocab).len()
+        );
+    }
+    assert_eq!(together.len(), cases.len());
+}

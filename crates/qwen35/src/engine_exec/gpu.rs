@@ -5,8 +5,9 @@
 //! only, their logits stay where the lm_head wrote them, and the sampling
 //! kernel (`gdn_kernels::DeviceSampler`, the engine's CPU sampler as its
 //! oracle) brings back a few bytes per row (token, logprob, top list).
-//! For now only greedy rows without logprobs take the kernel; the others
-//! copy their row back for the CPU sampler (see [`on_device`]).
+//! For now only greedy rows without logprobs, penalties or bans take the
+//! kernel; the others copy their row back for the CPU sampler (see
+//! [`on_device`]).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -383,11 +384,11 @@ impl Executor for GpuExecutor {
                         specs.len()
                     ))));
                 }
-                // Greedy rows without logprobs sample on the device; the
-                // others bring their logits row back and take the CPU
-                // sampler (see `on_device`).
+                // Plain greedy rows sample on the device; the others bring
+                // their logits row back and take the CPU sampler (see
+                // `on_device`).
                 let (device, host): (Vec<usize>, Vec<usize>) =
-                    (0..specs.len()).partition(|&i| on_device(specs[i]));
+                    (0..specs.len()).partition(|&i| on_device(specs[i], &adjustments[i]));
                 let mut host_rows = Vec::with_capacity(host.len());
                 for &i in &host {
                     let row = logits.slice(at[i] * vocab..(at[i] + 1) * vocab);
@@ -439,16 +440,21 @@ impl Executor for GpuExecutor {
     }
 }
 
-/// Whether a row samples on the device. The kernel's random-rows oracle
-/// test fails on the H200 (2026-11-30: a top-logprobs list missed its 9th
-/// entry; before a guard, a draw kept no token and read outside the row),
-/// while greedy rows pass every GPU gate (executor, engine, served,
-/// prefix cache). Until the kernel passes its oracle test, rows that draw
-/// or ask for logprobs take the CPU sampler on their copied-back row: the
-/// engine's sampler itself, so their tokens are right, at the old cost of
-/// one vocabulary-sized row each.
-fn on_device(spec: &SampleSpec) -> bool {
-    spec.params.temperature < engine::sampler::GREEDY_TEMPERATURE && spec.params.logprobs.is_none()
+/// Whether a row samples on the device: greedy, no logprobs, no penalty or
+/// ban to apply (`adjustments` is that row's sparse list). The kernel's
+/// random-rows oracle test fails on the H200 (2026-11-30; the diagnosis
+/// `diagnose_first_random_call_together_and_alone` in gpu_sampling.rs: of
+/// 64 rows, 19 with logprobs return a top list that departs from the CPU's,
+/// the same alone as in a batch, and one greedy row with penalties returns
+/// another token), while plain greedy rows pass every GPU gate (executor,
+/// engine, served, prefix cache). Until the kernel passes its oracle test,
+/// every other row copies its logits row back and takes the CPU sampler:
+/// the engine's own, so its tokens are right, at the old cost of one
+/// vocabulary-sized row.
+fn on_device(spec: &SampleSpec, adjustments: &[TokenAdjustment]) -> bool {
+    spec.params.temperature < engine::sampler::GREEDY_TEMPERATURE
+        && spec.params.logprobs.is_none()
+        && adjustments.is_empty()
 }
 
 /// Threads for the rows sampled on the host (a row costs a pass or two
