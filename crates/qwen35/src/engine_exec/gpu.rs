@@ -389,11 +389,18 @@ impl Executor for GpuExecutor {
                 // `on_device`).
                 let (device, host): (Vec<usize>, Vec<usize>) =
                     (0..specs.len()).partition(|&i| on_device(specs[i], &adjustments[i]));
-                let mut host_rows = Vec::with_capacity(host.len());
-                for &i in &host {
-                    let row = logits.slice(at[i] * vocab..(at[i] + 1) * vocab);
-                    host_rows.push(sampler.stream().clone_dtoh(&row)?);
-                }
+                // One copy (one wait) for every host row, not one per row:
+                // the logits rows up to the last one a host row reads.
+                let span = host.iter().map(|&i| at[i] + 1).max().unwrap_or(0);
+                let host_logits = if span == 0 {
+                    Vec::new()
+                } else {
+                    sampler.stream().clone_dtoh(&logits.slice(..span * vocab))?
+                };
+                let host_rows: Vec<&[f32]> = host
+                    .iter()
+                    .map(|&i| &host_logits[at[i] * vocab..(at[i] + 1) * vocab])
+                    .collect();
                 let wanted: Vec<RowSampling> = device
                     .iter()
                     .map(|&i| row_sampling(specs[i], at[i], &adjustments[i]))
