@@ -198,10 +198,9 @@ fn host_tables(layout: &BatchLayout) -> Result<HostTables, GdnError> {
                 let clash = if k >= first_written {
                     !written_pages.insert(p) || read_pages.contains(&p)
                 } else {
-                    written_pages.contains(&p) || row_pages[..k].contains(&p) || {
-                        read_pages.insert(p);
-                        false
-                    }
+                    let twice_in_row = row_pages[..k].contains(&p);
+                    read_pages.insert(p);
+                    twice_in_row || written_pages.contains(&p)
                 };
                 if clash {
                     return Err(op_error(
