@@ -6,6 +6,8 @@
 # Arguments: PLAN entries (`vocab`x`rows`), default a mix of small
 # vocabularies, two full Qwen3.5 rows and rows of ties; exits 1 on a difference.
 # REPLAY=<calls> instead runs the random GPU test's first calls row for row.
+# device_main.cu is the same harness for the GPU machine (nvcc there; see
+# docs/gpu-tests.md): the kernel source as nvcc compiles it, on the device.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 out=target/sampling_emulation

@@ -93,44 +93,65 @@ __device__ __forceinline__ bool better(double a, int ia, double b, int ib) {
     return a > b || (a == b && ia < ib);
 }
 
-// Best (value, id) over the block; every thread gets it.
-__device__ void block_best(double& v, int& id) {
-    __shared__ double sv[kWarps];
-    __shared__ int si[kWarps];
+// Block reductions in two butterfly levels: each warp reduces its lanes,
+// then every warp reduces the warps' results (one per lane: kWarps == 32),
+// so every thread ends with the same value. A butterfly of a commutative
+// combine gives every lane the same bits, so no broadcast is needed.
+// Why not a serial loop over the warps' results: ptxas of CUDA 13.0 at -O2
+// and -O3 (not -O1, not -G) miscompiled `for (w = 1; w < 32; ++w) if
+// (better(sv[w], si[w], v, id)) ...` here: on the H200, 132 of 512 random
+// rows got wrong top-logprobs lists or tokens, and an all-NaN row got an id
+// read from elsewhere; the same source with the loop's reads in locals,
+// with volatile arrays or with 16 warps was right (docs/gpu-tests.md).
+static_assert(kWarps == 32, "the second level takes one warp result per lane");
+
+__device__ __forceinline__ void warp_best(double& v, int& id) {
     for (int o = 16; o > 0; o >>= 1) {
         const double ov = __shfl_xor_sync(0xffffffffu, v, o);
         const int oi = __shfl_xor_sync(0xffffffffu, id, o);
         if (better(ov, oi, v, id)) v = ov, id = oi;
     }
+}
+
+// Best (value, id) over the block; every thread gets it.
+__device__ void block_best(double& v, int& id) {
+    __shared__ double sv[kWarps];
+    __shared__ int si[kWarps];
+    warp_best(v, id);
     __syncthreads();  // the arrays may still be read by a previous call
     if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = v, si[threadIdx.x >> 5] = id;
     __syncthreads();
-    v = sv[0], id = si[0];
-    for (int w = 1; w < kWarps; ++w)
-        if (better(sv[w], si[w], v, id)) v = sv[w], id = si[w];
+    v = sv[threadIdx.x & 31], id = si[threadIdx.x & 31];
+    warp_best(v, id);
+}
+
+__device__ __forceinline__ double warp_sum(double x) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
 }
 
 // Sum over the block in a fixed order; every thread gets it.
 __device__ double block_sum(double x) {
     __shared__ double s[kWarps];
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    x = warp_sum(x);
     __syncthreads();
     if ((threadIdx.x & 31) == 0) s[threadIdx.x >> 5] = x;
     __syncthreads();
-    double t = 0.0;
-    for (int w = 0; w < kWarps; ++w) t += s[w];
-    return t;
+    return warp_sum(s[threadIdx.x & 31]);
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
 }
 
 __device__ float block_max(float x) {
     __shared__ float s[kWarps];
-    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    x = warp_max(x);
     __syncthreads();
     if ((threadIdx.x & 31) == 0) s[threadIdx.x >> 5] = x;
     __syncthreads();
-    float t = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) t = fmaxf(t, s[w]);
-    return t;
+    return warp_max(s[threadIdx.x & 31]);
 }
 
 // What the draw keeps of the row: the min-p survivors, cut by top-k and

@@ -5,9 +5,6 @@
 //! only, their logits stay where the lm_head wrote them, and the sampling
 //! kernel (`gdn_kernels::DeviceSampler`, the engine's CPU sampler as its
 //! oracle) brings back a few bytes per row (token, logprob, top list).
-//! For now only greedy rows without logprobs, penalties or bans take the
-//! kernel; the others copy their row back for the CPU sampler (see
-//! [`on_device`]).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -384,45 +381,17 @@ impl Executor for GpuExecutor {
                         specs.len()
                     ))));
                 }
-                // Plain greedy rows sample on the device; the others bring
-                // their logits row back and take the CPU sampler (see
-                // `on_device`).
-                let (device, host): (Vec<usize>, Vec<usize>) =
-                    (0..specs.len()).partition(|&i| on_device(specs[i], &adjustments[i]));
-                // One copy (one wait) for every host row, not one per row:
-                // the logits rows up to the last one a host row reads.
-                let span = host.iter().map(|&i| at[i] + 1).max().unwrap_or(0);
-                let host_logits = if span == 0 {
-                    Vec::new()
-                } else {
-                    sampler.stream().clone_dtoh(&logits.slice(..span * vocab))?
-                };
-                let host_rows: Vec<&[f32]> = host
-                    .iter()
-                    .map(|&i| &host_logits[at[i] * vocab..(at[i] + 1) * vocab])
-                    .collect();
-                let wanted: Vec<RowSampling> = device
-                    .iter()
-                    .map(|&i| row_sampling(specs[i], at[i], &adjustments[i]))
+                let wanted: Vec<RowSampling> = (0..specs.len())
+                    .map(|i| row_sampling(specs[i], at[i], &adjustments[i]))
                     .collect();
                 let on_gpu = sampler.sample(logits, vocab, &wanted)?;
-                let host_specs: Vec<&SampleSpec> = host.iter().map(|&i| specs[i]).collect();
-                let on_cpu =
-                    engine::sampler::sample_rows(&host_rows, &host_specs, HOST_SAMPLER_THREADS);
-                let mut out: Vec<Option<SampledToken>> = vec![None; specs.len()];
-                for (&i, s) in device.iter().zip(on_gpu) {
-                    out[i] = Some(SampledToken {
+                Ok(on_gpu
+                    .into_iter()
+                    .map(|s| SampledToken {
                         token: s.token,
                         logprob: s.logprob,
                         top_logprobs: s.top_logprobs,
-                    });
-                }
-                for (&i, s) in host.iter().zip(on_cpu) {
-                    out[i] = Some(s);
-                }
-                Ok(out
-                    .into_iter()
-                    .map(|s| s.expect("every row sampled"))
+                    })
                     .collect::<Vec<_>>())
             });
         let sampled = match sampled {
@@ -446,28 +415,6 @@ impl Executor for GpuExecutor {
         Ok(sampled)
     }
 }
-
-/// Whether a row samples on the device: greedy, no logprobs, no penalty or
-/// ban to apply (`adjustments` is that row's sparse list). The kernel's
-/// random-rows oracle test fails on the H200 (2026-11-30; the diagnosis
-/// `diagnose_first_random_call_together_and_alone` in gpu_sampling.rs: of
-/// 64 rows, 19 with logprobs return a top list that departs from the CPU's,
-/// the same alone as in a batch, and one greedy row with penalties returns
-/// another token), while plain greedy rows pass every GPU gate (executor,
-/// engine, served, prefix cache). Until the kernel passes its oracle test,
-/// every other row copies its logits row back and takes the CPU sampler:
-/// the engine's own, so its tokens are right, at the old cost of one
-/// vocabulary-sized row.
-fn on_device(spec: &SampleSpec, adjustments: &[TokenAdjustment]) -> bool {
-    spec.params.temperature < engine::sampler::GREEDY_TEMPERATURE
-        && spec.params.logprobs.is_none()
-        && adjustments.is_empty()
-}
-
-/// Threads for the rows sampled on the host (a row costs a pass or two
-/// over the vocabulary; a few threads keep a batch of them well under a
-/// decode step).
-const HOST_SAMPLER_THREADS: usize = 8;
 
 /// The engine's sparse penalties and bans of one row, as the kernel takes
 /// them.
