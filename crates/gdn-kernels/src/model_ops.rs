@@ -145,6 +145,19 @@ fn i32_of(op: &'static str, x: usize) -> Result<i32, GdnError> {
     i32::try_from(x).map_err(|_| op_error(op, format!("{x} exceeds i32")))
 }
 
+/// How many blocks share one sequence's keys in decode attention: about
+/// 32 keys a block (8 a warp; never fewer than 16), at most 64 blocks
+/// (attention_combine's limit), and no more than about 4096 blocks in all
+/// (beyond that a larger batch fills the GPU by itself).
+/// Why 32 keys: a warp walks its keys one after another (a warp-wide dot
+/// product per key and query head), so the chain, not bandwidth, sets the
+/// time; the old rule (>= 128 keys, <= 16 blocks) took 38.6 us a layer at
+/// batch 1 and 1024 keys on the H200 (ncu, 2026-12-01), 7% of the step.
+fn decode_splits(keys: usize, sequences_x_kv_heads: usize) -> usize {
+    let most = 4096usize.div_ceil(sequences_x_kv_heads.max(1));
+    keys.div_ceil(32).min(64).min(most).max(1)
+}
+
 fn grid(x: usize, y: usize, threads: u32, shared: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (x as u32, y as u32, 1),
@@ -156,6 +169,7 @@ fn grid(x: usize, y: usize, threads: u32, shared: usize) -> LaunchConfig {
 struct Functions {
     embedding: CudaFunction,
     add_rmsnorm: CudaFunction,
+    add_rmsnorm_vec8: CudaFunction,
     conv_prep: CudaFunction,
     conv_update: CudaFunction,
     decode_step: CudaFunction,
@@ -207,6 +221,7 @@ impl ModelOps {
         let f = Functions {
             embedding: l("embedding_bf16")?,
             add_rmsnorm: l("add_rmsnorm_bf16")?,
+            add_rmsnorm_vec8: l("add_rmsnorm_vec8_bf16")?,
             conv_prep: l("gdn_conv_prep")?,
             conv_update: l("gdn_conv_state_update")?,
             decode_step: l("gdn_decode_step")?,
@@ -341,15 +356,28 @@ impl ModelOps {
             ));
         }
         let (h, null) = (i32_of(OP, hidden)?, 0u64);
-        let mut b = self.stream.launch_builder(&self.f.add_rmsnorm);
+        // Rows of 8-element vectors (every Qwen3.5 size) keep their values in
+        // registers, one thread per 8; others take the strided loop over
+        // shared memory (model_kernels.cu says why both exist).
+        let vec8 = hidden % 8 == 0 && hidden / 8 <= 1024;
+        let (func, cfg) = if vec8 {
+            let threads = (hidden / 8).next_multiple_of(32) as u32;
+            (&self.f.add_rmsnorm_vec8, grid(rows, 1, threads, 0))
+        } else {
+            (&self.f.add_rmsnorm, grid(rows, 1, 256, hidden * 4))
+        };
+        let mut b = self.stream.launch_builder(func);
         b.arg(out).arg(residual);
         match delta {
             Some(d) => b.arg(d),
             None => b.arg(&null),
         };
         b.arg(weight).arg(&h).arg(&eps);
-        // SAFETY: matches add_rmsnorm_bf16; lengths checked; hidden floats of shared memory.
-        unsafe { b.launch(grid(rows, 1, 256, hidden * 4)) }?;
+        // SAFETY: matches add_rmsnorm_bf16 / add_rmsnorm_vec8_bf16 (same
+        // arguments); lengths checked; the strided kernel gets hidden floats
+        // of shared memory; the vec8 one needs 16-byte aligned rows, which
+        // hidden % 8 == 0 and whole allocations give.
+        unsafe { b.launch(cfg) }?;
         Ok(())
     }
 
@@ -598,9 +626,8 @@ impl ModelOps {
         .map(|x| x as i32);
         if batch.num_tokens == batch.num_seqs {
             // Decode: one query per sequence on CUDA cores; long contexts are
-            // split over up to 16 blocks of >= 128 keys (flash-decoding) so a
-            // small batch still fills the GPU.
-            let splits = (batch.max_position + 1).div_ceil(128).clamp(1, 16);
+            // split (flash-decoding) so a small batch still fills the GPU.
+            let splits = decode_splits(batch.max_position + 1, t * shape.kv_heads);
             let parts = t * shape.q_heads * splits;
             let null = 0u64;
             let ws = if splits > 1 {
@@ -644,7 +671,9 @@ impl ModelOps {
                     .arg(&ld)
                     .arg(&hq)
                     .arg(&splits_);
-                // SAFETY: matches attention_combine; block = head dim.
+                // SAFETY: matches attention_combine; block = head dim (>= 32:
+                // its first warp weighs up to 64 splits, the most
+                // `decode_splits` gives).
                 unsafe { b.launch(grid(t, shape.q_heads, d as u32, 0)) }?;
             }
             return Ok(());
@@ -786,5 +815,36 @@ impl ModelOps {
         // SAFETY: matches fill_uniform_f32 (grid-stride loop over n).
         unsafe { b.launch(grid(1024, 1, 256, 0)) }?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decode_splits;
+
+    #[test]
+    fn decode_splits_keep_their_bounds_for_every_batch_and_context() {
+        for keys in 1..=5000 {
+            for rows in [1usize, 3, 4, 16, 64, 256, 512, 1024, 4096] {
+                let s = decode_splits(keys, rows);
+                assert!(
+                    (1..=64).contains(&s),
+                    "{keys} keys, {rows} rows: {s} splits"
+                );
+                if s > 1 {
+                    // A split's share (ceil(keys / splits)) is never below
+                    // 16 keys (4 a warp): the rule asks for 32, rounded.
+                    assert!(keys.div_ceil(s) >= 16, "{keys} keys: {s} splits");
+                    assert!(
+                        rows * s <= 4096 + rows,
+                        "{keys} keys, {rows} rows: {s} splits"
+                    );
+                }
+            }
+        }
+        // A short context stays in one block; one sequence deep in a
+        // context spreads over many.
+        assert_eq!(decode_splits(32, 4), 1);
+        assert!(decode_splits(1024, 4) >= 16);
     }
 }

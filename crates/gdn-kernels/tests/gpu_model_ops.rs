@@ -1,10 +1,12 @@
 //! GPU gate of the attention op at the real Qwen3.5 shapes (head dim 256,
 //! GQA groups 4 and 8), which the tiny model fixtures (head dim 32, group 2)
 //! do not reach: decode steps deep into a context (the split flash-decoding
-//! path, up to 16 splits) and prefill chunks on the tensor-core kernel, with
-//! and without earlier context in the cache, against an f64 CPU reference on
-//! exactly the bf16 inputs the GPU reads. Skips without a GPU
-//! (`GDN_REQUIRE_GPU=1` makes that a failure).
+//! path, up to 64 splits, sequences with fewer keys than splits) and prefill
+//! chunks on the tensor-core kernel, with and without earlier context in
+//! the cache, against an f64 CPU reference on exactly the bf16 inputs the
+//! GPU reads. Also the residual add + RMSNorm op on both of its kernels
+//! (Qwen3.5's hidden sizes and sizes that take the strided one). Skips
+//! without a GPU (`GDN_REQUIRE_GPU=1` makes that a failure).
 
 use gdn_kernels::testing::{gpu_stream, Rng};
 use gdn_kernels::{AttentionShape, BatchLayout, DeviceBatch, ModelOps};
@@ -144,7 +146,8 @@ fn qwen35_attention(q_heads: usize, kv_heads: usize) -> AttentionShape {
 
 #[test]
 fn decode_attention_at_qwen35_shapes_matches_the_reference_across_split_counts() {
-    // Contexts from one key (1 split) to 3000 (16 splits of 188).
+    // Contexts from one key to 3000 (64 splits of 47 keys; the shorter
+    // sequences of the batch leave most splits without a key).
     for shape in [qwen35_attention(16, 4), qwen35_attention(24, 3)] {
         let case = Case {
             shape,
@@ -166,5 +169,94 @@ fn prefill_attention_at_qwen35_shapes_matches_the_reference() {
         };
         let worst = run_case(&case, 12);
         println!("prefill {shape:?}: worst abs error {worst:.2e}");
+    }
+}
+
+/// The residual add + zero-centred RMSNorm against an f64 reference on the
+/// same bf16 inputs: `residual` must come back as bf16(residual + delta)
+/// exactly, `out` within one bf16 rounding of bf16(x / rms(x) * (1 + w)).
+fn check_add_rmsnorm(ops: &ModelOps, hidden: usize, rows: usize, with_delta: bool, seed: u64) {
+    let stream = ops.stream();
+    let mut rng = Rng::new(seed);
+    let residual: Vec<bf16> = (0..rows * hidden)
+        .map(|_| bf16::from_f32(rng.uniform(-3.0, 3.0)))
+        .collect();
+    let delta: Vec<bf16> = (0..rows * hidden)
+        .map(|_| bf16::from_f32(rng.uniform(-1.0, 1.0)))
+        .collect();
+    let weight: Vec<f32> = (0..hidden).map(|_| rng.uniform(-0.5, 0.5)).collect();
+    let eps = 1e-6f32;
+    let mut residual_dev = stream.clone_htod(&residual).unwrap();
+    let delta_dev = stream.clone_htod(&delta).unwrap();
+    let weight_dev = stream.clone_htod(&weight).unwrap();
+    let mut out_dev = stream.alloc_zeros::<bf16>(rows * hidden).unwrap();
+    ops.add_rmsnorm(
+        &mut residual_dev,
+        with_delta.then_some(&delta_dev),
+        &weight_dev,
+        &mut out_dev,
+        hidden,
+        eps,
+    )
+    .unwrap();
+    let got_residual = stream.clone_dtoh(&residual_dev).unwrap();
+    let got = stream.clone_dtoh(&out_dev).unwrap();
+    let mut worst = 0f64;
+    for r in 0..rows {
+        let x: Vec<f64> = (0..hidden)
+            .map(|i| {
+                let k = r * hidden + i;
+                let v = residual[k].to_f64();
+                if with_delta {
+                    // f32 sum of two bf16 values is exact; one rounding to bf16.
+                    round_bf16(v + delta[k].to_f64())
+                } else {
+                    v
+                }
+            })
+            .collect();
+        for i in 0..hidden {
+            assert_eq!(
+                got_residual[r * hidden + i].to_f64(),
+                x[i],
+                "hidden {hidden} row {r} element {i}: residual"
+            );
+        }
+        let ms = x.iter().map(|v| v * v).sum::<f64>() / hidden as f64;
+        let inv = 1.0 / (ms + eps as f64).sqrt();
+        for i in 0..hidden {
+            let want = x[i] * inv * (1.0 + weight[i] as f64);
+            let g = got[r * hidden + i].to_f64();
+            // One rounding to nearest bf16 (8 significant bits: at most
+            // 2^-8 relative) on top of f32 arithmetic (rsqrtf: a few 1e-7).
+            let err = (g - want).abs() / want.abs().max(1e-3);
+            worst = worst.max(err);
+            assert!(
+                err <= 1.0 / 256.0 + 1e-5,
+                "hidden {hidden} row {r} element {i}: got {g} want {want}"
+            );
+        }
+    }
+    println!("add_rmsnorm hidden {hidden} rows {rows} delta {with_delta}: worst relative error {worst:.2e}");
+}
+
+#[test]
+fn add_rmsnorm_matches_the_reference_on_both_kernels() {
+    let Some(stream) = gpu_stream() else {
+        return;
+    };
+    let ops = ModelOps::new(stream).unwrap();
+    // 2560, 4096, 5120: Qwen3.5 4B/9B/27B hidden sizes (8-element vectors,
+    // one thread per vector); 8192 the largest such row; 100 and 8200 take
+    // the strided kernel (not a multiple of 8 / more than 1024 vectors).
+    for (i, &hidden) in [2560usize, 4096, 5120, 8192, 32, 100, 8200]
+        .iter()
+        .enumerate()
+    {
+        for rows in [1usize, 3, 64] {
+            for with_delta in [false, true] {
+                check_add_rmsnorm(&ops, hidden, rows, with_delta, 100 + i as u64);
+            }
+        }
     }
 }
