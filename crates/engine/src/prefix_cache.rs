@@ -81,6 +81,9 @@ pub struct PrefixCacheStats {
     /// tokens of KV matched beyond it (recomputed, for want of a state).
     pub kv_only_unusable: u64,
     pub kv_only_unusable_tokens: u64,
+    /// Branch points set (a shared prefix without a snapshot, see
+    /// `scheduler`), whichever sequence takes them.
+    pub branch_points: u64,
     /// Snapshots held now.
     pub snapshots: usize,
     /// Holds the trie has on pages now (a page may also be held by
@@ -183,8 +186,9 @@ impl PrefixCache {
 
     /// The longest cached prefix of `tokens` no longer than `limit` (the
     /// caller keeps at least one token to compute), and how far the KV
-    /// alone matched (a full page or a tail's tokens). Touches what it
-    /// finds (LRU); counts nothing (see [`Self::record`]).
+    /// alone matched, to the token (full pages, then the longest common
+    /// prefix with a cached page or tail where the prompt leaves the trie).
+    /// Touches what it finds (LRU); counts nothing (see [`Self::record`]).
     pub fn lookup(&mut self, tokens: &[u32], limit: usize) -> (Option<Hit>, usize) {
         let ps = self.page_size;
         let now = self.next_tick();
@@ -205,15 +209,30 @@ impl PrefixCache {
                     }
                 }
             }
-            if base + ps > tokens.len() {
-                break;
-            }
-            match self.node(at).children.get(&tokens[base..base + ps]) {
+            let child = tokens
+                .get(base..base + ps)
+                .and_then(|key| self.node(at).children.get(key));
+            match child {
                 Some(&child) => {
                     path.push(child);
                     kv_matched = kv_matched.max(base + ps);
                 }
-                None => break,
+                None => {
+                    // Where the prompt leaves the cached KV, to the token:
+                    // a branch point (see `scheduler`) ends there.
+                    let rest = &tokens[base..];
+                    let node = self.node(at);
+                    let partial = node
+                        .children
+                        .keys()
+                        .map(Vec::as_slice)
+                        .chain(node.tails.iter().map(|t| t.tokens.as_slice()))
+                        .map(|cached| common_prefix(cached, rest))
+                        .max()
+                        .unwrap_or(0);
+                    kv_matched = kv_matched.max(base + partial);
+                    break;
+                }
             }
         }
         let hit = best.map(|(position, at, t)| {
@@ -236,6 +255,10 @@ impl PrefixCache {
             }
         });
         (hit, kv_matched)
+    }
+
+    pub fn note_branch_point(&mut self) {
+        self.stats.branch_points += 1;
     }
 
     /// Counts a first admission's lookup: `queried` prompt tokens, `hit`
@@ -503,6 +526,11 @@ impl PrefixCache {
             self.remove_tail(ROOT, 0, alloc, ops);
         }
     }
+}
+
+/// Length of the common prefix of `a` and `b`.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 #[cfg(test)]

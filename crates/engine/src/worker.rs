@@ -509,6 +509,8 @@ impl Worker {
                 .inc_by(now.kv_only_unusable - was.kv_only_unusable);
             m.kv_only_unusable_tokens
                 .inc_by(now.kv_only_unusable_tokens - was.kv_only_unusable_tokens);
+            m.branch_points
+                .inc_by(now.branch_points - was.branch_points);
             m.snapshots.set(now.snapshots as i64);
             m.snapshot_bytes
                 .set((now.snapshots * self.snapshot_bytes) as i64);

@@ -230,6 +230,49 @@ async fn eight_concurrent_sharers() {
     assert!(stats.prefix_cache.unwrap().snapshot_hits >= 8);
 }
 
+/// Raw completions prompts sharing the system prompt (no marker): the
+/// questions start with distinct tokens, so the shared prefix is exactly
+/// the system prompt and the branch point lies there (70 tokens: not a
+/// page boundary, so every hit also copies the partial page).
+fn raw_sharers(f: &Fixture, n: usize, max_tokens: usize) -> (usize, Vec<GenerateRequest>) {
+    let (system, _, questions) = parts(f);
+    let firsts: std::collections::HashSet<u32> = questions[..n].iter().map(|q| q[0]).collect();
+    assert_eq!(firsts.len(), n, "questions must start with distinct tokens");
+    let requests = questions[..n]
+        .iter()
+        .map(|q| greedy([&system[..], q].concat(), max_tokens))
+        .collect();
+    (system.len(), requests)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_system_prompt_without_marker_sequential() {
+    // The first request publishes only its own points; the second stops at
+    // the end of the shared system prompt (a branch point) and snapshots
+    // there; the others resume there.
+    let f = Fixture::load(MODELS[0]);
+    let (shared, requests) = raw_sharers(&f, 5, 6);
+    let waves: Vec<_> = requests.into_iter().map(|r| vec![r]).collect();
+    let expected = [0, 0, shared, shared, shared];
+    let stats = on_equals_off(&f, sizing(4, 128), 16, vec![], waves, &expected).await;
+    assert_eq!(stats.prefix_cache.unwrap().branch_points, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_system_prompt_without_marker_eight_together() {
+    // Eight sharers queued at once on a cold cache: the first admitted
+    // stops at the shared prefix's end, the others wait for its snapshot
+    // (no duplicate) and resume there.
+    let f = Fixture::load(MODELS[1]);
+    let (shared, requests) = raw_sharers(&f, 8, 5);
+    let mut expected = vec![shared; 8];
+    expected[0] = 0;
+    let stats = on_equals_off(&f, sizing(8, 256), 32, vec![], vec![requests], &expected).await;
+    let cache = stats.prefix_cache.unwrap();
+    assert_eq!(cache.branch_points, 1, "{cache:?}");
+    assert_eq!(cache.snapshot_hits, 7, "{cache:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tiny_budget_evicts_and_preempted_sharers_resume() {
     let f = Fixture::load(MODELS[2]);
