@@ -305,6 +305,25 @@ async fn a_tiny_snapshot_budget_evicts_the_least_recently_used() {
 }
 
 #[tokio::test]
+async fn a_tiny_snapshot_budget_keeps_what_saves_the_most_prefill() {
+    // Two snapshots. P (40 tokens) leaves one before its last prompt token
+    // (saves 39) and one at the end of its generation (saves 3 over it).
+    // Q (12 tokens, unrelated) then takes both places in turn: its first
+    // evicts P's end of generation (3 < 39), its second evicts Q's own
+    // last-but-one (saves 11) rather than P's, the least recently used.
+    let s = start_with_snapshots(cached(64, 2, false, 2), geometry(2, 64, PAGE), 16);
+    let p = request(body(80, 40), 4, 1);
+    let q = request(body(81, 12), 4, 2);
+    assert_eq!(run(&s, &p).await.1.cached_tokens, 0);
+    assert_eq!(run(&s, &q).await.1.cached_tokens, 0);
+    assert_eq!(run(&s, &p).await.1.cached_tokens, 39);
+    assert_eq!(run(&s, &q).await.1.cached_tokens, 0);
+    let stats = wait_released(&s.handle).prefix_cache.unwrap();
+    assert_eq!(stats.snapshots, 2, "{stats:?}");
+    assert_no_violation(&s);
+}
+
+#[tokio::test]
 async fn running_requests_take_pages_back_from_the_cache() {
     // 12 pages of 8: each request needs 6; the cache must give its pages
     // back for every new prompt, and never blocks a request.

@@ -282,8 +282,9 @@ async fn tiny_budget_evicts_and_preempted_sharers_resume() {
     // (224 positions) for 4 sharers growing to ~120 positions each (the
     // 64 positions of the system prompt's full pages shared): the
     // cache gives up snapshots and pages, the latest sharers are preempted
-    // and come back through the cache. Every sharer's lookup touches the
-    // marker's snapshot, so LRU keeps it while older ones go.
+    // and come back through the cache. The marker's snapshot saves the
+    // most prefill (every other snapshot saves only the tokens past it),
+    // so it is kept while others go.
     let seed = greedy([&system[..], &system[..3]].concat(), 2);
     let sharers: Vec<_> = questions[..4]
         .iter()
