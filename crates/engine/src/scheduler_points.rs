@@ -101,6 +101,22 @@ impl Scheduler {
         Branch::Wait
     }
 
+    /// The caller's points for queued `id` (e.g. the end of a chat's
+    /// system preamble), kept when there is a cache and the point lies
+    /// within the prompt at least a page in: a shorter prefix saves less
+    /// prefill than its snapshot costs.
+    pub fn add_snapshot_points(&mut self, id: RequestId, points: &[usize]) {
+        if self.cache.is_none() {
+            return;
+        }
+        let prompt_len = self.seqs[&id].prompt_len;
+        for &q in points {
+            if q >= self.alloc.page_size() && q < prompt_len {
+                self.add_point(id, q);
+            }
+        }
+    }
+
     /// Adds snapshot point `q` to `id`; false if it was there already.
     pub(super) fn add_point(&mut self, id: RequestId, q: usize) -> bool {
         let points = &mut self.seqs.get_mut(&id).expect("known sequence").points;

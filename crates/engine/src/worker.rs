@@ -248,6 +248,8 @@ impl Worker {
         );
         self.scheduler
             .add(id, request.prompt, request.sampling, request.stop, seed);
+        self.scheduler
+            .add_snapshot_points(id, &request.snapshot_points);
     }
 
     /// Removes a request that ends without finishing (abort, failure).

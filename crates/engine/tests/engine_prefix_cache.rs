@@ -11,7 +11,7 @@ use engine::prefix_cache::PrefixCacheConfig;
 use engine::testing::{collect, FakeControl, FakeExecutor};
 use engine::{
     EngineConfig, Event, Executor, GenerateRequest, PageId, SampleSeed, SampleSpec, SamplingParams,
-    SlotId, SnapshotId, StepRow, Usage,
+    SlotId, SnapshotId, StepRow, SubmitError, Usage,
 };
 
 const PAGE: usize = 8;
@@ -158,15 +158,25 @@ async fn eight_sharers_arriving_together_take_one_branch_snapshot() {
     // first admitted stops at 29 (its row of that step is cut there), the
     // seven others wait for its snapshot instead of taking their own, and
     // all resume there.
-    let s = start_with_snapshots(cached(256, 8, false, 32), geometry(8, 128, PAGE), 32);
+    let s = start_with_snapshots(cached(256, 9, false, 32), geometry(9, 128, PAGE), 32);
     let system = body(3, 29);
     let requests = sharers(&system, 8, 5);
+    // An unrelated request's step is held while the sharers queue, so they
+    // are all waiting when the next step is planned (else the first could
+    // be planned alone and run past 29 before the others arrive; then the
+    // second takes the branch point: see the sequential test).
     s.control.hold();
+    let blocker = s
+        .handle
+        .submit(request(body(59, 6), 2, 0))
+        .expect("accepted");
+    assert!(s.control.wait_blocked(std::time::Duration::from_secs(10)));
     let streams: Vec<_> = requests
         .iter()
         .map(|r| s.handle.submit(r.clone()).expect("accepted"))
         .collect();
     s.control.run_free();
+    collect(blocker).await;
     let mut cached_tokens = vec![];
     for (r, stream) in requests.iter().zip(streams) {
         let (tokens, end) = collect(stream).await;
@@ -220,6 +230,40 @@ async fn a_newcomer_waits_for_a_pending_branch_snapshot_it_shares() {
     // The next sharer of C's longer prefix resumes at 38.
     let d = request(cat(&[&system, &x[..9], &body(23, 4)]), 4, 4);
     assert_eq!(run(&s, &d).await.1.cached_tokens, 38);
+    assert_no_violation(&s);
+}
+
+#[tokio::test]
+async fn a_callers_snapshot_point_serves_the_next_sharer() {
+    // The server passes where a chat's preamble ends: the first request
+    // snapshots there, so the second resumes there (no branch point
+    // needed); a point shorter than a page is ignored; a point outside the
+    // prompt is refused at submit.
+    let s = start_with_snapshots(cached(64, 4, false, 16), geometry(4, 64, PAGE), 16);
+    let system = body(7, 29);
+    let mut requests = sharers(&system, 3, 6);
+    requests[0].snapshot_points = vec![29, 5];
+    for (i, r) in requests.iter().enumerate() {
+        let (_, usage) = run(&s, r).await;
+        assert_eq!(
+            usage.cached_tokens,
+            if i == 0 { 0 } else { 29 },
+            "request {i}"
+        );
+    }
+    assert_eq!(metric(&s, "gdn:prefix_cache_branch_points_total"), 0.0);
+    // Point 5 (less than a page) took no snapshot: a prompt of system[..6]
+    // and more finds nothing at 5.
+    let short = request(cat(&[&system[..6], &body(30, 4)]), 2, 9);
+    assert_eq!(run(&s, &short).await.1.cached_tokens, 0);
+    for bad in [0, 35] {
+        let mut r = request(cat(&[&system, &body(31, 6)]), 2, 9);
+        r.snapshot_points = vec![bad];
+        match s.handle.submit(r) {
+            Err(SubmitError::Invalid(why)) => assert!(why.contains("snapshot point"), "{why}"),
+            other => panic!("point {bad}: expected Invalid, got {:?}", other.err()),
+        }
+    }
     assert_no_violation(&s);
 }
 

@@ -33,6 +33,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
             stop_token_ids: vec![],
             ignore_eos: true,
         },
+        snapshot_points: Vec::new(),
     }
 }
 
@@ -262,12 +263,18 @@ async fn shared_system_prompt_without_marker_sequential() {
 async fn shared_system_prompt_without_marker_eight_together() {
     // Eight sharers queued at once on a cold cache: the first admitted
     // stops at the shared prefix's end, the others wait for its snapshot
-    // (no duplicate) and resume there.
+    // (no duplicate) and resume there. An unrelated request submitted just
+    // before takes each step's whole budget (64) for its 5-step prefill, so
+    // the sharers are all queued when the first of them is admitted.
     let f = Fixture::load(MODELS[1]);
     let (shared, requests) = raw_sharers(&f, 8, 5);
-    let mut expected = vec![shared; 8];
-    expected[0] = 0;
-    let stats = on_equals_off(&f, sizing(8, 256), 32, vec![], vec![requests], &expected).await;
+    let long = f.prompts.iter().max_by_key(|p| p.len()).unwrap();
+    let blocker: Vec<u32> = long.iter().rev().cycle().take(320).copied().collect();
+    assert_ne!(blocker[0], requests[0].prompt[0]);
+    let wave = [vec![greedy(blocker, 2)], requests].concat();
+    let mut expected = vec![shared; 9];
+    expected[..2].fill(0);
+    let stats = on_equals_off(&f, sizing(9, 256), 32, vec![], vec![wave], &expected).await;
     let cache = stats.prefix_cache.unwrap();
     assert_eq!(cache.branch_points, 1, "{cache:?}");
     assert_eq!(cache.snapshot_hits, 7, "{cache:?}");

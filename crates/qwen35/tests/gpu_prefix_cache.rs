@@ -221,6 +221,7 @@ async fn serve(handle: &EngineHandle, waves: &[Vec<Vec<u32>>]) -> Vec<(Vec<u32>,
                         stop_token_ids: vec![],
                         ignore_eos: true,
                     },
+                    snapshot_points: Vec::new(),
                 };
                 handle.submit(req).expect("accepted")
             })
