@@ -234,7 +234,7 @@ impl Metrics {
             kv_only_unusable: int_counter(
                 registry,
                 "gdn:prefix_cache_kv_only_hits_unusable_total",
-                "Lookups whose KV match ran past the last snapshot (the KV beyond it was recomputed).",
+                "Lookups whose KV match ran at least a page past the last snapshot (the KV beyond it was recomputed).",
             )?,
             kv_only_unusable_tokens: int_counter(
                 registry,

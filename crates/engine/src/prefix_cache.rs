@@ -77,8 +77,9 @@ pub struct PrefixCacheStats {
     pub snapshot_misses: u64,
     pub snapshots_taken: u64,
     pub snapshot_evictions: u64,
-    /// Lookups whose KV match ran past the last usable snapshot, and the
-    /// tokens of KV matched beyond it (recomputed, for want of a state).
+    /// Lookups whose KV match ran at least a page past the last usable
+    /// snapshot, and the tokens of KV matched beyond it (recomputed, for
+    /// want of a state).
     pub kv_only_unusable: u64,
     pub kv_only_unusable_tokens: u64,
     /// Branch points set (a shared prefix without a snapshot, see
@@ -267,8 +268,11 @@ impl PrefixCache {
         } else {
             s.snapshot_misses += 1;
         }
+        // The match is to the token: a few shared tokens (a role header)
+        // are no loss worth counting; a page or more is what a branch
+        // point (see `scheduler`) would serve.
         let usable_kv = kv_matched.min(limit);
-        if usable_kv > hit {
+        if usable_kv >= hit + self.page_size {
             s.kv_only_unusable += 1;
             s.kv_only_unusable_tokens += (usable_kv - hit) as u64;
         }

@@ -30,8 +30,9 @@
 //! its last computed token too. A waiting sequence that shares a prefix
 //! beyond its hit (with the cached KV or a running sequence) sets a branch
 //! point where the sharing ends, or waits for a running sequence's pending
-//! snapshot it can use (`scheduler_points.rs`). Running sequences short of pages evict the
-//! cache before anyone is preempted; admission evicts it too.
+//! snapshot it can use (`scheduler_points.rs`). Running sequences short of
+//! pages evict the cache before anyone is preempted; admission evicts it
+//! too.
 //!
 //! The scheduler is single-threaded and pure (no clocks, no channels): the
 //! engine thread drives it and the tests drive it directly.

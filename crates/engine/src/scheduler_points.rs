@@ -135,6 +135,7 @@ impl Scheduler {
             points.remove(at);
         }
     }
+
     /// After a committed row: publishes the sequence's state to the prefix
     /// cache when it stands at a snapshot point, or when the sequence ends
     /// (the state after its last computed token: the next turn of a
