@@ -246,6 +246,16 @@ impl EngineHandle {
                 "prompt token id {bad} is out of range (vocabulary size {vocab_size})"
             )));
         }
+        if let Some(&bad) = request
+            .snapshot_points
+            .iter()
+            .find(|&&q| q == 0 || q >= request.prompt.len())
+        {
+            return Err(SubmitError::Invalid(format!(
+                "snapshot point {bad} is outside the prompt (1..{})",
+                request.prompt.len()
+            )));
+        }
         request.sampling.check().map_err(SubmitError::Invalid)?;
         request.stop.check().map_err(SubmitError::Invalid)?;
         let max_model_len = self

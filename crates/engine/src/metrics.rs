@@ -62,6 +62,7 @@ pub struct Metrics {
     pub snapshot_evictions: IntCounter,
     pub kv_only_unusable: IntCounter,
     pub kv_only_unusable_tokens: IntCounter,
+    pub branch_points: IntCounter,
     pub snapshots: IntGauge,
     pub snapshot_bytes: IntGauge,
     pub prefix_cache_pages: IntGauge,
@@ -233,12 +234,17 @@ impl Metrics {
             kv_only_unusable: int_counter(
                 registry,
                 "gdn:prefix_cache_kv_only_hits_unusable_total",
-                "Lookups whose KV match ran past the last snapshot (the KV beyond it was recomputed).",
+                "Lookups whose KV match ran at least a page past the last snapshot (the KV beyond it was recomputed).",
             )?,
             kv_only_unusable_tokens: int_counter(
                 registry,
                 "gdn:prefix_cache_kv_only_unusable_tokens_total",
                 "Tokens of KV matched beyond the last usable snapshot (recomputed for want of a state).",
+            )?,
+            branch_points: int_counter(
+                registry,
+                "gdn:prefix_cache_branch_points_total",
+                "Branch points set: shared prefixes without a snapshot where a prefill stops to take one.",
             )?,
             snapshots: int_gauge(
                 registry,

@@ -15,14 +15,14 @@
 //! page (the positions from p on are its to write), and the snapshot copied
 //! into its own slot.
 //!
-//! Eviction is least-recently-used: snapshots when the snapshot budget is
-//! full, leaves of the trie (a page and its tails) when running requests
-//! need pages. Everything here only counts; the executor work it implies
+//! Eviction (`prefix_cache_evict.rs`) removes what saves the least recompute per byte
+//! first, least recently used among equals: snapshots when the snapshot
+//! budget is full, tails and leaves of the trie (a page and its tails) when
+//! running requests need pages. Everything here only counts; the executor work it implies
 //! (copies, snapshots, drops) is returned as [`CacheOp`]s for the engine to
 //! run in order.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 
 use crate::allocator::Allocator;
 use crate::executor::{PageId, SlotId, SnapshotId};
@@ -77,10 +77,14 @@ pub struct PrefixCacheStats {
     pub snapshot_misses: u64,
     pub snapshots_taken: u64,
     pub snapshot_evictions: u64,
-    /// Lookups whose KV match ran past the last usable snapshot, and the
-    /// tokens of KV matched beyond it (recomputed, for want of a state).
+    /// Lookups whose KV match ran at least a page past the last usable
+    /// snapshot, and the tokens of KV matched beyond it (recomputed, for
+    /// want of a state).
     pub kv_only_unusable: u64,
     pub kv_only_unusable_tokens: u64,
+    /// Branch points set (a shared prefix without a snapshot, see
+    /// `scheduler`), whichever sequence takes them.
+    pub branch_points: u64,
     /// Snapshots held now.
     pub snapshots: usize,
     /// Holds the trie has on pages now (a page may also be held by
@@ -119,17 +123,11 @@ struct Node {
     children: HashMap<Vec<u32>, usize>,
     tails: Vec<Tail>,
     last_used: u64,
+    /// Full pages from the root to this node (0 for the root).
+    depth: usize,
 }
 
 const ROOT: usize = 0;
-
-/// What page eviction can remove: a tail (by node and snapshot), or a leaf
-/// node with its tails.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Unit {
-    Tail(usize, SnapshotId),
-    Leaf(usize),
-}
 
 #[derive(Debug)]
 pub struct PrefixCache {
@@ -153,6 +151,7 @@ impl PrefixCache {
             children: HashMap::new(),
             tails: Vec::new(),
             last_used: 0,
+            depth: 0,
         };
         PrefixCache {
             page_size,
@@ -183,8 +182,9 @@ impl PrefixCache {
 
     /// The longest cached prefix of `tokens` no longer than `limit` (the
     /// caller keeps at least one token to compute), and how far the KV
-    /// alone matched (a full page or a tail's tokens). Touches what it
-    /// finds (LRU); counts nothing (see [`Self::record`]).
+    /// alone matched, to the token (full pages, then the longest common
+    /// prefix with a cached page or tail where the prompt leaves the trie).
+    /// Touches what it finds (LRU); counts nothing (see [`Self::record`]).
     pub fn lookup(&mut self, tokens: &[u32], limit: usize) -> (Option<Hit>, usize) {
         let ps = self.page_size;
         let now = self.next_tick();
@@ -205,15 +205,30 @@ impl PrefixCache {
                     }
                 }
             }
-            if base + ps > tokens.len() {
-                break;
-            }
-            match self.node(at).children.get(&tokens[base..base + ps]) {
+            let child = tokens
+                .get(base..base + ps)
+                .and_then(|key| self.node(at).children.get(key));
+            match child {
                 Some(&child) => {
                     path.push(child);
                     kv_matched = kv_matched.max(base + ps);
                 }
-                None => break,
+                None => {
+                    // Where the prompt leaves the cached KV, to the token:
+                    // a branch point (see `scheduler`) ends there.
+                    let rest = &tokens[base..];
+                    let node = self.node(at);
+                    let partial = node
+                        .children
+                        .keys()
+                        .map(Vec::as_slice)
+                        .chain(node.tails.iter().map(|t| t.tokens.as_slice()))
+                        .map(|cached| common_prefix(cached, rest))
+                        .max()
+                        .unwrap_or(0);
+                    kv_matched = kv_matched.max(base + partial);
+                    break;
+                }
             }
         }
         let hit = best.map(|(position, at, t)| {
@@ -238,6 +253,10 @@ impl PrefixCache {
         (hit, kv_matched)
     }
 
+    pub fn note_branch_point(&mut self) {
+        self.stats.branch_points += 1;
+    }
+
     /// Counts a first admission's lookup: `queried` prompt tokens, `hit`
     /// of them served, KV matched up to `kv_matched` of the `limit` usable.
     pub fn record(&mut self, queried: usize, hit: usize, kv_matched: usize, limit: usize) {
@@ -249,8 +268,11 @@ impl PrefixCache {
         } else {
             s.snapshot_misses += 1;
         }
+        // The match is to the token: a few shared tokens (a role header)
+        // are no loss worth counting; a page or more is what a branch
+        // point (see `scheduler`) would serve.
         let usable_kv = kv_matched.min(limit);
-        if usable_kv > hit {
+        if usable_kv >= hit + self.page_size {
             s.kv_only_unusable += 1;
             s.kv_only_unusable_tokens += (usable_kv - hit) as u64;
         }
@@ -328,6 +350,7 @@ impl PrefixCache {
             children: HashMap::new(),
             tails: Vec::new(),
             last_used: self.tick,
+            depth: self.node(parent).depth + 1,
         };
         let i = match self.free_nodes.pop() {
             Some(i) => {
@@ -343,35 +366,14 @@ impl PrefixCache {
         i
     }
 
-    /// A free snapshot id, evicting the least recently used snapshot when
-    /// none is free; `None` when there are no snapshots at all.
-    fn free_snapshot(
+    /// Evicts one tail: its snapshot is dropped, its page released.
+    pub(crate) fn remove_tail(
         &mut self,
+        n: usize,
+        t: usize,
         alloc: &mut Allocator,
         ops: &mut Vec<CacheOp>,
-    ) -> Option<SnapshotId> {
-        if let Some(id) = self.free_snapshots.pop() {
-            return Some(id);
-        }
-        let (n, t) = self
-            .nodes
-            .iter()
-            .enumerate()
-            .filter_map(|(i, n)| n.as_ref().map(|n| (i, n)))
-            .flat_map(|(i, n)| {
-                n.tails
-                    .iter()
-                    .enumerate()
-                    .map(move |(t, tail)| (i, t, tail))
-            })
-            .min_by_key(|(_, _, tail)| tail.last_used)
-            .map(|(i, t, _)| (i, t))?;
-        self.remove_tail(n, t, alloc, ops);
-        self.free_snapshots.pop()
-    }
-
-    /// Evicts one tail: its snapshot is dropped, its page released.
-    fn remove_tail(&mut self, n: usize, t: usize, alloc: &mut Allocator, ops: &mut Vec<CacheOp>) {
+    ) {
         let tail = self.node_mut(n).tails.swap_remove(t);
         self.stats.snapshots -= 1;
         self.stats.snapshot_evictions += 1;
@@ -383,96 +385,7 @@ impl PrefixCache {
         }
     }
 
-    /// Pages that evicting node `n` (a leaf) and its tails would free.
-    fn frees(&self, n: usize, alloc: &Allocator) -> usize {
-        let node = self.node(n);
-        node.page
-            .iter()
-            .chain(node.tails.iter().filter_map(|t| t.page.as_ref()))
-            .filter(|&&p| alloc.page_refs(p) == 1)
-            .count()
-    }
-
-    /// Evicts until `want` pages are free: the least recently used unit
-    /// that frees a page (a tail with its snapshot and page, or a leaf of
-    /// the trie with its tails), else the least recently used unit at all
-    /// (its pages are also held by running requests, but it may be what
-    /// keeps a freeable parent from being a leaf). Returns whether `want`
-    /// pages are free; false only once nothing is left to evict. `keep`: a
-    /// hit being admitted, whose snapshot (and path) must survive.
-    pub fn evict_pages(
-        &mut self,
-        want: usize,
-        alloc: &mut Allocator,
-        ops: &mut Vec<CacheOp>,
-        keep: Option<SnapshotId>,
-    ) -> bool {
-        if alloc.pages_free() >= want {
-            return true;
-        }
-        // One pass collects the candidates; a leaf's parent joins them when
-        // it becomes a leaf. Smallest first: (frees no page, last used).
-        let mut heap = BinaryHeap::new();
-        for (i, node) in self.nodes.iter().enumerate() {
-            let Some(node) = node else { continue };
-            for tail in node.tails.iter().filter(|t| Some(t.snapshot) != keep) {
-                let frees = tail.page.is_some_and(|p| alloc.page_refs(p) == 1);
-                heap.push(Reverse((
-                    !frees,
-                    tail.last_used,
-                    Unit::Tail(i, tail.snapshot),
-                )));
-            }
-            heap.extend(self.leaf_unit(i, alloc, keep));
-        }
-        while alloc.pages_free() < want {
-            let Some(Reverse((_, _, unit))) = heap.pop() else {
-                return false;
-            };
-            match unit {
-                Unit::Tail(n, id) => {
-                    // Gone already with its leaf?
-                    let at = self.nodes[n]
-                        .as_ref()
-                        .and_then(|node| node.tails.iter().position(|t| t.snapshot == id));
-                    if let Some(t) = at {
-                        self.remove_tail(n, t, alloc, ops);
-                    }
-                }
-                Unit::Leaf(n) => {
-                    let parent = self.node(n).parent;
-                    self.remove_leaf(n, alloc, ops);
-                    heap.extend(self.leaf_unit(parent, alloc, keep));
-                }
-            }
-        }
-        true
-    }
-
-    /// Node `i` as an eviction candidate: a leaf (not the root) without the
-    /// kept snapshot, keyed by (frees no page, last use of it or its tails).
-    fn leaf_unit(
-        &self,
-        i: usize,
-        alloc: &Allocator,
-        keep: Option<SnapshotId>,
-    ) -> Option<Reverse<(bool, u64, Unit)>> {
-        let node = self.node(i);
-        if i == ROOT
-            || !node.children.is_empty()
-            || node.tails.iter().any(|t| Some(t.snapshot) == keep)
-        {
-            return None;
-        }
-        let used = node
-            .tails
-            .iter()
-            .map(|t| t.last_used)
-            .fold(node.last_used, u64::max);
-        Some(Reverse((self.frees(i, alloc) == 0, used, Unit::Leaf(i))))
-    }
-
-    fn remove_leaf(&mut self, n: usize, alloc: &mut Allocator, ops: &mut Vec<CacheOp>) {
+    pub(crate) fn remove_leaf(&mut self, n: usize, alloc: &mut Allocator, ops: &mut Vec<CacheOp>) {
         while !self.node(n).tails.is_empty() {
             self.remove_tail(n, 0, alloc, ops);
         }
@@ -504,6 +417,14 @@ impl PrefixCache {
         }
     }
 }
+
+/// Length of the common prefix of `a` and `b`.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+#[path = "prefix_cache_evict.rs"]
+mod evict;
 
 #[cfg(test)]
 #[path = "prefix_cache_tests.rs"]

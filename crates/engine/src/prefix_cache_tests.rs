@@ -136,3 +136,76 @@ fn a_kept_hit_survives_page_eviction() {
     assert_eq!(c.lookup(&x, 6).0.unwrap().snapshot, keep);
     assert!(c.lookup(&y, 4).0.is_none());
 }
+
+/// [`publish`], then the sequence ends (the cache alone holds its pages).
+fn publish_finished(
+    cache: &mut PrefixCache,
+    alloc: &mut Allocator,
+    tokens: &[u32],
+    ops: &mut Vec<CacheOp>,
+) {
+    let seq = publish(cache, alloc, tokens, ops);
+    alloc.close(seq);
+}
+
+#[test]
+fn a_full_pool_evicts_the_snapshot_saving_the_fewest_tokens_lru_among_equals() {
+    let mut a = alloc(64);
+    let mut c = PrefixCache::new(PS, 3);
+    let mut ops = vec![];
+    let long: Vec<u32> = (1..=12).collect();
+    let chained: Vec<u32> = (1..=14).collect();
+    let short = |k: u32, n: u32| -> Vec<u32> { (0..n).map(|i| 100 * k + i).collect() };
+    // Oldest first: a 12-token prefix (saves 12), a 5-token one (saves 5),
+    // then the 12-token prefix extended by 2 (saves 2 over the first).
+    for t in [&long, &short(1, 5), &chained] {
+        publish_finished(&mut c, &mut a, t, &mut ops);
+    }
+    assert_eq!(c.lookup(&chained, 14).0.unwrap().position, 14);
+    ops.clear();
+    // Plain LRU would drop the 12-token prefix; the chained one goes.
+    publish_finished(&mut c, &mut a, &short(2, 5), &mut ops);
+    assert_eq!(ops[0], CacheOp::Drop(SnapshotId(2)), "{ops:?}");
+    assert_eq!(c.lookup(&chained, 14).0.unwrap().position, 12);
+    // Now 12, 5 and 5 (the two 5s a tie): the older 5 goes, then the
+    // newer; the 12-token prefix outlives both.
+    ops.clear();
+    publish_finished(&mut c, &mut a, &short(3, 6), &mut ops);
+    assert_eq!(ops[0], CacheOp::Drop(SnapshotId(1)), "{ops:?}");
+    // (a miss touches nothing: the second 5 stays older than the 6)
+    assert!(c.lookup(&short(1, 5), 5).0.is_none());
+    ops.clear();
+    publish_finished(&mut c, &mut a, &short(4, 7), &mut ops);
+    // (the ids are reused: the second 5-token prefix took id 2)
+    assert_eq!(ops[0], CacheOp::Drop(SnapshotId(2)), "{ops:?}");
+    assert!(c.lookup(&short(2, 5), 5).0.is_none());
+    assert!(c.lookup(&short(3, 6), 6).0.is_some());
+    assert_eq!(c.lookup(&long, 12).0.unwrap().snapshot, SnapshotId(0));
+}
+
+#[test]
+fn page_pressure_takes_the_fewest_saved_tokens_per_page_first() {
+    // A 14-token prefix whose snapshot saves 2 tokens over the 12-token
+    // one below it (its tail page: 2 saved per page), and an unrelated
+    // 8-token prefix (its leaf page: 8 saved per page). One page wanted:
+    // the 2-token tail goes although it is the more recently used.
+    let mut a = alloc(12);
+    let mut c = PrefixCache::new(PS, 8);
+    let mut ops = vec![];
+    let other: Vec<u32> = (50..58).collect();
+    let long: Vec<u32> = (1..=12).collect();
+    let chained: Vec<u32> = (1..=14).collect();
+    for t in [&other, &long, &chained] {
+        publish_finished(&mut c, &mut a, t, &mut ops);
+    }
+    // Pages: other 2 full, long 3 full, chained's tail 1.
+    assert_eq!(a.pages_free(), 6);
+    ops.clear();
+    assert!(c.evict_pages(7, &mut a, &mut ops, None));
+    assert_eq!(ops, vec![CacheOp::Drop(SnapshotId(2))]);
+    assert_eq!(c.lookup(&chained, 14).0.unwrap().position, 12);
+    assert_eq!(c.lookup(&other, 8).0.unwrap().position, 8);
+    // Running requests always win: the rest goes too when they need it.
+    assert!(c.evict_pages(12, &mut a, &mut ops, None));
+    assert_eq!(a.pages_free(), 12);
+}

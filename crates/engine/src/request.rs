@@ -129,6 +129,12 @@ pub struct GenerateRequest {
     pub prompt: Vec<u32>,
     pub sampling: SamplingParams,
     pub stop: StopParams,
+    /// Prompt positions after which the prefix cache should also keep the
+    /// state, besides the engine's own points (the server passes where a
+    /// chat's system preamble ends). Each must be in `1..prompt.len()`;
+    /// without a cache they are ignored, and so are points shorter than a
+    /// KV page (a snapshot would cost far more than the prefill it saves).
+    pub snapshot_points: Vec<usize>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

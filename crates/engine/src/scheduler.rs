@@ -27,8 +27,12 @@
 //! points (before the prompt's last token, after the last configured marker such as
 //! `<|im_start|>assistant\n`, periodic points), where [`Scheduler::commit`]
 //! publishes the state; a sequence that finishes publishes the state after
-//! its last computed token too. Running sequences short of pages evict the
-//! cache before anyone is preempted; admission evicts it too.
+//! its last computed token too. A waiting sequence that shares a prefix
+//! beyond its hit (with the cached KV or a running sequence) sets a branch
+//! point where the sharing ends, or waits for a running sequence's pending
+//! snapshot it can use (`scheduler_points.rs`). Running sequences short of
+//! pages evict the cache before anyone is preempted; admission evicts it
+//! too.
 //!
 //! The scheduler is single-threaded and pure (no clocks, no channels): the
 //! engine thread drives it and the tests drive it directly.
@@ -387,6 +391,20 @@ impl Scheduler {
                 Some(prefix) => prefix.lookup(&seq.tokens, seq.tokens.len() - 1),
                 None => (None, 0),
             };
+            let branch = match self.cache {
+                Some(_) => {
+                    let at = hit.as_ref().map_or(0, |h| h.position);
+                    self.branch(id, at, kv_matched, plan, budget)
+                }
+                None => Branch::None,
+            };
+            // A running sequence will publish a deeper snapshot this one
+            // can use: wait for it (FCFS: nobody overtakes).
+            let new_point = match branch {
+                Branch::Wait => break,
+                Branch::None => None,
+                Branch::Own(q) => self.add_point(id, q).then_some(q),
+            };
             // Leave one free page per running sequence for its growth in the
             // next steps, or the newcomer would be preempted at once (and
             // its prefill thrown away) as soon as an older one needs a page.
@@ -408,8 +426,16 @@ impl Scheduler {
                 }
             }
             let Some((hit, cache, len)) = admitted else {
+                if let Some(q) = new_point {
+                    self.remove_point(id, q);
+                }
                 break;
             };
+            if new_point.is_some() {
+                if let Some(prefix) = self.cache.as_mut() {
+                    prefix.note_branch_point();
+                }
+            }
             let start = hit.as_ref().map_or(0, |h| h.position);
             if let Some(hit) = &hit {
                 if let Some(from) = hit.tail_page {
@@ -551,70 +577,6 @@ impl Scheduler {
     }
 }
 
-impl Scheduler {
-    /// After a committed row: publishes the sequence's state to the prefix
-    /// cache when it stands at a snapshot point, or when the sequence ends
-    /// (the state after its last computed token: the next turn of a
-    /// conversation re-sends prompt + answer).
-    fn publish_state(&mut self, id: RequestId, finishing: bool) {
-        let Some(prefix) = self.cache.as_mut() else {
-            return;
-        };
-        let seq = &self.seqs[&id];
-        if !(finishing || seq.points.binary_search(&seq.computed).is_ok()) {
-            return;
-        }
-        let cache = seq.cache.as_ref().expect("scheduled sequence has a cache");
-        prefix.insert(
-            &seq.tokens[..seq.computed],
-            &cache.pages,
-            cache.slot,
-            &mut self.alloc,
-            &mut self.cache_ops,
-        );
-    }
-}
-
-/// A marker point this close to the prompt's end makes the last-but-one
-/// point redundant: a repeat resumes there and recomputes a few tokens
-/// (chat: `<think>\n` after `<|im_start|>assistant\n`), which costs less
-/// than another snapshot and another prefill chunk.
-pub const MARKER_COVERS_END: usize = 16;
-
-/// Where a prompt's state is published: after the last occurrence of each
-/// marker; after its last-but-one token (an exact repeat must still compute
-/// the last prompt token, whose logits give the first output token, so a
-/// snapshot at the very end could never serve it) unless a marker point
-/// lies within [`MARKER_COVERS_END`] tokens before it; every
-/// `snapshot_interval` tokens. Ascending, each at most once, all within the
-/// prompt, none at 0.
-pub fn snapshot_points(prompt: &[u32], config: &PrefixCacheConfig) -> Vec<usize> {
-    let mut points = vec![];
-    for marker in config.snapshot_after.iter().filter(|m| !m.is_empty()) {
-        if let Some(at) = prompt.windows(marker.len()).rposition(|w| w == &marker[..]) {
-            points.push(at + marker.len());
-        }
-    }
-    let last_but_one = prompt.len() - 1;
-    if !points
-        .iter()
-        .any(|&q| q + MARKER_COVERS_END >= last_but_one)
-    {
-        points.push(last_but_one);
-    }
-    if config.snapshot_interval > 0 {
-        points.extend(
-            (1..)
-                .map(|k| k * config.snapshot_interval)
-                .take_while(|&q| q < prompt.len()),
-        );
-    }
-    points.retain(|&q| q > 0 && q < prompt.len());
-    points.sort_unstable();
-    points.dedup();
-    points
-}
-
 /// vLLM's `check_stop` order: EOS (unless `ignore_eos`), stop ids, then
 /// `max_tokens`, then `max_model_len`.
 fn finish_reason(seq: &Sequence, token: u32, config: &SchedulerConfig) -> Option<FinishReason> {
@@ -630,6 +592,11 @@ fn finish_reason(seq: &Sequence, token: u32, config: &SchedulerConfig) -> Option
     }
     None
 }
+
+#[path = "scheduler_points.rs"]
+mod points;
+use points::Branch;
+pub use points::{snapshot_points, MARKER_COVERS_END};
 
 #[cfg(test)]
 #[path = "scheduler_tests.rs"]

@@ -499,3 +499,66 @@ fn snapshot_points_marker_last_but_one_and_interval() {
     assert_eq!(snapshot_points(&prompt, &cfg(vec![9, 9], 0)), vec![99]);
     assert!(snapshot_points(&[5], &cfg(vec![], 0)).is_empty());
 }
+
+/// Branch points at the plan level: two prompts sharing 40 tokens (pages
+/// of 8) queued together. The first is planned up to its last-but-one
+/// point (50) and the second's admission cuts that row at 40 (the branch
+/// point) and waits; after the commit the snapshot at 40 is taken, and the
+/// next plan admits the second at 40 with its restore.
+#[test]
+fn a_branch_point_cuts_the_sharers_row_and_the_newcomer_waits_for_it() {
+    let g = geometry(4, 32, 8);
+    let mut s = Scheduler::new(
+        SchedulerConfig {
+            max_num_batched_tokens: 64,
+            max_num_seqs: 4,
+            max_model_len: g.max_model_len,
+            long_prefill_token_threshold: 0,
+            eos_token_ids: vec![EOS],
+            prefix_cache: PrefixCacheConfig {
+                enabled: true,
+                max_snapshots: 8,
+                snapshot_after: vec![],
+                snapshot_interval: 0,
+            },
+        },
+        &g,
+    );
+    let shared: Vec<u32> = (0..40).map(|i| 1 + i % 50).collect();
+    let a = [&shared[..], &[51; 11]].concat();
+    let b = [&shared[..], &[52; 9]].concat();
+    s.add(RequestId(1), a, SamplingParams::default(), stop(2), 1);
+    s.add(RequestId(2), b, SamplingParams::default(), stop(2), 2);
+    let plan = s.schedule();
+    assert_eq!(
+        plan.rows,
+        vec![Scheduled {
+            id: RequestId(1),
+            start: 0,
+            len: 40,
+            sample: false
+        }]
+    );
+    assert_eq!(s.num_waiting(), 1);
+    assert_eq!(s.prefix_cache_stats().unwrap().branch_points, 1);
+    assert!(s.commit(&plan, vec![]).is_empty());
+    let taken = s.take_cache_ops();
+    assert!(
+        matches!(taken[..], [CacheOp::Take { .. }]),
+        "the snapshot at 40: {taken:?}"
+    );
+    let plan = s.schedule();
+    let second = plan.rows.iter().find(|r| r.id == RequestId(2)).unwrap();
+    assert_eq!(
+        (second.start, second.len),
+        (40, 8),
+        "resumed at 40, up to its last-but-one point"
+    );
+    assert!(plan
+        .cache_ops
+        .iter()
+        .any(|op| matches!(op, CacheOp::Restore { .. })));
+    // The first goes on from 40 to its own last-but-one point.
+    let first = plan.rows.iter().find(|r| r.id == RequestId(1)).unwrap();
+    assert_eq!((first.start, first.len), (40, 10));
+}

@@ -248,6 +248,8 @@ impl Worker {
         );
         self.scheduler
             .add(id, request.prompt, request.sampling, request.stop, seed);
+        self.scheduler
+            .add_snapshot_points(id, &request.snapshot_points);
     }
 
     /// Removes a request that ends without finishing (abort, failure).
@@ -509,6 +511,8 @@ impl Worker {
                 .inc_by(now.kv_only_unusable - was.kv_only_unusable);
             m.kv_only_unusable_tokens
                 .inc_by(now.kv_only_unusable_tokens - was.kv_only_unusable_tokens);
+            m.branch_points
+                .inc_by(now.branch_points - was.branch_points);
             m.snapshots.set(now.snapshots as i64);
             m.snapshot_bytes
                 .set((now.snapshots * self.snapshot_bytes) as i64);

@@ -11,7 +11,7 @@ use engine::prefix_cache::PrefixCacheConfig;
 use engine::testing::{collect, FakeControl, FakeExecutor};
 use engine::{
     EngineConfig, Event, Executor, GenerateRequest, PageId, SampleSeed, SampleSpec, SamplingParams,
-    SlotId, SnapshotId, StepRow, Usage,
+    SlotId, SnapshotId, StepRow, SubmitError, Usage,
 };
 
 const PAGE: usize = 8;
@@ -101,22 +101,169 @@ async fn shared_system_prompt_hits_at_the_marker() {
     assert_no_violation(&s);
 }
 
+/// A system prompt without a marker (raw completions), and questions that
+/// differ from their first token (`body` tags 10.. start with distinct
+/// tokens), so the shared prefix is exactly the system prompt.
+fn sharers(system: &[u32], n: u32, question_len: usize) -> Vec<GenerateRequest> {
+    (0..n)
+        .map(|i| {
+            let question = body(10 + i, question_len + i as usize % 3);
+            request(cat(&[system, &question]), 5, i as u64)
+        })
+        .collect()
+}
+
 #[tokio::test]
-async fn without_a_snapshot_a_kv_match_is_counted_as_unusable() {
-    // No marker: the questions share three full pages of KV with the first
-    // request but no state, so nothing is served and the metric says why.
+async fn a_shared_prefix_without_a_marker_is_served_from_a_branch_point() {
+    // The first request publishes only its own points (last-but-one, end of
+    // generation); the second shares 29 tokens of KV with it but no state,
+    // so its prefill stops at 29 to snapshot there (a branch point); from
+    // the third on, every sharer resumes at 29.
     let s = start_with_snapshots(cached(64, 4, false, 16), geometry(4, 64, PAGE), 16);
     let system = body(2, 29);
-    for i in 0..3u32 {
-        let r = request(cat(&[&system, &body(10 + i, 6)]), 4, 1);
-        let (_, usage) = run(&s, &r).await;
-        assert_eq!(usage.cached_tokens, 0);
+    let requests = sharers(&system, 5, 6);
+    for (i, r) in requests.iter().enumerate() {
+        let (_, usage) = run(&s, r).await;
+        assert_eq!(
+            usage.cached_tokens,
+            if i < 2 { 0 } else { system.len() },
+            "request {i}"
+        );
     }
+    assert_eq!(metric(&s, "gdn:prefix_cache_branch_points_total"), 1.0);
+    // Only the second found KV it could not use (29 tokens of it).
     assert_eq!(
         metric(&s, "gdn:prefix_cache_kv_only_hits_unusable_total"),
-        2.0
+        1.0
     );
-    assert!(metric(&s, "gdn:prefix_cache_kv_only_unusable_tokens_total") >= 48.0);
+    assert_eq!(
+        metric(&s, "gdn:prefix_cache_kv_only_unusable_tokens_total"),
+        29.0
+    );
+    // The second request's prefill stopped exactly at the branch point.
+    let second = &requests[1].prompt;
+    let stopped = s.control.steps().iter().flatten().any(|row| {
+        row.start == 0 && row.tokens.len() == system.len() && row.tokens[..] == second[..29]
+    });
+    assert!(
+        stopped,
+        "no prefill chunk of the second request ended at 29"
+    );
+    assert_no_violation(&s);
+}
+
+#[tokio::test]
+async fn eight_sharers_arriving_together_take_one_branch_snapshot() {
+    // Cold cache, eight sharers of a 29-token prefix queued in one go: the
+    // first admitted stops at 29 (its row of that step is cut there), the
+    // seven others wait for its snapshot instead of taking their own, and
+    // all resume there.
+    let s = start_with_snapshots(cached(256, 9, false, 32), geometry(9, 128, PAGE), 32);
+    let system = body(3, 29);
+    let requests = sharers(&system, 8, 5);
+    // An unrelated request's step is held while the sharers queue, so they
+    // are all waiting when the next step is planned (else the first could
+    // be planned alone and run past 29 before the others arrive; then the
+    // second takes the branch point: see the sequential test).
+    s.control.hold();
+    let blocker = s
+        .handle
+        .submit(request(body(59, 6), 2, 0))
+        .expect("accepted");
+    assert!(s.control.wait_blocked(std::time::Duration::from_secs(10)));
+    let streams: Vec<_> = requests
+        .iter()
+        .map(|r| s.handle.submit(r.clone()).expect("accepted"))
+        .collect();
+    s.control.run_free();
+    collect(blocker).await;
+    let mut cached_tokens = vec![];
+    for (r, stream) in requests.iter().zip(streams) {
+        let (tokens, end) = collect(stream).await;
+        assert_eq!(tokens, reference_tokens(r, &[EOS]));
+        match end {
+            Event::Finished { usage, .. } => cached_tokens.push(usage.cached_tokens),
+            other => panic!("{other:?}"),
+        }
+    }
+    let mut want = vec![system.len(); 8];
+    want[0] = 0;
+    assert_eq!(cached_tokens, want);
+    assert_eq!(metric(&s, "gdn:prefix_cache_branch_points_total"), 1.0);
+    let stats = wait_released(&s.handle).prefix_cache.unwrap();
+    // One snapshot at 29; the others are each request's own points.
+    assert_eq!(stats.snapshot_hits, 7, "{stats:?}");
+    assert_no_violation(&s);
+}
+
+#[tokio::test]
+async fn a_newcomer_waits_for_a_pending_branch_snapshot_it_shares() {
+    // A is cached. B and C arrive together: B shares the 29-token system
+    // prompt with A and takes a branch point there; C shares 38 tokens with
+    // A but only 29 with B. C must not take its own snapshot of what B is
+    // about to publish: it waits, resumes at 29, and branches again at 38.
+    let s = start_with_snapshots(cached(256, 4, false, 32), geometry(4, 128, PAGE), 32);
+    let system = body(6, 29);
+    let x = body(20, 12);
+    let a = request(cat(&[&system, &x]), 4, 1);
+    assert_eq!(run(&s, &a).await.1.cached_tokens, 0);
+    let b = request(cat(&[&system, &body(21, 7)]), 4, 2);
+    let c = request(cat(&[&system, &x[..9], &body(22, 6)]), 4, 3);
+    assert_ne!(x[9], body(22, 6)[0]);
+    s.control.hold();
+    let streams: Vec<_> = [&b, &c]
+        .iter()
+        .map(|r| s.handle.submit((*r).clone()).expect("accepted"))
+        .collect();
+    s.control.run_free();
+    let mut cached_tokens = vec![];
+    for (r, stream) in [&b, &c].into_iter().zip(streams) {
+        let (tokens, end) = collect(stream).await;
+        assert_eq!(tokens, reference_tokens(r, &[EOS]));
+        match end {
+            Event::Finished { usage, .. } => cached_tokens.push(usage.cached_tokens),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(cached_tokens, vec![0, 29]);
+    assert_eq!(metric(&s, "gdn:prefix_cache_branch_points_total"), 2.0);
+    // The next sharer of C's longer prefix resumes at 38.
+    let d = request(cat(&[&system, &x[..9], &body(23, 4)]), 4, 4);
+    assert_eq!(run(&s, &d).await.1.cached_tokens, 38);
+    assert_no_violation(&s);
+}
+
+#[tokio::test]
+async fn a_callers_snapshot_point_serves_the_next_sharer() {
+    // The server passes where a chat's preamble ends: the first request
+    // snapshots there, so the second resumes there (no branch point
+    // needed); a point shorter than a page is ignored; a point outside the
+    // prompt is refused at submit.
+    let s = start_with_snapshots(cached(64, 4, false, 16), geometry(4, 64, PAGE), 16);
+    let system = body(7, 29);
+    let mut requests = sharers(&system, 3, 6);
+    requests[0].snapshot_points = vec![29, 5];
+    for (i, r) in requests.iter().enumerate() {
+        let (_, usage) = run(&s, r).await;
+        assert_eq!(
+            usage.cached_tokens,
+            if i == 0 { 0 } else { 29 },
+            "request {i}"
+        );
+    }
+    assert_eq!(metric(&s, "gdn:prefix_cache_branch_points_total"), 0.0);
+    // Point 5 (less than a page) took no snapshot: a prompt of system[..6]
+    // and more finds nothing at 5.
+    let short = request(cat(&[&system[..6], &body(30, 4)]), 2, 9);
+    assert_eq!(run(&s, &short).await.1.cached_tokens, 0);
+    for bad in [0, 35] {
+        let mut r = request(cat(&[&system, &body(31, 6)]), 2, 9);
+        r.snapshot_points = vec![bad];
+        match s.handle.submit(r) {
+            Err(SubmitError::Invalid(why)) => assert!(why.contains("snapshot point"), "{why}"),
+            other => panic!("point {bad}: expected Invalid, got {:?}", other.err()),
+        }
+    }
     assert_no_violation(&s);
 }
 
@@ -198,6 +345,25 @@ async fn a_tiny_snapshot_budget_evicts_the_least_recently_used() {
         metric(&s, "gdn:prefix_cache_snapshot_bytes"),
         (stats.snapshots * engine::testing::FAKE_SNAPSHOT_BYTES) as f64
     );
+    assert_no_violation(&s);
+}
+
+#[tokio::test]
+async fn a_tiny_snapshot_budget_keeps_what_saves_the_most_prefill() {
+    // Two snapshots. P (40 tokens) leaves one before its last prompt token
+    // (saves 39) and one at the end of its generation (saves 3 over it).
+    // Q (12 tokens, unrelated) then takes both places in turn: its first
+    // evicts P's end of generation (3 < 39), its second evicts Q's own
+    // last-but-one (saves 11) rather than P's, the least recently used.
+    let s = start_with_snapshots(cached(64, 2, false, 2), geometry(2, 64, PAGE), 16);
+    let p = request(body(80, 40), 4, 1);
+    let q = request(body(81, 12), 4, 2);
+    assert_eq!(run(&s, &p).await.1.cached_tokens, 0);
+    assert_eq!(run(&s, &q).await.1.cached_tokens, 0);
+    assert_eq!(run(&s, &p).await.1.cached_tokens, 39);
+    assert_eq!(run(&s, &q).await.1.cached_tokens, 0);
+    let stats = wait_released(&s.handle).prefix_cache.unwrap();
+    assert_eq!(stats.snapshots, 2, "{stats:?}");
     assert_no_violation(&s);
 }
 

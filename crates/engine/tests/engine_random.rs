@@ -30,8 +30,9 @@ impl Rng {
 
 /// Runs one workload; with `cache`, the prefix cache is on and the prompts
 /// share prefixes (three stems, cut at random lengths). Returns the
-/// preemptions and the prompt tokens served from the cache.
-async fn one_workload(seed: u64, cache: bool) -> (u64, u64) {
+/// preemptions, the prompt tokens served from the cache and the branch
+/// points set.
+async fn one_workload(seed: u64, cache: bool) -> (u64, u64, u64) {
     let mut rng = Rng(seed);
     let page_size = 1 + rng.below(8);
     let num_slots = 1 + rng.below(6);
@@ -128,8 +129,8 @@ async fn one_workload(seed: u64, cache: bool) -> (u64, u64) {
         s.control.violations()
     );
     let stats = wait_released(&s.handle);
-    let hits = stats.prefix_cache.map_or(0, |c| c.hit_tokens);
-    (stats.preemptions, hits)
+    let cache = stats.prefix_cache.unwrap_or_default();
+    (stats.preemptions, cache.hit_tokens, cache.branch_points)
 }
 
 #[tokio::test]
@@ -144,15 +145,16 @@ async fn random_workloads_match_the_model_run_alone() {
 
 #[tokio::test]
 async fn random_workloads_with_the_prefix_cache_match_the_model_run_alone() {
-    let (mut preemptions, mut hits) = (0, 0);
+    let (mut preemptions, mut hits, mut branches) = (0, 0, 0);
     for seed in 100..140 {
-        let (p, h) = one_workload(seed, true).await;
+        let (p, h, b) = one_workload(seed, true).await;
         preemptions += p;
         hits += h;
+        branches += b;
     }
-    // Both preemption and cache hits must have been exercised.
+    // Preemption, cache hits and branch points must have been exercised.
     assert!(
-        preemptions > 0 && hits > 0,
-        "{preemptions} preemptions, {hits} hit tokens"
+        preemptions > 0 && hits > 0 && branches > 0,
+        "{preemptions} preemptions, {hits} hit tokens, {branches} branch points"
     );
 }

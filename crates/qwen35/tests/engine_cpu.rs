@@ -72,6 +72,7 @@ fn greedy(prompt: &[u32], max_tokens: usize) -> GenerateRequest {
             stop_token_ids: vec![],
             ignore_eos: true,
         },
+        snapshot_points: Vec::new(),
     }
 }
 

@@ -33,6 +33,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
             stop_token_ids: vec![],
             ignore_eos: true,
         },
+        snapshot_points: Vec::new(),
     }
 }
 
@@ -230,6 +231,55 @@ async fn eight_concurrent_sharers() {
     assert!(stats.prefix_cache.unwrap().snapshot_hits >= 8);
 }
 
+/// Raw completions prompts sharing the system prompt (no marker): the
+/// questions start with distinct tokens, so the shared prefix is exactly
+/// the system prompt and the branch point lies there (70 tokens: not a
+/// page boundary, so every hit also copies the partial page).
+fn raw_sharers(f: &Fixture, n: usize, max_tokens: usize) -> (usize, Vec<GenerateRequest>) {
+    let (system, _, questions) = parts(f);
+    let firsts: std::collections::HashSet<u32> = questions[..n].iter().map(|q| q[0]).collect();
+    assert_eq!(firsts.len(), n, "questions must start with distinct tokens");
+    let requests = questions[..n]
+        .iter()
+        .map(|q| greedy([&system[..], q].concat(), max_tokens))
+        .collect();
+    (system.len(), requests)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_system_prompt_without_marker_sequential() {
+    // The first request publishes only its own points; the second stops at
+    // the end of the shared system prompt (a branch point) and snapshots
+    // there; the others resume there.
+    let f = Fixture::load(MODELS[0]);
+    let (shared, requests) = raw_sharers(&f, 5, 6);
+    let waves: Vec<_> = requests.into_iter().map(|r| vec![r]).collect();
+    let expected = [0, 0, shared, shared, shared];
+    let stats = on_equals_off(&f, sizing(4, 128), 16, vec![], waves, &expected).await;
+    assert_eq!(stats.prefix_cache.unwrap().branch_points, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_system_prompt_without_marker_eight_together() {
+    // Eight sharers queued at once on a cold cache: the first admitted
+    // stops at the shared prefix's end, the others wait for its snapshot
+    // (no duplicate) and resume there. An unrelated request submitted just
+    // before takes each step's whole budget (64) for its 5-step prefill, so
+    // the sharers are all queued when the first of them is admitted.
+    let f = Fixture::load(MODELS[1]);
+    let (shared, requests) = raw_sharers(&f, 8, 5);
+    let long = f.prompts.iter().max_by_key(|p| p.len()).unwrap();
+    let blocker: Vec<u32> = long.iter().rev().cycle().take(320).copied().collect();
+    assert_ne!(blocker[0], requests[0].prompt[0]);
+    let wave = [vec![greedy(blocker, 2)], requests].concat();
+    let mut expected = vec![shared; 9];
+    expected[..2].fill(0);
+    let stats = on_equals_off(&f, sizing(9, 256), 32, vec![], vec![wave], &expected).await;
+    let cache = stats.prefix_cache.unwrap();
+    assert_eq!(cache.branch_points, 1, "{cache:?}");
+    assert_eq!(cache.snapshot_hits, 7, "{cache:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tiny_budget_evicts_and_preempted_sharers_resume() {
     let f = Fixture::load(MODELS[2]);
@@ -239,8 +289,9 @@ async fn tiny_budget_evicts_and_preempted_sharers_resume() {
     // (224 positions) for 4 sharers growing to ~120 positions each (the
     // 64 positions of the system prompt's full pages shared): the
     // cache gives up snapshots and pages, the latest sharers are preempted
-    // and come back through the cache. Every sharer's lookup touches the
-    // marker's snapshot, so LRU keeps it while older ones go.
+    // and come back through the cache. The marker's snapshot saves the
+    // most prefill (every other snapshot saves only the tokens past it),
+    // so it is kept while others go.
     let seed = greedy([&system[..], &system[..3]].concat(), 2);
     let sharers: Vec<_> = questions[..4]
         .iter()

@@ -85,6 +85,7 @@ async fn served(handle: &EngineHandle, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
                     stop_token_ids: vec![],
                     ignore_eos: true,
                 },
+                snapshot_points: Vec::new(),
             };
             handle.submit(req).expect("accepted")
         })

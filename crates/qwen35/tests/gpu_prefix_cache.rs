@@ -36,9 +36,10 @@ use qwen35::gpu::{GpuModel, GpuOptions};
 const PAGE: usize = 16;
 const OUT: usize = 24;
 const NEAR_TIE: f32 = 0.05;
-/// KV pages of the engine tests: 4 requests of up to 5 pages each at once,
-/// and the cache's pages, do not fit.
-const POOL: usize = 14;
+/// KV pages of the first engine test: 4 requests of up to 5 pages each at
+/// once do not fit, even with 2 pages of the system prompt shared (since
+/// branch points, wave 2's sharers resume at its end: 14 pages fitted).
+const POOL: usize = 12;
 
 fn stream() -> Option<Arc<CudaStream>> {
     gdn_kernels::testing::gpu_stream().map(|s| s.context().new_stream().unwrap())
@@ -162,7 +163,14 @@ enum Device {
     Cpu,
 }
 
-fn start(name: &'static str, cache: bool, device: Device) -> EngineHandle {
+/// The engine on `device` with `pages` KV pages and `snapshots` snapshots.
+fn start(
+    name: &'static str,
+    cache: bool,
+    device: Device,
+    pages: usize,
+    snapshots: usize,
+) -> EngineHandle {
     let mut config = EngineConfig::new(vec![]);
     config.max_num_batched_tokens = 32;
     config.max_num_seqs = 4;
@@ -177,15 +185,15 @@ fn start(name: &'static str, cache: bool, device: Device) -> EngineHandle {
             if let Device::Cpu = device {
                 let sizing = CpuSizing {
                     num_slots: 4,
-                    num_pages: POOL,
+                    num_pages: pages,
                     page_size: PAGE,
                     max_model_len: 16 * PAGE,
                 };
                 let exec = CpuExecutor::load(&f.dir, sizing).map_err(|e| e.to_string())?;
-                return Ok(Box::new(exec.with_snapshot_pool(8)) as Box<dyn Executor>);
+                return Ok(Box::new(exec.with_snapshot_pool(snapshots)) as Box<dyn Executor>);
             }
             let s = GpuModel::default_stream().map_err(|e| e.to_string())?;
-            let mut exec = executor(&f, &s, 4, POOL, 8);
+            let mut exec = executor(&f, &s, 4, pages, snapshots);
             exec.capture_decode_graphs(4).map_err(|e| e.to_string())?;
             Ok(Box::new(exec) as Box<dyn Executor>)
         },
@@ -221,6 +229,7 @@ async fn serve(handle: &EngineHandle, waves: &[Vec<Vec<u32>>]) -> Vec<(Vec<u32>,
                         stop_token_ids: vec![],
                         ignore_eos: true,
                     },
+                    snapshot_points: Vec::new(),
                 };
                 handle.submit(req).expect("accepted")
             })
@@ -279,10 +288,10 @@ async fn cache_on_equals_off(device: Device) {
         second.extend(prompts[2..].iter().cloned());
         second.extend((0..2).map(|i| [system, &long[100 + 5 * i..104 + 5 * i]].concat()));
         let waves = vec![prompts[..2].to_vec(), second];
-        let off = start(name, false, device);
+        let off = start(name, false, device, POOL, 8);
         let without = serve(&off, &waves).await;
         off.shutdown(Duration::from_secs(5)).await;
-        let on = start(name, true, device);
+        let on = start(name, true, device, POOL, 8);
         let with = serve(&on, &waves).await;
         let stats = on.stats();
         on.shutdown(Duration::from_secs(5)).await;
@@ -309,5 +318,108 @@ async fn cache_on_equals_off(device: Device) {
             assert_eq!(near_ties, 0, "{name}: the CPU executor diverged");
         }
         println!("{name}: {compared} tokens compared, {near_ties} near-tie divergences, {hits} hits, {stats:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_system_prompt_is_served_from_a_branch_point() {
+    if stream().is_some() {
+        shared_system_prompt(Device::Gpu).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_system_prompt_on_the_cpu_executor() {
+    shared_system_prompt(Device::Cpu).await;
+}
+
+/// Two system prompts of 45 tokens (two pages and 13 positions) and
+/// questions with distinct first tokens. Waves, in order: a sharer of the
+/// first alone (it caches nothing usable for others), a second alone (it
+/// stops at 45 and snapshots: a branch point), then an unrelated long
+/// prompt with three more sharers (they queue while it prefills, and hit at
+/// 45); then, cold, the same with three sharers of the second system
+/// prompt queued together: the first stops at 45, the others wait for its
+/// snapshot and resume there.
+async fn shared_system_prompt(device: Device) {
+    for name in MODELS {
+        let f = Fixture::load(name);
+        let long = f.prompts.iter().max_by_key(|p| p.len()).unwrap().clone();
+        // Prompts that start apart (so they share nothing): the two system
+        // prompts, two unrelated prompts whose 4-step prefills take each
+        // step's budget while the sharers behind them queue.
+        let s1 = &long[..45];
+        let k = (1..).find(|&k| long[k] != long[0]).unwrap();
+        let s2 = &long[k..k + 45];
+        let reversed: Vec<u32> = long
+            .iter()
+            .rev()
+            .cycle()
+            .take(2 * long.len())
+            .copied()
+            .collect();
+        let mut starts = std::collections::HashSet::from([s1[0], s2[0]]);
+        let blockers: Vec<Vec<u32>> = (0..long.len())
+            .filter(|&skip| starts.insert(reversed[skip]))
+            .map(|skip| reversed[skip..skip + 100].to_vec())
+            .take(2)
+            .collect();
+        // Six-token questions from the prompt's second half, each starting
+        // with a token no earlier one starts with.
+        let mut firsts = std::collections::HashSet::new();
+        let questions: Vec<&[u32]> = (50..long.len() - 6)
+            .filter(|&at| firsts.insert(long[at]))
+            .map(|at| &long[at..at + 6])
+            .take(8)
+            .collect();
+        assert_eq!(questions.len(), 8, "{name}: not enough distinct questions");
+        let with = |s: &[u32], q: &[u32]| [s, q].concat();
+        let waves = vec![
+            vec![with(s1, questions[0])],
+            vec![with(s1, questions[1])],
+            [
+                vec![blockers[0].clone()],
+                (2..5).map(|i| with(s1, questions[i])).collect(),
+            ]
+            .concat(),
+            [
+                vec![blockers[1].clone()],
+                (5..8).map(|i| with(s2, questions[i])).collect(),
+            ]
+            .concat(),
+        ];
+        let expected = [0, 0, 0, 45, 45, 45, 0, 0, 45, 45];
+        let off = start(name, false, device, 64, 16);
+        let without = serve(&off, &waves).await;
+        off.shutdown(Duration::from_secs(5)).await;
+        let on = start(name, true, device, 64, 16);
+        let with_cache = serve(&on, &waves).await;
+        let stats = on.stats();
+        on.shutdown(Duration::from_secs(5)).await;
+        let cached: Vec<usize> = with_cache.iter().map(|r| r.2).collect();
+        assert_eq!(cached, expected, "{name}: cached_tokens, {stats:?}");
+        assert!(without.iter().all(|r| r.2 == 0));
+        assert_eq!(
+            stats.prefix_cache.unwrap().branch_points,
+            2,
+            "{name}: {stats:?}"
+        );
+        let (mut compared, mut near_ties) = (0, 0);
+        for (i, ((a, _, _), (b, gaps, _))) in with_cache.iter().zip(&without).enumerate() {
+            let same = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+            compared += same;
+            if same < b.len() {
+                assert!(
+                    gaps[same].abs() <= NEAR_TIE,
+                    "{name} request {i}: token {same} differs with the cache on, gap {}",
+                    gaps[same]
+                );
+                near_ties += 1;
+            }
+        }
+        if let Device::Cpu = device {
+            assert_eq!(near_ties, 0, "{name}: the CPU executor diverged");
+        }
+        println!("{name}: {compared} tokens compared, {near_ties} near-tie divergences, cached {cached:?}");
     }
 }

@@ -14,6 +14,7 @@ use crate::error::ApiError;
 use crate::generate::{Generation, Progress, PromptSpec};
 use crate::openai::{ChatTemplateView, GenerationRequest};
 use crate::outparse::{tool_schemas, ChatOutputParser, ParsedDelta};
+use crate::preamble::preamble_end;
 use crate::responses::{
     chat_logprobs, ChatChoice, ChatLogprobs, Chunk, ChunkChoice, Completion, Delta, FunctionOut,
     LogprobOut, Message, ToolCallOut, Usage,
@@ -34,6 +35,9 @@ pub struct RenderedChat {
     pub ids: Vec<u32>,
     /// The prompt ends inside `<think>`: the output starts as reasoning.
     pub opens_reasoning: bool,
+    /// Where the system and tools preamble ends in `ids` (a snapshot point
+    /// for the prefix cache, see [`crate::preamble`]).
+    pub preamble_end: Option<usize>,
 }
 
 /// Renders `messages` (and `tools`) of the request body with the model's
@@ -74,10 +78,20 @@ pub fn render_chat(
         .encode(&text, false)
         .map_err(ApiError::internal)?;
     let opens_reasoning = text.trim_end_matches('\n').ends_with("<think>");
+    let preamble_end = preamble_end(
+        &state.model.template,
+        |text| state.model.encode(text, false),
+        &view.messages,
+        view.tools.as_ref(),
+        &kwargs,
+        &text,
+        &ids,
+    );
     Ok(RenderedChat {
         text,
         ids,
         opens_reasoning,
+        preamble_end,
     })
 }
 
@@ -106,6 +120,7 @@ async fn run(
         vec![PromptSpec {
             ids: rendered.ids,
             max_tokens,
+            snapshot_points: rendered.preamble_end.into_iter().collect(),
         }],
         &valid.generation,
     )?;

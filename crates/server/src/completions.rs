@@ -89,6 +89,7 @@ async fn run(
         specs.push(PromptSpec {
             ids: ids.clone(),
             max_tokens,
+            snapshot_points: Vec::new(),
         });
     }
     let echoes: Vec<String> = if valid.echo {

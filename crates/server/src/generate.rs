@@ -82,6 +82,8 @@ pub struct Generation {
 pub struct PromptSpec {
     pub ids: Vec<u32>,
     pub max_tokens: usize,
+    /// Extra prefix-cache snapshot points (`GenerateRequest::snapshot_points`).
+    pub snapshot_points: Vec<usize>,
 }
 
 impl Generation {
@@ -121,6 +123,7 @@ impl Generation {
                         stop_token_ids: v.stop_token_ids.clone(),
                         ignore_eos: v.ignore_eos,
                     },
+                    snapshot_points: prompt.snapshot_points.clone(),
                 };
                 streams.push(Some(engine.submit(request)?));
                 prompt_tokens.push(prompt.ids.len());

@@ -12,6 +12,7 @@ pub mod generate;
 pub mod model;
 pub mod openai;
 pub mod outparse;
+pub mod preamble;
 pub mod pyjson;
 pub mod responses;
 pub mod routes;

@@ -194,3 +194,147 @@ async fn five_turn_chat_cache_on_equals_off_with_exact_cached_tokens() {
     on.state.engine.shutdown(Duration::from_secs(5)).await;
     off.state.engine.shutdown(Duration::from_secs(5)).await;
 }
+
+async fn chat_tools(state: &Arc<AppState>, messages: &[Json], tools: &Json) -> Json {
+    let body = json!({
+        "messages": messages, "tools": tools, "max_tokens": 10, "temperature": 0,
+        "return_token_ids": true,
+    });
+    let req = HttpRequest::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let resp = router(state.clone()).oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    assert_eq!(status, StatusCode::OK, "{text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+fn tool_call(id: &str, city: &str) -> Json {
+    json!({"role": "assistant", "content": "", "tool_calls": [{
+        "id": id, "type": "function",
+        "function": {"name": "get_weather", "arguments": json!({"city": city}).to_string()},
+    }]})
+}
+
+/// An agent's tool-call loop (the assistant calls a tool, the tool answers,
+/// the next turn follows) and a second conversation with the same system
+/// prompt and tools. The demo model cannot call tools, so the assistant's
+/// calls are the client's (as an agent re-sends them); cache on == off per
+/// request, and `cached_tokens` is the longest earlier snapshot point that
+/// prefixes the prompt, the points recomputed from the token ids: the
+/// design's points of the first test, plus the end of the preamble (the
+/// system block with the tool definitions and `<|im_start|>user\n`, found
+/// here by its first `<|im_start|>user\n`) when it is at least a page (64).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_call_loop_and_a_shared_tools_preamble() {
+    let tokenizer = tokenizers::Tokenizer::from_file(format!("{DEMO}/tokenizer.json")).unwrap();
+    let encode = |s: &str| tokenizer.encode(s, false).unwrap().get_ids().to_vec();
+    let marker = encode("<|im_start|>assistant\n");
+    let user_header = encode("<|im_start|>user\n");
+    let tools = json!([{"type": "function", "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city: temperature and sky.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "The city's name"},
+        }, "required": ["city"]},
+    }}]);
+    let system = json!({"role": "system", "content": "You are a weather assistant. Use the tool."});
+    let conversations: Vec<Vec<Vec<Json>>> = {
+        let paris = vec![
+            system.clone(),
+            json!({"role": "user", "content": "What is the weather in Paris?"}),
+        ];
+        let turn2 = [
+            &paris[..],
+            &[
+                tool_call("call_1", "Paris"),
+                json!({"role": "tool", "tool_call_id": "call_1", "content": "18C, sunny"}),
+            ],
+        ]
+        .concat();
+        let turn3 = [
+            &turn2[..],
+            &[
+                json!({"role": "assistant", "content": "It is 18C and sunny in Paris."}),
+                json!({"role": "user", "content": "And in Rome?"}),
+            ],
+        ]
+        .concat();
+        let turn4 = [
+            &turn3[..],
+            &[
+                tool_call("call_2", "Rome"),
+                json!({"role": "tool", "tool_call_id": "call_2", "content": "24C, clear"}),
+            ],
+        ]
+        .concat();
+        let oslo = vec![
+            system.clone(),
+            json!({"role": "user", "content": "Is it snowing in Oslo?"}),
+        ];
+        vec![vec![paris, turn2, turn3, turn4], vec![oslo]]
+    };
+    let on = start("--enable-prefix-caching").await;
+    let off = start("--no-enable-prefix-caching").await;
+    let mut points: Vec<Vec<u32>> = vec![];
+    let mut preamble: Option<usize> = None;
+    for (c, turns) in conversations.iter().enumerate() {
+        for (turn, messages) in turns.iter().enumerate() {
+            let with = chat_tools(&on.state, messages, &tools).await;
+            let without = chat_tools(&off.state, messages, &tools).await;
+            let p = ids(&with["prompt_token_ids"]);
+            let o = ids(&with["choices"][0]["token_ids"]);
+            assert_eq!(p, ids(&without["prompt_token_ids"]));
+            assert_eq!(
+                o,
+                ids(&without["choices"][0]["token_ids"]),
+                "conversation {c}, turn {turn}: cache on and off differ"
+            );
+            assert_eq!(
+                without["usage"]["prompt_tokens_details"]["cached_tokens"],
+                0
+            );
+            let cached = with["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap() as usize;
+            let expected = points
+                .iter()
+                .filter(|s| s.len() < p.len() && p.starts_with(s))
+                .map(Vec::len)
+                .max()
+                .unwrap_or(0);
+            println!(
+                "conversation {c}, turn {turn}: {} prompt tokens, {cached} cached",
+                p.len()
+            );
+            assert_eq!(cached, expected, "conversation {c}, turn {turn}");
+            if c == 1 {
+                // A new conversation: served its whole preamble, which the
+                // first conversation's first request left.
+                assert_eq!(Some(cached), preamble, "the preamble was not served");
+            }
+            // The preamble: up to the first user header, a page at least.
+            let first_user = p
+                .windows(user_header.len())
+                .position(|w| w == user_header)
+                .expect("a user turn")
+                + user_header.len();
+            assert!(first_user >= 64, "the tools make a long preamble");
+            preamble.get_or_insert(first_user);
+            points.push(p[..first_user].to_vec());
+            let m = after_last(&p, &marker);
+            if let Some(m) = m {
+                points.push(p[..m].to_vec());
+            }
+            if m.is_none_or(|m| m + MARKER_COVERS_END < p.len() - 1) {
+                points.push(p[..p.len() - 1].to_vec());
+            }
+            points.push([&p[..], &o[..o.len() - 1]].concat());
+        }
+    }
+    on.state.engine.shutdown(Duration::from_secs(5)).await;
+    off.state.engine.shutdown(Duration::from_secs(5)).await;
+}

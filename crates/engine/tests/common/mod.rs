@@ -124,6 +124,7 @@ pub fn request(prompt: Vec<u32>, max_tokens: usize, seed: u64) -> GenerateReques
             stop_token_ids: Vec::new(),
             ignore_eos: true,
         },
+        snapshot_points: Vec::new(),
     }
 }
 
