@@ -11,6 +11,7 @@ mod cache;
 mod graphs;
 mod load;
 mod step;
+mod timing;
 mod upload;
 
 use std::sync::Arc;
@@ -29,6 +30,8 @@ pub use cudarc::driver::CudaStream;
 use load::{Checkpoint, Random, WeightSource};
 use step::{Batches, LogitsPlan};
 pub use step::{HostLogits, LogitsTo, Row, RowLogits, StepError};
+pub use timing::ForwardTiming;
+use timing::StepClock;
 
 use crate::config::{Config, LayerType};
 use crate::error::{Error, Result};
@@ -103,6 +106,8 @@ pub struct GpuModel {
     layers: Vec<Layer>,
     /// Where the load's time went (kernel modules, cuBLAS, uploads).
     load_phases: PhaseTimes,
+    /// Step timing (the request timeline): `None` unless turned on.
+    clock: Option<StepClock>,
 }
 
 /// An activation buffer the next op overwrites completely (every producer
@@ -318,7 +323,24 @@ impl GpuModel {
             inv_freq,
             layers,
             load_phases: phases,
+            clock: None,
         })
+    }
+
+    /// Turns step timing on or off: with it on, every step records CUDA
+    /// events around its forward and [`GpuModel::last_forward_timing`]
+    /// reports them (a few microseconds per step; off by default).
+    pub fn set_step_timing(&mut self, on: bool) -> Result<()> {
+        self.clock = match on {
+            true => Some(StepClock::new(&self.stream)?),
+            false => None,
+        };
+        Ok(())
+    }
+
+    /// The last step's timing, when step timing is on and the step ran.
+    pub fn last_forward_timing(&self) -> Option<ForwardTiming> {
+        self.clock.as_ref().and_then(|c| c.last)
     }
 
     /// Where the load's time went, phase by phase.
