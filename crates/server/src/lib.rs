@@ -19,4 +19,5 @@ pub mod serve;
 pub mod sse;
 pub mod startup;
 pub mod template;
+pub mod timeline;
 pub mod validate;
