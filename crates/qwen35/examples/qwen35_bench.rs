@@ -162,11 +162,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     // 3. Prefill: one sequence, logits for its last token.
-    let prefill_lens: &[usize] = if part("prefill") {
-        &prefill_lens
-    } else {
-        &[]
-    };
+    let prefill_lens: &[usize] = if part("prefill") { &prefill_lens } else { &[] };
     for &len in prefill_lens {
         let tokens: Vec<u32> = (0..len as u32).map(|t| (t * 7919) % 200_000 + 10).collect();
         let mut times = vec![];

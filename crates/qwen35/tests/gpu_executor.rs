@@ -8,7 +8,9 @@
 //! - the page pool sized from free memory fits the fraction asked for;
 //! - a row at the wrong position for its slot is refused and changes nothing;
 //! - step timing (the request timeline) reports every step's phases within
-//!   the call's wall time, and changes no token.
+//!   the call's wall time, and changes no token;
+//! - the device's memory pool keeps its memory across steps (release
+//!   threshold: none), so the same work twice reserves nothing new.
 
 mod common;
 
@@ -279,4 +281,28 @@ fn step_timing_reports_each_steps_phases_and_changes_no_token() {
         reqs.pop().unwrap().out
     };
     assert_eq!(run_with(true), run_with(false));
+}
+
+#[test]
+fn the_memory_pool_keeps_its_memory_across_steps() {
+    let Some(s) = stream() else { return };
+    let f = Fixture::load(MODELS[0]);
+    let mut exec = executor(&f, &s, 2, PagePool::Fixed(2 * PAGES_PER_SLOT));
+    // Loading the model set the threshold: a step's synchronisation no
+    // longer hands the activations' memory back to the driver.
+    assert_eq!(qwen35::gpu::pool_release_threshold(&s).unwrap(), u64::MAX);
+    let p = f
+        .prompts
+        .iter()
+        .find(|p| p.len() == 37)
+        .expect("a 37-token prompt");
+    let mut reqs = vec![Request::new(0, PAGES_PER_SLOT, p, 64, 2)];
+    run(&mut exec, &mut reqs);
+    let (free_after_run, _) = s.context().mem_get_info().unwrap();
+    let mut again = vec![Request::new(1, PAGES_PER_SLOT, p, 64, 2)];
+    run(&mut exec, &mut again);
+    let (free_after_again, _) = s.context().mem_get_info().unwrap();
+    // The same work again reserves nothing new.
+    assert_eq!(free_after_again, free_after_run);
+    assert_eq!(reqs[0].tokens(), again[0].tokens());
 }

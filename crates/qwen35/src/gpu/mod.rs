@@ -122,6 +122,56 @@ pub(crate) fn scratch<T: cudarc::driver::DeviceRepr>(
     Ok(unsafe { s.alloc::<T>(n) }?)
 }
 
+/// Lets the device's memory pool keep what it reserved. Activations are
+/// stream-ordered allocations (`cuMemAllocAsync` from the device's current
+/// pool), and a pool's release threshold is 0 by default: at every
+/// synchronisation (each step waits for its sampled tokens) the pool hands
+/// all its free memory back to the driver, so the next step reserves and
+/// maps its activations again (hundreds of MB for a long prefill chunk).
+/// With no threshold the pool keeps at most the largest step's
+/// activations, which the server's page-pool sizing already leaves free
+/// (its activation reserve).
+pub fn keep_pool_memory(stream: &CudaStream) -> Result<()> {
+    use cudarc::driver::sys;
+    let ctx = stream.context();
+    ctx.bind_to_thread()?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut threshold: u64 = u64::MAX;
+    // SAFETY: plain driver calls on this context's device; `pool` and
+    // `threshold` outlive them.
+    unsafe {
+        sys::cuDeviceGetMemPool(&mut pool, ctx.cu_device()).result()?;
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+        .result()?;
+    }
+    Ok(())
+}
+
+/// The release threshold of the device's current memory pool (see
+/// [`keep_pool_memory`]).
+pub fn pool_release_threshold(stream: &CudaStream) -> Result<u64> {
+    use cudarc::driver::sys;
+    let ctx = stream.context();
+    ctx.bind_to_thread()?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut threshold: u64 = 0;
+    // SAFETY: as in keep_pool_memory.
+    unsafe {
+        sys::cuDeviceGetMemPool(&mut pool, ctx.cu_device()).result()?;
+        sys::cuMemPoolGetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+        .result()?;
+    }
+    Ok(threshold)
+}
+
 fn shapes(c: &Config) -> Result<(DeltaNetShape, AttentionShape)> {
     if c.linear_key_head_dim != gdn_kernels::HEAD_DIM
         || c.linear_value_head_dim != gdn_kernels::HEAD_DIM
@@ -203,6 +253,7 @@ impl GpuModel {
         // SAFETY: every buffer the model allocates is used only on `stream`
         // (weights, caches, activations, the ops' own buffers).
         unsafe { stream.context().disable_event_tracking() };
+        keep_pool_memory(&stream)?;
         let (h, v, i) = (c.hidden_size, c.vocab_size, c.intermediate_size);
         let ops = phases.time("model_kernels", || ModelOps::new(stream.clone()))?;
         // Refuse unsupported shapes now, not mid-step after state changed.
