@@ -16,6 +16,7 @@ pub mod pyjson;
 pub mod responses;
 pub mod routes;
 pub mod serve;
+pub mod split_encode;
 pub mod sse;
 pub mod startup;
 pub mod template;
