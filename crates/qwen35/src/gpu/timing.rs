@@ -2,6 +2,8 @@
 //! forward's launch began and ended on the host, and from CUDA events
 //! around it, how long the forward ran on the device and how long the
 //! caller's work after it (sampling, copies back) took until it returned.
+//! Reading the events waits for them: a step that samples nothing (and so
+//! would return before its forward ends) waits for the device when timed.
 
 use std::time::{Duration, Instant};
 
