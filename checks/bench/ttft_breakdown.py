@@ -6,7 +6,8 @@
                                    set's nominal length and the median prompt
                                    length the server's tokenizer gave
 
-DIR holds runs.tsv (mode, nominal length, server log, client jsonl), the
+DIR holds runs.tsv (mode, nominal length, server log, client jsonl; file
+names relative to DIR), the
 server logs (gdn-server --request-timeline: one `request_timeline {json}` line
 per request, see crates/server/src/timeline.rs), bench_serving's
 --output-details jsonl (per-request TTFTs, in request order) and
@@ -61,14 +62,14 @@ def runs(d):
         if not line.strip():
             continue
         mode, length, log, client = line.split("\t")
-        lines = read_lines(log)
+        lines = read_lines(d / log)
         # The first request of each fresh server is bench_serving's warm-up.
         rows.append({
             "mode": mode,
             "len": int(length),
             "warmup": lines[:1],
             "requests": lines[1:],
-            "client": read_client(client),
+            "client": read_client(d / client),
         })
     return rows
 

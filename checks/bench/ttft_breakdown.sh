@@ -15,7 +15,9 @@
 # (default 8). CACHE_MODES (default "off on"), OUT_LEN (default 256, as the
 # sweep), SERVER_ARGS (more gdn-server flags). Run from the repository root,
 # like serve_bench.sh, whose setup it reuses (SETUP_ONLY=1: the checkpoint in
-# /tmp/q4b, the tokenizer, sglang in /tmp/sgl). Writes under $OUT/ttft/.
+# /tmp/q4b, the tokenizer, sglang in /tmp/sgl). Works in /tmp/ttft; leaves
+# $OUT/ttft_breakdown.txt and every raw file in $OUT/ttft_raw.tar.gz
+# (`checks/bench/ttft_breakdown.py DIR` reads them again where unpacked).
 set -uo pipefail
 OUT=${OUT:-/tmp/gdn-out}; mkdir -p "$OUT"
 SETUP_ONLY=1 checks/bench/serve_bench.sh || { echo "setup failed"; exit 1; }
@@ -24,29 +26,29 @@ cublas=$(find /usr/local/cuda*/ /usr/lib /usr/local/lib $(python3 -c 'import sit
   -name 'libcublas.so.13*' 2>/dev/null | head -1)
 [[ -n $cublas ]] && export LD_LIBRARY_PATH=$(dirname "$cublas")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 sets=${1:-1024,8192}; prompts=${2:-8}; out_len=${OUT_LEN:-256}
-T=$OUT/ttft; mkdir -p "$T"; : > "$T/runs.tsv"
+T=/tmp/ttft; rm -rf "$T"; mkdir -p "$T"; : > "$T/runs.tsv"
 port=8002
 for mode in ${CACHE_MODES:-off on}; do
   flag=--enable-prefix-caching; [ "$mode" = off ] && flag=--no-enable-prefix-caching
   for len in ${sets//,/ }; do
     # A fresh server per set: with the cache on, the longer set's prompts
     # begin with the shorter set's (same seed), which would make hits.
-    log=$T/server_${mode}_${len}.log
+    log=server_${mode}_${len}.log
     .carry/bin/gdn-server --model /tmp/q4b --served-model-name q4b --port $port --device gpu \
       --max-num-seqs 128 --max-model-len 9216 --sse-keepalive-secs 0 --request-timeline \
-      $flag ${SERVER_ARGS:-} > "$log" 2>&1 &
+      $flag ${SERVER_ARGS:-} > "$T/$log" 2>&1 &
     server=$!
     until curl -sf -o /dev/null http://127.0.0.1:$port/health; do
-      kill -0 $server 2>/dev/null || { echo "server exited"; tail -20 "$log"; exit 1; }
+      kill -0 $server 2>/dev/null || { echo "server exited"; tail -20 "$T/$log"; exit 1; }
       sleep 0.05
     done
     echo "[$(date -u +%T)] cache $mode, $len-token prompts x $prompts, c = 1"
-    client=$T/client_${mode}_${len}.jsonl; rm -f "$client"
+    client=client_${mode}_${len}.jsonl
     timeout 600 python3 /tmp/sgl/sglang/bench_serving.py --backend vllm \
       --base-url http://127.0.0.1:$port --model q4b --tokenizer /tmp/q4b \
       --dataset-name random-ids --random-input-len "$len" --random-output-len "$out_len" \
       --random-range-ratio 1.0 --num-prompts "$prompts" --max-concurrency 1 --seed 1 \
-      --output-file "$client" --output-details > "$T/client_${mode}_${len}.log" 2>&1 \
+      --output-file "$T/$client" --output-details > "$T/client_${mode}_${len}.log" 2>&1 \
       || { echo "client failed:"; tail -5 "$T/client_${mode}_${len}.log"; }
     grep -E "Median TTFT|Mean TTFT" "$T/client_${mode}_${len}.log"
     kill -TERM $server; wait $server
@@ -59,3 +61,5 @@ echo "[$(date -u +%T)] qwen35_bench prefill at $lens (served weights, then rando
 .carry/bin/qwen35_bench prefill --prefill-lens "$lens" --model /tmp/q4b > "$T/runtime_served.jsonl" 2> "$T/runtime_served.err"
 .carry/bin/qwen35_bench prefill --prefill-lens "$lens" > "$T/runtime_random.jsonl" 2> "$T/runtime_random.err"
 python3 checks/bench/ttft_breakdown.py "$T" | tee "$T/breakdown.txt"
+cp "$T/breakdown.txt" "$OUT/ttft_breakdown.txt"
+tar -czf "$OUT/ttft_raw.tar.gz" -C /tmp ttft
