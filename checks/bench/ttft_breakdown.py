@@ -210,6 +210,10 @@ def main():
         print(lengths(Path(args[1])))
     else:
         report(Path(args[0]))
+        state = Path(args[0]) / "gpu_state.log"
+        if state.exists():
+            print("\nGPU (sm clock, max sm clock, temperature, power) at each phase:")
+            print(state.read_text().rstrip())
 
 
 if __name__ == "__main__":

@@ -28,6 +28,9 @@ cublas=$(find /usr/local/cuda*/ /usr/lib /usr/local/lib $(python3 -c 'import sit
 sets=${1:-1024,8192}; prompts=${2:-8}; out_len=${OUT_LEN:-256}
 T=/tmp/ttft; rm -rf "$T"; mkdir -p "$T"; : > "$T/runs.tsv"
 port=8002
+# Clocks, temperature and power at each phase: a hot GPU runs long prefills
+# slower, and the sweep's runtime numbers were taken before the servers ran.
+gpu_state() { echo "$1: $(nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader 2>&1)" >> "$T/gpu_state.log"; }
 for mode in ${CACHE_MODES:-off on}; do
   flag=--enable-prefix-caching; [ "$mode" = off ] && flag=--no-enable-prefix-caching
   for len in ${sets//,/ }; do
@@ -43,6 +46,7 @@ for mode in ${CACHE_MODES:-off on}; do
       sleep 0.05
     done
     echo "[$(date -u +%T)] cache $mode, $len-token prompts x $prompts, c = 1"
+    gpu_state "before cache $mode $len"
     client=client_${mode}_${len}.jsonl
     timeout 600 python3 /tmp/sgl/sglang/bench_serving.py --backend vllm \
       --base-url http://127.0.0.1:$port --model q4b --tokenizer /tmp/q4b \
@@ -58,8 +62,10 @@ done
 # The runtime alone: the nominal lengths and the server's (median per set).
 lens=$(python3 checks/bench/ttft_breakdown.py --lengths "$T")
 echo "[$(date -u +%T)] qwen35_bench prefill at $lens (served weights, then random)"
+gpu_state "before qwen35_bench"
 .carry/bin/qwen35_bench prefill --prefill-lens "$lens" --model /tmp/q4b > "$T/runtime_served.jsonl" 2> "$T/runtime_served.err"
 .carry/bin/qwen35_bench prefill --prefill-lens "$lens" > "$T/runtime_random.jsonl" 2> "$T/runtime_random.err"
+gpu_state "after qwen35_bench"
 python3 checks/bench/ttft_breakdown.py "$T" | tee "$T/breakdown.txt"
 cp "$T/breakdown.txt" "$OUT/ttft_breakdown.txt"
 tar -czf "$OUT/ttft_raw.tar.gz" -C /tmp ttft
