@@ -34,6 +34,11 @@ import sys
 from pathlib import Path
 
 TAG = "request_timeline "
+MODES = {
+    "off": "prefix cache off",
+    "on": "prefix cache on",
+    "tok1": "prefix cache off, prompt tokenized on one thread",
+}
 
 
 def read_lines(log):
@@ -156,8 +161,8 @@ def report(d):
     for run in runs(d):
         reqs = run["requests"]
         client = run["client"]
-        print(f"\n== cache {run['mode']}, {run['len']}-token set: {len(reqs)} requests "
-              f"(+1 warm-up), c = 1 ==")
+        print(f"\n== {MODES.get(run['mode'], run['mode'])}, {run['len']}-token set: "
+              f"{len(reqs)} requests (+1 warm-up), c = 1 ==")
         if not reqs:
             print("  no timeline lines (was --request-timeline on?)")
             continue

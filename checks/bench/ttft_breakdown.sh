@@ -12,8 +12,10 @@
 # the runtime's prefill.
 #   checks/bench/ttft_breakdown.sh [SETS] [PROMPTS]
 # SETS: comma list of prompt lengths (default 1024,8192); PROMPTS per set
-# (default 8). CACHE_MODES (default "off on"), OUT_LEN (default 256, as the
-# sweep), SERVER_ARGS (more gdn-server flags). Run from the repository root,
+# (default 8). CACHE_MODES (default "off on tok1"; tok1: cache off and the
+# prompt tokenized on one thread, GDN_TOKENIZER_THREADS=1, as before the
+# parallel tokenizer), OUT_LEN (default 256, as the sweep), SERVER_ARGS (more
+# gdn-server flags). Run from the repository root,
 # like serve_bench.sh, whose setup it reuses (SETUP_ONLY=1: the checkpoint in
 # /tmp/q4b, the tokenizer, sglang in /tmp/sgl). Works in /tmp/ttft; leaves
 # $OUT/ttft_breakdown.txt and every raw file in $OUT/ttft_raw.tar.gz
@@ -31,13 +33,14 @@ port=8002
 # Clocks, temperature and power at each phase: a hot GPU runs long prefills
 # slower, and the sweep's runtime numbers were taken before the servers ran.
 gpu_state() { echo "$1: $(nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader 2>&1)" >> "$T/gpu_state.log"; }
-for mode in ${CACHE_MODES:-off on}; do
-  flag=--enable-prefix-caching; [ "$mode" = off ] && flag=--no-enable-prefix-caching
+for mode in ${CACHE_MODES:-off on tok1}; do
+  flag=--enable-prefix-caching; [ "$mode" != on ] && flag=--no-enable-prefix-caching
+  threads=; [ "$mode" = tok1 ] && threads=1
   for len in ${sets//,/ }; do
     # A fresh server per set: with the cache on, the longer set's prompts
     # begin with the shorter set's (same seed), which would make hits.
     log=server_${mode}_${len}.log
-    .carry/bin/gdn-server --model /tmp/q4b --served-model-name q4b --port $port --device gpu \
+    GDN_TOKENIZER_THREADS=$threads .carry/bin/gdn-server --model /tmp/q4b --served-model-name q4b --port $port --device gpu \
       --max-num-seqs 128 --max-model-len 9216 --sse-keepalive-secs 0 --request-timeline \
       $flag ${SERVER_ARGS:-} > "$T/$log" 2>&1 &
     server=$!

@@ -26,6 +26,9 @@
 //!
 //! Any other tokenizer is encoded whole. Tests compare the pieces' ids with
 //! the whole text's on many texts (`tests::pieces_give_the_whole_texts_ids`).
+//!
+//! Pieces: one per available core at most; `GDN_TOKENIZER_THREADS=N` caps
+//! them (1: every text encoded whole, as before; for measurements).
 
 use serde_json::{json, Value as Json};
 use tokenizers::{ModelWrapper, Tokenizer};
@@ -124,8 +127,13 @@ pub fn encode(
     add_special_tokens: bool,
 ) -> tokenizers::Result<Vec<u32>> {
     static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let threads =
-        *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = *THREADS.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        match std::env::var("GDN_TOKENIZER_THREADS").map(|v| v.parse::<usize>()) {
+            Ok(Ok(n)) if n >= 1 => n.min(cores),
+            _ => cores,
+        }
+    });
     let pieces = if safe { cut(text, threads) } else { vec![text] };
     if pieces.len() == 1 {
         return Ok(tokenizer
