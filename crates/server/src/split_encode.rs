@@ -14,9 +14,9 @@
 //! - added tokens without spaces, `lstrip`, `rstrip` or `single_word`: no
 //!   added-token match can span a cut before a space, so each piece finds
 //!   the same ones;
-//! - pre-tokenizer: the Qwen split regex ([`QWEN_SPLIT_REGEX`], no
-//!   look-behind or anchors) then byte-level without a prefix space. In that
-//!   regex a space inside a match is either its first character or part of
+//! - pre-tokenizer: a Qwen split regex ([`QWEN_SPLIT_REGEXES`], no
+//!   look-behind or anchors) then byte-level without a prefix space. In those
+//!   regexes a space inside a match is either its first character or part of
 //!   a whitespace run, so when the character before the space is not
 //!   whitespace a match ends exactly at the cut, and matching restarts there
 //!   in the whole text just as it starts in the piece;
@@ -33,8 +33,13 @@
 use serde_json::{json, Value as Json};
 use tokenizers::{ModelWrapper, Tokenizer};
 
-/// The pre-tokenizer regex of Qwen2/2.5/3/3.5 tokenizers.
-pub const QWEN_SPLIT_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// The pre-tokenizer regexes of Qwen tokenizers: Qwen3.5's (letters with
+/// their combining marks; the demo's and the benchmark's tokenizer), and
+/// Qwen2/2.5/3's.
+pub const QWEN_SPLIT_REGEXES: [&str; 2] = [
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+];
 
 /// Texts shorter than this are encoded whole (a piece's share of the
 /// thread hand-off would outweigh what it saves).
@@ -75,13 +80,15 @@ fn is_qwen_pre_tokenizer(v: &Json) -> bool {
     };
     v["type"] == "Sequence"
         && steps.len() == 2
-        && steps[0]
-            == json!({
-                "type": "Split",
-                "pattern": {"Regex": QWEN_SPLIT_REGEX},
-                "behavior": "Isolated",
-                "invert": false,
-            })
+        && QWEN_SPLIT_REGEXES.iter().any(|r| {
+            steps[0]
+                == json!({
+                    "type": "Split",
+                    "pattern": {"Regex": r},
+                    "behavior": "Isolated",
+                    "invert": false,
+                })
+        })
         && steps[1]["type"] == "ByteLevel"
         && steps[1]["add_prefix_space"] == false
         && steps[1]["use_regex"] == false
@@ -230,19 +237,49 @@ mod tests {
         assert!(cuts_are_safe(&demo_tokenizer()));
     }
 
+    /// The demo tokenizer with Qwen2's split regex instead of Qwen3.5's.
+    fn qwen2_regex_tokenizer() -> Tokenizer {
+        use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+        use tokenizers::pre_tokenizers::sequence::Sequence;
+        use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+        use tokenizers::SplitDelimiterBehavior;
+        let split = Split::new(
+            SplitPattern::Regex(QWEN_SPLIT_REGEXES[1].into()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .unwrap();
+        let mut t = demo_tokenizer();
+        t.with_pre_tokenizer(Some(Sequence::new(vec![
+            split.into(),
+            ByteLevel::new(false, false, false).into(),
+        ])));
+        t
+    }
+
     #[test]
     fn pieces_give_the_whole_texts_ids() {
-        let t = demo_tokenizer();
+        same_ids_whole_and_in_pieces(&demo_tokenizer());
+    }
+
+    #[test]
+    fn pieces_give_the_whole_texts_ids_with_qwen2s_regex() {
+        let t = qwen2_regex_tokenizer();
+        assert!(cuts_are_safe(&t));
+        same_ids_whole_and_in_pieces(&t);
+    }
+
+    fn same_ids_whole_and_in_pieces(t: &Tokenizer) {
         let mut cut_somewhere = 0;
         for text in texts() {
-            let want = whole(&t, &text);
+            let want = whole(t, &text);
             for pieces in [2, 3, 8, 16] {
                 let parts = cut(&text, pieces);
                 assert_eq!(parts.concat(), text, "cuts lose no byte");
                 if parts.len() > 1 {
                     cut_somewhere += 1;
                 }
-                let got: Vec<u32> = parts.iter().flat_map(|p| whole(&t, p)).collect();
+                let got: Vec<u32> = parts.iter().flat_map(|p| whole(t, p)).collect();
                 assert_eq!(
                     got,
                     want,
@@ -250,7 +287,7 @@ mod tests {
                     &text[..text.len().min(80)]
                 );
             }
-            assert_eq!(encode(&t, true, &text, true).unwrap(), want);
+            assert_eq!(encode(t, true, &text, true).unwrap(), want);
         }
         assert!(
             cut_somewhere > 20,
