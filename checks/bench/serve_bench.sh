@@ -9,6 +9,7 @@
 # SETS: comma list of IN/OUT (default 1024/256,8192/256); CONCURRENCIES:
 # comma list (default 1,8,32,64,128). SERVER_ARGS: more gdn-server flags
 # (e.g. --no-enable-prefix-caching); SKIP_RUNTIME=1: no qwen35_bench.
+# SETUP_ONLY=1: only the setup (checkpoint, tokenizer, sglang), then exit.
 # COLD_START_ONLY=1: only the cold start,
 # COLD_STARTS times (default 3), each with the server's `startup:` phase line
 # and its gdn:startup_phase_seconds gauges; no runtime bench, no sweep.
@@ -37,6 +38,8 @@ cat /tmp/q4b/*.safetensors > /dev/null  # weights in the page cache: cold start 
 cublas=$(find /usr/local/cuda*/ /usr/lib /usr/local/lib $(python3 -c 'import site; print(*site.getsitepackages())') \
   -name 'libcublas.so.13*' 2>/dev/null | head -1)
 [[ -n $cublas ]] && export LD_LIBRARY_PATH=$(dirname "$cublas")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# SETUP_ONLY=1: stop here (checks/bench/ttft_breakdown.sh shares this setup).
+[ -n "${SETUP_ONLY:-}" ] && exit 0
 
 # 1. The runtime alone, same process conditions: prefill and decode step times.
 if [ -z "${COLD_START_ONLY:-}" ] && [ -z "${SKIP_RUNTIME:-}" ]; then

@@ -44,6 +44,9 @@ pub struct EngineConfig {
     /// snapshot budget is also capped by the executor's snapshot pool; an
     /// executor without one runs without a cache.
     pub prefix_cache: PrefixCacheConfig,
+    /// The request timeline ([`crate::timeline`]): stamps per request up
+    /// to its first token, handed out with it. Off by default.
+    pub request_timeline: bool,
 }
 
 impl EngineConfig {
@@ -58,6 +61,7 @@ impl EngineConfig {
             eos_token_ids,
             long_prefill_token_threshold: 0,
             prefix_cache: PrefixCacheConfig::default(),
+            request_timeline: false,
         }
     }
 

@@ -4,6 +4,7 @@
 //! device buffers those ids address, and samples where asked.
 
 use crate::request::SamplingParams;
+use crate::timeline::StepPhases;
 
 /// A recurrent/conv state slot of the executor (one per live sequence).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -170,5 +171,18 @@ pub trait Executor {
     fn copy_page(&mut self, from: PageId, to: PageId) -> Result<(), ExecError> {
         let _ = (from, to);
         Err(ExecError::Refused("this executor cannot copy pages".into()))
+    }
+
+    /// Turns per-step phase timing on or off (the request timeline,
+    /// [`crate::timeline`]). Timing may cost a little (GPU: events around
+    /// the forward), so it is off unless the engine asks.
+    fn set_step_timing(&mut self, on: bool) {
+        let _ = on;
+    }
+
+    /// The phases of the last step, when timing is on and the executor
+    /// measures them (default: it does not).
+    fn last_step_phases(&self) -> Option<StepPhases> {
+        None
     }
 }

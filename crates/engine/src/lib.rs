@@ -14,6 +14,8 @@
 //!   request from a snapshot copied into its own slot.
 //! - [`sampler`]: the CPU sampler (vLLM semantics, counter-based seeds).
 //! - [`metrics`]: the vLLM-named Prometheus series.
+//! - [`timeline`]: the request timeline (off by default): where a
+//!   request's time to first token goes, step by step.
 
 pub mod allocator;
 mod engine;
@@ -25,6 +27,7 @@ pub mod sampler;
 pub mod scheduler;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod timeline;
 mod worker;
 
 pub use engine::{
@@ -38,3 +41,4 @@ pub use request::{
     EngineState, Event, FinishReason, GenerateRequest, RequestId, SamplingParams, StopParams,
     SubmitError, TokenEvent, Usage,
 };
+pub use timeline::{EngineTimeline, StepMark, StepPhases};

@@ -164,6 +164,9 @@ pub struct TokenEvent {
     /// Prompt tokens served from the prefix cache (the same on every token
     /// of a request; `Usage::cached_tokens` at the end).
     pub cached_tokens: usize,
+    /// On the first token only, when the request timeline is on: the
+    /// engine's stamps up to this token ([`crate::timeline`]).
+    pub timeline: Option<Box<crate::timeline::EngineTimeline>>,
 }
 
 /// What a request's stream yields, in order: tokens, then exactly one

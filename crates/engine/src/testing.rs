@@ -24,7 +24,7 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::engine::RequestStream;
 use crate::executor::{
@@ -33,6 +33,7 @@ use crate::executor::{
 };
 use crate::request::{Event, GenerateRequest};
 use crate::sampler;
+use crate::timeline::StepPhases;
 
 /// A request's tokens and its terminal event (`Finished` or `Failed`),
 /// checking that nothing follows the terminal event.
@@ -257,6 +258,11 @@ pub struct FakeExecutor {
     page_kv: Vec<Vec<Option<u64>>>,
     /// The snapshot pool: the tokens each snapshot's state has absorbed.
     snapshots: Vec<Option<Vec<u32>>>,
+    /// Step timing asked for (the request timeline); the last step's
+    /// phases: the checks as host prep, the delay as the forward, the rows'
+    /// sampling as sampling.
+    timing: bool,
+    last_phases: Option<StepPhases>,
 }
 
 /// Fingerprints of every prefix of `tokens` (`[i]`: of `tokens[..=i]`).
@@ -293,6 +299,8 @@ impl FakeExecutor {
             slot_history: vec![None; geometry.num_slots],
             page_kv: vec![vec![None; geometry.page_size]; geometry.num_pages],
             snapshots: vec![None; num_snapshots],
+            timing: false,
+            last_phases: None,
         }
     }
 
@@ -471,9 +479,12 @@ impl Executor for FakeExecutor {
             );
             (state.failures.pop_front(), state.delay)
         };
+        self.last_phases = None;
+        let slept = Instant::now();
         if !delay.is_zero() {
             std::thread::sleep(delay);
         }
+        let checked = Instant::now();
         if let Err(violation) = self.check_rows(rows) {
             self.control.lock().violations.push(violation.clone());
             return Err(ExecError::Refused(violation));
@@ -491,7 +502,25 @@ impl Executor for FakeExecutor {
                 return Err(ExecError::StepFailed("injected".into()));
             }
         }
-        Ok(rows.iter().filter_map(|row| self.run_row(row)).collect())
+        let ran = Instant::now();
+        let sampled = rows.iter().filter_map(|row| self.run_row(row)).collect();
+        if self.timing {
+            self.last_phases = Some(StepPhases {
+                host_prep: ran - checked,
+                launch: Duration::ZERO,
+                forward: checked - slept,
+                sample: ran.elapsed(),
+            });
+        }
+        Ok(sampled)
+    }
+
+    fn set_step_timing(&mut self, on: bool) {
+        self.timing = on;
+    }
+
+    fn last_step_phases(&self) -> Option<StepPhases> {
+        self.last_phases
     }
 
     fn snapshot_geometry(&self) -> SnapshotGeometry {

@@ -18,6 +18,7 @@ use crate::metrics::Metrics;
 use crate::prefix_cache::{CacheOp, PrefixCacheConfig, PrefixCacheStats};
 use crate::request::{EngineState, Event, FinishReason, RequestId, TokenEvent, Usage};
 use crate::scheduler::{Outcome, Plan, Scheduler, SchedulerConfig};
+use crate::timeline::{Pending, StepMark};
 
 /// Client-safe texts (details go to the log).
 const STEP_FAILED: &str = "the request failed on the device; it may be retried";
@@ -33,6 +34,9 @@ struct Client {
     first_scheduled: Option<Instant>,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
+    /// The request timeline's stamps until the first token (`None` when
+    /// the timeline is off, and after the first token).
+    timeline: Option<Pending>,
 }
 
 fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
@@ -67,7 +71,12 @@ pub(crate) fn run<F>(
         .unwrap_or_else(|p| Err(format!("executor factory panicked: {}", panic_text(&*p))));
     let executor = made.and_then(|e| check_geometry(&e.geometry()).map(|()| e));
     let executor = match executor {
-        Ok(executor) => executor,
+        Ok(mut executor) => {
+            if shared.config.request_timeline {
+                executor.set_step_timing(true);
+            }
+            executor
+        }
         Err(why) => {
             log::error!("engine failed to load: {why}");
             shared.set_state(EngineState::Dead(format!("loading failed: {why}")));
@@ -244,6 +253,11 @@ impl Worker {
                 first_scheduled: None,
                 first_token: None,
                 last_token: None,
+                timeline: self
+                    .shared
+                    .config
+                    .request_timeline
+                    .then(|| Pending::new(arrival, Instant::now())),
             },
         );
         self.scheduler
@@ -306,6 +320,8 @@ impl Worker {
 
     /// Plans and runs one step. `Err`: the engine cannot go on.
     fn step(&mut self) -> Result<(), String> {
+        let timed = self.shared.config.request_timeline;
+        let planned = timed.then(Instant::now);
         let plan = self.scheduler.schedule();
         let now = Instant::now();
         for &id in &plan.first_admitted {
@@ -315,6 +331,9 @@ impl Worker {
                     .queued_tokens
                     .fetch_sub(client.prompt_tokens, Ordering::AcqRel);
                 client.first_scheduled = Some(now);
+                if let Some(pending) = client.timeline.as_mut() {
+                    pending.first_scheduled = Some(now);
+                }
                 self.metrics
                     .request_queue_time
                     .observe((now - client.arrival).as_secs_f64());
@@ -342,6 +361,11 @@ impl Worker {
         let started = Instant::now();
         let result = catch_unwind(AssertUnwindSafe(|| executor.step(&rows)));
         let elapsed = started.elapsed();
+        let phases = if timed {
+            executor.last_step_phases()
+        } else {
+            None
+        };
         drop(rows);
         self.steps += 1;
         self.metrics.step_duration.observe(elapsed.as_secs_f64());
@@ -374,8 +398,47 @@ impl Worker {
         // Resources of finished requests are already free: publish first so
         // a client that sees its terminal event sees them released.
         self.publish();
+        if let Some(planned) = planned {
+            let exec = (started, started + elapsed);
+            self.mark_step(&plan, planned, exec, phases);
+        }
         self.deliver(outcomes);
         Ok(())
+    }
+
+    /// The request timeline: adds this step to the record of every request
+    /// in it that has no token yet.
+    fn mark_step(
+        &mut self,
+        plan: &Plan,
+        planned: Instant,
+        (exec_start, exec_end): (Instant, Instant),
+        phases: Option<crate::timeline::StepPhases>,
+    ) {
+        let committed = Instant::now();
+        let tokens = plan.num_tokens();
+        for row in &plan.rows {
+            let Some(pending) = self
+                .clients
+                .get_mut(&row.id)
+                .and_then(|c| c.timeline.as_mut())
+            else {
+                continue;
+            };
+            pending.steps.push(StepMark {
+                planned,
+                exec_start,
+                exec_end,
+                committed,
+                phases,
+                rows: plan.rows.len(),
+                tokens,
+                start: row.start,
+                len: row.len,
+                cache_ops_before: plan.cache_ops.len(),
+                sampled: row.sample,
+            });
+        }
     }
 
     /// Runs the prefix cache's executor work in order.
@@ -439,11 +502,15 @@ impl Worker {
                     .observe((now - last).as_secs_f64()),
             }
             client.last_token = Some(now);
+            let timeline = client.timeline.take().map(|pending| {
+                Box::new(pending.finish(Instant::now(), outcome.prompt_len, outcome.cached_tokens))
+            });
             let token = TokenEvent {
                 token: outcome.sampled.token,
                 logprob: client.logprobs.then_some(outcome.sampled.logprob),
                 top_logprobs: outcome.sampled.top_logprobs,
                 cached_tokens: outcome.cached_tokens,
+                timeline,
             };
             let _ = client.events.send(Event::Token(token));
             let Some(reason) = outcome.finish else {

@@ -7,7 +7,8 @@
 //!   forward runs token by token, so chunking cannot change its arithmetic);
 //! - `start == 0` resets a used slot;
 //! - a row whose `start` is not its slot's position is refused and changes
-//!   nothing.
+//!   nothing;
+//! - step timing (the request timeline) reports phases only when asked.
 
 mod common;
 
@@ -213,4 +214,30 @@ fn a_row_at_the_wrong_position_is_refused_and_changes_nothing() {
     assert!(m.contains("slot 1"), "{m}");
     run(&mut exec, &mut reqs);
     assert_eq!(reqs[0].out, want[0].out, "the refusals changed the state");
+}
+
+#[test]
+fn step_timing_reports_each_steps_phases_only_when_asked() {
+    let f = Fixture::load(MODELS[0]);
+    let prompt = short_prompts(&f)
+        .into_iter()
+        .find(|p| p.len() > 20)
+        .unwrap();
+    let mut exec = executor(&f);
+    let mut reqs = vec![Request::new(0, PAGES_PER_SLOT, &prompt, 8, 2)];
+    assert!(step(&mut exec, &mut reqs).unwrap());
+    assert_eq!(exec.last_step_phases(), None, "off by default");
+    exec.set_step_timing(true);
+    let t0 = std::time::Instant::now();
+    assert!(step(&mut exec, &mut reqs).unwrap());
+    let wall = t0.elapsed();
+    let ph = exec.last_step_phases().expect("phases once asked");
+    assert!(!ph.forward.is_zero(), "{ph:?}");
+    assert!(
+        ph.host_prep + ph.forward + ph.sample <= wall,
+        "{ph:?} over {wall:?}"
+    );
+    exec.set_step_timing(false);
+    assert!(step(&mut exec, &mut reqs).unwrap());
+    assert_eq!(exec.last_step_phases(), None, "off again");
 }

@@ -6,7 +6,11 @@
 //!   passes HF's bf16 gate (regret) and the returned logprobs match HF's
 //!   (mean and p99 of |ours - HF| over the returned top 5);
 //! - the page pool sized from free memory fits the fraction asked for;
-//! - a row at the wrong position for its slot is refused and changes nothing.
+//! - a row at the wrong position for its slot is refused and changes nothing;
+//! - step timing (the request timeline) reports every step's phases within
+//!   the call's wall time, and changes no token;
+//! - the device's memory pool keeps its memory across steps (release
+//!   threshold: none), so the same work twice reserves nothing new.
 
 mod common;
 
@@ -233,4 +237,72 @@ fn a_row_at_the_wrong_position_is_refused_and_changes_nothing() {
         reqs.pop().unwrap().out
     };
     assert_eq!(run_with(true), run_with(false));
+}
+
+#[test]
+fn step_timing_reports_each_steps_phases_and_changes_no_token() {
+    let Some(s) = stream() else { return };
+    let f = Fixture::load(MODELS[0]);
+    let p = f
+        .prompts
+        .iter()
+        .find(|p| p.len() == 37)
+        .expect("a 37-token prompt");
+    let run_with = |timing: bool| {
+        let mut exec = executor(&f, &s, 2, PagePool::Fixed(2 * PAGES_PER_SLOT));
+        exec.capture_decode_graphs(2).unwrap();
+        exec.set_step_timing(timing);
+        // Chunks of 16, 16 and 5 prompt tokens, then decode steps (graphs).
+        let mut reqs = vec![Request::new(0, PAGES_PER_SLOT, p, 16, 6)];
+        let mut steps = 0;
+        loop {
+            let t0 = std::time::Instant::now();
+            if !common::drive::step(&mut exec, &mut reqs).unwrap() {
+                break;
+            }
+            let wall = t0.elapsed();
+            steps += 1;
+            match exec.last_step_phases() {
+                None => assert!(!timing, "step {steps}: timing on, no phases"),
+                Some(ph) => {
+                    assert!(timing, "step {steps}: phases with timing off");
+                    assert!(!ph.forward.is_zero(), "step {steps}: {ph:?}");
+                    // The phases follow each other inside the call.
+                    let sum = ph.host_prep + ph.forward + ph.sample;
+                    assert!(
+                        sum <= wall + std::time::Duration::from_micros(200),
+                        "step {steps}: {ph:?} over {wall:?}"
+                    );
+                    assert!(ph.launch <= wall, "step {steps}: {ph:?}");
+                }
+            }
+        }
+        assert!(steps >= 8, "{steps} steps");
+        reqs.pop().unwrap().out
+    };
+    assert_eq!(run_with(true), run_with(false));
+}
+
+#[test]
+fn the_memory_pool_keeps_its_memory_across_steps() {
+    let Some(s) = stream() else { return };
+    let f = Fixture::load(MODELS[0]);
+    let mut exec = executor(&f, &s, 2, PagePool::Fixed(2 * PAGES_PER_SLOT));
+    // Loading the model set the threshold: a step's synchronisation no
+    // longer hands the activations' memory back to the driver.
+    assert_eq!(qwen35::gpu::pool_release_threshold(&s).unwrap(), u64::MAX);
+    let p = f
+        .prompts
+        .iter()
+        .find(|p| p.len() == 37)
+        .expect("a 37-token prompt");
+    let mut reqs = vec![Request::new(0, PAGES_PER_SLOT, p, 64, 2)];
+    run(&mut exec, &mut reqs);
+    let (free_after_run, _) = s.context().mem_get_info().unwrap();
+    let mut again = vec![Request::new(1, PAGES_PER_SLOT, p, 64, 2)];
+    run(&mut exec, &mut again);
+    let (free_after_again, _) = s.context().mem_get_info().unwrap();
+    // The same work again reserves nothing new.
+    assert_eq!(free_after_again, free_after_run);
+    assert_eq!(reqs[0].tokens(), again[0].tokens());
 }

@@ -18,6 +18,7 @@ use serde::de::DeserializeOwned;
 use crate::error::ApiError;
 use crate::model::ModelFiles;
 use crate::openai::GenerationRequest;
+use crate::timeline::Timeline;
 use crate::{chat, completions, routes};
 
 pub struct ServerMetrics {
@@ -54,6 +55,8 @@ pub struct AppState {
     pub max_request_bytes: usize,
     /// Interval of SSE keep-alive comments (`None`: none are sent).
     pub sse_keepalive: Option<std::time::Duration>,
+    /// `--request-timeline`: log where each request's first token went.
+    pub request_timeline: bool,
     pub registry: Registry,
     pub metrics: ServerMetrics,
     /// Set on SIGTERM/SIGINT: new work gets 503 while the engine drains.
@@ -241,13 +244,15 @@ async fn with_request_id(
 
 /// A generation route (chat, completions): reads and decodes the body
 /// (415/413/400), checks `model` (404), then `run` answers from the
-/// request's id, fields and raw body; an error is counted under its reason
-/// and becomes its response.
+/// request's id, fields, raw body and its timeline (`--request-timeline`;
+/// off: empty); an error is counted under its reason and becomes its
+/// response.
 pub async fn answer<F, Fut>(state: SharedState, req: Request, run: F) -> Response
 where
-    F: FnOnce(SharedState, RequestId, GenerationRequest, axum::body::Bytes) -> Fut,
+    F: FnOnce(SharedState, RequestId, GenerationRequest, axum::body::Bytes, Timeline) -> Fut,
     Fut: std::future::Future<Output = Result<Response, ApiError>>,
 {
+    let mut timeline = Timeline::start(state.request_timeline);
     let (parts, body) = req.into_parts();
     let request_id = parts
         .extensions
@@ -256,9 +261,11 @@ where
         .unwrap_or_else(|| RequestId(random_id("")));
     let answered = async {
         let bytes = read_body(&state, &parts.headers, body).await?;
+        timeline.mark("body_read");
         let request: GenerationRequest = decode_json(&bytes)?;
         state.check_model(request.model.as_deref())?;
-        run(state.clone(), request_id, request, bytes).await
+        timeline.mark("decoded");
+        run(state.clone(), request_id, request, bytes, timeline).await
     };
     match answered.await {
         Ok(response) => response,

@@ -23,6 +23,7 @@ use crate::sse::{
     closing, data, next_progress, sse_response, DisconnectGuard, SseItem, StreamOptions,
 };
 use crate::template::{decode_tool_call_arguments, RenderInput, TemplateError};
+use crate::timeline::Timeline;
 use crate::validate::{resolve_max_tokens, validate_chat, ValidChat, ValidationError};
 
 pub async fn handle(State(state): State<SharedState>, req: Request) -> Response {
@@ -48,6 +49,7 @@ pub fn render_chat(
     add_generation_prompt: bool,
     continue_final_message: bool,
     kwargs: Option<&serde_json::Map<String, Json>>,
+    timeline: &mut Timeline,
 ) -> Result<RenderedChat, ApiError> {
     let mut view: ChatTemplateView = decode_json(body)?;
     decode_tool_call_arguments(&mut view.messages).map_err(|(index, reason)| {
@@ -73,10 +75,12 @@ pub fn render_chat(
                 message: e.to_string(),
             })
         })?;
+    timeline.mark("templated");
     let ids = state
         .model
         .encode(&text, false)
         .map_err(ApiError::internal)?;
+    timeline.mark("tokenized");
     let opens_reasoning = text.trim_end_matches('\n').ends_with("<think>");
     let preamble_end = preamble_end(
         &state.model.template,
@@ -100,6 +104,7 @@ async fn run(
     request_id: RequestId,
     req: GenerationRequest,
     bytes: Bytes,
+    mut timeline: Timeline,
 ) -> Result<Response, ApiError> {
     let state = &state;
     let valid = validate_chat(&req, &state.model.defaults, state.model.vocab_size)?;
@@ -110,10 +115,11 @@ async fn run(
         valid.add_generation_prompt,
         valid.continue_final_message,
         req.chat_template_kwargs.as_ref(),
+        &mut timeline,
     )?;
     let max_model_len = state.max_model_len()?;
     let max_tokens = resolve_max_tokens(&valid.generation, rendered.ids.len(), max_model_len)?;
-    let generation = Generation::submit(
+    let mut generation = Generation::submit(
         &state.engine,
         state.model.tokenizer.clone(),
         &state.model.eos_token_ids,
@@ -124,6 +130,8 @@ async fn run(
         }],
         &valid.generation,
     )?;
+    timeline.mark("submitted");
+    generation.set_timeline(timeline, &request_id.0);
     let tools = req
         .tools
         .as_deref()

@@ -74,6 +74,15 @@ pub struct Args {
     /// bench_serving 0.4 parses every non-empty line as `data:`) fail on them.
     #[arg(long, default_value_t = 15)]
     pub sse_keepalive_secs: u64,
+    /// Logs one `request_timeline` line per generation request when its
+    /// first text goes out: where its time to first token went (body,
+    /// tokenizer, queue, every engine step with the executor's host prep /
+    /// device forward / sampling split, the response). Off by default; on,
+    /// the GPU executor records CUDA events around each forward and reads
+    /// them at the step's end, so a prefill chunk that samples nothing no
+    /// longer overlaps the next step's host work (well under a millisecond).
+    #[arg(long)]
+    pub request_timeline: bool,
     /// KV pages (of --block-size positions) to allocate instead of as many
     /// as --gpu-memory-utilization allows (vLLM's flag). On the CPU executor
     /// too. A tiny pool makes the engine preempt (tests do this).

@@ -16,6 +16,7 @@ use crate::responses::{Chunk, Completion, CompletionChoice, CompletionChunkChoic
 use crate::sse::{
     closing, data, next_progress, sse_response, DisconnectGuard, SseItem, StreamOptions,
 };
+use crate::timeline::Timeline;
 use crate::validate::{
     resolve_max_tokens, token_ids, validate_completion, ValidCompletion, ValidationError, MAX_N,
 };
@@ -64,12 +65,14 @@ async fn run(
     request_id: RequestId,
     req: GenerationRequest,
     _body: Bytes,
+    mut timeline: Timeline,
 ) -> Result<Response, ApiError> {
     let state = &state;
     let valid = validate_completion(&req, &state.model.defaults, state.model.vocab_size)?;
     state.check_accepting()?;
     let prompt = req.prompt.as_ref().expect("validated");
     let prompts = prompts(state, prompt, valid.add_special_tokens)?;
+    timeline.mark("tokenized");
     // A batch of prompts multiplies n: bound the engine requests one HTTP
     // request may create, as n alone is bounded.
     let n = valid.generation.n;
@@ -97,13 +100,15 @@ async fn run(
     } else {
         Vec::new()
     };
-    let generation = Generation::submit(
+    let mut generation = Generation::submit(
         &state.engine,
         state.model.tokenizer.clone(),
         &state.model.eos_token_ids,
         specs,
         &valid.generation,
     )?;
+    timeline.mark("submitted");
+    generation.set_timeline(timeline, &request_id.0);
     request_id.log_submitted(&generation);
     let out = CompletionOutput {
         id: format!("cmpl-{request_id}"),

@@ -16,6 +16,7 @@ use tokenizers::Tokenizer;
 
 use crate::detok::{IncrementalDetokenizer, StopStrings};
 use crate::error::ApiError;
+use crate::timeline::Timeline;
 use crate::validate::ValidGeneration;
 
 /// One token's logprob and its top alternatives, with their text.
@@ -76,6 +77,10 @@ pub struct Generation {
     tokenizer: Arc<Tokenizer>,
     want_logprobs: bool,
     want_token_ids: bool,
+    /// The request timeline (off: empty) and the HTTP request's id for its
+    /// line, logged when the first text goes out.
+    timeline: Timeline,
+    request_id: String,
 }
 
 /// The per-prompt inputs of a submission.
@@ -156,7 +161,19 @@ impl Generation {
             tokenizer,
             want_logprobs: v.sampling.logprobs.is_some(),
             want_token_ids: v.return_token_ids,
+            timeline: Timeline::off(),
+            request_id: String::new(),
         })
+    }
+
+    /// Hands the request's timeline to the generation: it stamps the
+    /// first token's arrival and logs the line when the first text goes
+    /// out (`first_text`), or when the request ends without any.
+    pub fn set_timeline(&mut self, timeline: Timeline, request_id: &str) {
+        if timeline.is_on() {
+            self.request_id = request_id.to_string();
+        }
+        self.timeline = timeline;
     }
 
     pub fn completion_tokens(&self) -> usize {
@@ -187,6 +204,17 @@ impl Generation {
             // that lost the race loses no event.
             let ((index, event), _, _) = select_all(open).await;
             if let Some(progress) = self.apply(index, event) {
+                if self.timeline.is_on() {
+                    match &progress {
+                        Ok(p) if !p.text.is_empty() => {
+                            self.timeline.first_text(&self.request_id, "first_text")
+                        }
+                        Ok(p) if p.finish.is_some() => self
+                            .timeline
+                            .first_text(&self.request_id, "finished_without_text"),
+                        _ => {}
+                    }
+                }
                 return Some(progress);
             }
         }
@@ -195,6 +223,7 @@ impl Generation {
     fn apply(&mut self, index: usize, event: Option<Event>) -> Option<Result<Progress, String>> {
         match event {
             Some(Event::Token(t)) => {
+                self.timeline.token(t.timeline.as_deref());
                 let logprob = (self.want_logprobs).then(|| TokenLogprob {
                     token: t.token,
                     text: self.token_text(t.token),

@@ -20,6 +20,9 @@ pub struct ModelFiles {
     pub eos_token_ids: Vec<u32>,
     /// Rows of the model's embedding (valid token ids are below it).
     pub vocab_size: usize,
+    /// The tokenizer may encode long texts in parallel pieces
+    /// ([`crate::split_encode::cuts_are_safe`]).
+    pub parallel_encode: bool,
 }
 
 fn read_json(path: &Path) -> Result<Option<Json>, String> {
@@ -179,6 +182,7 @@ impl ModelFiles {
                 .and_then(Json::as_u64)
                 .map(|m| m as usize),
         };
+        let parallel_encode = crate::split_encode::cuts_are_safe(&tokenizer);
         Ok(ModelFiles {
             dir: dir.to_path_buf(),
             tokenizer: Arc::new(tokenizer),
@@ -186,15 +190,21 @@ impl ModelFiles {
             defaults,
             eos_token_ids,
             vocab_size,
+            parallel_encode,
         })
     }
 
     /// Prompt text -> ids. Chat renders already contain their special
     /// tokens as text (parsed here, no BOS added), as transformers does.
+    /// Long texts are cut into pieces tokenized in parallel when the
+    /// tokenizer's pipeline makes that exact (crate::split_encode).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String> {
-        self.tokenizer
-            .encode_fast(text, add_special_tokens)
-            .map(|e| e.get_ids().to_vec())
-            .map_err(|e| format!("tokenization failed: {e}"))
+        crate::split_encode::encode(
+            &self.tokenizer,
+            self.parallel_encode,
+            text,
+            add_special_tokens,
+        )
+        .map_err(|e| format!("tokenization failed: {e}"))
     }
 }

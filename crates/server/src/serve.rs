@@ -40,6 +40,7 @@ fn engine_config_for(
     config.max_num_seqs = args.max_num_seqs;
     config.max_num_queued_reqs = args.max_num_queued_reqs;
     config.max_num_queued_tokens = args.max_num_queued_tokens.unwrap_or(usize::MAX);
+    config.request_timeline = args.request_timeline;
     if let Some(len) = args.max_model_len.or(model_max_len) {
         config.max_model_len = len;
     }
@@ -107,6 +108,7 @@ fn state_of(
         max_request_bytes: args.max_request_bytes,
         sse_keepalive: (args.sse_keepalive_secs > 0)
             .then(|| std::time::Duration::from_secs(args.sse_keepalive_secs)),
+        request_timeline: args.request_timeline,
         registry,
         metrics,
         draining: Default::default(),

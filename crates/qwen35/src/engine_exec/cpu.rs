@@ -7,10 +7,11 @@
 //! page copy has nothing to do.
 
 use std::path::Path;
+use std::time::Duration;
 
 use engine::{
     CacheGeometry, ExecError, Executor, PageId, SampledToken, SlotId, SnapshotGeometry, SnapshotId,
-    StepRow,
+    StepPhases, StepRow,
 };
 
 use super::{check_rows, check_starts};
@@ -36,6 +37,9 @@ pub struct CpuExecutor {
     states: Vec<Option<CpuState>>,
     /// The snapshot pool (prefix cache): `None` where nothing is held.
     snapshots: Vec<Option<CpuState>>,
+    /// Step timing on (the request timeline), and the last step's phases.
+    timing: bool,
+    last_phases: Option<StepPhases>,
 }
 
 impl CpuExecutor {
@@ -64,6 +68,8 @@ impl CpuExecutor {
             geometry,
             states: (0..num_slots).map(|_| None).collect(),
             snapshots: Vec::new(),
+            timing: false,
+            last_phases: None,
         })
     }
 
@@ -160,7 +166,17 @@ impl Executor for CpuExecutor {
         Ok(())
     }
 
+    fn set_step_timing(&mut self, on: bool) {
+        self.timing = on;
+    }
+
+    fn last_step_phases(&self) -> Option<StepPhases> {
+        self.last_phases
+    }
+
     fn step(&mut self, rows: &[StepRow<'_>]) -> std::result::Result<Vec<SampledToken>, ExecError> {
+        self.last_phases = None;
+        let entered = std::time::Instant::now();
         check_rows(rows, &self.geometry)?;
         check_starts(rows, |slot| self.states[slot].as_ref().map(|s| s.position))?;
         // Every check is done: from here each row runs to completion.
@@ -187,6 +203,7 @@ impl Executor for CpuExecutor {
                 .as_ref()
                 .map(|spec| engine::sampler::sample(&logits[0], spec)))
         };
+        let forward_start = std::time::Instant::now();
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let per_thread = work.len().div_ceil(threads.min(work.len()));
         let results: Vec<Result<Option<SampledToken>>> = std::thread::scope(|scope| {
@@ -214,6 +231,17 @@ impl Executor for CpuExecutor {
                     return Err(ExecError::StepFailed(e.to_string()));
                 }
             }
+        }
+        if self.timing {
+            // Each row samples right after its own forward, on its thread:
+            // sampling is counted in the forward here.
+            let forward = forward_start.elapsed();
+            self.last_phases = Some(StepPhases {
+                host_prep: forward_start - entered,
+                launch: Duration::ZERO,
+                forward,
+                sample: Duration::ZERO,
+            });
         }
         Ok(sampled)
     }

@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 use engine::{
-    CacheGeometry, ExecError, Executor, PageId, SampleSpec, SampledToken, SlotId, StepRow,
+    CacheGeometry, ExecError, Executor, PageId, SampleSpec, SampledToken, SlotId, StepPhases,
+    StepRow,
 };
 use gdn_kernels::{DeviceSampler, RowSampling, TokenAdjustment};
 
@@ -59,6 +60,9 @@ pub struct GpuExecutor {
     /// Where start-up time went: loading (when [`GpuExecutor::load`] made
     /// it), the model's own phases, the cache, the graph captures.
     startup_phases: PhaseTimes,
+    /// Step timing on (the request timeline), and the last step's phases.
+    timing: bool,
+    last_phases: Option<StepPhases>,
 }
 
 impl GpuExecutor {
@@ -159,6 +163,8 @@ impl GpuExecutor {
             held: vec![None; num_slots],
             sampler,
             startup_phases,
+            timing: false,
+            last_phases: None,
         })
     }
 
@@ -347,7 +353,20 @@ impl Executor for GpuExecutor {
             .map_err(|e| ExecError::StepFailed(e.to_string()))
     }
 
+    fn set_step_timing(&mut self, on: bool) {
+        match self.model.set_step_timing(on) {
+            Ok(()) => self.timing = on,
+            Err(e) => log::warn!("step timing stays off: {e}"),
+        }
+    }
+
+    fn last_step_phases(&self) -> Option<StepPhases> {
+        self.last_phases
+    }
+
     fn step(&mut self, rows: &[StepRow<'_>]) -> std::result::Result<Vec<SampledToken>, ExecError> {
+        self.last_phases = None;
+        let entered = self.timing.then(std::time::Instant::now);
         check_rows(rows, &self.geometry)?;
         check_starts(rows, |slot| self.held[slot])?;
         let model_rows: Vec<Row> = rows
@@ -411,6 +430,14 @@ impl Executor for GpuExecutor {
         };
         for r in rows {
             self.held[r.slot.0 as usize] = Some(r.start + r.tokens.len());
+        }
+        if let (Some(entered), Some(t)) = (entered, self.model.last_forward_timing()) {
+            self.last_phases = Some(StepPhases {
+                host_prep: t.launch_start.saturating_duration_since(entered),
+                launch: t.launch_end.saturating_duration_since(t.launch_start),
+                forward: t.forward,
+                sample: t.after_forward,
+            });
         }
         Ok(sampled)
     }

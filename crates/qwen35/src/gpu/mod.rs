@@ -11,6 +11,7 @@ mod cache;
 mod graphs;
 mod load;
 mod step;
+mod timing;
 mod upload;
 
 use std::sync::Arc;
@@ -29,6 +30,8 @@ pub use cudarc::driver::CudaStream;
 use load::{Checkpoint, Random, WeightSource};
 use step::{Batches, LogitsPlan};
 pub use step::{HostLogits, LogitsTo, Row, RowLogits, StepError};
+pub use timing::ForwardTiming;
+use timing::StepClock;
 
 use crate::config::{Config, LayerType};
 use crate::error::{Error, Result};
@@ -103,6 +106,8 @@ pub struct GpuModel {
     layers: Vec<Layer>,
     /// Where the load's time went (kernel modules, cuBLAS, uploads).
     load_phases: PhaseTimes,
+    /// Step timing (the request timeline): `None` unless turned on.
+    clock: Option<StepClock>,
 }
 
 /// An activation buffer the next op overwrites completely (every producer
@@ -115,6 +120,56 @@ pub(crate) fn scratch<T: cudarc::driver::DeviceRepr>(
 ) -> Result<CudaSlice<T>> {
     // SAFETY: see above; no op reads a buffer before its producer wrote it.
     Ok(unsafe { s.alloc::<T>(n) }?)
+}
+
+/// Lets the device's memory pool keep what it reserved. Activations are
+/// stream-ordered allocations (`cuMemAllocAsync` from the device's current
+/// pool), and a pool's release threshold is 0 by default: at every
+/// synchronisation (each step waits for its sampled tokens) the pool hands
+/// all its free memory back to the driver, so the next step reserves and
+/// maps its activations again (hundreds of MB for a long prefill chunk).
+/// With no threshold the pool keeps at most the largest step's
+/// activations, which the server's page-pool sizing already leaves free
+/// (its activation reserve).
+pub fn keep_pool_memory(stream: &CudaStream) -> Result<()> {
+    use cudarc::driver::sys;
+    let ctx = stream.context();
+    ctx.bind_to_thread()?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut threshold: u64 = u64::MAX;
+    // SAFETY: plain driver calls on this context's device; `pool` and
+    // `threshold` outlive them.
+    unsafe {
+        sys::cuDeviceGetMemPool(&mut pool, ctx.cu_device()).result()?;
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+        .result()?;
+    }
+    Ok(())
+}
+
+/// The release threshold of the device's current memory pool (see
+/// [`keep_pool_memory`]).
+pub fn pool_release_threshold(stream: &CudaStream) -> Result<u64> {
+    use cudarc::driver::sys;
+    let ctx = stream.context();
+    ctx.bind_to_thread()?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut threshold: u64 = 0;
+    // SAFETY: as in keep_pool_memory.
+    unsafe {
+        sys::cuDeviceGetMemPool(&mut pool, ctx.cu_device()).result()?;
+        sys::cuMemPoolGetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+        .result()?;
+    }
+    Ok(threshold)
 }
 
 fn shapes(c: &Config) -> Result<(DeltaNetShape, AttentionShape)> {
@@ -198,6 +253,7 @@ impl GpuModel {
         // SAFETY: every buffer the model allocates is used only on `stream`
         // (weights, caches, activations, the ops' own buffers).
         unsafe { stream.context().disable_event_tracking() };
+        keep_pool_memory(&stream)?;
         let (h, v, i) = (c.hidden_size, c.vocab_size, c.intermediate_size);
         let ops = phases.time("model_kernels", || ModelOps::new(stream.clone()))?;
         // Refuse unsupported shapes now, not mid-step after state changed.
@@ -318,7 +374,24 @@ impl GpuModel {
             inv_freq,
             layers,
             load_phases: phases,
+            clock: None,
         })
+    }
+
+    /// Turns step timing on or off: with it on, every step records CUDA
+    /// events around its forward and [`GpuModel::last_forward_timing`]
+    /// reports them (a few microseconds per step; off by default).
+    pub fn set_step_timing(&mut self, on: bool) -> Result<()> {
+        self.clock = match on {
+            true => Some(StepClock::new(&self.stream)?),
+            false => None,
+        };
+        Ok(())
+    }
+
+    /// The last step's timing, when step timing is on and the step ran.
+    pub fn last_forward_timing(&self) -> Option<ForwardTiming> {
+        self.clock.as_ref().and_then(|c| c.last)
     }
 
     /// Where the load's time went, phase by phase.

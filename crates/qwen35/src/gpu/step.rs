@@ -376,6 +376,9 @@ impl GpuModel {
         rows: &[Row],
         then: impl FnOnce(&mut CudaSlice<f32>, &[usize]) -> Result<R, StepError>,
     ) -> Result<R, StepError> {
+        if let Some(clock) = self.clock.as_mut() {
+            clock.last = None;
+        }
         if cache.model_id != self.id {
             return Err(StepError::Refused(
                 "this cache was made by another model (use the model's own new_cache)".into(),
@@ -401,14 +404,26 @@ impl GpuModel {
         };
         let mut eager;
         let logits = if let Some(key) = graphed {
+            if let Some(clock) = self.clock.as_mut() {
+                clock.forward_starts(&s)?;
+            }
             self.replay_decode(cache, rows, &plan.order, key)?;
+            if let Some(clock) = self.clock.as_mut() {
+                clock.forward_queued(&s)?;
+            }
             &mut cache.graphs.as_mut().expect("checked").logits
         } else {
             let batches = self.batches(&plan)?;
             let n = plan.logits.rows(batches.full.num_tokens());
             // SAFETY (of `scratch`): the lm_head writes every row.
             let mut out = crate::gpu::scratch::<f32>(&s, n.max(1) * v)?;
+            if let Some(clock) = self.clock.as_mut() {
+                clock.forward_starts(&s)?;
+            }
             self.run(cache, &batches, plan.logits, &mut out)?;
+            if let Some(clock) = self.clock.as_mut() {
+                clock.forward_queued(&s)?;
+            }
             eager = out;
             &mut eager
         };
@@ -422,7 +437,11 @@ impl GpuModel {
             .into_iter()
             .map(|r| first + r)
             .collect();
-        then(logits, &at)
+        let out = then(logits, &at)?;
+        if let Some(clock) = self.clock.as_mut() {
+            clock.step_done(&s)?;
+        }
+        Ok(out)
     }
 
     /// The whole batch on the device, and the decode and prefill parts of
