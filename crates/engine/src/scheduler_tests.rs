@@ -191,10 +191,46 @@ fn long_prefill_threshold_caps_chunks() {
             }
         }
     });
-    let expected: Vec<_> = (0..10)
-        .map(|i| (i * 10, if i < 9 { 10 } else { 5 }, i == 9))
-        .collect();
-    assert_eq!(chunks, expected);
+    assert_equal_chunks(&chunks, 95, 10);
+}
+
+/// `chunks` (start, len, samples) cover `0..total` in order, as few as the
+/// cap allows, sizes within one token of each other, only the last samples.
+fn assert_equal_chunks(chunks: &[(usize, usize, bool)], total: usize, cap: usize) {
+    assert_eq!(chunks.len(), total.div_ceil(cap), "{chunks:?}");
+    let mut at = 0;
+    for (i, &(start, len, sample)) in chunks.iter().enumerate() {
+        assert_eq!(start, at, "{chunks:?}");
+        assert!(len <= cap, "{chunks:?}");
+        assert_eq!(sample, i + 1 == chunks.len(), "{chunks:?}");
+        at += len;
+    }
+    assert_eq!(at, total);
+    let lens = chunks.iter().map(|c| c.1);
+    assert!(
+        lens.clone().max().unwrap() - lens.min().unwrap() <= 1,
+        "{chunks:?}"
+    );
+}
+
+#[test]
+fn a_prompt_over_the_budget_is_cut_into_equal_chunks_not_a_short_tail() {
+    // 8,416 tokens under a budget of 8,192 (the H200 case): 4,208 + 4,208,
+    // not 8,192 + 224; and a prompt within the budget stays whole.
+    for (prompt, budget) in [(8416usize, 8192usize), (20000, 8192), (130, 64), (64, 64)] {
+        let page = 16;
+        let mut s = scheduler(budget, 4, 0, geometry(4, prompt / page + 8, page));
+        add(&mut s, 0, prompt, 1);
+        let mut chunks = Vec::new();
+        drive(&mut s, 1000, |_, plan, _| {
+            for row in &plan.rows {
+                if row.start < prompt {
+                    chunks.push((row.start, row.len, row.sample));
+                }
+            }
+        });
+        assert_equal_chunks(&chunks, prompt, budget);
+    }
 }
 
 #[test]

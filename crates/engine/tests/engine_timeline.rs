@@ -46,7 +46,7 @@ async fn the_first_token_carries_one_mark_per_chunk_in_order() {
     let s = start(c, geometry(4, 32, 4));
     let delay = Duration::from_millis(3);
     s.control.set_delay(delay);
-    // 20 prompt tokens under a budget of 8: chunks of 8, 8 and 4.
+    // 20 prompt tokens under a budget of 8: three equal chunks (7, 7, 6).
     let stream = s.handle.submit(request(prompt(2, 20), 3, 7)).unwrap();
     let events = events(stream).await;
     let t = timelines(&events);
@@ -56,7 +56,7 @@ async fn the_first_token_carries_one_mark_per_chunk_in_order() {
     assert_eq!(tl.prompt_tokens, 20);
     assert_eq!(tl.cached_tokens, 0);
     let chunks: Vec<_> = tl.steps.iter().map(|m| (m.start, m.len)).collect();
-    assert_eq!(chunks, vec![(0, 8), (8, 8), (16, 4)]);
+    assert_eq!(chunks, vec![(0, 7), (7, 7), (14, 6)]);
     let sampled: Vec<bool> = tl.steps.iter().map(|m| m.sampled).collect();
     assert_eq!(sampled, vec![false, false, true]);
     assert!(tl.steps.iter().all(|m| m.rows == 1 && m.tokens == m.len));
