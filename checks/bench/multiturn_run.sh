@@ -3,6 +3,7 @@
 # against gdn-server on the 4B-shaped checkpoint that serve_bench.sh wrote to
 # /tmp/q4b, prefix cache off then on, each on a fresh server, in one run.
 #   checks/bench/multiturn_run.sh [multiturn_bench.py options]
+# SERVER_ARGS: more gdn-server flags (e.g. --request-timeline).
 # Needs .carry/bin/gdn-server (serve_bench.sh unpacks it). Appends the JSON
 # lines to $OUT/multiturn.jsonl.
 set -uo pipefail
@@ -10,7 +11,8 @@ OUT=${OUT:-/tmp/gdn-out}; mkdir -p "$OUT"
 for mode in off on; do
   flag=--enable-prefix-caching; [ $mode = off ] && flag=--no-enable-prefix-caching
   .carry/bin/gdn-server --model /tmp/q4b --served-model-name q4b --port 8001 --device gpu \
-    --max-num-seqs 128 --max-model-len 9216 --sse-keepalive-secs 0 $flag > "$OUT/multiturn_server_$mode.log" 2>&1 &
+    --max-num-seqs 128 --max-model-len 9216 --sse-keepalive-secs 0 $flag ${SERVER_ARGS:-} \
+    > "$OUT/multiturn_server_$mode.log" 2>&1 &
   server=$!
   until curl -sf -o /dev/null http://127.0.0.1:8001/health; do
     kill -0 $server 2>/dev/null || { echo "server exited"; tail -5 "$OUT/multiturn_server_$mode.log"; exit 1; }

@@ -3,7 +3,9 @@
 # test): sglang's bench_serving against gdn-server on the 4B-shaped
 # checkpoint of serve_bench.sh's setup (SETUP_ONLY=1 here), the prefix cache
 # off then on, a fresh server per run, one run of the script for both.
-#   checks/bench/prefix_bench.sh [GROUPSxPROMPTS ...]   (default 8x8 16x16)
+#   checks/bench/prefix_bench.sh [WORKLOAD ...]   (default 8x8 16x16 noshare)
+# WORKLOAD: GROUPSxPROMPTS (shared prefix) or noshare. SERVER_ARGS: more
+# gdn-server flags (e.g. --request-timeline).
 # Shared prefix: generated-shared-prefix, 2048-token system prompt,
 # 128-token question, OUT_LEN (default 64) output tokens, concurrency 16,
 # through /v1/completions (no chat marker: only branch points can hit).
@@ -25,7 +27,8 @@ run() {  # $1: workload label, $2: off|on, then bench_serving arguments
   local label=$1 mode=$2; shift 2
   local flag=--enable-prefix-caching; [ "$mode" = off ] && flag=--no-enable-prefix-caching
   .carry/bin/gdn-server --model /tmp/q4b --served-model-name q4b --port $port --device gpu \
-    --max-num-seqs 128 --max-model-len 9216 --sse-keepalive-secs 0 $flag > "$OUT/prefix_server_${label}_$mode.log" 2>&1 &
+    --max-num-seqs 128 --max-model-len 9216 --sse-keepalive-secs 0 $flag ${SERVER_ARGS:-} \
+    > "$OUT/prefix_server_${label}_$mode.log" 2>&1 &
   local server=$!
   until curl -sf -o /dev/null http://127.0.0.1:$port/health; do
     kill -0 $server 2>/dev/null || { log "server exited"; tail -5 "$OUT/prefix_server_${label}_$mode.log"; return 1; }
@@ -40,15 +43,16 @@ run() {  # $1: workload label, $2: off|on, then bench_serving arguments
   curl -s http://127.0.0.1:$port/metrics | grep -E "^(vllm|gdn):prefix_cache" | tee -a "$OUT/prefix_bench.log"
   kill -TERM $server; wait $server
 }
-for gp in ${@:-8x8 16x16}; do
-  g=${gp%x*}; p=${gp#*x}
+for workload in ${@:-8x8 16x16 noshare}; do
   for mode in off on; do
-    run "gsp${g}x$p" $mode --dataset-name generated-shared-prefix --gsp-num-groups "$g" \
-      --gsp-prompts-per-group "$p" --gsp-system-prompt-len 2048 --gsp-question-len 128 \
-      --gsp-output-len "${OUT_LEN:-64}" --num-prompts $((g * p)) --max-concurrency 16 --seed 1
+    if [ "$workload" = noshare ]; then
+      run noshare $mode --dataset-name random-ids --random-input-len 1024 --random-output-len 256 \
+        --random-range-ratio 1.0 --num-prompts 96 --max-concurrency 32 --seed 7 --warmup-requests 0
+    else
+      g=${workload%x*}; p=${workload#*x}
+      run "gsp${g}x$p" $mode --dataset-name generated-shared-prefix --gsp-num-groups "$g" \
+        --gsp-prompts-per-group "$p" --gsp-system-prompt-len 2048 --gsp-question-len 128 \
+        --gsp-output-len "${OUT_LEN:-64}" --num-prompts $((g * p)) --max-concurrency 16 --seed 1
+    fi
   done
-done
-for mode in off on; do
-  run noshare $mode --dataset-name random-ids --random-input-len 1024 --random-output-len 256 \
-    --random-range-ratio 1.0 --num-prompts 96 --max-concurrency 32 --seed 7 --warmup-requests 0
 done

@@ -166,10 +166,10 @@ impl Scheduler {
 pub const MARKER_COVERS_END: usize = 16;
 
 /// Where a prompt's state is published: after the last occurrence of each
-/// marker; after its last-but-one token (an exact repeat must still compute
-/// the last prompt token, whose logits give the first output token, so a
-/// snapshot at the very end could never serve it) unless a marker point
-/// lies within [`MARKER_COVERS_END`] tokens before it; every
+/// marker; after its last-but-one token when the config asks (an exact
+/// repeat must still compute the last prompt token, whose logits give the
+/// first output token, so a snapshot at the very end could never serve it)
+/// unless a marker point lies within [`MARKER_COVERS_END`] tokens before it; every
 /// `snapshot_interval` tokens. Ascending, each at most once, all within the
 /// prompt, none at 0.
 pub fn snapshot_points(prompt: &[u32], config: &PrefixCacheConfig) -> Vec<usize> {
@@ -180,9 +180,10 @@ pub fn snapshot_points(prompt: &[u32], config: &PrefixCacheConfig) -> Vec<usize>
         }
     }
     let last_but_one = prompt.len() - 1;
-    if !points
-        .iter()
-        .any(|&q| q + MARKER_COVERS_END >= last_but_one)
+    if config.snapshot_before_last_token
+        && !points
+            .iter()
+            .any(|&q| q + MARKER_COVERS_END >= last_but_one)
     {
         points.push(last_but_one);
     }

@@ -518,6 +518,7 @@ fn snapshot_points_marker_last_but_one_and_interval() {
         max_snapshots: 8,
         snapshot_after: vec![marker],
         snapshot_interval: interval,
+        snapshot_before_last_token: true,
     };
     // 100 tokens, the marker [7, 8] at 10..12 and 60..62: its last end is 62.
     let mut prompt: Vec<u32> = (0..100).map(|i| 20 + i % 50).collect();
@@ -534,6 +535,18 @@ fn snapshot_points_marker_last_but_one_and_interval() {
     // No marker in the prompt; a one-token prompt has no point at all.
     assert_eq!(snapshot_points(&prompt, &cfg(vec![9, 9], 0)), vec![99]);
     assert!(snapshot_points(&[5], &cfg(vec![], 0)).is_empty());
+    // Without the last-token point (the server's default) only the marker
+    // and the interval remain.
+    let no_last = |marker, interval| PrefixCacheConfig {
+        snapshot_before_last_token: false,
+        ..cfg(marker, interval)
+    };
+    prompt[90..92].copy_from_slice(&[30, 31]);
+    assert_eq!(
+        snapshot_points(&prompt, &no_last(vec![7, 8], 40)),
+        vec![40, 62, 80]
+    );
+    assert!(snapshot_points(&prompt, &no_last(vec![9, 9], 0)).is_empty());
 }
 
 /// Branch points at the plan level: two prompts sharing 40 tokens (pages
@@ -556,6 +569,7 @@ fn a_branch_point_cuts_the_sharers_row_and_the_newcomer_waits_for_it() {
                 max_snapshots: 8,
                 snapshot_after: vec![],
                 snapshot_interval: 0,
+                snapshot_before_last_token: true,
             },
         },
         &g,

@@ -36,6 +36,7 @@ fn cached(budget: usize, seqs: usize, marker: bool, max_snapshots: usize) -> Eng
         max_snapshots,
         snapshot_after: if marker { vec![MARK.to_vec()] } else { vec![] },
         snapshot_interval: 0,
+        snapshot_before_last_token: true,
     };
     c
 }
@@ -87,6 +88,28 @@ async fn exact_repeat_resumes_before_the_last_prompt_token() {
     assert_eq!(metric(&s, "vllm:prefix_cache_hits_total"), 78.0);
     assert_eq!(metric(&s, "gdn:prefix_cache_snapshot_hits_total"), 2.0);
     assert_eq!(metric(&s, "gdn:prefix_cache_snapshot_misses_total"), 1.0);
+}
+
+#[tokio::test]
+async fn without_the_last_token_point_a_repeat_hits_from_its_second_repeat() {
+    // The server's default: no snapshot before the last prompt token, so a
+    // prefill is never cut short for it. The first repeat finds the whole
+    // prompt's KV but no state: it takes a branch point there (before the
+    // last token) and the later repeats resume at it.
+    let mut c = cached(64, 4, false, 16);
+    c.prefix_cache.snapshot_before_last_token = false;
+    let s = start_with_snapshots(c, geometry(4, 64, PAGE), 16);
+    let r = request(body(1, 40), 6, 7);
+    let got: Vec<usize> = {
+        let mut got = vec![];
+        for _ in 0..4 {
+            got.push(run(&s, &r).await.1.cached_tokens);
+        }
+        got
+    };
+    assert_eq!(got, vec![0, 0, 39, 39]);
+    assert_eq!(metric(&s, "gdn:prefix_cache_branch_points_total"), 1.0);
+    assert_no_violation(&s);
 }
 
 #[tokio::test]

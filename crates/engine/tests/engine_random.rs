@@ -54,6 +54,7 @@ async fn one_workload(seed: u64, cache: bool) -> (u64, u64, u64) {
             max_snapshots: snapshots,
             snapshot_after: vec![vec![5, 6]],
             snapshot_interval: rng.below(3) * (1 + rng.below(12)),
+            snapshot_before_last_token: true,
         };
     }
     let s = start_with_snapshots(config, geometry(num_slots, num_pages, page_size), snapshots);

@@ -54,6 +54,7 @@ fn start(
             max_snapshots,
             snapshot_after: vec![marker],
             snapshot_interval: 0,
+            snapshot_before_last_token: true,
         };
     }
     let (c, w) = (f.config.clone(), Weights::open(&f.dir).unwrap());

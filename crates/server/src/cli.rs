@@ -97,6 +97,13 @@ pub struct Args {
     /// Turns prefix caching off.
     #[arg(long, overrides_with = "enable_prefix_caching")]
     pub no_enable_prefix_caching: bool,
+    /// Also snapshot each prompt's state before its last token, so that an
+    /// exact repeat of a prompt hits on its first repeat. Off by default:
+    /// it ends every prefill one token early, and under load the last token
+    /// then waits a whole step (docs/prefix-caching.md); repeats hit from the
+    /// second repeat on without it (a branch point).
+    #[arg(long)]
+    pub prefix_cache_snapshot_before_last_token: bool,
     /// The prefix cache's recurrent-state snapshots: a count (`64`) or a
     /// size (`4GiB`, `512MiB`, `2GB`; a 4B snapshot is ~51 MB). They are
     /// allocated up front, before the KV pages. Default: 2 x --max-num-seqs.

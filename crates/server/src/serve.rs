@@ -51,6 +51,7 @@ fn engine_config_for(
         // Set once the tokenizer has loaded (see `prepare`).
         snapshot_after: Vec::new(),
         snapshot_interval: 0,
+        snapshot_before_last_token: args.prefix_cache_snapshot_before_last_token,
     };
     config
 }
