@@ -57,6 +57,9 @@ pub struct AppState {
     pub sse_keepalive: Option<std::time::Duration>,
     /// `--request-timeline`: log where each request's first token went.
     pub request_timeline: bool,
+    /// Prefix caching is on: chat requests look for their preamble's end
+    /// (a snapshot point; two more renders and an encoding per request).
+    pub prefix_caching: bool,
     pub registry: Registry,
     pub metrics: ServerMetrics,
     /// Set on SIGTERM/SIGINT: new work gets 503 while the engine drains.

@@ -42,13 +42,16 @@ pub struct RenderedChat {
 }
 
 /// Renders `messages` (and `tools`) of the request body with the model's
-/// template, as transformers' `apply_chat_template` would, and tokenizes.
+/// template, as transformers' `apply_chat_template` would, and tokenizes;
+/// with `find_preamble`, also finds where the preamble ends (only a prompt
+/// the prefix cache will see needs it).
 pub fn render_chat(
     state: &AppState,
     body: &[u8],
     add_generation_prompt: bool,
     continue_final_message: bool,
     kwargs: Option<&serde_json::Map<String, Json>>,
+    find_preamble: bool,
     timeline: &mut Timeline,
 ) -> Result<RenderedChat, ApiError> {
     let mut view: ChatTemplateView = decode_json(body)?;
@@ -82,15 +85,19 @@ pub fn render_chat(
         .map_err(ApiError::internal)?;
     timeline.mark("tokenized");
     let opens_reasoning = text.trim_end_matches('\n').ends_with("<think>");
-    let preamble_end = preamble_end(
-        &state.model.template,
-        |text| state.model.encode(text, false),
-        &view.messages,
-        view.tools.as_ref(),
-        &kwargs,
-        &text,
-        &ids,
-    );
+    let preamble_end = find_preamble
+        .then(|| {
+            preamble_end(
+                &state.model.template,
+                |text| state.model.encode(text, false),
+                &view.messages,
+                view.tools.as_ref(),
+                &kwargs,
+                &text,
+                &ids,
+            )
+        })
+        .flatten();
     Ok(RenderedChat {
         text,
         ids,
@@ -115,6 +122,7 @@ async fn run(
         valid.add_generation_prompt,
         valid.continue_final_message,
         req.chat_template_kwargs.as_ref(),
+        state.prefix_caching,
         &mut timeline,
     )?;
     let max_model_len = state.max_model_len()?;

@@ -19,7 +19,8 @@
 //! and the prompt's (a token that merges across the end is left out).
 //!
 //! Cost: two more renders of the system part and one encoding of it per
-//! chat request that has a system message or tools.
+//! chat request that has a system message or tools, paid only with prefix
+//! caching on (`AppState::prefix_caching`).
 
 use minijinja::value::Value;
 

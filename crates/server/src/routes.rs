@@ -110,6 +110,7 @@ pub async fn tokenize(
                 add_generation_prompt && !continue_final,
                 continue_final,
                 req.chat_template_kwargs.as_ref(),
+                false,
                 &mut crate::timeline::Timeline::off(),
             )?;
             rendered.ids

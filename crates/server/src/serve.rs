@@ -110,6 +110,7 @@ fn state_of(
         sse_keepalive: (args.sse_keepalive_secs > 0)
             .then(|| std::time::Duration::from_secs(args.sse_keepalive_secs)),
         request_timeline: args.request_timeline,
+        prefix_caching: args.prefix_caching(),
         registry,
         metrics,
         draining: Default::default(),

@@ -400,18 +400,13 @@ impl Executor for GpuExecutor {
                         specs.len()
                     ))));
                 }
-                let wanted: Vec<RowSampling> = (0..specs.len())
-                    .map(|i| row_sampling(specs[i], at[i], &adjustments[i]))
+                let wanted: Vec<RowSampling> = specs
+                    .iter()
+                    .zip(at)
+                    .zip(&adjustments)
+                    .map(|((spec, &row), adj)| row_sampling(spec, row, adj))
                     .collect();
-                let on_gpu = sampler.sample(logits, vocab, &wanted)?;
-                Ok(on_gpu
-                    .into_iter()
-                    .map(|s| SampledToken {
-                        token: s.token,
-                        logprob: s.logprob,
-                        top_logprobs: s.top_logprobs,
-                    })
-                    .collect::<Vec<_>>())
+                Ok(sampler.sample(logits, vocab, &wanted)?)
             });
         let sampled = match sampled {
             Ok(s) => s,
@@ -439,7 +434,14 @@ impl Executor for GpuExecutor {
                 sample: t.after_forward,
             });
         }
-        Ok(sampled)
+        Ok(sampled
+            .into_iter()
+            .map(|s| SampledToken {
+                token: s.token,
+                logprob: s.logprob,
+                top_logprobs: s.top_logprobs,
+            })
+            .collect())
     }
 }
 

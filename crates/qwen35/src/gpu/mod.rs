@@ -24,6 +24,7 @@ use gdn_kernels::{
 use half::bf16;
 
 pub use cache::{GpuCache, SlotState};
+use cudarc::driver::sys;
 /// The stream type of [`GpuModel::default_stream`], for callers that hold one
 /// without depending on cudarc themselves.
 pub use cudarc::driver::CudaStream;
@@ -132,17 +133,12 @@ pub(crate) fn scratch<T: cudarc::driver::DeviceRepr>(
 /// activations, which the server's page-pool sizing already leaves free
 /// (its activation reserve).
 pub fn keep_pool_memory(stream: &CudaStream) -> Result<()> {
-    use cudarc::driver::sys;
-    let ctx = stream.context();
-    ctx.bind_to_thread()?;
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     let mut threshold: u64 = u64::MAX;
-    // SAFETY: plain driver calls on this context's device; `pool` and
-    // `threshold` outlive them.
+    // SAFETY: a plain driver call on the pool of this context's device;
+    // `threshold` outlives it.
     unsafe {
-        sys::cuDeviceGetMemPool(&mut pool, ctx.cu_device()).result()?;
         sys::cuMemPoolSetAttribute(
-            pool,
+            device_pool(stream)?,
             sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
             (&mut threshold as *mut u64).cast(),
         )
@@ -154,22 +150,28 @@ pub fn keep_pool_memory(stream: &CudaStream) -> Result<()> {
 /// The release threshold of the device's current memory pool (see
 /// [`keep_pool_memory`]).
 pub fn pool_release_threshold(stream: &CudaStream) -> Result<u64> {
-    use cudarc::driver::sys;
-    let ctx = stream.context();
-    ctx.bind_to_thread()?;
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     let mut threshold: u64 = 0;
     // SAFETY: as in keep_pool_memory.
     unsafe {
-        sys::cuDeviceGetMemPool(&mut pool, ctx.cu_device()).result()?;
         sys::cuMemPoolGetAttribute(
-            pool,
+            device_pool(stream)?,
             sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
             (&mut threshold as *mut u64).cast(),
         )
         .result()?;
     }
     Ok(threshold)
+}
+
+/// The current memory pool of the device of `stream`'s context (bound to
+/// this thread first).
+fn device_pool(stream: &CudaStream) -> Result<sys::CUmemoryPool> {
+    let ctx = stream.context();
+    ctx.bind_to_thread()?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: a plain driver call on this context's device; `pool` outlives it.
+    unsafe { sys::cuDeviceGetMemPool(&mut pool, ctx.cu_device()).result()? };
+    Ok(pool)
 }
 
 fn shapes(c: &Config) -> Result<(DeltaNetShape, AttentionShape)> {
