@@ -34,8 +34,8 @@ pub use engine::{
     Engine, EngineConfig, EngineHandle, EngineStartError, EngineStats, RequestStream,
 };
 pub use executor::{
-    CacheGeometry, ExecError, Executor, PageId, SampleSeed, SampleSpec, SampledToken, SlotId,
-    SnapshotGeometry, SnapshotId, StepRow,
+    CacheGeometry, ExecError, Executor, PageId, RowSnapshot, SampleSeed, SampleSpec, SampledToken,
+    SlotId, SnapshotGeometry, SnapshotId, StepRow,
 };
 pub use request::{
     EngineState, Event, FinishReason, GenerateRequest, RequestId, SamplingParams, StopParams,

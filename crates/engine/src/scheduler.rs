@@ -40,8 +40,10 @@
 use std::collections::{HashMap, VecDeque};
 
 use crate::allocator::{Allocator, SeqCache};
-use crate::executor::{CacheGeometry, SampleSeed, SampleSpec, SampledToken, StepRow};
-use crate::prefix_cache::{CacheOp, Hit, PrefixCache, PrefixCacheConfig, PrefixCacheStats};
+use crate::executor::{CacheGeometry, RowSnapshot, SampleSeed, SampleSpec, SampledToken, StepRow};
+use crate::prefix_cache::{
+    CacheOp, Hit, PrefixCache, PrefixCacheConfig, PrefixCacheStats, Reservation,
+};
 use crate::request::{FinishReason, RequestId, SamplingParams, StopParams};
 
 /// The limits the scheduler enforces (already capped by the executor's geometry).
@@ -55,6 +57,11 @@ pub struct SchedulerConfig {
     pub eos_token_ids: Vec<u32>,
     /// `enabled` with `max_snapshots > 0` turns the prefix cache on.
     pub prefix_cache: PrefixCacheConfig,
+    /// Snapshot points a prefill row may carry inside it (the executor's
+    /// [`crate::Executor::max_row_snapshots`], 0 when the config turns the
+    /// in-step snapshot off): a chunk runs through up to this many points
+    /// in one step and ends at the next one.
+    pub row_snapshots: usize,
 }
 
 /// A request as the scheduler keeps it.
@@ -86,13 +93,17 @@ impl Sequence {
 }
 
 /// One sequence's part of a planned step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Scheduled {
     pub id: RequestId,
     pub start: usize,
     pub len: usize,
     /// The chunk ends at the sequence's last token: the step samples.
     pub sample: bool,
+    /// Snapshot points inside the chunk, each with the snapshot id
+    /// reserved for it (the executor takes them during the step; commit
+    /// publishes them, a failed step gives them back: [`Scheduler::abandon`]).
+    pub snapshots: Vec<RowSnapshot>,
 }
 
 /// A planned step: its rows, and what planning did to the queues.
@@ -242,12 +253,59 @@ impl Scheduler {
     }
 
     /// Shortens a chunk of `len` tokens from `start` so that it ends at the
-    /// sequence's next snapshot point, if one lies inside it.
+    /// first snapshot point inside it that the row cannot take in the step
+    /// (the point after the first `row_snapshots` inside it).
     fn cap_to_point(&self, id: RequestId, start: usize, len: usize) -> usize {
         let points = &self.seqs[&id].points;
-        match points.iter().find(|&&q| q > start && q < start + len) {
+        let inside = points.iter().filter(|&&q| q > start && q < start + len);
+        match inside.clone().nth(self.config.row_snapshots) {
             Some(&q) => q - start,
             None => len,
+        }
+    }
+
+    /// Reserves a snapshot for each point inside the chunk of `len` tokens
+    /// from `start` (already capped: at most `row_snapshots` of them). A
+    /// point whose snapshot exists takes none; a point that can get none
+    /// (the pool is all reserved) ends the chunk there instead, as without
+    /// the in-step snapshot. Returns the chunk's length and its snapshots.
+    fn reserve_row_snapshots(
+        &mut self,
+        id: RequestId,
+        start: usize,
+        len: usize,
+    ) -> (usize, Vec<RowSnapshot>) {
+        let mut taken = Vec::new();
+        let Some(prefix) = self.cache.as_mut() else {
+            return (len, taken);
+        };
+        let seq = &self.seqs[&id];
+        for &q in seq.points.iter().filter(|&&q| q > start && q < start + len) {
+            match prefix.reserve(&seq.tokens[..q], &mut self.alloc, &mut self.cache_ops) {
+                Reservation::Exists => {}
+                Reservation::Reserved(snapshot) => taken.push(RowSnapshot { at: q, snapshot }),
+                Reservation::Unavailable => return (q - start, taken),
+            }
+        }
+        (len, taken)
+    }
+
+    /// Gives back the snapshots reserved for `row` (dropped from the plan,
+    /// or its step failed).
+    fn release_row_snapshots(&mut self, snapshots: &[RowSnapshot]) {
+        if let Some(prefix) = self.cache.as_mut() {
+            for s in snapshots {
+                prefix.release(s.snapshot, &mut self.cache_ops);
+            }
+        }
+    }
+
+    /// The step of `plan` did not run to the end (it failed or was
+    /// refused): the snapshots its rows reserved are given back unpublished.
+    /// Call before removing the step's requests.
+    pub fn abandon(&mut self, plan: &Plan) {
+        for row in &plan.rows {
+            self.release_row_snapshots(&row.snapshots);
         }
     }
 
@@ -293,7 +351,9 @@ impl Scheduler {
         }
         seq.computed = 0;
         if let Some(pos) = rows.iter().position(|r| r.id == victim) {
-            *budget += rows.remove(pos).len;
+            let row = rows.remove(pos);
+            *budget += row.len;
+            self.release_row_snapshots(&row.snapshots);
         }
         self.waiting.push_front(victim);
         self.preemptions += 1;
@@ -325,12 +385,15 @@ impl Scheduler {
                     // running sequence, so this phase is done.
                     break;
                 };
+                let start = self.seqs[&id].computed;
+                let (len, snapshots) = self.reserve_row_snapshots(id, start, len);
                 let seq = &self.seqs[&id];
                 plan.rows.push(Scheduled {
                     id,
-                    start: seq.computed,
+                    start,
                     len,
-                    sample: seq.computed + len == seq.tokens.len(),
+                    sample: start + len == seq.tokens.len(),
+                    snapshots,
                 });
                 budget -= len;
                 i += 1;
@@ -471,11 +534,14 @@ impl Scheduler {
                 }
             }
             self.running.push(id);
+            let (len, snapshots) = self.reserve_row_snapshots(id, start, len);
+            let seq = &self.seqs[&id];
             plan.rows.push(Scheduled {
                 id,
                 start,
                 len,
                 sample: start + len == seq.tokens.len(),
+                snapshots,
             });
             *budget -= len;
         }
@@ -526,7 +592,7 @@ impl Scheduler {
     }
 
     /// The executor rows of `plan`; `banned[i]` is [`Self::banned`] of row i.
-    pub fn step_rows<'a>(&'a self, plan: &Plan, banned: &'a [Vec<u32>]) -> Vec<StepRow<'a>> {
+    pub fn step_rows<'a>(&'a self, plan: &'a Plan, banned: &'a [Vec<u32>]) -> Vec<StepRow<'a>> {
         plan.rows
             .iter()
             .zip(banned)
@@ -548,6 +614,7 @@ impl Scheduler {
                         },
                         banned,
                     }),
+                    snapshots: &row.snapshots,
                 }
             })
             .collect()
@@ -563,6 +630,8 @@ impl Scheduler {
         for row in &plan.rows {
             let seq = self.seqs.get_mut(&row.id).expect("scheduled sequence");
             seq.computed += row.len;
+            self.publish_taken(row.id, &row.snapshots);
+            let seq = self.seqs.get_mut(&row.id).expect("scheduled sequence");
             if !row.sample {
                 self.publish_state(row.id, false);
                 continue;

@@ -31,7 +31,8 @@
 //! slot), and resumed by copy: a published snapshot is never written.
 
 use super::{Plan, RequestId, Scheduler};
-use crate::prefix_cache::{common_prefix, PrefixCacheConfig};
+use crate::executor::RowSnapshot;
+use crate::prefix_cache::{common_prefix, PrefixCacheConfig, Reservation};
 
 /// What admission does about the prefix a waiting sequence shares beyond
 /// its hit.
@@ -86,12 +87,11 @@ impl Scheduler {
         let Some(&(r, _, _)) = carrier else {
             return Branch::Own(deepest);
         };
-        // Its row of this step, if planned past the point, stops there.
-        if let Some(row) = plan.rows.iter_mut().find(|row| row.id == r) {
-            if row.start + row.len > deepest {
-                *budget += row.start + row.len - deepest;
-                row.len = deepest - row.start;
-                row.sample = false;
+        // Its row of this step, if planned past the point, takes the
+        // snapshot inside the step, or else stops there.
+        if let Some(at) = plan.rows.iter().position(|row| row.id == r) {
+            if plan.rows[at].start + plan.rows[at].len > deepest {
+                self.point_in_row(&mut plan.rows[at], deepest, budget);
             }
         }
         self.add_point(r, deepest);
@@ -99,6 +99,35 @@ impl Scheduler {
             prefix.note_branch_point();
         }
         Branch::Wait
+    }
+
+    /// A point `q` found for planned `row`, inside it: the row takes the
+    /// snapshot inside the step when it has room for one more and one can
+    /// be reserved; else it stops at `q` (its later reservations given
+    /// back, the tokens past `q` back in the step's budget).
+    fn point_in_row(&mut self, row: &mut super::Scheduled, q: usize, budget: &mut usize) {
+        debug_assert!(row.start < q && q < row.start + row.len);
+        if row.snapshots.len() < self.config.row_snapshots {
+            if let Some(prefix) = self.cache.as_mut() {
+                let tokens = &self.seqs[&row.id].tokens[..q];
+                match prefix.reserve(tokens, &mut self.alloc, &mut self.cache_ops) {
+                    Reservation::Reserved(snapshot) => {
+                        let at = row.snapshots.partition_point(|s| s.at < q);
+                        row.snapshots.insert(at, RowSnapshot { at: q, snapshot });
+                        return;
+                    }
+                    Reservation::Exists => return,
+                    Reservation::Unavailable => {}
+                }
+            }
+        }
+        *budget += row.start + row.len - q;
+        row.len = q - row.start;
+        row.sample = false;
+        let (keep, past): (Vec<RowSnapshot>, Vec<RowSnapshot>) =
+            row.snapshots.iter().partition(|s| s.at < q);
+        row.snapshots = keep;
+        self.release_row_snapshots(&past);
     }
 
     /// The caller's points for queued `id` (e.g. the end of a chat's
@@ -133,6 +162,25 @@ impl Scheduler {
         let points = &mut self.seqs.get_mut(&id).expect("known sequence").points;
         if let Ok(at) = points.binary_search(&q) {
             points.remove(at);
+        }
+    }
+
+    /// After a committed row: publishes the snapshots the executor took
+    /// inside it (reserved at planning), in order.
+    pub(super) fn publish_taken(&mut self, id: RequestId, snapshots: &[RowSnapshot]) {
+        let Some(prefix) = self.cache.as_mut() else {
+            return;
+        };
+        let seq = &self.seqs[&id];
+        let cache = seq.cache.as_ref().expect("scheduled sequence has a cache");
+        for s in snapshots {
+            prefix.publish_taken(
+                &seq.tokens[..s.at],
+                &cache.pages,
+                s.snapshot,
+                &mut self.alloc,
+                &mut self.cache_ops,
+            );
         }
     }
 

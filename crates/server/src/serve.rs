@@ -52,6 +52,7 @@ fn engine_config_for(
         snapshot_after: Vec::new(),
         snapshot_interval: 0,
         snapshot_before_last_token: args.prefix_cache_snapshot_before_last_token,
+        in_step_snapshots: !args.no_prefix_cache_in_step_snapshots,
     };
     config
 }
