@@ -188,6 +188,13 @@ mod tests {
             .prefix_caching());
         let last = ["--no-enable-prefix-caching", "--enable-prefix-caching"];
         assert!(parse(&last).unwrap().prefix_caching());
+        // Snapshots inside the step unless turned off.
+        assert!(!a.no_prefix_cache_in_step_snapshots);
+        assert!(
+            parse(&["--no-prefix-cache-in-step-snapshots"])
+                .unwrap()
+                .no_prefix_cache_in_step_snapshots
+        );
         let b = |s: &str| {
             parse(&["--prefix-cache-state-budget", s])
                 .unwrap()

@@ -314,3 +314,20 @@ pub fn init_logging() {
         log::set_max_level(level);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn the_in_step_snapshot_follows_its_flag() {
+        let config = |args: &[&str]| {
+            let args = Args::try_parse_from([&["gdn-server"], args].concat()).unwrap();
+            engine_config_for(&args, vec![], None).prefix_cache
+        };
+        assert!(config(&[]).in_step_snapshots);
+        assert!(!config(&["--no-prefix-cache-in-step-snapshots"]).in_step_snapshots);
+        assert!(config(&[]).enabled);
+    }
+}
