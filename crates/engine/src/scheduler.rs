@@ -23,11 +23,17 @@
 //! With the prefix cache ([`crate::prefix_cache`]) on, admission first
 //! looks the sequence up: a hit starts it at the cached position (shared
 //! pages, a copied tail page, the snapshot restored into its slot: the
-//! plan's `cache_ops`). Prefill chunks end at the sequence's snapshot
-//! points (before the prompt's last token, after the last configured marker such as
-//! `<|im_start|>assistant\n`, periodic points), where [`Scheduler::commit`]
-//! publishes the state; a sequence that finishes publishes the state after
-//! its last computed token too. A waiting sequence that shares a prefix
+//! plan's `cache_ops`). At the sequence's snapshot points (before the
+//! prompt's last token, after the last configured marker such as
+//! `<|im_start|>assistant\n`, periodic points) the state is published:
+//! a prefill chunk runs through up to `row_snapshots` points, the executor
+//! taking each snapshot inside the step into an id reserved at planning
+//! (the in-step snapshot), and ends at the next one, where
+//! [`Scheduler::commit`] publishes the state after the step (with
+//! `row_snapshots` 0, every point ends a chunk). Either way a snapshot is
+//! published only once its step committed; a failed step's reservations
+//! are given back ([`Scheduler::abandon`]). A sequence that finishes
+//! publishes the state after its last computed token too. A waiting sequence that shares a prefix
 //! beyond its hit (with the cached KV or a running sequence) sets a branch
 //! point where the sharing ends, or waits for a running sequence's pending
 //! snapshot it can use (`scheduler_points.rs`). Running sequences short of

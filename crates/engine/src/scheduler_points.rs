@@ -16,8 +16,8 @@
 //!
 //! Who takes it: the earliest admitted running sequence that shares the
 //! prefix and has not computed past it (its prefill stops there, its row
-//! of the step being planned shortened if it went past; nothing is
-//! computed twice) and the newcomer waits; else the newcomer itself (the
+//! of the step being planned shortened if it went past, or taking the
+//! snapshot inside the row; nothing is computed twice) and the newcomer waits; else the newcomer itself (the
 //! others passed the point already). A newcomer that finds a running
 //! sequence's point still ahead (a branch, marker or last-but-one point it
 //! shares, at least a page beyond its own hit) waits for it rather than
@@ -26,9 +26,13 @@
 //! behind overtakes) and ends: the point is ahead of a running sequence,
 //! which either reaches it or leaves the running set.
 //!
-//! A snapshot is still taken only after a committed step, from the slot of
-//! the sequence standing at the point, into the pool (never a running
-//! slot), and resumed by copy: a published snapshot is never written.
+//! A snapshot is published only after a committed step, copied from the
+//! slot of the sequence standing at the point (after the step, or inside
+//! it into an id reserved at planning: the in-step snapshot) into the pool
+//! (never a running slot), and resumed by copy: a published snapshot is
+//! never written. With the in-step snapshot a running sharer's planned row
+//! that runs past a new branch point takes the snapshot inside the row
+//! instead of being cut there.
 
 use super::{Plan, RequestId, Scheduler};
 use crate::executor::RowSnapshot;

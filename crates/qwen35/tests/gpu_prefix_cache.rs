@@ -630,10 +630,9 @@ async fn a_preamble_and_marker_prompt_on_the_cpu_executor() {
 /// One request's greedy tokens, top-2 gaps, `cached_tokens`, and its steps
 /// before the first token with the snapshots taken inside its rows (the
 /// request timeline).
-async fn serve_one(
-    handle: &EngineHandle,
-    r: GenerateRequest,
-) -> (Vec<u32>, Vec<f32>, usize, Vec<usize>) {
+type Served = (Vec<u32>, Vec<f32>, usize, Vec<usize>);
+
+async fn serve_one(handle: &EngineHandle, r: GenerateRequest) -> Served {
     let mut stream = handle.submit(r).expect("accepted");
     let (mut toks, mut gaps, mut steps) = (vec![], vec![], vec![]);
     loop {
@@ -725,9 +724,7 @@ async fn preamble_and_marker(device: Device) {
             runs.push(got);
         }
         let (off, chunked, in_step) = (&runs[0], &runs[1], &runs[2]);
-        let cached = |run: &Vec<(Vec<u32>, Vec<f32>, usize, Vec<usize>)>| -> Vec<usize> {
-            run.iter().map(|r| r.2).collect()
-        };
+        let cached = |run: &Vec<Served>| -> Vec<usize> { run.iter().map(|r| r.2).collect() };
         assert_eq!(cached(off), vec![0, 0, 0], "{name}");
         assert_eq!(cached(chunked), vec![0, 40, 70], "{name}: chunked");
         assert_eq!(cached(in_step), vec![0, 40, 70], "{name}: in-step");
