@@ -33,10 +33,11 @@
 //! `row_snapshots` 0, every point ends a chunk). Either way a snapshot is
 //! published only once its step committed; a failed step's reservations
 //! are given back ([`Scheduler::abandon`]). A sequence that finishes
-//! publishes the state after its last computed token too. A waiting sequence that shares a prefix
-//! beyond its hit (with the cached KV or a running sequence) sets a branch
-//! point where the sharing ends, or waits for a running sequence's pending
-//! snapshot it can use (`scheduler_points.rs`). Running sequences short of
+//! publishes the state after its last computed token too. A waiting
+//! sequence that shares a prefix beyond its hit (with the cached KV or a
+//! running sequence) sets a branch point where the sharing ends, or waits
+//! for a running sequence's pending snapshot it can use
+//! (`scheduler_points.rs`). Running sequences short of
 //! pages evict the cache before anyone is preempted; admission evicts it
 //! too.
 //!
@@ -47,9 +48,7 @@ use std::collections::{HashMap, VecDeque};
 
 use crate::allocator::{Allocator, SeqCache};
 use crate::executor::{CacheGeometry, RowSnapshot, SampleSeed, SampleSpec, SampledToken, StepRow};
-use crate::prefix_cache::{
-    CacheOp, Hit, PrefixCache, PrefixCacheConfig, PrefixCacheStats, Reservation,
-};
+use crate::prefix_cache::{CacheOp, Hit, PrefixCache, PrefixCacheConfig, PrefixCacheStats};
 use crate::request::{FinishReason, RequestId, SamplingParams, StopParams};
 
 /// The limits the scheduler enforces (already capped by the executor's geometry).
@@ -267,51 +266,6 @@ impl Scheduler {
         match inside.clone().nth(self.config.row_snapshots) {
             Some(&q) => q - start,
             None => len,
-        }
-    }
-
-    /// Reserves a snapshot for each point inside the chunk of `len` tokens
-    /// from `start` (already capped: at most `row_snapshots` of them). A
-    /// point whose snapshot exists takes none; a point that can get none
-    /// (the pool is all reserved) ends the chunk there instead, as without
-    /// the in-step snapshot. Returns the chunk's length and its snapshots.
-    fn reserve_row_snapshots(
-        &mut self,
-        id: RequestId,
-        start: usize,
-        len: usize,
-    ) -> (usize, Vec<RowSnapshot>) {
-        let mut taken = Vec::new();
-        let Some(prefix) = self.cache.as_mut() else {
-            return (len, taken);
-        };
-        let seq = &self.seqs[&id];
-        for &q in seq.points.iter().filter(|&&q| q > start && q < start + len) {
-            match prefix.reserve(&seq.tokens[..q], &mut self.alloc, &mut self.cache_ops) {
-                Reservation::Exists => {}
-                Reservation::Reserved(snapshot) => taken.push(RowSnapshot { at: q, snapshot }),
-                Reservation::Unavailable => return (q - start, taken),
-            }
-        }
-        (len, taken)
-    }
-
-    /// Gives back the snapshots reserved for `row` (dropped from the plan,
-    /// or its step failed).
-    fn release_row_snapshots(&mut self, snapshots: &[RowSnapshot]) {
-        if let Some(prefix) = self.cache.as_mut() {
-            for s in snapshots {
-                prefix.release(s.snapshot, &mut self.cache_ops);
-            }
-        }
-    }
-
-    /// The step of `plan` did not run to the end (it failed or was
-    /// refused): the snapshots its rows reserved are given back unpublished.
-    /// Call before removing the step's requests.
-    pub fn abandon(&mut self, plan: &Plan) {
-        for row in &plan.rows {
-            self.release_row_snapshots(&row.snapshots);
         }
     }
 

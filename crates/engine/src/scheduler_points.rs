@@ -17,8 +17,8 @@
 //! Who takes it: the earliest admitted running sequence that shares the
 //! prefix and has not computed past it (its prefill stops there, its row
 //! of the step being planned shortened if it went past, or taking the
-//! snapshot inside the row; nothing is computed twice) and the newcomer waits; else the newcomer itself (the
-//! others passed the point already). A newcomer that finds a running
+//! snapshot inside the row; nothing is computed twice) and the newcomer
+//! waits; else the newcomer itself (the others passed the point already). A newcomer that finds a running
 //! sequence's point still ahead (a branch, marker or last-but-one point it
 //! shares, at least a page beyond its own hit) waits for it rather than
 //! taking a second snapshot of the same prefix: requests of one group that
@@ -105,12 +105,60 @@ impl Scheduler {
         Branch::Wait
     }
 
+    /// Reserves a snapshot for each point inside the chunk of `len` tokens
+    /// from `start` (already capped: at most `row_snapshots` of them). A
+    /// point whose snapshot exists takes none; a point that can get none
+    /// (the pool is all reserved) ends the chunk there instead, as without
+    /// the in-step snapshot. Returns the chunk's length and its snapshots.
+    pub(super) fn reserve_row_snapshots(
+        &mut self,
+        id: RequestId,
+        start: usize,
+        len: usize,
+    ) -> (usize, Vec<RowSnapshot>) {
+        let mut taken = Vec::new();
+        let Some(prefix) = self.cache.as_mut() else {
+            return (len, taken);
+        };
+        let seq = &self.seqs[&id];
+        for &q in seq.points.iter().filter(|&&q| q > start && q < start + len) {
+            match prefix.reserve(&seq.tokens[..q], &mut self.alloc, &mut self.cache_ops) {
+                Reservation::Exists => {}
+                Reservation::Reserved(snapshot) => taken.push(RowSnapshot { at: q, snapshot }),
+                Reservation::Unavailable => return (q - start, taken),
+            }
+        }
+        (len, taken)
+    }
+
+    /// Gives back the snapshots reserved for `row` (dropped from the plan,
+    /// or its step failed).
+    pub(super) fn release_row_snapshots(&mut self, snapshots: &[RowSnapshot]) {
+        if let Some(prefix) = self.cache.as_mut() {
+            for s in snapshots {
+                prefix.release(s.snapshot, &mut self.cache_ops);
+            }
+        }
+    }
+
+    /// The step of `plan` did not run to the end (it failed or was
+    /// refused): the snapshots its rows reserved are given back unpublished.
+    /// Call before removing the step's requests.
+    pub fn abandon(&mut self, plan: &Plan) {
+        for row in &plan.rows {
+            self.release_row_snapshots(&row.snapshots);
+        }
+    }
+
     /// A point `q` found for planned `row`, inside it: the row takes the
     /// snapshot inside the step when it has room for one more and one can
     /// be reserved; else it stops at `q` (its later reservations given
     /// back, the tokens past `q` back in the step's budget).
     fn point_in_row(&mut self, row: &mut super::Scheduled, q: usize, budget: &mut usize) {
         debug_assert!(row.start < q && q < row.start + row.len);
+        if row.snapshots.iter().any(|s| s.at == q) {
+            return;
+        }
         if row.snapshots.len() < self.config.row_snapshots {
             if let Some(prefix) = self.cache.as_mut() {
                 let tokens = &self.seqs[&row.id].tokens[..q];
