@@ -2,7 +2,8 @@
 # Runs on the H200 (through the device tool) with .carry/ from prepare_carry.sh.
 # Stages (comma-separated first argument, default all):
 #   tests      the GDN op's GPU gates, twice: plain and with CUDA_DISABLE_PTX_JIT=1;
-#              then the attention op at Qwen3.5 shapes (gpu_model_ops)
+#              then the attention op at Qwen3.5 shapes (gpu_model_ops) and the
+#              fused DeltaNet decode (gpu_deltanet_decode)
 #   dsl        the CuTe DSL backends' GPU gates (gpu_dsl_prefill)
 #   crosscheck our backends against FLA's Triton kernel on shared inputs
 #   bench      our two backends and FLA, side by side
@@ -31,6 +32,9 @@ if has tests; then
   { echo "### GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 gpu_prefill"; GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 .carry/bin/gpu_prefill --test-threads=1; } >> "$OUT/tests.log" 2>&1 || rc=1
   if [ -x .carry/bin/gpu_model_ops ]; then
     { echo "### GDN_REQUIRE_GPU=1 gpu_model_ops"; GDN_REQUIRE_GPU=1 .carry/bin/gpu_model_ops --test-threads=1 --nocapture; } >> "$OUT/tests.log" 2>&1 || rc=1
+  fi
+  if [ -x .carry/bin/gpu_deltanet_decode ]; then
+    { echo "### GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 gpu_deltanet_decode"; GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 .carry/bin/gpu_deltanet_decode --test-threads=1 --nocapture; } >> "$OUT/tests.log" 2>&1 || rc=1
   fi
   grep -E "^test result|^### " "$OUT/tests.log"
 fi

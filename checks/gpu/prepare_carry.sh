@@ -22,6 +22,7 @@ test_binary() {  # crate, test target -> path of the built test executable (that
 cp "$(test_binary gdn-kernels gpu_prefill)" .carry/bin/gpu_prefill
 cp "$(test_binary gdn-kernels gpu_dsl_prefill)" .carry/bin/gpu_dsl_prefill
 cp "$(test_binary gdn-kernels gpu_model_ops)" .carry/bin/gpu_model_ops
+cp "$(test_binary gdn-kernels gpu_deltanet_decode)" .carry/bin/gpu_deltanet_decode
 for t in gpu_forward gpu_steps gpu_executor gpu_engine gpu_sampling gpu_prefix_cache; do
   cp "$(test_binary qwen35 $t)" .carry/bin/$t
 done

@@ -40,7 +40,7 @@ pub use dispatch::{prefer_context_parallel, Backend, BackendRequest, DispatchDec
 pub use dsl::flashinfer_would_use_cp;
 pub use error::GdnError;
 pub use gemm::{Gemm, GemmOutput};
-pub use model_ops::{AttentionShape, DeltaNetInputs, DeltaNetShape, ModelOps};
+pub use model_ops::{AttentionShape, DeltaNetInputs, DeltaNetShape, DeltaNetWeights, ModelOps};
 pub use oracle::GdnGeometry;
 pub use prefill::{GdnPrefill, PrefillBuffers};
 pub use sampling::{DeviceSampler, RowSampling, SampledRow, TokenAdjustment, MAX_TOP_LOGPROBS};

@@ -21,6 +21,11 @@ const MAX_CONV_TAPS: usize = 8;
 const MAX_GQA: usize = 8;
 const ATTN_THREADS: u32 = 128;
 const MAX_STATIC_SHARED: usize = 48 * 1024;
+/// Arrival counters of the fused DeltaNet decode: one per (sequence, q/k
+/// head) of a launch; larger batches launch in chunks.
+const FUSED_DECODE_COUNTERS: usize = 1 << 16;
+/// The most sequences one launch covers (grid y).
+const MAX_GRID_Y: usize = 65_535;
 
 /// Shape of one Gated DeltaNet layer (head dim 128). Its fused input
 /// projection has the columns `[q | k | v | z | b | a]`
@@ -174,6 +179,8 @@ struct Functions {
     conv_update: CudaFunction,
     decode_step: CudaFunction,
     gated_rmsnorm: CudaFunction,
+    /// By blocks per (sequence, value head): 1, 2, 4.
+    decode_fused: [CudaFunction; 3],
     attn_prep: CudaFunction,
     /// By head dim 32, 64, 128, 256: one token per block (decode) and
     /// tensor-core query tiles (prefill).
@@ -202,12 +209,30 @@ pub struct DeltaNetInputs {
     pub beta: CudaSlice<f32>,
 }
 
+/// The weights of one DeltaNet layer that the fused decode reads besides
+/// its projection.
+#[derive(Clone, Copy)]
+pub struct DeltaNetWeights<'a> {
+    /// `[conv_dim, conv_kernel]`.
+    pub conv: &'a CudaSlice<f32>,
+    /// `[Hv]` each.
+    pub a_log: &'a CudaSlice<f32>,
+    pub dt_bias: &'a CudaSlice<f32>,
+    /// `[128]`: the gated output norm's weight.
+    pub norm: &'a CudaSlice<f32>,
+}
+
 /// Our model kernels, loaded for one stream's device.
 pub struct ModelOps {
     stream: Arc<CudaStream>,
     f: Functions,
     _module: Arc<CudaModule>,
     sm: u32,
+    multiprocessors: usize,
+    /// The fused decode's arrival counters: zero between launches (each
+    /// launch's last blocks reset theirs), so launches on this stream,
+    /// captured or not, share them.
+    fused_arrivals: CudaSlice<u32>,
 }
 
 impl ModelOps {
@@ -228,6 +253,11 @@ impl ModelOps {
             conv_update: l("gdn_conv_state_update")?,
             decode_step: l("gdn_decode_step")?,
             gated_rmsnorm: l("gated_rmsnorm_bf16")?,
+            decode_fused: [
+                l("gdn_decode_fused_s1")?,
+                l("gdn_decode_fused_s2")?,
+                l("gdn_decode_fused_s4")?,
+            ],
             attn_prep: l("attn_prep")?,
             attention: [
                 l("attention_d1")?,
@@ -254,11 +284,17 @@ impl ModelOps {
             fill_bf16: l("fill_uniform_bf16")?,
             fill_f32: l("fill_uniform_f32")?,
         };
+        let multiprocessors = ctx.attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )? as usize;
+        let fused_arrivals = stream.alloc_zeros::<u32>(FUSED_DECODE_COUNTERS)?;
         Ok(ModelOps {
             stream,
             f,
             _module: module,
             sm,
+            multiprocessors,
+            fused_arrivals,
         })
     }
 
@@ -544,6 +580,137 @@ impl ModelOps {
         b.arg(&rows_).arg(&hv_).arg(&eps);
         // SAFETY: matches gated_rmsnorm_bf16; one warp per row, 8 rows per block.
         unsafe { b.launch(grid(rows.div_ceil(8), 1, 256, 0)) }?;
+        Ok(())
+    }
+
+    /// Blocks per (sequence, value head) of [`ModelOps::deltanet_decode_fused`]
+    /// for a batch of `num_seqs`: the fewest of 1, 2, 4 that still give
+    /// every multiprocessor 4 blocks, so that at small batches the state's
+    /// loads spread over the whole GPU and at large ones the q/k conv, which
+    /// every block of a (sequence, q/k head) recomputes, runs fewer times.
+    /// The threshold is not tuned: at 2 splits the fused op measured slower
+    /// than the unfused ops ([`ModelOps::deltanet_decode_fused_pays`]).
+    pub fn deltanet_decode_splits(&self, num_seqs: usize, shape: DeltaNetShape) -> usize {
+        let heads = num_seqs * shape.v_heads;
+        [1, 2, 4]
+            .into_iter()
+            .find(|s| heads * s >= 4 * self.multiprocessors)
+            .unwrap_or(4)
+    }
+
+    /// Whether a decode batch of `num_seqs` should take
+    /// [`ModelOps::deltanet_decode_fused`] rather than the four unfused ops.
+    /// Measured on the H200 (4B, graphs, context 1024, fused vs unfused
+    /// binaries alternating twice, 2026-12-01,
+    /// `docs/results/h200-2026-12-01-s2/qwen35_bench-decode-fused-deltanet-old-new.jsonl`):
+    /// batch 1 (4 splits) 3.24/3.28 -> 3.12/3.13 ms a step, batch 64
+    /// (1 split) 8.57/8.65 -> 8.38/8.43, but batch 16 (2 splits)
+    /// 4.74/4.79 -> 4.82/4.85. So the fused op is taken unless the split
+    /// rule gives 2 (batches of 9 to 16 sequences on the 4B and the H200).
+    pub fn deltanet_decode_fused_pays(&self, num_seqs: usize, shape: DeltaNetShape) -> bool {
+        self.deltanet_decode_splits(num_seqs, shape) != 2
+    }
+
+    /// The whole DeltaNet mixer between its two projections for a batch of
+    /// single tokens, in one kernel: the conv of the new inputs over each
+    /// slot's conv state with SiLU, q/k L2 norm and the gates (as
+    /// [`ModelOps::deltanet_conv`]), the advanced conv state, the
+    /// recurrent step in place on the state slots (as
+    /// [`ModelOps::deltanet_decode`]) and the gated output norm (as
+    /// [`ModelOps::deltanet_out_norm`], `eps`), into `out` (`[N, Hv, 128]`).
+    /// `proj` is `[N, shape.proj_width()]`; state layouts are the unfused
+    /// ops' (`[slots, kernel - 1, conv_dim]` bf16, `[slots, Hv, 128, 128]` f32).
+    #[allow(clippy::too_many_arguments)]
+    pub fn deltanet_decode_fused(
+        &self,
+        batch: &DeviceBatch,
+        shape: DeltaNetShape,
+        proj: &CudaSlice<bf16>,
+        weights: DeltaNetWeights,
+        conv_state: &mut CudaSlice<bf16>,
+        state: &mut CudaSlice<f32>,
+        out: &mut CudaSlice<bf16>,
+        scale: f32,
+        eps: f32,
+    ) -> Result<(), GdnError> {
+        const OP: &str = "deltanet_decode_fused";
+        shape.check()?;
+        let (n, hk, hv) = (batch.num_seqs, shape.qk_heads, shape.v_heads);
+        if batch.num_tokens != n {
+            return Err(op_error(
+                OP,
+                format!(
+                    "needs one token per sequence, got {} tokens for {n} sequences",
+                    batch.num_tokens
+                ),
+            ));
+        }
+        let ld = shape.proj_width();
+        exact(OP, "proj", proj.len(), n * ld)?;
+        exact(
+            OP,
+            "conv_weight",
+            weights.conv.len(),
+            shape.conv_dim() * shape.conv_kernel,
+        )?;
+        exact(OP, "a_log", weights.a_log.len(), hv)?;
+        exact(OP, "dt_bias", weights.dt_bias.len(), hv)?;
+        exact(OP, "norm_weight", weights.norm.len(), HEAD_DIM)?;
+        pool(
+            OP,
+            "conv_state",
+            conv_state.len(),
+            shape.conv_state_len(),
+            batch.max_slot,
+        )?;
+        pool(
+            OP,
+            "state",
+            state.len(),
+            shape.recurrent_state_len(),
+            batch.max_slot,
+        )?;
+        exact(OP, "out", out.len(), n * hv * HEAD_DIM)?;
+        let splits = self.deltanet_decode_splits(n, shape);
+        let func = &self.f.decode_fused[splits.trailing_zeros() as usize];
+        let [ld_, cz, cb, ca, hk_, hv_, kw] = [
+            ld,
+            shape.col_z(),
+            shape.col_b(),
+            shape.col_a(),
+            hk,
+            hv,
+            shape.conv_kernel,
+        ]
+        .map(|x| x as i32);
+        // A launch covers as many sequences as the grid and the arrival
+        // counters (one per sequence and q/k head) allow.
+        let per_launch = (FUSED_DECODE_COUNTERS / hk).min(MAX_GRID_Y);
+        let mut seq0 = 0;
+        while seq0 < n {
+            let count = per_launch.min(n - seq0);
+            let first = i32_of(OP, seq0)?;
+            let mut b = self.stream.launch_builder(func);
+            b.arg(&mut *out)
+                .arg(&mut *state)
+                .arg(&mut *conv_state)
+                .arg(&self.fused_arrivals);
+            b.arg(proj).arg(&ld_).arg(&cz).arg(&cb).arg(&ca);
+            b.arg(weights.conv)
+                .arg(weights.a_log)
+                .arg(weights.dt_bias)
+                .arg(weights.norm);
+            b.arg(&batch.seq_slot).arg(&first);
+            b.arg(&hk_).arg(&hv_).arg(&kw).arg(&scale).arg(&eps);
+            let mut cfg = grid(hv, count, 256, 0);
+            cfg.grid_dim.2 = splits as u32;
+            // SAFETY: matches gdn_decode_fused_s{splits}; every length and
+            // slot id checked above; 256 threads (one per q|k channel of a
+            // head group); `count * hk` arrival counters, all zero between
+            // launches on this stream.
+            unsafe { b.launch(cfg) }?;
+            seq0 += count;
+        }
         Ok(())
     }
 

@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice};
 use gdn_kernels::{
-    AttentionShape, Backend, BackendRequest, DeltaNetInputs, DeltaNetShape, DeviceBatch,
-    GdnGeometry, GdnPrefill, Gemm, ModelOps, PrefillBuffers,
+    AttentionShape, Backend, BackendRequest, DeltaNetInputs, DeltaNetShape, DeltaNetWeights,
+    DeviceBatch, GdnGeometry, GdnPrefill, Gemm, ModelOps, PrefillBuffers,
 };
 use half::bf16;
 
@@ -572,8 +572,8 @@ impl GpuModel {
             a_log,
             dt_bias,
             norm,
-            out_proj,
             index,
+            ..
         } = &self.layers[li].mixer
         else {
             unreachable!("called for DeltaNet layers")
@@ -583,6 +583,70 @@ impl GpuModel {
         let mut proj = scratch::<bf16>(s, t * dn.proj_width())?;
         self.gemm
             .linear(x, in_proj, &mut proj, t, dn.proj_width(), h)?;
+        let scale = (d as f32).powf(-0.5);
+        let mut gated = scratch::<bf16>(s, t * dn.v_heads * d)?;
+        if batches.parts.is_none()
+            && t == batch.num_seqs()
+            && self.ops.deltanet_decode_fused_pays(t, dn)
+        {
+            // Decode only: conv, gates, recurrent step and output norm in one
+            // op (where the kernels crate measured it faster).
+            let weights = DeltaNetWeights {
+                conv,
+                a_log,
+                dt_bias,
+                norm,
+            };
+            self.ops.deltanet_decode_fused(
+                batch,
+                dn,
+                &proj,
+                weights,
+                &mut cache.conv[*index],
+                &mut cache.recurrent[*index],
+                &mut gated,
+                scale,
+                c.rms_norm_eps,
+            )?;
+        } else {
+            self.deltanet_unfused(li, batches, cache, &proj, &mut gated)?;
+        }
+        let Mixer::DeltaNet { out_proj, .. } = &self.layers[li].mixer else {
+            unreachable!("called for DeltaNet layers")
+        };
+        let (s, h) = (&self.stream, self.config.hidden_size);
+        let mut out = scratch::<bf16>(s, t * h)?;
+        self.gemm
+            .linear(&gated, out_proj, &mut out, t, h, dn.v_heads * d)?;
+        Ok(out)
+    }
+
+    /// The DeltaNet mixer between its projections for prefill and mixed
+    /// steps: conv and gates over every token, then the recurrent step for
+    /// decode rows and the GDN prefill op for the others, then the gated norm.
+    fn deltanet_unfused(
+        &mut self,
+        li: usize,
+        batches: &Batches,
+        cache: &mut GpuCache,
+        proj: &CudaSlice<bf16>,
+        gated: &mut CudaSlice<bf16>,
+    ) -> Result<()> {
+        let batch = &batches.full;
+        let Mixer::DeltaNet {
+            conv,
+            a_log,
+            dt_bias,
+            norm,
+            index,
+            ..
+        } = &self.layers[li].mixer
+        else {
+            unreachable!("called for DeltaNet layers")
+        };
+        let (s, dn, c) = (&self.stream, self.dn, &self.config);
+        let (t, d) = (batch.num_tokens(), gdn_kernels::HEAD_DIM);
+        let scale = (d as f32).powf(-0.5);
         let mut inputs = DeltaNetInputs {
             q: scratch(s, t * dn.qk_heads * d)?,
             k: scratch(s, t * dn.qk_heads * d)?,
@@ -593,22 +657,18 @@ impl GpuModel {
         self.ops.deltanet_conv(
             batch,
             dn,
-            &proj,
+            proj,
             conv,
             a_log,
             dt_bias,
             &mut cache.conv[*index],
             &mut inputs,
         )?;
-        let scale = (d as f32).powf(-0.5);
         let mut core = scratch::<bf16>(s, t * dn.v_heads * d)?;
         let state = &mut cache.recurrent[*index];
         let per = dn.recurrent_state_len();
         let (ops, gdn) = (&self.ops, &mut self.gdn);
         match &batches.parts {
-            None if t == batch.num_seqs() => {
-                ops.deltanet_decode(batch, dn, &inputs, state, &mut core, scale)?
-            }
             None => prefill_core(ops, gdn, batch, &inputs, (state, per), &mut core, scale)?,
             Some((dec, pre)) => {
                 // Decode rows lead the batch: the first `td` tokens take the
@@ -634,13 +694,9 @@ impl GpuModel {
                 s.memcpy_dtod(&core_p, &mut core.slice_mut(td * width..))?;
             }
         }
-        let mut gated = scratch::<bf16>(s, t * dn.v_heads * d)?;
         self.ops
-            .deltanet_out_norm(dn, &core, &proj, norm, &mut gated, c.rms_norm_eps)?;
-        let mut out = scratch::<bf16>(s, t * h)?;
-        self.gemm
-            .linear(&gated, out_proj, &mut out, t, h, dn.v_heads * d)?;
-        Ok(out)
+            .deltanet_out_norm(dn, &core, proj, norm, gated, c.rms_norm_eps)?;
+        Ok(())
     }
 
     fn attention(
