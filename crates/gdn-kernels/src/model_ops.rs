@@ -674,8 +674,9 @@ impl ModelOps {
                 out,
                 scale,
             )?;
+            let d_ = d as i32;
             let mut b = self.stream.launch_builder(&self.f.attention_gate);
-            b.arg(out).arg(proj).arg(&ld).arg(&hq).arg(&(d as i32));
+            b.arg(out).arg(proj).arg(&ld).arg(&hq).arg(&d_);
             // SAFETY: matches attention_gate_bf16; out [T, Hq, D] and proj
             // [T, ld] checked above; one block per (token, head).
             unsafe { b.launch(grid(t, shape.q_heads, 256, 0)) }?;
