@@ -84,6 +84,22 @@ pub struct StepRow<'a> {
     /// Sample a token after the row's last token (`None`: a prefill chunk
     /// that is not the prompt's last).
     pub sample: Option<SampleSpec<'a>>,
+    /// Snapshots to take inside the row (the in-step snapshot, empty
+    /// unless the executor offers it: [`Executor::max_row_snapshots`]):
+    /// the executor runs the row up to each point, copies the slot's state
+    /// into the snapshot as [`Executor::snapshot`] would at that position,
+    /// and runs on. Ascending, each strictly inside the row
+    /// (`start < at < start + tokens.len()`), no snapshot named twice in a
+    /// step. The engine publishes them only after the step succeeded.
+    pub snapshots: &'a [RowSnapshot],
+}
+
+/// A snapshot taken inside a row: the state after `at` tokens of the
+/// sequence (a position, like `start`), copied into `snapshot`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowSnapshot {
+    pub at: usize,
+    pub snapshot: SnapshotId,
 }
 
 /// A sampled token with its log-probability and the top alternatives when
@@ -140,6 +156,15 @@ pub trait Executor {
         SnapshotGeometry::default()
     }
 
+    /// How many [`StepRow::snapshots`] one row may carry (0, the default:
+    /// none; the engine then ends prefill chunks at snapshot points and
+    /// snapshots after the step, each point costing its request a step).
+    /// An executor that offers it runs a row with points in pieces, one
+    /// more forward per piece (see [`split_rows`]).
+    fn max_row_snapshots(&self) -> usize {
+        0
+    }
+
     /// Copies the state `slot` holds now (after its last step) into
     /// `snapshot`, replacing what was there. The slot is unchanged.
     fn snapshot(&mut self, slot: SlotId, snapshot: SnapshotId) -> Result<(), ExecError> {
@@ -186,3 +211,7 @@ pub trait Executor {
         None
     }
 }
+
+#[path = "executor_pieces.rs"]
+mod pieces;
+pub use pieces::{check_row_snapshots, in_row_order, split_rows, Pass};

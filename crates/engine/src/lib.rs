@@ -34,8 +34,9 @@ pub use engine::{
     Engine, EngineConfig, EngineHandle, EngineStartError, EngineStats, RequestStream,
 };
 pub use executor::{
-    CacheGeometry, ExecError, Executor, PageId, SampleSeed, SampleSpec, SampledToken, SlotId,
-    SnapshotGeometry, SnapshotId, StepRow,
+    check_row_snapshots, in_row_order, split_rows, CacheGeometry, ExecError, Executor, PageId,
+    RowSnapshot, SampleSeed, SampleSpec, SampledToken, SlotId, SnapshotGeometry, SnapshotId,
+    StepRow,
 };
 pub use request::{
     EngineState, Event, FinishReason, GenerateRequest, RequestId, SamplingParams, StopParams,

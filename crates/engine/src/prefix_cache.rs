@@ -47,6 +47,13 @@ pub struct PrefixCacheConfig {
     /// TTFT p50 313 -> 463 ms); without it repeats still hit from the
     /// second repeat on, through a branch point.
     pub snapshot_before_last_token: bool,
+    /// Take snapshots inside a step when the executor can
+    /// ([`crate::Executor::max_row_snapshots`]): a prefill chunk runs
+    /// through its snapshot points instead of ending at each, so a point
+    /// costs a second, small forward in the same step rather than a step
+    /// of latency. Off: chunks end at points (as with an executor that
+    /// cannot).
+    pub in_step_snapshots: bool,
 }
 
 impl Default for PrefixCacheConfig {
@@ -57,6 +64,7 @@ impl Default for PrefixCacheConfig {
             snapshot_after: Vec::new(),
             snapshot_interval: 0,
             snapshot_before_last_token: true,
+            in_step_snapshots: true,
         }
     }
 }
@@ -100,6 +108,26 @@ pub struct PrefixCacheStats {
     /// requests, and a page held as a full page and as a tail page counts
     /// twice).
     pub pages: usize,
+}
+
+/// What [`PrefixCache::reserve`] found for a snapshot point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reservation {
+    /// A snapshot of this exact prefix exists: nothing to take.
+    Exists,
+    /// The executor takes the state into this snapshot inside the step.
+    Reserved(SnapshotId),
+    /// No snapshot can be had (every id reserved, or none at all).
+    Unavailable,
+}
+
+/// Where a published snapshot's state comes from.
+#[derive(Clone, Copy, Debug)]
+enum Source {
+    /// Copied from the slot after the step ([`CacheOp::Take`]).
+    Slot(SlotId),
+    /// Taken by the executor inside the step (reserved).
+    Taken(SnapshotId),
 }
 
 /// A lookup's result: resume at `position` from `snapshot`.
@@ -147,6 +175,9 @@ pub struct PrefixCache {
     free_snapshots: Vec<SnapshotId>,
     tick: u64,
     stats: PrefixCacheStats,
+    /// Snapshot ids handed out by [`PrefixCache::reserve`], not yet
+    /// published or released.
+    reserved: usize,
 }
 
 impl PrefixCache {
@@ -169,6 +200,7 @@ impl PrefixCache {
             free_snapshots: (0..num_snapshots as u32).rev().map(SnapshotId).collect(),
             tick: 0,
             stats: PrefixCacheStats::default(),
+            reserved: 0,
         }
     }
 
@@ -299,6 +331,83 @@ impl PrefixCache {
         alloc: &mut Allocator,
         ops: &mut Vec<CacheOp>,
     ) -> bool {
+        self.attach(tokens, pages, Source::Slot(slot), alloc, ops)
+    }
+
+    /// For a snapshot point inside a planned row (the in-step snapshot):
+    /// whether a snapshot exists at this exact prefix already, else a
+    /// snapshot id for the executor to take the state into during the
+    /// step (evicting as [`Self::insert`] would). A reserved id is in no
+    /// tail, so no lookup finds it and no eviction takes it, until
+    /// [`Self::publish_taken`] (the step succeeded) or [`Self::release`].
+    pub fn reserve(
+        &mut self,
+        tokens: &[u32],
+        alloc: &mut Allocator,
+        ops: &mut Vec<CacheOp>,
+    ) -> Reservation {
+        let ps = self.page_size;
+        let mut at = Some(ROOT);
+        for key in tokens.chunks_exact(ps) {
+            at = at.and_then(|n| self.node(n).children.get(key).copied());
+        }
+        let tail_tokens = &tokens[tokens.len() / ps * ps..];
+        if let Some(n) = at {
+            if self.node(n).tails.iter().any(|t| t.tokens == tail_tokens) {
+                return Reservation::Exists;
+            }
+        }
+        match self.free_snapshot(alloc, ops) {
+            Some(id) => {
+                self.reserved += 1;
+                Reservation::Reserved(id)
+            }
+            None => Reservation::Unavailable,
+        }
+    }
+
+    /// Publishes the state the executor took into reserved `snapshot`
+    /// inside a step that succeeded, after `tokens` (KV in `pages`): as
+    /// [`Self::insert`], without a copy. If a snapshot of this prefix
+    /// appeared meanwhile (another row of the same step), the reserved one
+    /// is given back.
+    pub fn publish_taken(
+        &mut self,
+        tokens: &[u32],
+        pages: &[PageId],
+        snapshot: SnapshotId,
+        alloc: &mut Allocator,
+        ops: &mut Vec<CacheOp>,
+    ) {
+        self.attach(tokens, pages, Source::Taken(snapshot), alloc, ops);
+    }
+
+    /// Gives a reserved snapshot back (its step failed, or its row was
+    /// dropped or cut before the point): what the executor may have
+    /// written there is dropped.
+    pub fn release(&mut self, snapshot: SnapshotId, ops: &mut Vec<CacheOp>) {
+        assert!(
+            self.reserved > 0,
+            "release of {snapshot:?}: nothing reserved"
+        );
+        self.reserved -= 1;
+        ops.push(CacheOp::Drop(snapshot));
+        self.free_snapshots.push(snapshot);
+    }
+
+    /// Snapshot ids reserved and neither published nor released.
+    pub fn reserved(&self) -> usize {
+        self.reserved
+    }
+
+    fn attach(
+        &mut self,
+        tokens: &[u32],
+        pages: &[PageId],
+        source: Source,
+        alloc: &mut Allocator,
+        ops: &mut Vec<CacheOp>,
+    ) -> bool {
         let ps = self.page_size;
         let p = tokens.len();
         assert!(
@@ -327,10 +436,24 @@ impl PrefixCache {
             .find(|t| t.tokens == tail_tokens)
         {
             tail.last_used = now;
+            if let Source::Taken(snapshot) = source {
+                self.release(snapshot, ops);
+            }
             return true;
         }
-        let Some(snapshot) = self.free_snapshot(alloc, ops) else {
-            return false;
+        let snapshot = match source {
+            Source::Slot(slot) => {
+                let Some(snapshot) = self.free_snapshot(alloc, ops) else {
+                    return false;
+                };
+                ops.push(CacheOp::Take { slot, snapshot });
+                snapshot
+            }
+            Source::Taken(snapshot) => {
+                assert!(self.reserved > 0, "publish of {snapshot:?}: not reserved");
+                self.reserved -= 1;
+                snapshot
+            }
         };
         // Eviction for the snapshot never removes nodes, so `at` stands.
         let page = (!tail_tokens.is_empty()).then(|| pages[p / ps]);
@@ -345,7 +468,6 @@ impl PrefixCache {
             last_used: now,
         };
         self.node_mut(at).tails.push(tail);
-        ops.push(CacheOp::Take { slot, snapshot });
         self.stats.snapshots += 1;
         self.stats.snapshots_taken += 1;
         true

@@ -23,14 +23,21 @@
 //! With the prefix cache ([`crate::prefix_cache`]) on, admission first
 //! looks the sequence up: a hit starts it at the cached position (shared
 //! pages, a copied tail page, the snapshot restored into its slot: the
-//! plan's `cache_ops`). Prefill chunks end at the sequence's snapshot
-//! points (before the prompt's last token, after the last configured marker such as
-//! `<|im_start|>assistant\n`, periodic points), where [`Scheduler::commit`]
-//! publishes the state; a sequence that finishes publishes the state after
-//! its last computed token too. A waiting sequence that shares a prefix
-//! beyond its hit (with the cached KV or a running sequence) sets a branch
-//! point where the sharing ends, or waits for a running sequence's pending
-//! snapshot it can use (`scheduler_points.rs`). Running sequences short of
+//! plan's `cache_ops`). At the sequence's snapshot points (before the
+//! prompt's last token, after the last configured marker such as
+//! `<|im_start|>assistant\n`, periodic points) the state is published:
+//! a prefill chunk runs through up to `row_snapshots` points, the executor
+//! taking each snapshot inside the step into an id reserved at planning
+//! (the in-step snapshot), and ends at the next one, where
+//! [`Scheduler::commit`] publishes the state after the step (with
+//! `row_snapshots` 0, every point ends a chunk). Either way a snapshot is
+//! published only once its step committed; a failed step's reservations
+//! are given back ([`Scheduler::abandon`]). A sequence that finishes
+//! publishes the state after its last computed token too. A waiting
+//! sequence that shares a prefix beyond its hit (with the cached KV or a
+//! running sequence) sets a branch point where the sharing ends, or waits
+//! for a running sequence's pending snapshot it can use
+//! (`scheduler_points.rs`). Running sequences short of
 //! pages evict the cache before anyone is preempted; admission evicts it
 //! too.
 //!
@@ -40,7 +47,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use crate::allocator::{Allocator, SeqCache};
-use crate::executor::{CacheGeometry, SampleSeed, SampleSpec, SampledToken, StepRow};
+use crate::executor::{CacheGeometry, RowSnapshot, SampleSeed, SampleSpec, SampledToken, StepRow};
 use crate::prefix_cache::{CacheOp, Hit, PrefixCache, PrefixCacheConfig, PrefixCacheStats};
 use crate::request::{FinishReason, RequestId, SamplingParams, StopParams};
 
@@ -55,6 +62,11 @@ pub struct SchedulerConfig {
     pub eos_token_ids: Vec<u32>,
     /// `enabled` with `max_snapshots > 0` turns the prefix cache on.
     pub prefix_cache: PrefixCacheConfig,
+    /// Snapshot points a prefill row may carry inside it (the executor's
+    /// [`crate::Executor::max_row_snapshots`], 0 when the config turns the
+    /// in-step snapshot off): a chunk runs through up to this many points
+    /// in one step and ends at the next one.
+    pub row_snapshots: usize,
 }
 
 /// A request as the scheduler keeps it.
@@ -86,13 +98,17 @@ impl Sequence {
 }
 
 /// One sequence's part of a planned step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Scheduled {
     pub id: RequestId,
     pub start: usize,
     pub len: usize,
     /// The chunk ends at the sequence's last token: the step samples.
     pub sample: bool,
+    /// Snapshot points inside the chunk, each with the snapshot id
+    /// reserved for it (the executor takes them during the step; commit
+    /// publishes them, a failed step gives them back: [`Scheduler::abandon`]).
+    pub snapshots: Vec<RowSnapshot>,
 }
 
 /// A planned step: its rows, and what planning did to the queues.
@@ -242,10 +258,12 @@ impl Scheduler {
     }
 
     /// Shortens a chunk of `len` tokens from `start` so that it ends at the
-    /// sequence's next snapshot point, if one lies inside it.
+    /// first snapshot point inside it that the row cannot take in the step
+    /// (the point after the first `row_snapshots` inside it).
     fn cap_to_point(&self, id: RequestId, start: usize, len: usize) -> usize {
         let points = &self.seqs[&id].points;
-        match points.iter().find(|&&q| q > start && q < start + len) {
+        let inside = points.iter().filter(|&&q| q > start && q < start + len);
+        match inside.clone().nth(self.config.row_snapshots) {
             Some(&q) => q - start,
             None => len,
         }
@@ -293,7 +311,9 @@ impl Scheduler {
         }
         seq.computed = 0;
         if let Some(pos) = rows.iter().position(|r| r.id == victim) {
-            *budget += rows.remove(pos).len;
+            let row = rows.remove(pos);
+            *budget += row.len;
+            self.release_row_snapshots(&row.snapshots);
         }
         self.waiting.push_front(victim);
         self.preemptions += 1;
@@ -325,12 +345,15 @@ impl Scheduler {
                     // running sequence, so this phase is done.
                     break;
                 };
+                let start = self.seqs[&id].computed;
+                let (len, snapshots) = self.reserve_row_snapshots(id, start, len);
                 let seq = &self.seqs[&id];
                 plan.rows.push(Scheduled {
                     id,
-                    start: seq.computed,
+                    start,
                     len,
-                    sample: seq.computed + len == seq.tokens.len(),
+                    sample: start + len == seq.tokens.len(),
+                    snapshots,
                 });
                 budget -= len;
                 i += 1;
@@ -471,11 +494,14 @@ impl Scheduler {
                 }
             }
             self.running.push(id);
+            let (len, snapshots) = self.reserve_row_snapshots(id, start, len);
+            let seq = &self.seqs[&id];
             plan.rows.push(Scheduled {
                 id,
                 start,
                 len,
                 sample: start + len == seq.tokens.len(),
+                snapshots,
             });
             *budget -= len;
         }
@@ -526,7 +552,7 @@ impl Scheduler {
     }
 
     /// The executor rows of `plan`; `banned[i]` is [`Self::banned`] of row i.
-    pub fn step_rows<'a>(&'a self, plan: &Plan, banned: &'a [Vec<u32>]) -> Vec<StepRow<'a>> {
+    pub fn step_rows<'a>(&'a self, plan: &'a Plan, banned: &'a [Vec<u32>]) -> Vec<StepRow<'a>> {
         plan.rows
             .iter()
             .zip(banned)
@@ -548,6 +574,7 @@ impl Scheduler {
                         },
                         banned,
                     }),
+                    snapshots: &row.snapshots,
                 }
             })
             .collect()
@@ -563,6 +590,8 @@ impl Scheduler {
         for row in &plan.rows {
             let seq = self.seqs.get_mut(&row.id).expect("scheduled sequence");
             seq.computed += row.len;
+            self.publish_taken(row.id, &row.snapshots);
+            let seq = self.seqs.get_mut(&row.id).expect("scheduled sequence");
             if !row.sample {
                 self.publish_state(row.id, false);
                 continue;

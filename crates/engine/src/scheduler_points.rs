@@ -16,9 +16,9 @@
 //!
 //! Who takes it: the earliest admitted running sequence that shares the
 //! prefix and has not computed past it (its prefill stops there, its row
-//! of the step being planned shortened if it went past; nothing is
-//! computed twice) and the newcomer waits; else the newcomer itself (the
-//! others passed the point already). A newcomer that finds a running
+//! of the step being planned shortened if it went past, or taking the
+//! snapshot inside the row; nothing is computed twice) and the newcomer
+//! waits; else the newcomer itself (the others passed the point already). A newcomer that finds a running
 //! sequence's point still ahead (a branch, marker or last-but-one point it
 //! shares, at least a page beyond its own hit) waits for it rather than
 //! taking a second snapshot of the same prefix: requests of one group that
@@ -26,12 +26,17 @@
 //! behind overtakes) and ends: the point is ahead of a running sequence,
 //! which either reaches it or leaves the running set.
 //!
-//! A snapshot is still taken only after a committed step, from the slot of
-//! the sequence standing at the point, into the pool (never a running
-//! slot), and resumed by copy: a published snapshot is never written.
+//! A snapshot is published only after a committed step, copied from the
+//! slot of the sequence standing at the point (after the step, or inside
+//! it into an id reserved at planning: the in-step snapshot) into the pool
+//! (never a running slot), and resumed by copy: a published snapshot is
+//! never written. With the in-step snapshot a running sharer's planned row
+//! that runs past a new branch point takes the snapshot inside the row
+//! instead of being cut there.
 
 use super::{Plan, RequestId, Scheduler};
-use crate::prefix_cache::{common_prefix, PrefixCacheConfig};
+use crate::executor::RowSnapshot;
+use crate::prefix_cache::{common_prefix, PrefixCacheConfig, Reservation};
 
 /// What admission does about the prefix a waiting sequence shares beyond
 /// its hit.
@@ -86,12 +91,11 @@ impl Scheduler {
         let Some(&(r, _, _)) = carrier else {
             return Branch::Own(deepest);
         };
-        // Its row of this step, if planned past the point, stops there.
-        if let Some(row) = plan.rows.iter_mut().find(|row| row.id == r) {
-            if row.start + row.len > deepest {
-                *budget += row.start + row.len - deepest;
-                row.len = deepest - row.start;
-                row.sample = false;
+        // Its row of this step, if planned past the point, takes the
+        // snapshot inside the step, or else stops there.
+        if let Some(at) = plan.rows.iter().position(|row| row.id == r) {
+            if plan.rows[at].start + plan.rows[at].len > deepest {
+                self.point_in_row(&mut plan.rows[at], deepest, budget);
             }
         }
         self.add_point(r, deepest);
@@ -99,6 +103,83 @@ impl Scheduler {
             prefix.note_branch_point();
         }
         Branch::Wait
+    }
+
+    /// Reserves a snapshot for each point inside the chunk of `len` tokens
+    /// from `start` (already capped: at most `row_snapshots` of them). A
+    /// point whose snapshot exists takes none; a point that can get none
+    /// (the pool is all reserved) ends the chunk there instead, as without
+    /// the in-step snapshot. Returns the chunk's length and its snapshots.
+    pub(super) fn reserve_row_snapshots(
+        &mut self,
+        id: RequestId,
+        start: usize,
+        len: usize,
+    ) -> (usize, Vec<RowSnapshot>) {
+        let mut taken = Vec::new();
+        let Some(prefix) = self.cache.as_mut() else {
+            return (len, taken);
+        };
+        let seq = &self.seqs[&id];
+        for &q in seq.points.iter().filter(|&&q| q > start && q < start + len) {
+            match prefix.reserve(&seq.tokens[..q], &mut self.alloc, &mut self.cache_ops) {
+                Reservation::Exists => {}
+                Reservation::Reserved(snapshot) => taken.push(RowSnapshot { at: q, snapshot }),
+                Reservation::Unavailable => return (q - start, taken),
+            }
+        }
+        (len, taken)
+    }
+
+    /// Gives back the snapshots reserved for `row` (dropped from the plan,
+    /// or its step failed).
+    pub(super) fn release_row_snapshots(&mut self, snapshots: &[RowSnapshot]) {
+        if let Some(prefix) = self.cache.as_mut() {
+            for s in snapshots {
+                prefix.release(s.snapshot, &mut self.cache_ops);
+            }
+        }
+    }
+
+    /// The step of `plan` did not run to the end (it failed or was
+    /// refused): the snapshots its rows reserved are given back unpublished.
+    /// Call before removing the step's requests.
+    pub fn abandon(&mut self, plan: &Plan) {
+        for row in &plan.rows {
+            self.release_row_snapshots(&row.snapshots);
+        }
+    }
+
+    /// A point `q` found for planned `row`, inside it: the row takes the
+    /// snapshot inside the step when it has room for one more and one can
+    /// be reserved; else it stops at `q` (its later reservations given
+    /// back, the tokens past `q` back in the step's budget).
+    fn point_in_row(&mut self, row: &mut super::Scheduled, q: usize, budget: &mut usize) {
+        debug_assert!(row.start < q && q < row.start + row.len);
+        if row.snapshots.iter().any(|s| s.at == q) {
+            return;
+        }
+        if row.snapshots.len() < self.config.row_snapshots {
+            if let Some(prefix) = self.cache.as_mut() {
+                let tokens = &self.seqs[&row.id].tokens[..q];
+                match prefix.reserve(tokens, &mut self.alloc, &mut self.cache_ops) {
+                    Reservation::Reserved(snapshot) => {
+                        let at = row.snapshots.partition_point(|s| s.at < q);
+                        row.snapshots.insert(at, RowSnapshot { at: q, snapshot });
+                        return;
+                    }
+                    Reservation::Exists => return,
+                    Reservation::Unavailable => {}
+                }
+            }
+        }
+        *budget += row.start + row.len - q;
+        row.len = q - row.start;
+        row.sample = false;
+        let (keep, past): (Vec<RowSnapshot>, Vec<RowSnapshot>) =
+            row.snapshots.iter().partition(|s| s.at < q);
+        row.snapshots = keep;
+        self.release_row_snapshots(&past);
     }
 
     /// The caller's points for queued `id` (e.g. the end of a chat's
@@ -133,6 +214,25 @@ impl Scheduler {
         let points = &mut self.seqs.get_mut(&id).expect("known sequence").points;
         if let Ok(at) = points.binary_search(&q) {
             points.remove(at);
+        }
+    }
+
+    /// After a committed row: publishes the snapshots the executor took
+    /// inside it (reserved at planning), in order.
+    pub(super) fn publish_taken(&mut self, id: RequestId, snapshots: &[RowSnapshot]) {
+        let Some(prefix) = self.cache.as_mut() else {
+            return;
+        };
+        let seq = &self.seqs[&id];
+        let cache = seq.cache.as_ref().expect("scheduled sequence has a cache");
+        for s in snapshots {
+            prefix.publish_taken(
+                &seq.tokens[..s.at],
+                &cache.pages,
+                s.snapshot,
+                &mut self.alloc,
+                &mut self.cache_ops,
+            );
         }
     }
 

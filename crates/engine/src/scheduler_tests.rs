@@ -28,6 +28,7 @@ fn scheduler(budget: usize, max_num_seqs: usize, threshold: usize, g: CacheGeome
             long_prefill_token_threshold: threshold,
             eos_token_ids: vec![EOS],
             prefix_cache: Default::default(),
+            row_snapshots: 0,
         },
         &g,
     )
@@ -519,6 +520,7 @@ fn snapshot_points_marker_last_but_one_and_interval() {
         snapshot_after: vec![marker],
         snapshot_interval: interval,
         snapshot_before_last_token: true,
+        in_step_snapshots: true,
     };
     // 100 tokens, the marker [7, 8] at 10..12 and 60..62: its last end is 62.
     let mut prompt: Vec<u32> = (0..100).map(|i| 20 + i % 50).collect();
@@ -570,7 +572,9 @@ fn a_branch_point_cuts_the_sharers_row_and_the_newcomer_waits_for_it() {
                 snapshot_after: vec![],
                 snapshot_interval: 0,
                 snapshot_before_last_token: true,
+                in_step_snapshots: true,
             },
+            row_snapshots: 0,
         },
         &g,
     );
@@ -586,7 +590,8 @@ fn a_branch_point_cuts_the_sharers_row_and_the_newcomer_waits_for_it() {
             id: RequestId(1),
             start: 0,
             len: 40,
-            sample: false
+            sample: false,
+            snapshots: vec![],
         }]
     );
     assert_eq!(s.num_waiting(), 1);
@@ -611,4 +616,115 @@ fn a_branch_point_cuts_the_sharers_row_and_the_newcomer_waits_for_it() {
     // The first goes on from 40 to its own last-but-one point.
     let first = plan.rows.iter().find(|r| r.id == RequestId(1)).unwrap();
     assert_eq!((first.start, first.len), (40, 10));
+}
+
+/// The same two prompts with the in-step snapshot: the first's row is not
+/// cut at the branch point but takes its snapshot there inside the step
+/// (and its last-but-one point's), samples, and publishes both after the
+/// commit without a copy; the second resumes at 40 in the next plan.
+#[test]
+fn a_branch_point_inside_a_planned_row_is_taken_in_the_step() {
+    let g = geometry(4, 32, 8);
+    let mut s = Scheduler::new(
+        SchedulerConfig {
+            max_num_batched_tokens: 64,
+            max_num_seqs: 4,
+            max_model_len: g.max_model_len,
+            long_prefill_token_threshold: 0,
+            eos_token_ids: vec![EOS],
+            prefix_cache: PrefixCacheConfig {
+                enabled: true,
+                max_snapshots: 8,
+                ..PrefixCacheConfig::default()
+            },
+            row_snapshots: usize::MAX,
+        },
+        &g,
+    );
+    let shared: Vec<u32> = (0..40).map(|i| 1 + i % 50).collect();
+    let a = [&shared[..], &[51; 11]].concat();
+    let b = [&shared[..], &[52; 9]].concat();
+    s.add(RequestId(1), a, SamplingParams::default(), stop(2), 1);
+    s.add(RequestId(2), b, SamplingParams::default(), stop(2), 2);
+    let plan = s.schedule();
+    assert_eq!(plan.rows.len(), 1);
+    let row = &plan.rows[0];
+    assert_eq!(
+        (row.id, row.start, row.len, row.sample),
+        (RequestId(1), 0, 51, true)
+    );
+    let points: Vec<usize> = row.snapshots.iter().map(|p| p.at).collect();
+    assert_eq!(points, vec![40, 50]);
+    let at_40 = row.snapshots[0].snapshot;
+    assert_eq!(s.num_waiting(), 1);
+    assert_eq!(
+        s.prefix_cache_stats().unwrap().snapshots,
+        0,
+        "not before the commit"
+    );
+    let token = SampledToken {
+        token: 7,
+        logprob: f32::NAN,
+        top_logprobs: vec![],
+    };
+    assert_eq!(s.commit(&plan, vec![token]).len(), 1);
+    let taken = s.take_cache_ops();
+    assert!(taken.is_empty(), "taken in the step, no copy: {taken:?}");
+    assert_eq!(s.prefix_cache_stats().unwrap().snapshots, 2);
+    let plan = s.schedule();
+    let second = plan.rows.iter().find(|r| r.id == RequestId(2)).unwrap();
+    assert_eq!((second.start, second.len), (40, 9));
+    assert!(plan
+        .cache_ops
+        .iter()
+        .any(|op| matches!(op, CacheOp::Restore { snapshot, .. } if *snapshot == at_40)));
+}
+
+/// A step that fails gives its reservations back: with a pool of one, the
+/// reserved id is free again for the next plan, and nothing is published.
+#[test]
+fn an_abandoned_step_gives_its_snapshots_back() {
+    let g = geometry(2, 16, 8);
+    let mut s = Scheduler::new(
+        SchedulerConfig {
+            max_num_batched_tokens: 64,
+            max_num_seqs: 2,
+            max_model_len: g.max_model_len,
+            long_prefill_token_threshold: 0,
+            eos_token_ids: vec![EOS],
+            prefix_cache: PrefixCacheConfig {
+                enabled: true,
+                max_snapshots: 1,
+                ..PrefixCacheConfig::default()
+            },
+            row_snapshots: usize::MAX,
+        },
+        &g,
+    );
+    s.add(
+        RequestId(1),
+        vec![3; 20],
+        SamplingParams::default(),
+        stop(2),
+        1,
+    );
+    let plan = s.schedule();
+    assert_eq!(plan.rows[0].snapshots.len(), 1, "{plan:?}");
+    s.abandon(&plan);
+    s.remove(RequestId(1));
+    let stats = s.prefix_cache_stats().unwrap();
+    assert_eq!((stats.snapshots, stats.snapshots_taken), (0, 0));
+    s.add(
+        RequestId(2),
+        vec![3; 20],
+        SamplingParams::default(),
+        stop(2),
+        2,
+    );
+    let plan = s.schedule();
+    assert_eq!(
+        plan.rows[0].snapshots.len(),
+        1,
+        "the id is free again: {plan:?}"
+    );
 }

@@ -12,6 +12,10 @@
 //! is not the slot's. It also has a snapshot pool (prefix cache): a
 //! snapshot keeps a slot's history, a restore puts it back, so restoring
 //! the wrong snapshot or at the wrong position is refused at the next row.
+//! It takes snapshots inside a row (the in-step snapshot, any number per
+//! row unless [`FakeExecutor::with_row_snapshots`] says otherwise): the
+//! snapshot keeps the history up to the point, so one published at the
+//! wrong point, or before its step ran, is refused when restored and used.
 //! Its "model" turns the history into logits by hashing; the real sampler
 //! then draws with the row's `SampleSeed`. The output is thus a pure
 //! function of (history, seed, draw): a preempted and recomputed request,
@@ -28,8 +32,8 @@ use std::time::{Duration, Instant};
 
 use crate::engine::RequestStream;
 use crate::executor::{
-    CacheGeometry, ExecError, Executor, PageId, SampleSeed, SampleSpec, SampledToken, SlotId,
-    SnapshotGeometry, SnapshotId, StepRow,
+    check_row_snapshots, CacheGeometry, ExecError, Executor, PageId, SampleSeed, SampleSpec,
+    SampledToken, SlotId, SnapshotGeometry, SnapshotId, StepRow,
 };
 use crate::request::{Event, GenerateRequest};
 use crate::sampler;
@@ -80,6 +84,8 @@ pub struct RowRecord {
     pub tokens: Vec<u32>,
     pub pages: Vec<PageId>,
     pub sample: bool,
+    /// The positions of the snapshots taken inside the row.
+    pub snapshots: Vec<usize>,
 }
 
 /// What the next step does instead of running.
@@ -263,6 +269,8 @@ pub struct FakeExecutor {
     /// sampling as sampling.
     timing: bool,
     last_phases: Option<StepPhases>,
+    /// Snapshots a row may carry ([`Executor::max_row_snapshots`]).
+    row_snapshots: usize,
 }
 
 /// Fingerprints of every prefix of `tokens` (`[i]`: of `tokens[..=i]`).
@@ -301,7 +309,16 @@ impl FakeExecutor {
             snapshots: vec![None; num_snapshots],
             timing: false,
             last_phases: None,
+            row_snapshots: usize::MAX,
         }
+    }
+
+    /// The same fake taking at most `n` snapshots inside a row (0: none,
+    /// an executor without the in-step snapshot; the default is any
+    /// number).
+    pub fn with_row_snapshots(mut self, n: usize) -> Self {
+        self.row_snapshots = n;
+        self
     }
 
     /// A factory for [`crate::Engine::start`].
@@ -318,12 +335,22 @@ impl FakeExecutor {
         num_snapshots: usize,
         control: FakeControl,
     ) -> impl FnOnce() -> Result<Box<dyn Executor>, String> + Send + 'static {
+        Self::factory_with_row_snapshots(geometry, num_snapshots, usize::MAX, control)
+    }
+
+    /// A factory for a fake with a snapshot pool taking at most
+    /// `row_snapshots` snapshots inside a row.
+    pub fn factory_with_row_snapshots(
+        geometry: CacheGeometry,
+        num_snapshots: usize,
+        row_snapshots: usize,
+        control: FakeControl,
+    ) -> impl FnOnce() -> Result<Box<dyn Executor>, String> + Send + 'static {
         move || {
-            Ok(Box::new(FakeExecutor::with_snapshots(
-                geometry,
-                num_snapshots,
-                control,
-            )) as Box<dyn Executor>)
+            Ok(Box::new(
+                FakeExecutor::with_snapshots(geometry, num_snapshots, control)
+                    .with_row_snapshots(row_snapshots),
+            ) as Box<dyn Executor>)
         }
     }
 
@@ -334,6 +361,7 @@ impl FakeExecutor {
 
     /// The contract checks that need no state change.
     fn check_rows(&self, rows: &[StepRow<'_>]) -> Result<(), String> {
+        check_row_snapshots(rows, self.row_snapshots, self.snapshots.len())?;
         let ps = self.geometry.page_size;
         let mut slots = HashSet::new();
         // Pages a row writes (from the one holding its `start`): its own.
@@ -438,6 +466,11 @@ impl FakeExecutor {
                 .expect("checked before the step"),
         };
         history.extend_from_slice(row.tokens);
+        // In-step snapshots: the state after `at` tokens is the history's
+        // prefix (a snapshot taken at the wrong point fails at its restore).
+        for s in row.snapshots {
+            self.snapshots[s.snapshot.0 as usize] = Some(history[..s.at].to_vec());
+        }
         let fingerprints = prefix_fingerprints(&history);
         for (pos, &fingerprint) in fingerprints.iter().enumerate().skip(row.start) {
             self.page_kv[row.pages[pos / ps].0 as usize][pos % ps] = Some(fingerprint);
@@ -474,6 +507,7 @@ impl Executor for FakeExecutor {
                         tokens: r.tokens.to_vec(),
                         pages: r.pages.to_vec(),
                         sample: r.sample.is_some(),
+                        snapshots: r.snapshots.iter().map(|s| s.at).collect(),
                     })
                     .collect(),
             );
@@ -495,9 +529,13 @@ impl Executor for FakeExecutor {
             Some(FakeFailure::Fatal) => return Err(ExecError::Fatal("injected".into())),
             Some(FakeFailure::Panic) => panic!("injected executor panic"),
             Some(FakeFailure::StepFailed) => {
-                // The step's slots are undefined afterwards.
+                // The step's slots are undefined afterwards, and so are the
+                // snapshots it was to take (as if it failed half-way).
                 for row in rows {
                     self.slot_history[row.slot.0 as usize] = None;
+                    for s in row.snapshots {
+                        self.snapshots[s.snapshot.0 as usize] = Some(vec![u32::MAX]);
+                    }
                 }
                 return Err(ExecError::StepFailed("injected".into()));
             }
@@ -521,6 +559,14 @@ impl Executor for FakeExecutor {
 
     fn last_step_phases(&self) -> Option<StepPhases> {
         self.last_phases
+    }
+
+    fn max_row_snapshots(&self) -> usize {
+        if self.snapshots.is_empty() {
+            0
+        } else {
+            self.row_snapshots
+        }
     }
 
     fn snapshot_geometry(&self) -> SnapshotGeometry {

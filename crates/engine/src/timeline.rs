@@ -52,6 +52,9 @@ pub struct StepMark {
     pub len: usize,
     /// Prefix-cache operations run before the step (page copies, restores).
     pub cache_ops_before: usize,
+    /// Prefix-cache snapshots taken inside this request's row (the
+    /// in-step snapshot: its chunk ran through that many snapshot points).
+    pub snapshots_in_row: usize,
     /// Its row sampled a token in this step.
     pub sampled: bool,
 }

@@ -102,6 +102,13 @@ pub(crate) fn run<F>(
             snapshots.num_snapshots
         );
     }
+    // Snapshot points inside a row, when the executor can take them there
+    // (else chunks end at the points).
+    let row_snapshots = if prefix_cache.in_step_snapshots {
+        executor.max_row_snapshots()
+    } else {
+        0
+    };
     // A lone sequence must always fit in the page pool, so the oldest
     // request can always progress (preemption frees everything else).
     let max_model_len = config
@@ -115,6 +122,7 @@ pub(crate) fn run<F>(
             max_model_len,
             long_prefill_token_threshold: config.long_prefill_token_threshold,
             eos_token_ids: config.eos_token_ids.clone(),
+            row_snapshots,
             prefix_cache,
         },
         &geometry,
@@ -436,6 +444,7 @@ impl Worker {
                 start: row.start,
                 len: row.len,
                 cache_ops_before: plan.cache_ops.len(),
+                snapshots_in_row: row.snapshots.len(),
                 sampled: row.sample,
             });
         }
@@ -465,9 +474,11 @@ impl Worker {
         Ok(())
     }
 
-    /// StepFailed / Refused: the step's requests fail, the others go on.
+    /// StepFailed / Refused: the step's requests fail, the others go on;
+    /// the snapshots the step was to take are given back unpublished.
     fn fail_step(&mut self, plan: &Plan, why: &str) {
         log::error!("step failed ({} rows): {why}", plan.rows.len());
+        self.scheduler.abandon(plan);
         for row in &plan.rows {
             if let Some(client) = self.drop_request(row.id, "error") {
                 let _ = client.events.send(Event::Failed(STEP_FAILED.into()));

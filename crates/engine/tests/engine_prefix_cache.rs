@@ -29,7 +29,13 @@ fn cat(parts: &[&[u32]]) -> Vec<u32> {
     parts.concat()
 }
 
-fn cached(budget: usize, seqs: usize, marker: bool, max_snapshots: usize) -> EngineConfig {
+fn cached(
+    in_step: bool,
+    budget: usize,
+    seqs: usize,
+    marker: bool,
+    max_snapshots: usize,
+) -> EngineConfig {
     let mut c = config(budget, seqs);
     c.prefix_cache = PrefixCacheConfig {
         enabled: true,
@@ -37,6 +43,7 @@ fn cached(budget: usize, seqs: usize, marker: bool, max_snapshots: usize) -> Eng
         snapshot_after: if marker { vec![MARK.to_vec()] } else { vec![] },
         snapshot_interval: 0,
         snapshot_before_last_token: true,
+        in_step_snapshots: in_step,
     };
     c
 }
@@ -67,9 +74,8 @@ fn assert_no_violation(s: &Started) {
     );
 }
 
-#[tokio::test]
-async fn exact_repeat_resumes_before_the_last_prompt_token() {
-    let s = start_with_snapshots(cached(64, 4, false, 16), geometry(4, 64, PAGE), 16);
+async fn exact_repeat_resumes_before_the_last_prompt_token(in_step: bool) {
+    let s = start_with_snapshots(cached(in_step, 64, 4, false, 16), geometry(4, 64, PAGE), 16);
     let r = request(body(1, 40), 6, 7);
     let (_, first) = run(&s, &r).await;
     assert_eq!(first.cached_tokens, 0);
@@ -90,13 +96,12 @@ async fn exact_repeat_resumes_before_the_last_prompt_token() {
     assert_eq!(metric(&s, "gdn:prefix_cache_snapshot_misses_total"), 1.0);
 }
 
-#[tokio::test]
-async fn without_the_last_token_point_a_repeat_hits_from_its_second_repeat() {
+async fn without_the_last_token_point_a_repeat_hits_from_its_second_repeat(in_step: bool) {
     // The server's default: no snapshot before the last prompt token, so a
     // prefill is never cut short for it. The first repeat finds the whole
     // prompt's KV but no state: it takes a branch point there (before the
     // last token) and the later repeats resume at it.
-    let mut c = cached(64, 4, false, 16);
+    let mut c = cached(in_step, 64, 4, false, 16);
     c.prefix_cache.snapshot_before_last_token = false;
     let s = start_with_snapshots(c, geometry(4, 64, PAGE), 16);
     let r = request(body(1, 40), 6, 7);
@@ -112,9 +117,8 @@ async fn without_the_last_token_point_a_repeat_hits_from_its_second_repeat() {
     assert_no_violation(&s);
 }
 
-#[tokio::test]
-async fn shared_system_prompt_hits_at_the_marker() {
-    let s = start_with_snapshots(cached(64, 4, true, 16), geometry(4, 64, PAGE), 16);
+async fn shared_system_prompt_hits_at_the_marker(in_step: bool) {
+    let s = start_with_snapshots(cached(in_step, 64, 4, true, 16), geometry(4, 64, PAGE), 16);
     let system = cat(&[&body(2, 29), &MARK]);
     for (i, len) in [5usize, 9, 12, 7].into_iter().enumerate() {
         let r = request(cat(&[&system, &body(10 + i as u32, len)]), 5, i as u64);
@@ -136,13 +140,12 @@ fn sharers(system: &[u32], n: u32, question_len: usize) -> Vec<GenerateRequest> 
         .collect()
 }
 
-#[tokio::test]
-async fn a_shared_prefix_without_a_marker_is_served_from_a_branch_point() {
+async fn a_shared_prefix_without_a_marker_is_served_from_a_branch_point(in_step: bool) {
     // The first request publishes only its own points (last-but-one, end of
     // generation); the second shares 29 tokens of KV with it but no state,
     // so its prefill stops at 29 to snapshot there (a branch point); from
     // the third on, every sharer resumes at 29.
-    let s = start_with_snapshots(cached(64, 4, false, 16), geometry(4, 64, PAGE), 16);
+    let s = start_with_snapshots(cached(in_step, 64, 4, false, 16), geometry(4, 64, PAGE), 16);
     let system = body(2, 29);
     let requests = sharers(&system, 5, 6);
     for (i, r) in requests.iter().enumerate() {
@@ -163,25 +166,35 @@ async fn a_shared_prefix_without_a_marker_is_served_from_a_branch_point() {
         metric(&s, "gdn:prefix_cache_kv_only_unusable_tokens_total"),
         29.0
     );
-    // The second request's prefill stopped exactly at the branch point.
+    // The second request's prefill stopped exactly at the branch point,
+    // or (in-step) took its snapshot there inside the step.
     let second = &requests[1].prompt;
     let stopped = s.control.steps().iter().flatten().any(|row| {
-        row.start == 0 && row.tokens.len() == system.len() && row.tokens[..] == second[..29]
+        let at_29 = if in_step {
+            // With its last-but-one point.
+            row.tokens.len() == second.len() && row.snapshots == [29, second.len() - 1]
+        } else {
+            row.tokens.len() == system.len()
+        };
+        row.start == 0 && row.tokens[..29] == second[..29] && at_29
     });
     assert!(
         stopped,
-        "no prefill chunk of the second request ended at 29"
+        "no prefill chunk of the second request ended at 29 (in step: {in_step})"
     );
     assert_no_violation(&s);
 }
 
-#[tokio::test]
-async fn eight_sharers_arriving_together_take_one_branch_snapshot() {
+async fn eight_sharers_arriving_together_take_one_branch_snapshot(in_step: bool) {
     // Cold cache, eight sharers of a 29-token prefix queued in one go: the
     // first admitted stops at 29 (its row of that step is cut there), the
     // seven others wait for its snapshot instead of taking their own, and
     // all resume there.
-    let s = start_with_snapshots(cached(256, 9, false, 32), geometry(9, 128, PAGE), 32);
+    let s = start_with_snapshots(
+        cached(in_step, 256, 9, false, 32),
+        geometry(9, 128, PAGE),
+        32,
+    );
     let system = body(3, 29);
     let requests = sharers(&system, 8, 5);
     // An unrelated request's step is held while the sharers queue, so they
@@ -219,13 +232,16 @@ async fn eight_sharers_arriving_together_take_one_branch_snapshot() {
     assert_no_violation(&s);
 }
 
-#[tokio::test]
-async fn a_newcomer_waits_for_a_pending_branch_snapshot_it_shares() {
+async fn a_newcomer_waits_for_a_pending_branch_snapshot_it_shares(in_step: bool) {
     // A is cached. B and C arrive together: B shares the 29-token system
     // prompt with A and takes a branch point there; C shares 38 tokens with
     // A but only 29 with B. C must not take its own snapshot of what B is
     // about to publish: it waits, resumes at 29, and branches again at 38.
-    let s = start_with_snapshots(cached(256, 4, false, 32), geometry(4, 128, PAGE), 32);
+    let s = start_with_snapshots(
+        cached(in_step, 256, 4, false, 32),
+        geometry(4, 128, PAGE),
+        32,
+    );
     let system = body(6, 29);
     let x = body(20, 12);
     let a = request(cat(&[&system, &x]), 4, 1);
@@ -256,13 +272,12 @@ async fn a_newcomer_waits_for_a_pending_branch_snapshot_it_shares() {
     assert_no_violation(&s);
 }
 
-#[tokio::test]
-async fn a_callers_snapshot_point_serves_the_next_sharer() {
+async fn a_callers_snapshot_point_serves_the_next_sharer(in_step: bool) {
     // The server passes where a chat's preamble ends: the first request
     // snapshots there, so the second resumes there (no branch point
     // needed); a point shorter than a page is ignored; a point outside the
     // prompt is refused at submit.
-    let s = start_with_snapshots(cached(64, 4, false, 16), geometry(4, 64, PAGE), 16);
+    let s = start_with_snapshots(cached(in_step, 64, 4, false, 16), geometry(4, 64, PAGE), 16);
     let system = body(7, 29);
     let mut requests = sharers(&system, 3, 6);
     requests[0].snapshot_points = vec![29, 5];
@@ -290,9 +305,8 @@ async fn a_callers_snapshot_point_serves_the_next_sharer() {
     assert_no_violation(&s);
 }
 
-#[tokio::test]
-async fn the_next_turn_resumes_at_the_end_of_the_generation() {
-    let s = start_with_snapshots(cached(64, 4, true, 32), geometry(4, 64, PAGE), 32);
+async fn the_next_turn_resumes_at_the_end_of_the_generation(in_step: bool) {
+    let s = start_with_snapshots(cached(in_step, 64, 4, true, 32), geometry(4, 64, PAGE), 32);
     let mut history = cat(&[&body(3, 20), &MARK]);
     for turn in 0..4u32 {
         let r = request(history.clone(), 6, turn as u64);
@@ -309,9 +323,12 @@ async fn the_next_turn_resumes_at_the_end_of_the_generation() {
     assert_no_violation(&s);
 }
 
-#[tokio::test]
-async fn eight_concurrent_sharers_of_one_prefix() {
-    let s = start_with_snapshots(cached(256, 8, true, 32), geometry(8, 128, PAGE), 32);
+async fn eight_concurrent_sharers_of_one_prefix(in_step: bool) {
+    let s = start_with_snapshots(
+        cached(in_step, 256, 8, true, 32),
+        geometry(8, 128, PAGE),
+        32,
+    );
     let system = cat(&[&body(4, 45), &MARK]);
     let seed = request(cat(&[&system, &body(30, 4)]), 3, 99);
     assert_eq!(run(&s, &seed).await.1.cached_tokens, 0);
@@ -343,9 +360,8 @@ async fn eight_concurrent_sharers_of_one_prefix() {
     assert!(shared_step, "no step had sharers reading the same page");
 }
 
-#[tokio::test]
-async fn a_tiny_snapshot_budget_evicts_the_least_recently_used() {
-    let s = start_with_snapshots(cached(64, 2, false, 2), geometry(2, 64, PAGE), 16);
+async fn a_tiny_snapshot_budget_evicts_the_least_recently_used(in_step: bool) {
+    let s = start_with_snapshots(cached(in_step, 64, 2, false, 2), geometry(2, 64, PAGE), 16);
     let prompts: Vec<Vec<u32>> = (0..5).map(|i| body(50 + i, 20 + i as usize)).collect();
     for p in &prompts {
         assert_eq!(run(&s, &request(p.clone(), 4, 3)).await.1.cached_tokens, 0);
@@ -371,14 +387,13 @@ async fn a_tiny_snapshot_budget_evicts_the_least_recently_used() {
     assert_no_violation(&s);
 }
 
-#[tokio::test]
-async fn a_tiny_snapshot_budget_keeps_what_saves_the_most_prefill() {
+async fn a_tiny_snapshot_budget_keeps_what_saves_the_most_prefill(in_step: bool) {
     // Two snapshots. P (40 tokens) leaves one before its last prompt token
     // (saves 39) and one at the end of its generation (saves 3 over it).
     // Q (12 tokens, unrelated) then takes both places in turn: its first
     // evicts P's end of generation (3 < 39), its second evicts Q's own
     // last-but-one (saves 11) rather than P's, the least recently used.
-    let s = start_with_snapshots(cached(64, 2, false, 2), geometry(2, 64, PAGE), 16);
+    let s = start_with_snapshots(cached(in_step, 64, 2, false, 2), geometry(2, 64, PAGE), 16);
     let p = request(body(80, 40), 4, 1);
     let q = request(body(81, 12), 4, 2);
     assert_eq!(run(&s, &p).await.1.cached_tokens, 0);
@@ -390,11 +405,10 @@ async fn a_tiny_snapshot_budget_keeps_what_saves_the_most_prefill() {
     assert_no_violation(&s);
 }
 
-#[tokio::test]
-async fn running_requests_take_pages_back_from_the_cache() {
+async fn running_requests_take_pages_back_from_the_cache(in_step: bool) {
     // 12 pages of 8: each request needs 6; the cache must give its pages
     // back for every new prompt, and never blocks a request.
-    let s = start_with_snapshots(cached(64, 2, false, 16), geometry(2, 12, PAGE), 16);
+    let s = start_with_snapshots(cached(in_step, 64, 2, false, 16), geometry(2, 12, PAGE), 16);
     for i in 0..6u32 {
         let r = request(body(60 + i, 40), 8, 5);
         assert_eq!(run(&s, &r).await.1.cached_tokens, 0);
@@ -405,12 +419,11 @@ async fn running_requests_take_pages_back_from_the_cache() {
     assert_no_violation(&s);
 }
 
-#[tokio::test]
-async fn preempted_sharers_resume_exactly() {
+async fn preempted_sharers_resume_exactly(in_step: bool) {
     // 4 slots, 20 pages of 8: four sharers of 48 tokens growing to 80 each
     // cannot all fit, so the latest are preempted and readmitted (through
     // the cache again) until all finish.
-    let s = start_with_snapshots(cached(64, 4, true, 16), geometry(4, 20, PAGE), 16);
+    let s = start_with_snapshots(cached(in_step, 64, 4, true, 16), geometry(4, 20, PAGE), 16);
     let system = cat(&[&body(5, 38), &MARK]);
     assert_eq!(
         run(&s, &request(cat(&[&system, &[7]]), 2, 0))
@@ -468,6 +481,7 @@ fn the_fake_catches_a_wrong_restore_or_a_missing_page_copy() {
             tokens,
             pages,
             sample: Some(spec),
+            snapshots: &[],
         }])
     };
     let a = [1, 2, 3, 4, 5, 6];
@@ -494,3 +508,133 @@ fn the_fake_catches_a_wrong_restore_or_a_missing_page_copy() {
     fake.drop_snapshot(SnapshotId(0));
     assert!(fake.restore(SnapshotId(0), SlotId(1)).is_err());
 }
+
+/// A chat prompt: a 29-token system preamble (the caller's point, as the
+/// server passes it), a question, the marker and two tokens after it.
+fn chat_prompt(system: &[u32], question: &[u32]) -> GenerateRequest {
+    let mut r = request(cat(&[system, question, &MARK, &[33, 34]]), 4, 5);
+    r.snapshot_points = vec![system.len()];
+    r
+}
+
+/// The prefill rows of the only request run so far (it ran alone): rows
+/// starting before its prompt's end.
+fn prefill_rows(s: &Started, prompt_len: usize) -> Vec<engine::testing::RowRecord> {
+    s.control
+        .steps()
+        .into_iter()
+        .flatten()
+        .filter(|row| row.start < prompt_len)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_preamble_and_a_marker_point_are_snapshotted_in_one_step() {
+    // The prompt has two points, 29 (preamble) and 40 (after the marker);
+    // it fits one step's budget. In-step, it is prefilled in one step that
+    // takes both snapshots; an executor taking one per row needs two steps,
+    // one taking none (or the in-step snapshot turned off) three, as
+    // before. Each way the snapshots serve the next requests.
+    let system = body(8, 29);
+    let a = chat_prompt(&system, &body(40, 9));
+    assert_eq!(a.prompt.len(), 42);
+    for (row_snapshots, in_step, want) in [
+        (usize::MAX, true, vec![(0, 42, vec![29, 40])]),
+        (1, true, vec![(0, 40, vec![29]), (40, 2, vec![])]),
+        (
+            0,
+            true,
+            vec![(0, 29, vec![]), (29, 11, vec![]), (40, 2, vec![])],
+        ),
+        (
+            usize::MAX,
+            false,
+            vec![(0, 29, vec![]), (29, 11, vec![]), (40, 2, vec![])],
+        ),
+    ] {
+        let s = start_with_row_snapshots(
+            cached(in_step, 64, 4, true, 16),
+            geometry(4, 64, PAGE),
+            16,
+            row_snapshots,
+        );
+        assert_eq!(run(&s, &a).await.1.cached_tokens, 0);
+        let rows: Vec<(usize, usize, Vec<usize>)> = prefill_rows(&s, 42)
+            .into_iter()
+            .map(|r| (r.start, r.tokens.len(), r.snapshots))
+            .collect();
+        assert_eq!(rows, want, "{row_snapshots} per row, in step: {in_step}");
+        // The preamble's snapshot serves another question...
+        let b = chat_prompt(&system, &body(41, 7));
+        assert_eq!(run(&s, &b).await.1.cached_tokens, 29);
+        // ...and the marker's the next turn of the first conversation.
+        let c = request(cat(&[&a.prompt[..40], &[35, 36, 37]]), 4, 6);
+        assert_eq!(run(&s, &c).await.1.cached_tokens, 40);
+        assert_no_violation(&s);
+    }
+}
+
+#[tokio::test]
+async fn a_failed_step_publishes_none_of_its_snapshots() {
+    // The step that takes the two snapshots fails (the fake then leaves
+    // garbage in them): neither may be published, and both ids go back to
+    // the pool of two, so the next request takes them again and serves the
+    // third. A published garbage snapshot would be refused at its restore.
+    let s = start_with_snapshots(cached(true, 64, 4, true, 2), geometry(4, 64, PAGE), 2);
+    let system = body(9, 29);
+    let a = chat_prompt(&system, &body(42, 9));
+    s.control
+        .fail_next(engine::testing::FakeFailure::StepFailed);
+    let (tokens, end) = collect(s.handle.submit(a.clone()).expect("accepted")).await;
+    assert!(
+        tokens.is_empty() && matches!(end, Event::Failed(_)),
+        "{end:?}"
+    );
+    assert_eq!(prefill_rows(&s, 42)[0].snapshots, vec![29, 40]);
+    let stats = wait_released(&s.handle).prefix_cache.unwrap();
+    assert_eq!(
+        (stats.snapshots, stats.snapshots_taken),
+        (0, 0),
+        "{stats:?}"
+    );
+    let b = chat_prompt(&system, &body(43, 9));
+    assert_eq!(run(&s, &b).await.1.cached_tokens, 0);
+    let c = chat_prompt(&system, &body(44, 5));
+    assert_eq!(run(&s, &c).await.1.cached_tokens, 29);
+    assert_no_violation(&s);
+}
+
+/// Every test above runs twice: snapshots at chunk boundaries (`chunked`)
+/// and inside the step (`in_step`, the default).
+macro_rules! both_ways {
+    ($($name:ident),* $(,)?) => {
+        mod chunked {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(false).await
+            })*
+        }
+        mod in_step {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(true).await
+            })*
+        }
+    };
+}
+
+both_ways!(
+    exact_repeat_resumes_before_the_last_prompt_token,
+    without_the_last_token_point_a_repeat_hits_from_its_second_repeat,
+    shared_system_prompt_hits_at_the_marker,
+    a_shared_prefix_without_a_marker_is_served_from_a_branch_point,
+    eight_sharers_arriving_together_take_one_branch_snapshot,
+    a_newcomer_waits_for_a_pending_branch_snapshot_it_shares,
+    a_callers_snapshot_point_serves_the_next_sharer,
+    the_next_turn_resumes_at_the_end_of_the_generation,
+    eight_concurrent_sharers_of_one_prefix,
+    a_tiny_snapshot_budget_evicts_the_least_recently_used,
+    a_tiny_snapshot_budget_keeps_what_saves_the_most_prefill,
+    running_requests_take_pages_back_from_the_cache,
+    preempted_sharers_resume_exactly
+);

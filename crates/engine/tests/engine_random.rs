@@ -30,9 +30,9 @@ impl Rng {
 
 /// Runs one workload; with `cache`, the prefix cache is on and the prompts
 /// share prefixes (three stems, cut at random lengths). Returns the
-/// preemptions, the prompt tokens served from the cache and the branch
-/// points set.
-async fn one_workload(seed: u64, cache: bool) -> (u64, u64, u64) {
+/// preemptions, the prompt tokens served from the cache, the branch
+/// points set and the rows that took snapshots inside the step.
+async fn one_workload(seed: u64, cache: bool) -> (u64, u64, u64, usize) {
     let mut rng = Rng(seed);
     let page_size = 1 + rng.below(8);
     let num_slots = 1 + rng.below(6);
@@ -55,9 +55,22 @@ async fn one_workload(seed: u64, cache: bool) -> (u64, u64, u64) {
             snapshot_after: vec![vec![5, 6]],
             snapshot_interval: rng.below(3) * (1 + rng.below(12)),
             snapshot_before_last_token: true,
+            // Snapshots inside a step (any number, or one, per row) or at
+            // chunk boundaries.
+            in_step_snapshots: rng.below(3) > 0,
         };
     }
-    let s = start_with_snapshots(config, geometry(num_slots, num_pages, page_size), snapshots);
+    let row_snapshots = if cache && rng.below(2) == 0 {
+        1
+    } else {
+        usize::MAX
+    };
+    let s = start_with_row_snapshots(
+        config,
+        geometry(num_slots, num_pages, page_size),
+        snapshots,
+        row_snapshots,
+    );
     let max_model_len = s.handle.max_model_len().unwrap();
     let stems: Vec<Vec<u32>> = (0..3)
         .map(|k| {
@@ -131,7 +144,19 @@ async fn one_workload(seed: u64, cache: bool) -> (u64, u64, u64) {
     );
     let stats = wait_released(&s.handle);
     let cache = stats.prefix_cache.unwrap_or_default();
-    (stats.preemptions, cache.hit_tokens, cache.branch_points)
+    let in_step = s
+        .control
+        .steps()
+        .iter()
+        .flatten()
+        .filter(|row| !row.snapshots.is_empty())
+        .count();
+    (
+        stats.preemptions,
+        cache.hit_tokens,
+        cache.branch_points,
+        in_step,
+    )
 }
 
 #[tokio::test]
@@ -146,16 +171,18 @@ async fn random_workloads_match_the_model_run_alone() {
 
 #[tokio::test]
 async fn random_workloads_with_the_prefix_cache_match_the_model_run_alone() {
-    let (mut preemptions, mut hits, mut branches) = (0, 0, 0);
+    let (mut preemptions, mut hits, mut branches, mut in_step) = (0, 0, 0, 0);
     for seed in 100..140 {
-        let (p, h, b) = one_workload(seed, true).await;
+        let (p, h, b, i) = one_workload(seed, true).await;
         preemptions += p;
         hits += h;
         branches += b;
+        in_step += i;
     }
-    // Preemption, cache hits and branch points must have been exercised.
+    // Preemption, cache hits, branch points and snapshots inside a step
+    // must have been exercised.
     assert!(
-        preemptions > 0 && hits > 0 && branches > 0,
-        "{preemptions} preemptions, {hits} hit tokens, {branches} branch points"
+        preemptions > 0 && hits > 0 && branches > 0 && in_step > 0,
+        "{preemptions} preemptions, {hits} hit tokens, {branches} branch points, {in_step} rows with in-step snapshots"
     );
 }

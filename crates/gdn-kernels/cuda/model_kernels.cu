@@ -325,12 +325,37 @@ extern "C" __global__ void attn_prep(
 // (GQA: the block serves the G = Hq/Hkv query heads of one KV head), online
 // softmax in fp32 per warp over an interleaved share of the keys, warps
 // merged at the end; the output is multiplied by sigmoid(gate) (Qwen3.5's
-// gated attention). grid (T, Hkv, splits), block 128. DPL = head dim / 32.
+// gated attention). grid (T, Hkv, splits), block 128. DPL = head dim / 32:
+// lane i owns dimensions [i*DPL, (i+1)*DPL), loaded as one vector.
 // With splits > 1 (flash-decoding: short batches with long contexts) block z
 // takes the z-th contiguous share of the keys and writes its partial softmax
 // state -- (m, l) to ws_ml[T, Hq, splits, 2] and the unnormalised
 // accumulator to ws_acc[T, Hq, splits, D] -- for attention_combine.
+//
+// Why KPI keys per warp step: a warp that took one key at a time (scalar
+// loads, then G dependent warp reductions) was a serial chain of memory
+// round trips: 108 us a layer at batch 16 and 1,024 keys on the H200 (ncu,
+// 2026-12-01), where the KV it reads (64 MB) streams in ~16 us. Loading KPI
+// keys' K and V rows (one 16-byte vector a lane each for D = 256) before
+// using any, and reducing the KPI x G dot products in one interleaved
+// butterfly, keeps that many loads and shuffles in flight. MAXG (the largest
+// GQA group the kernel serves) sizes the per-head registers: a G <= 4 model
+// (Qwen3.5-4B) takes the MAXG = 4 instance and half the registers.
 template <int DPL>
+struct KvVec;  // DPL bf16 values as one load
+template <> struct KvVec<1> { typedef unsigned short T; };
+template <> struct KvVec<2> { typedef unsigned int T; };
+template <> struct KvVec<4> { typedef uint2 T; };
+template <> struct KvVec<8> { typedef uint4 T; };
+
+template <int DPL>
+__device__ __forceinline__ void unpack_bf16(const typename KvVec<DPL>::T& v, float* out) {
+    const bf16* h = reinterpret_cast<const bf16*>(&v);
+#pragma unroll
+    for (int e = 0; e < DPL; ++e) out[e] = f(h[e]);
+}
+
+template <int DPL, int MAXG>
 __device__ void attention_impl(bf16* __restrict__ out, const bf16* __restrict__ q,
                                const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
                                const bf16* __restrict__ proj, int ld,
@@ -340,21 +365,23 @@ __device__ void attention_impl(bf16* __restrict__ out, const bf16* __restrict__ 
                                int hq, int hkv, float scale, float* __restrict__ ws_ml,
                                float* __restrict__ ws_acc) {
     constexpr int D = DPL * 32;
-    __shared__ float sh_m[kAttnWarps][kMaxGqa], sh_l[kAttnWarps][kMaxGqa];
-    __shared__ float sh_acc[kAttnWarps][kMaxGqa][D];
+    constexpr int KPI = MAXG <= 4 ? 4 : 2;  // keys a warp loads before using any
+    typedef typename KvVec<DPL>::T Vec;
+    __shared__ float sh_m[kAttnWarps][MAXG], sh_l[kAttnWarps][MAXG];
+    __shared__ float sh_acc[kAttnWarps][MAXG][D];
     const int64_t t = blockIdx.x;
     const int kh = blockIdx.y;
     const int G = hq / hkv;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float qr[kMaxGqa][DPL], acc[kMaxGqa][DPL], m[kMaxGqa], l[kMaxGqa];
+    float qr[MAXG][DPL], acc[MAXG][DPL], m[MAXG], l[MAXG];
 #pragma unroll
-    for (int g = 0; g < kMaxGqa; ++g) {
+    for (int g = 0; g < MAXG; ++g) {
         m[g] = -INFINITY;
         l[g] = 0.f;
 #pragma unroll
         for (int e = 0; e < DPL; ++e) {
             acc[g][e] = 0.f;
-            qr[g][e] = g < G ? f(q[(t * hq + kh * G + g) * D + lane * DPL + e]) : 0.f;
+            qr[g][e] = g < G ? f(q[(t * hq + kh * G + g) * D + lane * DPL + e]) * scale : 0.f;
         }
     }
     const int pos = positions[t];
@@ -362,33 +389,68 @@ __device__ void attention_impl(bf16* __restrict__ out, const bf16* __restrict__ 
     const int splits = gridDim.z, z = blockIdx.z;
     const int share = (pos + splits) / splits;  // ceil((pos + 1) / splits)
     const int j_end = min(pos + 1, (z + 1) * share);
-    for (int j = z * share + warp; j < j_end; j += kAttnWarps) {
-        const int64_t at = (((int64_t)pages[j / page] * page + j % page) * hkv + kh) * D + lane * DPL;
-        float kr[DPL], vr[DPL];
+    for (int j0 = z * share + warp * KPI; j0 < j_end; j0 += kAttnWarps * KPI) {
+        Vec kv[KPI], vv[KPI];
 #pragma unroll
-        for (int e = 0; e < DPL; ++e) {
-            kr[e] = f(k_cache[at + e]);
-            vr[e] = f(v_cache[at + e]);
+        for (int u = 0; u < KPI; ++u) {
+            const int j = min(j0 + u, j_end - 1);  // past the end: a valid key, weight 0 below
+            const int64_t at =
+                (((int64_t)pages[j / page] * page + j % page) * hkv + kh) * D + lane * DPL;
+            kv[u] = *reinterpret_cast<const Vec*>(k_cache + at);
+            vv[u] = *reinterpret_cast<const Vec*>(v_cache + at);
+        }
+        float score[KPI][MAXG];
+#pragma unroll
+        for (int u = 0; u < KPI; ++u) {
+            float kr[DPL];
+            unpack_bf16<DPL>(kv[u], kr);
+#pragma unroll
+            for (int g = 0; g < MAXG; ++g) {
+                float dot = 0.f;
+#pragma unroll
+                for (int e = 0; e < DPL; ++e) dot += qr[g][e] * kr[e];
+                score[u][g] = dot;
+            }
+        }
+        // One butterfly over all KPI x MAXG partial dot products at once.
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+            for (int u = 0; u < KPI; ++u) {
+#pragma unroll
+                for (int g = 0; g < MAXG; ++g)
+                    score[u][g] += __shfl_xor_sync(0xffffffffu, score[u][g], o);
+            }
         }
 #pragma unroll
-        for (int g = 0; g < kMaxGqa; ++g) {
+        for (int g = 0; g < MAXG; ++g) {
             if (g >= G) break;
-            float dot = 0.f;
+            float m_new = m[g];
 #pragma unroll
-            for (int e = 0; e < DPL; ++e) dot += qr[g][e] * kr[e];
-            const float score = warp_sum(dot) * scale;
-            const float m_new = fmaxf(m[g], score);
-            const float corr = expf(m[g] - m_new);  // 0 on the first key (m = -inf)
-            const float p = expf(score - m_new);
-            l[g] = l[g] * corr + p;
+            for (int u = 0; u < KPI; ++u)
+                if (j0 + u < j_end) m_new = fmaxf(m_new, score[u][g]);
+            const float corr = expf(m[g] - m_new);  // 0 on the first keys (m = -inf)
+            float p[KPI];
 #pragma unroll
-            for (int e = 0; e < DPL; ++e) acc[g][e] = acc[g][e] * corr + p * vr[e];
+            for (int u = 0; u < KPI; ++u) {
+                p[u] = j0 + u < j_end ? expf(score[u][g] - m_new) : 0.f;
+                l[g] = u == 0 ? l[g] * corr + p[u] : l[g] + p[u];
+            }
+#pragma unroll
+            for (int e = 0; e < DPL; ++e) acc[g][e] *= corr;
+#pragma unroll
+            for (int u = 0; u < KPI; ++u) {
+                float vr[DPL];
+                unpack_bf16<DPL>(vv[u], vr);
+#pragma unroll
+                for (int e = 0; e < DPL; ++e) acc[g][e] += p[u] * vr[e];
+            }
             m[g] = m_new;
         }
     }
     // Constant indices only (full unroll), so acc/m/l stay in registers.
 #pragma unroll
-    for (int g = 0; g < kMaxGqa; ++g) {
+    for (int g = 0; g < MAXG; ++g) {
         if (g < G) {
             if (lane == 0) {
                 sh_m[warp][g] = m[g];
@@ -469,20 +531,26 @@ extern "C" __global__ void attention_combine(bf16* __restrict__ out, const float
     out[(t * hq + h) * D + d] = bf(rbf(num / den_share) * sigmoid(gate));
 }
 
-#define GDN_ATTENTION(DPL)                                                                   \
-    extern "C" __global__ void __launch_bounds__(kAttnWarps * 32) attention_d##DPL(          \
+#define GDN_ATTENTION(NAME, DPL, MAXG)                                                       \
+    extern "C" __global__ void __launch_bounds__(kAttnWarps * 32) NAME(                      \
         bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache, const bf16* proj, \
         int ld, const int32_t* positions, const int32_t* tok_seq, const int32_t* block_table, \
         int max_blocks, int page, int hq, int hkv, float scale, float* ws_ml,                \
         float* ws_acc) {                                                                     \
-        attention_impl<DPL>(out, q, k_cache, v_cache, proj, ld, positions, tok_seq,          \
-                            block_table, max_blocks, page, hq, hkv, scale, ws_ml, ws_acc);   \
+        attention_impl<DPL, MAXG>(out, q, k_cache, v_cache, proj, ld, positions, tok_seq,    \
+                                  block_table, max_blocks, page, hq, hkv, scale, ws_ml,      \
+                                  ws_acc);                                                   \
     }
-// Head dims 32, 64, 128 and 256 (Qwen3.5 uses 256; the test models 32).
-GDN_ATTENTION(1)
-GDN_ATTENTION(2)
-GDN_ATTENTION(4)
-GDN_ATTENTION(8)
+// Head dims 32, 64, 128 and 256 (Qwen3.5 uses 256; the test models 32), for
+// GQA groups up to 8 and (fewer registers) up to 4.
+GDN_ATTENTION(attention_d1, 1, kMaxGqa)
+GDN_ATTENTION(attention_d2, 2, kMaxGqa)
+GDN_ATTENTION(attention_d4, 4, kMaxGqa)
+GDN_ATTENTION(attention_d8, 8, kMaxGqa)
+GDN_ATTENTION(attention_g4_d1, 1, 4)
+GDN_ATTENTION(attention_g4_d2, 2, 4)
+GDN_ATTENTION(attention_g4_d4, 4, 4)
+GDN_ATTENTION(attention_g4_d8, 8, 4)
 
 // Prefill attention on tensor cores (WMMA bf16 16x16x16, fp32 accumulate).
 // A block takes one query tile -- up to 16 consecutive tokens of one sequence

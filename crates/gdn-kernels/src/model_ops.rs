@@ -179,6 +179,8 @@ struct Functions {
     /// By head dim 32, 64, 128, 256: one token per block (decode) and
     /// tensor-core query tiles (prefill).
     attention: [CudaFunction; 4],
+    /// The same decode kernels for GQA groups <= 4 (half the registers).
+    attention_g4: [CudaFunction; 4],
     attention_prefill: [CudaFunction; 4],
     attention_combine: CudaFunction,
     attention_gate: CudaFunction,
@@ -249,6 +251,12 @@ impl ModelOps {
                 l("attention_d2")?,
                 l("attention_d4")?,
                 l("attention_d8")?,
+            ],
+            attention_g4: [
+                l("attention_g4_d1")?,
+                l("attention_g4_d2")?,
+                l("attention_g4_d4")?,
+                l("attention_g4_d8")?,
             ],
             attention_combine: l("attention_combine")?,
             attention_gate: l("attention_gate_bf16")?,
@@ -699,7 +707,12 @@ impl ModelOps {
             } else {
                 None
             };
-            let mut b = self.stream.launch_builder(&self.f.attention[which]);
+            let decode = if shape.q_heads / shape.kv_heads <= 4 {
+                &self.f.attention_g4[which]
+            } else {
+                &self.f.attention[which]
+            };
+            let mut b = self.stream.launch_builder(decode);
             b.arg(&mut *out)
                 .arg(q)
                 .arg(k_cache)

@@ -195,6 +195,7 @@ fn a_row_at_the_wrong_position_is_refused_and_changes_nothing() {
     };
     let tokens = &p[32..33];
     let row = |slot: u32, start: usize, pages| StepRow {
+        snapshots: &[],
         slot: SlotId(slot),
         start,
         tokens,

@@ -2,6 +2,8 @@
 //! the cache on, greedy outputs equal those of the same engine with the
 //! cache off, token for token, and the CPU reference forward's own greedy
 //! loop on each request alone; `cached_tokens` is asserted in each case.
+//! Every case runs the cache both ways: snapshots at chunk boundaries and
+//! inside the step (`PrefixCacheConfig::in_step_snapshots`).
 //! A last test shows that a wrong restore changes what the model computes
 //! (so the equality checks can fail).
 
@@ -38,23 +40,24 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
 }
 
 /// An engine on the fixture's CPU executor; `cache`: the prefix cache with
-/// this snapshot budget and marker.
+/// this snapshot budget and marker, snapshots inside the step or not.
 fn start(
     f: &Fixture,
     sizing: CpuSizing,
-    cache: Option<(usize, Vec<u32>)>,
+    cache: Option<(usize, Vec<u32>, bool)>,
 ) -> (EngineHandle, prometheus::Registry) {
     let mut config = EngineConfig::new(vec![]);
     config.max_num_batched_tokens = 64;
     config.max_num_seqs = sizing.num_slots;
-    let pool = cache.as_ref().map_or(0, |(n, _)| *n);
-    if let Some((max_snapshots, marker)) = cache {
+    let pool = cache.as_ref().map_or(0, |(n, _, _)| *n);
+    if let Some((max_snapshots, marker, in_step)) = cache {
         config.prefix_cache = PrefixCacheConfig {
             enabled: true,
             max_snapshots,
             snapshot_after: vec![marker],
             snapshot_interval: 0,
             snapshot_before_last_token: true,
+            in_step_snapshots: in_step,
         };
     }
     let (c, w) = (f.config.clone(), Weights::open(&f.dir).unwrap());
@@ -120,7 +123,9 @@ fn reference(model: &CpuModel, prompt: &[u32], n: usize) -> Vec<u32> {
 }
 
 /// Cache on and off give the same tokens, equal to the reference; the
-/// cache-on run's `cached_tokens` are `expected`. Returns the cache-on stats.
+/// cache-on runs' `cached_tokens` are `expected`. The cache runs twice:
+/// snapshots at chunk boundaries, then inside the step (the default).
+/// Returns the in-step run's stats.
 async fn on_equals_off(
     f: &Fixture,
     sizing: CpuSizing,
@@ -133,22 +138,29 @@ async fn on_equals_off(
     let (off, _) = start(f, sizing, None);
     let without = run(&off, &waves).await;
     off.shutdown(Duration::from_secs(5)).await;
-    let (on, _) = start(f, sizing, Some((snapshots, marker)));
-    let with = run(&on, &waves).await;
-    let reqs: Vec<&GenerateRequest> = waves.iter().flatten().collect();
-    for (i, ((r, a), b)) in reqs.iter().zip(&with).zip(&without).enumerate() {
-        assert_eq!(a.0, b.0, "request {i}: cache on and off differ");
-        assert_eq!(
-            a.0,
-            reference(&model, &r.prompt, r.stop.max_tokens),
-            "request {i}"
-        );
-        assert_eq!(b.1.cached_tokens, 0);
-        assert_eq!(a.1.cached_tokens, expected[i], "request {i}: cached_tokens");
+    let mut stats = None;
+    for in_step in [false, true] {
+        let (on, _) = start(f, sizing, Some((snapshots, marker.clone(), in_step)));
+        let with = run(&on, &waves).await;
+        let reqs: Vec<&GenerateRequest> = waves.iter().flatten().collect();
+        for (i, ((r, a), b)) in reqs.iter().zip(&with).zip(&without).enumerate() {
+            let way = if in_step { "in-step" } else { "chunked" };
+            assert_eq!(a.0, b.0, "request {i}: cache on ({way}) and off differ");
+            assert_eq!(
+                a.0,
+                reference(&model, &r.prompt, r.stop.max_tokens),
+                "request {i}"
+            );
+            assert_eq!(b.1.cached_tokens, 0);
+            assert_eq!(
+                a.1.cached_tokens, expected[i],
+                "request {i}: cached_tokens ({way})"
+            );
+        }
+        stats = Some(on.stats());
+        on.shutdown(Duration::from_secs(5)).await;
     }
-    let stats = on.stats();
-    on.shutdown(Duration::from_secs(5)).await;
-    stats
+    stats.expect("two runs")
 }
 
 fn sizing(num_slots: usize, num_pages: usize) -> CpuSizing {
@@ -345,6 +357,7 @@ fn a_wrong_restore_changes_the_logits() {
                 banned: &[],
             };
             exec.step(&[StepRow {
+                snapshots: &[],
                 slot: SlotId(slot),
                 start,
                 tokens,

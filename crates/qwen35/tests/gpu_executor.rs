@@ -221,6 +221,7 @@ fn a_row_at_the_wrong_position_is_refused_and_changes_nothing() {
             let pages: Vec<PageId> = (0..PAGES_PER_SLOT as u32).map(PageId).collect();
             for (slot, start) in [(0, 15), (0, 17), (1, 16)] {
                 let row = StepRow {
+                    snapshots: &[],
                     slot: SlotId(slot),
                     start,
                     tokens: &p[16..32],

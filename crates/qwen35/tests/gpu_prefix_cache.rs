@@ -17,6 +17,15 @@
 //! tokens are a near-tie (|gap| <= 0.05, gpu_engine.rs's rule; bf16 sums
 //! depend on how a prompt was chunked), and with hits reported. The same
 //! harness runs on the CPU executor (in CI).
+//!
+//! The in-step snapshot (`StepRow::snapshots`): a row that takes two
+//! snapshots inside one step (three forwards) leaves the same snapshot
+//! states (GPU: exported and compared bit for bit), the same KV (a resume
+//! from each path's snapshot computes the same) and samples the same token
+//! as the same row cut at the points into three steps with a snapshot after
+//! each; and through the engine, a prompt with a preamble point and a
+//! marker point is prefilled in one step with the in-step snapshot (three
+//! without), serving the same tokens and `cached_tokens` both ways.
 
 mod common;
 
@@ -27,8 +36,8 @@ use common::{Fixture, MODELS};
 use cudarc::driver::CudaStream;
 use engine::prefix_cache::PrefixCacheConfig;
 use engine::{
-    Engine, EngineConfig, EngineHandle, Event, Executor, GenerateRequest, PageId, SampleSeed,
-    SampleSpec, SampledToken, SamplingParams, SlotId, SnapshotId, StepRow, StopParams,
+    Engine, EngineConfig, EngineHandle, Event, Executor, GenerateRequest, PageId, RowSnapshot,
+    SampleSeed, SampleSpec, SampledToken, SamplingParams, SlotId, SnapshotId, StepRow, StopParams,
 };
 use qwen35::engine_exec::{CpuExecutor, CpuSizing, GpuExecutor, GpuSizing, PagePool};
 use qwen35::gpu::{GpuModel, GpuOptions};
@@ -81,6 +90,7 @@ fn step(exec: &mut GpuExecutor, rows: &[RowSpec<'_>]) -> Vec<SampledToken> {
     let rows: Vec<StepRow> = rows
         .iter()
         .map(|&(slot, start, tokens, pages, history)| StepRow {
+            snapshots: &[],
             slot: SlotId(slot),
             start,
             tokens,
@@ -163,7 +173,8 @@ enum Device {
     Cpu,
 }
 
-/// The engine on `device` with `pages` KV pages and `snapshots` snapshots.
+/// The engine on `device` with `pages` KV pages and `snapshots` snapshots
+/// (the in-step snapshot on, a step budget of 32 tokens).
 fn start(
     name: &'static str,
     cache: bool,
@@ -173,11 +184,22 @@ fn start(
 ) -> EngineHandle {
     let mut config = EngineConfig::new(vec![]);
     config.max_num_batched_tokens = 32;
-    config.max_num_seqs = 4;
     config.prefix_cache = PrefixCacheConfig {
         enabled: cache,
         ..PrefixCacheConfig::default()
     };
+    start_with(name, config, device, pages, snapshots)
+}
+
+/// The engine on `device` with `config` (4 sequences at most).
+fn start_with(
+    name: &'static str,
+    mut config: EngineConfig,
+    device: Device,
+    pages: usize,
+    snapshots: usize,
+) -> EngineHandle {
+    config.max_num_seqs = 4;
     let handle = Engine::start(
         config,
         move || {
@@ -421,5 +443,316 @@ async fn shared_system_prompt(device: Device) {
             assert_eq!(near_ties, 0, "{name}: the CPU executor diverged");
         }
         println!("{name}: {compared} tokens compared, {near_ties} near-tie divergences, cached {cached:?}");
+    }
+}
+
+/// A row of [`run_step`]: (slot, start, tokens, pages, the sampling history
+/// when it samples, its in-step snapshots).
+type PieceSpec<'a> = (
+    u32,
+    usize,
+    &'a [u32],
+    &'a [PageId],
+    Option<&'a [u32]>,
+    &'a [RowSnapshot],
+);
+
+/// One step on any executor; sampling rows greedy with the top 5 logprobs.
+fn run_step(exec: &mut dyn Executor, rows: &[PieceSpec<'_>]) -> Vec<SampledToken> {
+    let params = SamplingParams {
+        temperature: 0.0,
+        logprobs: Some(5),
+        ..Default::default()
+    };
+    let rows: Vec<StepRow> = rows
+        .iter()
+        .map(
+            |&(slot, start, tokens, pages, history, snapshots)| StepRow {
+                slot: SlotId(slot),
+                start,
+                tokens,
+                pages,
+                sample: history.map(|history| SampleSpec {
+                    params: &params,
+                    history,
+                    prompt_len: history.len(),
+                    seed: SampleSeed { seed: 0, draw: 0 },
+                    banned: &[],
+                }),
+                snapshots,
+            },
+        )
+        .collect();
+    exec.step(&rows).unwrap()
+}
+
+/// Slots and snapshots of [`in_step_against_chunked`].
+const IN_STEP_SLOTS: usize = 6;
+const IN_STEP_SNAPSHOTS: usize = 4;
+
+/// Prompt A (50 tokens, points at 21 and 37: inside pages 2 and 3) runs
+/// in one step taking snapshots 0 and 1 inside its row, next to a row X
+/// that samples in the first forward; then the same rows the chunked way:
+/// X with A's first piece, snapshot 2, A's second piece, snapshot 3, A's
+/// last piece. Both ways must sample the same tokens (in row order: X's
+/// before A's although A's comes from the last forward), and a resume at
+/// 21 from either way's snapshot and KV computes the same. Returns the
+/// sampled token of A (in-step) for the caller's own checks.
+fn in_step_against_chunked(exec: &mut dyn Executor, f: &Fixture, name: &str) -> SampledToken {
+    assert!(exec.max_row_snapshots() >= 2, "{name}: no in-step snapshot");
+    let long = f.prompts.iter().max_by_key(|p| p.len()).unwrap();
+    let a = &long[..50];
+    let x = &long[60..80];
+    let (p1, p2) = (21, 37);
+    let pa: Vec<PageId> = (0..4).map(PageId).collect();
+    let pb: Vec<PageId> = (4..8).map(PageId).collect();
+    let (px1, px2): (Vec<PageId>, Vec<PageId>) = (
+        (8..10).map(PageId).collect(),
+        (10..12).map(PageId).collect(),
+    );
+    let points = [
+        RowSnapshot {
+            at: p1,
+            snapshot: SnapshotId(0),
+        },
+        RowSnapshot {
+            at: p2,
+            snapshot: SnapshotId(1),
+        },
+    ];
+    let in_step = run_step(
+        exec,
+        &[
+            (4, 0, x, &px1, Some(x), &[]),
+            (0, 0, a, &pa, Some(a), &points),
+        ],
+    );
+    let x_chunked = run_step(
+        exec,
+        &[
+            (5, 0, x, &px2, Some(x), &[]),
+            (1, 0, &a[..p1], &pb, None, &[]),
+        ],
+    );
+    exec.snapshot(SlotId(1), SnapshotId(2)).unwrap();
+    assert!(run_step(exec, &[(1, p1, &a[p1..p2], &pb, None, &[])]).is_empty());
+    exec.snapshot(SlotId(1), SnapshotId(3)).unwrap();
+    let a_chunked = run_step(exec, &[(1, p2, &a[p2..], &pb, Some(a), &[])]);
+    assert_eq!(in_step.len(), 2, "{name}: one token per sampling row");
+    assert_eq!(in_step[0], x_chunked[0], "{name}: row X differs");
+    assert_eq!(in_step[1], a_chunked[0], "{name}: row A differs in-step");
+    // Resume at 21 from each way's snapshot, over that way's KV (page 0
+    // shared, page 1 copied).
+    let resume = |exec: &mut dyn Executor, snapshot, slot, pages: &[PageId], copy| {
+        exec.restore(SnapshotId(snapshot), SlotId(slot)).unwrap();
+        exec.copy_page(pages[1], PageId(copy)).unwrap();
+        let own = [pages[0], PageId(copy)];
+        run_step(
+            exec,
+            &[(slot, p1, &a[p1..p1 + 1], &own, Some(&a[..p1 + 1]), &[])],
+        )
+        .pop()
+        .unwrap()
+    };
+    let from_in_step = resume(exec, 0, 2, &pa, 12);
+    let from_chunked = resume(exec, 2, 3, &pb, 13);
+    assert_eq!(
+        from_in_step, from_chunked,
+        "{name}: the in-step snapshot resumes differently"
+    );
+    in_step[1].clone()
+}
+
+#[test]
+fn an_in_step_snapshot_equals_the_chunked_path() {
+    let Some(s) = stream() else { return };
+    for name in MODELS {
+        let f = Fixture::load(name);
+        let mut exec = executor(&f, &s, IN_STEP_SLOTS, 64, IN_STEP_SNAPSHOTS);
+        in_step_against_chunked(&mut exec, &f, name);
+        // The states themselves, bit for bit: snapshot k is cache slot
+        // num_slots + 1 + k.
+        let state = |exec: &mut GpuExecutor, k: usize| {
+            let slot = SlotId((IN_STEP_SLOTS + 1 + k) as u32);
+            exec.cache_mut().export_slot(slot).unwrap()
+        };
+        let (at_21, at_37) = (state(&mut exec, 0), state(&mut exec, 1));
+        assert!(at_21 == state(&mut exec, 2), "{name}: states at 21 differ");
+        assert!(at_37 == state(&mut exec, 3), "{name}: states at 37 differ");
+        assert!(
+            at_21 != at_37,
+            "{name}: the comparison cannot tell states apart"
+        );
+        println!("{name}: in-step snapshots = chunked, bit for bit");
+    }
+}
+
+#[test]
+fn an_in_step_snapshot_on_the_cpu_executor() {
+    for name in MODELS {
+        let f = Fixture::load(name);
+        let sizing = CpuSizing {
+            num_slots: IN_STEP_SLOTS,
+            num_pages: 64,
+            page_size: PAGE,
+            max_model_len: 16 * PAGE,
+        };
+        let mut exec = CpuExecutor::load(&f.dir, sizing)
+            .unwrap()
+            .with_snapshot_pool(IN_STEP_SNAPSHOTS);
+        let a_token = in_step_against_chunked(&mut exec, &f, name);
+        // And the reference forward of the whole prompt, in one call.
+        let long = f.prompts.iter().max_by_key(|p| p.len()).unwrap();
+        let model = exec.model();
+        let mut state = model.new_state();
+        let logits = model
+            .forward(&long[..50], &mut state)
+            .unwrap()
+            .pop()
+            .unwrap();
+        let best = (0..logits.len()).fold(0, |b, i| if logits[i] > logits[b] { i } else { b });
+        assert_eq!(a_token.token, best as u32, "{name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preamble_and_marker_prompt_is_prefilled_in_one_step() {
+    if stream().is_some() {
+        preamble_and_marker(Device::Gpu).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preamble_and_marker_prompt_on_the_cpu_executor() {
+    preamble_and_marker(Device::Cpu).await;
+}
+
+/// One request's greedy tokens, top-2 gaps, `cached_tokens`, and its steps
+/// before the first token with the snapshots taken inside its rows (the
+/// request timeline).
+type Served = (Vec<u32>, Vec<f32>, usize, Vec<usize>);
+
+async fn serve_one(handle: &EngineHandle, r: GenerateRequest) -> Served {
+    let mut stream = handle.submit(r).expect("accepted");
+    let (mut toks, mut gaps, mut steps) = (vec![], vec![], vec![]);
+    loop {
+        match stream.next().await.expect("a terminal event") {
+            Event::Token(t) => {
+                if let Some(timeline) = &t.timeline {
+                    steps = timeline.steps.iter().map(|s| s.snapshots_in_row).collect();
+                }
+                toks.push(t.token);
+                let lp = &t.top_logprobs;
+                gaps.push(if lp.len() >= 2 {
+                    lp[0].1 - lp[1].1
+                } else {
+                    f32::INFINITY
+                });
+            }
+            Event::Finished { usage, .. } => return (toks, gaps, usage.cached_tokens, steps),
+            Event::Failed(m) => panic!("request failed: {m}"),
+        }
+    }
+}
+
+/// A chat-shaped prompt A: a 40-token preamble (the caller's point, as the
+/// server passes it), more text up to a 2-token marker ending at 70, and 3
+/// tokens after it (the server's default: no last-token point). In one
+/// step's budget. Then B shares the preamble only, C all of A up to the
+/// marker. With the in-step snapshot A is prefilled in one step taking
+/// both snapshots; without, in three; B and C hit at 40 and 70 both ways;
+/// every output equals the cache-off engine's (near-tie rule on the GPU,
+/// exactly on the CPU).
+async fn preamble_and_marker(device: Device) {
+    for name in MODELS {
+        let f = Fixture::load(name);
+        let long = f.prompts.iter().max_by_key(|p| p.len()).unwrap().clone();
+        let marker = long[68..70].to_vec();
+        let after = |at: usize, not: u32| {
+            let k = (100..long.len() - 10).find(|&k| long[k] != not).unwrap();
+            [&long[..at], &long[k..k + 3]].concat()
+        };
+        let a = after(70, long[70]);
+        let b = after(40, long[40]);
+        let c = {
+            let k = (100..long.len() - 10).find(|&k| long[k] != a[70]).unwrap();
+            [&a[..70], &long[k..k + 5]].concat()
+        };
+        let cfg = |cache: bool, in_step: bool| {
+            let mut config = EngineConfig::new(vec![]);
+            config.max_num_batched_tokens = 128;
+            config.request_timeline = true;
+            config.prefix_cache = PrefixCacheConfig {
+                enabled: cache,
+                snapshot_after: vec![marker.clone()],
+                snapshot_before_last_token: false,
+                in_step_snapshots: in_step,
+                ..PrefixCacheConfig::default()
+            };
+            config
+        };
+        // The marker's last occurrence in A ends at 70: A's points are 40
+        // and 70 only.
+        assert_eq!(
+            engine::scheduler::snapshot_points(&a, &cfg(true, true).prefix_cache),
+            vec![70],
+            "{name}"
+        );
+        let mut runs = vec![];
+        for (cache, in_step) in [(false, false), (true, false), (true, true)] {
+            let handle = start_with(name, cfg(cache, in_step), device, 64, 16);
+            let mut got = vec![];
+            for prompt in [&a, &b, &c] {
+                let r = GenerateRequest {
+                    prompt: prompt.clone(),
+                    sampling: SamplingParams {
+                        temperature: 0.0,
+                        logprobs: Some(2),
+                        ..Default::default()
+                    },
+                    stop: StopParams {
+                        max_tokens: 8,
+                        min_tokens: 0,
+                        stop_token_ids: vec![],
+                        ignore_eos: true,
+                    },
+                    snapshot_points: vec![40],
+                };
+                got.push(serve_one(&handle, r).await);
+            }
+            handle.shutdown(Duration::from_secs(5)).await;
+            runs.push(got);
+        }
+        let (off, chunked, in_step) = (&runs[0], &runs[1], &runs[2]);
+        let cached = |run: &Vec<Served>| -> Vec<usize> { run.iter().map(|r| r.2).collect() };
+        assert_eq!(cached(off), vec![0, 0, 0], "{name}");
+        assert_eq!(cached(chunked), vec![0, 40, 70], "{name}: chunked");
+        assert_eq!(cached(in_step), vec![0, 40, 70], "{name}: in-step");
+        // A's steps before its first token, and the snapshots in its rows.
+        assert_eq!(off[0].3, vec![0], "{name}: cache off");
+        assert_eq!(chunked[0].3, vec![0, 0, 0], "{name}: chunked");
+        assert_eq!(in_step[0].3, vec![2], "{name}: in-step");
+        let mut near_ties = 0;
+        for (i, (run, way)) in [(chunked, "chunked"), (in_step, "in-step")]
+            .into_iter()
+            .flat_map(|(run, way)| run.iter().zip(off).map(move |r| (r, way)))
+            .enumerate()
+        {
+            let ((got, ..), (want, gaps, ..)) = run;
+            let same = got.iter().zip(want).take_while(|(x, y)| x == y).count();
+            if same < want.len() {
+                assert!(
+                    gaps[same].abs() <= NEAR_TIE,
+                    "{name} {way} request {}: token {same} differs from cache off, gap {}",
+                    i % 3,
+                    gaps[same]
+                );
+                near_ties += 1;
+            }
+        }
+        if let Device::Cpu = device {
+            assert_eq!(near_ties, 0, "{name}: the CPU executor diverged");
+        }
+        println!("{name}: A prefilled in 1 step in-step (3 chunked), cached {:?}, {near_ties} near-tie divergences", cached(in_step));
     }
 }

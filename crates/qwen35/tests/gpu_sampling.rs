@@ -619,6 +619,7 @@ fn the_executor_samples_on_the_device_what_the_cpu_sampler_draws_from_host_logit
             .collect();
         let rows: Vec<StepRow> = (0..n)
             .map(|i| StepRow {
+                snapshots: &[],
                 slot: SlotId(i as u32),
                 start: starts[i],
                 tokens: &inputs[i],

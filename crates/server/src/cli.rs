@@ -104,6 +104,14 @@ pub struct Args {
     /// second repeat on without it (a branch point).
     #[arg(long)]
     pub prefix_cache_snapshot_before_last_token: bool,
+    /// Take prefix-cache snapshots at chunk boundaries instead of inside
+    /// the step: each snapshot point then ends its request's prefill chunk
+    /// and costs it a step of latency under load. By default (in-step) the
+    /// executor runs a chunk up to each point, copies the state and runs
+    /// on in a second, small forward of the same step
+    /// (docs/prefix-caching.md). For comparisons.
+    #[arg(long)]
+    pub no_prefix_cache_in_step_snapshots: bool,
     /// The prefix cache's recurrent-state snapshots: a count (`64`) or a
     /// size (`4GiB`, `512MiB`, `2GB`; a 4B snapshot is ~51 MB). They are
     /// allocated up front, before the KV pages. Default: 2 x --max-num-seqs.
@@ -180,6 +188,13 @@ mod tests {
             .prefix_caching());
         let last = ["--no-enable-prefix-caching", "--enable-prefix-caching"];
         assert!(parse(&last).unwrap().prefix_caching());
+        // Snapshots inside the step unless turned off.
+        assert!(!a.no_prefix_cache_in_step_snapshots);
+        assert!(
+            parse(&["--no-prefix-cache-in-step-snapshots"])
+                .unwrap()
+                .no_prefix_cache_in_step_snapshots
+        );
         let b = |s: &str| {
             parse(&["--prefix-cache-state-budget", s])
                 .unwrap()

@@ -52,6 +52,7 @@ fn engine_config_for(
         snapshot_after: Vec::new(),
         snapshot_interval: 0,
         snapshot_before_last_token: args.prefix_cache_snapshot_before_last_token,
+        in_step_snapshots: !args.no_prefix_cache_in_step_snapshots,
     };
     config
 }
@@ -311,5 +312,22 @@ pub fn init_logging() {
     };
     if log::set_logger(&LOGGER).is_ok() {
         log::set_max_level(level);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn the_in_step_snapshot_follows_its_flag() {
+        let config = |args: &[&str]| {
+            let args = Args::try_parse_from([&["gdn-server"], args].concat()).unwrap();
+            engine_config_for(&args, vec![], None).prefix_cache
+        };
+        assert!(config(&[]).in_step_snapshots);
+        assert!(!config(&["--no-prefix-cache-in-step-snapshots"]).in_step_snapshots);
+        assert!(config(&[]).enabled);
     }
 }

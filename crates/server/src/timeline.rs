@@ -109,6 +109,7 @@ fn step_json(m: &Marks, s: &StepMark) -> Json {
     o.insert("len".into(), json!(s.len));
     o.insert("sampled".into(), json!(s.sampled));
     o.insert("cache_ops_before".into(), json!(s.cache_ops_before));
+    o.insert("snapshots_in_row".into(), json!(s.snapshots_in_row));
     if let Some(p) = s.phases {
         let d = |d: std::time::Duration| json!((d.as_secs_f64() * 1e6).round() / 1e3);
         o.insert("host_prep".into(), d(p.host_prep));
@@ -188,6 +189,7 @@ mod tests {
             start: 0,
             len: 1024,
             cache_ops_before: 0,
+            snapshots_in_row: 0,
             sampled: true,
         };
         let engine = EngineTimeline {

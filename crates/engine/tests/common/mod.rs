@@ -163,17 +163,34 @@ pub fn reference_tokens(request: &GenerateRequest, eos: &[u32]) -> Vec<u32> {
     engine::testing::lone_run(request, eos, VOCAB)
 }
 
-/// [`start`] with a fake that has a pool of `num_snapshots` snapshots.
+/// [`start`] with a fake that has a pool of `num_snapshots` snapshots
+/// (and takes any number inside a row).
 pub fn start_with_snapshots(
     config: EngineConfig,
     geometry: CacheGeometry,
     num_snapshots: usize,
 ) -> Started {
+    start_with_row_snapshots(config, geometry, num_snapshots, usize::MAX)
+}
+
+/// [`start_with_snapshots`] with a fake taking at most `row_snapshots`
+/// snapshots inside a row (0: an executor without the in-step snapshot).
+pub fn start_with_row_snapshots(
+    config: EngineConfig,
+    geometry: CacheGeometry,
+    num_snapshots: usize,
+    row_snapshots: usize,
+) -> Started {
     let control = FakeControl::new();
     let registry = prometheus::Registry::new();
     let handle = Engine::start(
         config,
-        FakeExecutor::factory_with_snapshots(geometry, num_snapshots, control.clone()),
+        FakeExecutor::factory_with_row_snapshots(
+            geometry,
+            num_snapshots,
+            row_snapshots,
+            control.clone(),
+        ),
         &registry,
     )
     .expect("engine starts");

@@ -4,14 +4,16 @@
 //! sequence. Rows of one step run on separate threads (their states are
 //! disjoint). The prefix cache's snapshots are whole [`CpuState`] clones
 //! (keys and values included, since they live in the state here), so a
-//! page copy has nothing to do.
+//! page copy has nothing to do. A row's in-step snapshots
+//! (`StepRow::snapshots`) are taken on its own thread: the row runs up to
+//! each point, the state is cloned, the row runs on.
 
 use std::path::Path;
 use std::time::Duration;
 
 use engine::{
-    CacheGeometry, ExecError, Executor, PageId, SampledToken, SlotId, SnapshotGeometry, SnapshotId,
-    StepPhases, StepRow,
+    check_row_snapshots, CacheGeometry, ExecError, Executor, PageId, SampledToken, SlotId,
+    SnapshotGeometry, SnapshotId, StepPhases, StepRow,
 };
 
 use super::{check_rows, check_starts};
@@ -97,6 +99,16 @@ impl Executor for CpuExecutor {
         self.geometry
     }
 
+    fn max_row_snapshots(&self) -> usize {
+        // Any number: each point is one more forward call over the row's
+        // next piece, on the row's own thread.
+        if self.snapshots.is_empty() {
+            0
+        } else {
+            usize::MAX
+        }
+    }
+
     fn snapshot_geometry(&self) -> SnapshotGeometry {
         SnapshotGeometry {
             num_snapshots: self.snapshots.len(),
@@ -179,6 +191,7 @@ impl Executor for CpuExecutor {
         let entered = std::time::Instant::now();
         check_rows(rows, &self.geometry)?;
         check_starts(rows, |slot| self.states[slot].as_ref().map(|s| s.position))?;
+        check_row_snapshots(rows, usize::MAX, self.snapshots.len()).map_err(ExecError::Refused)?;
         // Every check is done: from here each row runs to completion.
         let mut work: Vec<(&StepRow, CpuState)> = rows
             .iter()
@@ -192,21 +205,34 @@ impl Executor for CpuExecutor {
             })
             .collect();
         let model = &self.model;
-        let run = |(r, state): &mut (&StepRow, CpuState)| -> Result<Option<SampledToken>> {
+        // A row's sampled token (if it samples) and the states of its
+        // in-step snapshots, in order.
+        type RowResult = Result<(Option<SampledToken>, Vec<CpuState>)>;
+        let run = |(r, state): &mut (&StepRow, CpuState)| -> RowResult {
+            let mut taken = Vec::with_capacity(r.snapshots.len());
+            let mut from = r.start;
+            for point in r.snapshots {
+                let piece = &r.tokens[from - r.start..point.at - r.start];
+                model.forward_logits(piece, state, RowLogits::None)?;
+                taken.push(state.clone());
+                from = point.at;
+            }
             let which = if r.sample.is_some() {
                 RowLogits::Last
             } else {
                 RowLogits::None
             };
-            let logits = model.forward_logits(r.tokens, state, which)?;
-            Ok(r.sample
+            let logits = model.forward_logits(&r.tokens[from - r.start..], state, which)?;
+            let sampled = r
+                .sample
                 .as_ref()
-                .map(|spec| engine::sampler::sample(&logits[0], spec)))
+                .map(|spec| engine::sampler::sample(&logits[0], spec));
+            Ok((sampled, taken))
         };
         let forward_start = std::time::Instant::now();
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let per_thread = work.len().div_ceil(threads.min(work.len()));
-        let results: Vec<Result<Option<SampledToken>>> = std::thread::scope(|scope| {
+        let results: Vec<RowResult> = std::thread::scope(|scope| {
             let handles: Vec<_> = work
                 .chunks_mut(per_thread)
                 .map(|chunk| scope.spawn(move || chunk.iter_mut().map(run).collect::<Vec<_>>()))
@@ -222,8 +248,12 @@ impl Executor for CpuExecutor {
         let mut sampled = vec![];
         for (r, res) in rows.iter().zip(results) {
             match res {
-                Ok(Some(t)) => sampled.push(t),
-                Ok(None) => {}
+                Ok((token, taken)) => {
+                    for (point, state) in r.snapshots.iter().zip(taken) {
+                        self.snapshots[point.snapshot.0 as usize] = Some(state);
+                    }
+                    sampled.extend(token);
+                }
                 // The checks above make the forward infallible; a failure
                 // here leaves this row's state advanced by an unknown count.
                 Err(e) => {

@@ -5,14 +5,17 @@
 //! only, their logits stay where the lm_head wrote them, and the sampling
 //! kernel (`gdn_kernels::DeviceSampler`, the engine's CPU sampler as its
 //! oracle) brings back a few bytes per row (token, logprob, top list).
+//! In-step snapshots (`StepRow::snapshots`) split the step into passes
+//! (`engine::split_rows`): a forward per piece, the state copied into the
+//! snapshot's slot between them on the step stream.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 use engine::{
-    CacheGeometry, ExecError, Executor, PageId, SampleSpec, SampledToken, SlotId, StepPhases,
-    StepRow,
+    check_row_snapshots, in_row_order, split_rows, CacheGeometry, ExecError, Executor, PageId,
+    SampleSpec, SampledToken, SlotId, StepPhases, StepRow,
 };
 use gdn_kernels::{DeviceSampler, RowSampling, TokenAdjustment};
 
@@ -20,6 +23,13 @@ use super::{check_rows, check_starts};
 use crate::error::Result;
 use crate::gpu::{GpuCache, GpuModel, GpuOptions, Row, StepError};
 use crate::{Config, Error, PhaseTimes, RowLogits, Weights};
+
+/// Snapshot points one row may carry inside a step. A step whose rows
+/// carry up to k of them runs k + 1 forwards (the later ones over the rows
+/// with points left only), and every forward reads the weights once more
+/// (~3 ms on the 4B): a chat prompt has two (preamble and marker), the
+/// last-token point and a branch point make four; more end the chunk.
+pub const MAX_ROW_SNAPSHOTS: usize = 4;
 
 /// How many KV pages the executor allocates.
 #[derive(Clone, Copy, Debug)]
@@ -180,7 +190,12 @@ impl GpuExecutor {
                 self.snapshot_held.len()
             )));
         }
-        Ok(SlotId((self.geometry.num_slots + 1 + k) as u32))
+        Ok(self.snapshot_cache_slot(snapshot))
+    }
+
+    /// The cache slot of `snapshot`, unchecked (see [`Self::snapshot_slot`]).
+    fn snapshot_cache_slot(&self, snapshot: engine::SnapshotId) -> SlotId {
+        SlotId((self.geometry.num_slots + 1) as u32 + snapshot.0)
     }
 
     /// [`GpuExecutor::load`] with a snapshot pool of `snapshots(slot_bytes)`
@@ -280,6 +295,14 @@ impl Executor for GpuExecutor {
         self.geometry
     }
 
+    fn max_row_snapshots(&self) -> usize {
+        if self.snapshot_held.is_empty() {
+            0
+        } else {
+            MAX_ROW_SNAPSHOTS
+        }
+    }
+
     fn snapshot_geometry(&self) -> engine::SnapshotGeometry {
         engine::SnapshotGeometry {
             num_snapshots: self.snapshot_held.len(),
@@ -369,6 +392,59 @@ impl Executor for GpuExecutor {
         let entered = self.timing.then(std::time::Instant::now);
         check_rows(rows, &self.geometry)?;
         check_starts(rows, |slot| self.held[slot])?;
+        check_row_snapshots(rows, self.max_row_snapshots(), self.snapshot_held.len())
+            .map_err(ExecError::Refused)?;
+        // One pass without in-step snapshots; else a forward per piece
+        // (the rows with points left), the snapshot copies between them.
+        let passes = split_rows(rows);
+        let mut per_pass = Vec::with_capacity(passes.len());
+        let mut timings = Vec::with_capacity(passes.len());
+        for (j, pass) in passes.iter().enumerate() {
+            let ran = self.run_pass(&pass.rows).and_then(|sampled| {
+                for (slot, point) in &pass.snapshots_after {
+                    // In the pool: checked with the rows.
+                    let to = self.snapshot_cache_slot(point.snapshot);
+                    self.cache.copy_slot(*slot, to)?;
+                }
+                Ok(sampled)
+            });
+            match ran {
+                Ok(sampled) => per_pass.push(sampled),
+                // Nothing ran yet: the rows' states are unchanged.
+                Err(StepError::Refused(m)) if j == 0 => return Err(ExecError::Refused(m)),
+                Err(e) => return Err(self.lose_step(rows, e)),
+            }
+            timings.extend(self.model.last_forward_timing());
+        }
+        for r in rows {
+            self.held[r.slot.0 as usize] = Some(r.start + r.tokens.len());
+            for point in r.snapshots {
+                self.snapshot_held[point.snapshot.0 as usize] = Some(point.at);
+            }
+        }
+        if let (Some(entered), Some(first)) = (entered, timings.first()) {
+            // Several passes: their launches, forwards and samplings add up.
+            let sum = |f: &dyn Fn(&crate::gpu::ForwardTiming) -> std::time::Duration| {
+                timings.iter().map(f).sum()
+            };
+            self.last_phases = Some(StepPhases {
+                host_prep: first.launch_start.saturating_duration_since(entered),
+                launch: sum(&|t| t.launch_end.saturating_duration_since(t.launch_start)),
+                forward: sum(&|t| t.forward),
+                sample: sum(&|t| t.after_forward),
+            });
+        }
+        Ok(in_row_order(&passes, per_pass))
+    }
+}
+
+impl GpuExecutor {
+    /// One forward over `rows` (no in-step snapshots: a pass of
+    /// [`split_rows`]) and the sampling of the rows that ask.
+    fn run_pass(
+        &mut self,
+        rows: &[StepRow<'_>],
+    ) -> std::result::Result<Vec<SampledToken>, StepError> {
         let model_rows: Vec<Row> = rows
             .iter()
             .map(|r| Row {
@@ -407,33 +483,7 @@ impl Executor for GpuExecutor {
                     .map(|((spec, &row), adj)| row_sampling(spec, row, adj))
                     .collect();
                 Ok(sampler.sample(logits, vocab, &wanted)?)
-            });
-        let sampled = match sampled {
-            Ok(s) => s,
-            Err(StepError::Refused(m)) => return Err(ExecError::Refused(m)),
-            Err(StepError::Failed(e)) => {
-                for r in rows {
-                    self.held[r.slot.0 as usize] = None;
-                }
-                // A context that cannot even synchronise is lost (a sticky
-                // CUDA error); otherwise only this step's slots are.
-                return Err(match self.model.stream().synchronize() {
-                    Ok(()) => ExecError::StepFailed(e.to_string()),
-                    Err(lost) => ExecError::Fatal(format!("{e}; then {lost}")),
-                });
-            }
-        };
-        for r in rows {
-            self.held[r.slot.0 as usize] = Some(r.start + r.tokens.len());
-        }
-        if let (Some(entered), Some(t)) = (entered, self.model.last_forward_timing()) {
-            self.last_phases = Some(StepPhases {
-                host_prep: t.launch_start.saturating_duration_since(entered),
-                launch: t.launch_end.saturating_duration_since(t.launch_start),
-                forward: t.forward,
-                sample: t.after_forward,
-            });
-        }
+            })?;
         Ok(sampled
             .into_iter()
             .map(|s| SampledToken {
@@ -442,6 +492,22 @@ impl Executor for GpuExecutor {
                 top_logprobs: s.top_logprobs,
             })
             .collect())
+    }
+
+    /// A step that failed once device work was queued: its slots and the
+    /// snapshots it was to take hold nothing usable; a context that cannot
+    /// even synchronise is lost (a sticky CUDA error).
+    fn lose_step(&mut self, rows: &[StepRow<'_>], e: StepError) -> ExecError {
+        for r in rows {
+            self.held[r.slot.0 as usize] = None;
+            for point in r.snapshots {
+                self.snapshot_held[point.snapshot.0 as usize] = None;
+            }
+        }
+        match self.model.stream().synchronize() {
+            Ok(()) => ExecError::StepFailed(e.to_string()),
+            Err(lost) => ExecError::Fatal(format!("{e}; then {lost}")),
+        }
     }
 }
 

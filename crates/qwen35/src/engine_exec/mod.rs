@@ -138,6 +138,7 @@ mod tests {
         let p = [PageId(0), PageId(1), PageId(2)];
         let q = [PageId(1)];
         let row = |slot: u32, start: usize, tokens: &'static [u32], pages| StepRow {
+            snapshots: &[],
             slot: SlotId(slot),
             start,
             tokens,

@@ -99,6 +99,7 @@ pub fn step(exec: &mut dyn Executor, reqs: &mut [Request]) -> Result<bool, ExecE
         .map(|(&i, (tokens, samples))| {
             let r = &reqs[i];
             StepRow {
+                snapshots: &[],
                 slot: r.slot,
                 start: r.fed,
                 tokens,
