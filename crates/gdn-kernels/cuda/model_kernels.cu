@@ -929,6 +929,21 @@ GDN_ATTENTION_PREFILL(64)
 GDN_ATTENTION_PREFILL(128)
 GDN_ATTENTION_PREFILL(256)
 
+// out[t, h, :] = bf16(out[t, h, :] * sigmoid(gate_h)) in place, gate_h the
+// head's gate columns of proj: the gate of Qwen3.5's attention after
+// FlashInfer's FA3 kernel, whose bf16 output is what our attention kernels
+// round o to (rbf(o)) before they gate. grid (T, Hq), block 256.
+extern "C" __global__ void attention_gate_bf16(bf16* __restrict__ out, const bf16* __restrict__ proj,
+                                               int ld, int hq, int head_dim) {
+    const int64_t t = blockIdx.x;
+    const int h = blockIdx.y;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        const float gate = f(proj[t * ld + (int64_t)h * 2 * head_dim + head_dim + d]);
+        bf16& o = out[(t * hq + h) * head_dim + d];
+        o = bf(f(o) * sigmoid(gate));
+    }
+}
+
 // SwiGLU: out = bf16(bf16(silu(gate)) * up), gate_up = [T, 2I] (gate | up).
 // grid ceil(T*I / 256), block 256.
 extern "C" __global__ void silu_mul_bf16(bf16* __restrict__ out, const bf16* __restrict__ gate_up,

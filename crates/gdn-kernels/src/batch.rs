@@ -59,6 +59,10 @@ pub struct DeviceBatch {
     pub(crate) max_position: usize,
     pub(crate) max_token: usize,
     pub(crate) host_cu_seqlens: Vec<i64>,
+    /// Keys each sequence attends over (its start position plus its
+    /// tokens), on the host: FlashInfer's attention plans its schedule from
+    /// them.
+    pub(crate) host_kv_lens: Vec<i32>,
     pub(crate) last_token_rows: Vec<i32>,
     pub(crate) tokens: CudaSlice<i32>,
     pub(crate) last_rows: CudaSlice<i32>,
@@ -249,6 +253,13 @@ fn host_tables(layout: &BatchLayout) -> Result<HostTables, GdnError> {
     })
 }
 
+/// Keys of each sequence of a checked layout: start position plus tokens.
+fn kv_lens(l: &BatchLayout) -> Vec<i32> {
+    (0..l.slots.len())
+        .map(|s| l.start_positions[s] + l.cu_seqlens[s + 1] - l.cu_seqlens[s])
+        .collect()
+}
+
 impl DeviceBatch {
     /// Checks `layout` (see [`BatchLayout`]) and uploads it.
     pub fn upload(stream: &Arc<CudaStream>, layout: &BatchLayout) -> Result<Self, GdnError> {
@@ -265,6 +276,7 @@ impl DeviceBatch {
             max_position: h.positions.iter().copied().max().unwrap_or(0) as usize,
             max_token: h.max_token,
             host_cu_seqlens: l.cu_seqlens.iter().map(|&x| x as i64).collect(),
+            host_kv_lens: kv_lens(l),
             tokens: upload(&h.tokens)?,
             last_rows: upload(&h.last_rows)?,
             tok_seq: upload(&h.tok_seq)?,
@@ -328,6 +340,7 @@ impl DeviceBatch {
             ));
         }
         stream.memcpy_htod(&h.tokens, &mut self.tokens)?;
+        self.host_kv_lens = kv_lens(l);
         stream.memcpy_htod(&l.slots, &mut self.seq_slot)?;
         stream.memcpy_htod(&h.positions, &mut self.positions)?;
         if !l.block_table.is_empty() {

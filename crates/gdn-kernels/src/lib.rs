@@ -17,6 +17,7 @@
 //! - recurrent state: f32 `[N, Hv, 128 (v), 128 (k)]`, k contiguous
 //! - `Hv = r * Hqk`; value head `h` reads q/k head `h / r`.
 
+mod attention_select;
 mod batch;
 mod dispatch;
 mod dsl;
@@ -35,6 +36,7 @@ mod bundle_embed {
     include!(concat!(env!("OUT_DIR"), "/bundle_embed.rs"));
 }
 
+pub use attention_select::{AttentionKernel, AttentionRequest};
 pub use batch::{BatchLayout, DeviceBatch, Padding};
 pub use dispatch::{prefer_context_parallel, Backend, BackendRequest, DispatchDecision};
 pub use dsl::flashinfer_would_use_cp;

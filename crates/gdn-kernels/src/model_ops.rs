@@ -11,6 +11,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use half::bf16;
 
+use crate::attention_select::{self, AttentionKernel, AttentionRequest, Fa3};
 use crate::batch::DeviceBatch;
 use crate::dispatch::cubin_for;
 use crate::error::{op_error, GdnError};
@@ -189,6 +190,7 @@ struct Functions {
     attention_g4: [CudaFunction; 4],
     attention_prefill: [CudaFunction; 4],
     attention_combine: CudaFunction,
+    attention_gate: CudaFunction,
     silu_mul: CudaFunction,
     copy_f32: CudaFunction,
     copy_bf16: CudaFunction,
@@ -233,10 +235,25 @@ pub struct ModelOps {
     /// launch's last blocks reset theirs), so launches on this stream,
     /// captured or not, share them.
     fused_arrivals: CudaSlice<u32>,
+    attention_request: AttentionRequest,
+    /// FlashInfer's FA3 attention, when this GPU runs it and the request
+    /// allows it (see `attention_select`).
+    fa3: Option<Fa3>,
 }
 
 impl ModelOps {
+    /// The ops with [`AttentionRequest::Auto`].
     pub fn new(stream: Arc<CudaStream>) -> Result<Self, GdnError> {
+        Self::with_attention(stream, AttentionRequest::Auto)
+    }
+
+    /// The ops with the attention kernel chosen by `request` (tests force
+    /// each kernel with it; the rule is in `attention_select.rs`).
+    pub fn with_attention(
+        stream: Arc<CudaStream>,
+        request: AttentionRequest,
+    ) -> Result<Self, GdnError> {
+        let fa3 = attention_select::probe(&stream, request)?;
         let ctx = stream.context().clone();
         let cc = ctx.compute_capability()?;
         let (sm, cubin) = cubin_for(UNIT, cc).map_err(|reason| GdnError::Unsupported {
@@ -272,6 +289,7 @@ impl ModelOps {
                 l("attention_g4_d8")?,
             ],
             attention_combine: l("attention_combine")?,
+            attention_gate: l("attention_gate_bf16")?,
             attention_prefill: [
                 l("attention_prefill_d32")?,
                 l("attention_prefill_d64")?,
@@ -295,6 +313,8 @@ impl ModelOps {
             sm,
             multiprocessors,
             fused_arrivals,
+            attention_request: request,
+            fa3,
         })
     }
 
@@ -762,8 +782,24 @@ impl ModelOps {
         Ok(())
     }
 
+    /// The kernel [`ModelOps::attention`] runs for this batch and shape (an
+    /// error when a forced kernel cannot take it).
+    pub fn attention_kernel(
+        &self,
+        batch: &DeviceBatch,
+        shape: AttentionShape,
+    ) -> Result<AttentionKernel, GdnError> {
+        attention_select::choose(
+            self.attention_request,
+            self.fa3.as_ref(),
+            batch,
+            shape.head_dim,
+        )
+    }
+
     /// Causal attention of every token over its sequence's cached positions
     /// `0..=position`, times `sigmoid(gate)` from `proj`; `out` is `[T, Hq * D]`.
+    /// The kernel is [`ModelOps::attention_kernel`]'s choice.
     #[allow(clippy::too_many_arguments)]
     pub fn attention(
         &self,
@@ -799,6 +835,28 @@ impl ModelOps {
             shape.kv_heads,
         ]
         .map(|x| x as i32);
+        if self.attention_kernel(batch, shape)? == AttentionKernel::FlashInferSm90 {
+            let fa3 = self.fa3.as_ref().expect("chosen only when set up");
+            attention_select::launch(
+                fa3,
+                &self.stream,
+                batch,
+                shape.q_heads,
+                shape.kv_heads,
+                q,
+                k_cache,
+                v_cache,
+                out,
+                scale,
+            )?;
+            let d_ = d as i32;
+            let mut b = self.stream.launch_builder(&self.f.attention_gate);
+            b.arg(out).arg(proj).arg(&ld).arg(&hq).arg(&d_);
+            // SAFETY: matches attention_gate_bf16; out [T, Hq, D] and proj
+            // [T, ld] checked above; one block per (token, head).
+            unsafe { b.launch(grid(t, shape.q_heads, 256, 0)) }?;
+            return Ok(());
+        }
         if batch.num_tokens == batch.num_seqs {
             // Decode: one query per sequence on CUDA cores; long contexts are
             // split (flash-decoding) so a small batch still fills the GPU.

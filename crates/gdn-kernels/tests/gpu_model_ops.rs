@@ -1,15 +1,24 @@
 //! GPU gate of the attention op at the real Qwen3.5 shapes (head dim 256,
-//! GQA groups 4 and 8), which the tiny model fixtures (head dim 32, group 2)
-//! do not reach: decode steps deep into a context (the split flash-decoding
-//! path, up to 64 splits, sequences with fewer keys than splits) and prefill
-//! chunks on the tensor-core kernel, with and without earlier context in
-//! the cache, against an f64 CPU reference on exactly the bf16 inputs the
-//! GPU reads. Also the residual add + RMSNorm op on both of its kernels
-//! (Qwen3.5's hidden sizes and sizes that take the strided one). Skips
-//! without a GPU (`GDN_REQUIRE_GPU=1` makes that a failure).
+//! GQA groups 4, 6 and 8), which the tiny model fixtures (head dim 32, group
+//! 2) do not reach, on both kernels behind it (forced one by one with
+//! `AttentionRequest`): ours (decode steps deep into a context: the split
+//! flash-decoding path, up to 64 splits, sequences with fewer keys than
+//! splits; prefill chunks on the WMMA kernel) and FlashInfer's SM90 FA3
+//! paged prefill (on an SM 9.0 GPU only; elsewhere that half is skipped with
+//! a message). Batches mix decode rows and chunks that continue a cached
+//! prefix, over pages in random order, against an f64 CPU reference on
+//! exactly the bf16 inputs the GPU reads; `Auto`'s choice is asserted too.
+//! Also the residual add + RMSNorm op on both of its kernels (Qwen3.5's
+//! hidden sizes and sizes that take the strided one). Skips without a GPU
+//! (`GDN_REQUIRE_GPU=1` makes that a failure).
 
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
 use gdn_kernels::testing::{gpu_stream, Rng};
-use gdn_kernels::{AttentionShape, BatchLayout, DeviceBatch, ModelOps};
+use gdn_kernels::{
+    AttentionKernel, AttentionRequest, AttentionShape, BatchLayout, DeviceBatch, ModelOps,
+};
 use half::bf16;
 
 const PAGE: usize = 16;
@@ -28,13 +37,31 @@ struct Case {
     seqs: Vec<(usize, usize)>,
 }
 
-/// Runs the attention op once and compares every output element with the
-/// reference; returns the worst absolute error.
-fn run_case(case: &Case, seed: u64) -> f64 {
-    let Some(stream) = gpu_stream() else {
-        return 0.0;
-    };
-    let ops = ModelOps::new(stream.clone()).unwrap();
+/// Whether the GPU behind `stream` runs FlashInfer's FA3 (SM 9.0); says so
+/// when it does not.
+fn runs_fa3(stream: &Arc<CudaStream>) -> bool {
+    let cc = stream.context().compute_capability().unwrap();
+    if cc != (9, 0) {
+        eprintln!(
+            "FA3 half skipped: compute capability {}.{} is not 9.0",
+            cc.0, cc.1
+        );
+    }
+    cc == (9, 0)
+}
+
+/// Runs the attention op once with `request`, checks that `want` is the
+/// kernel that ran (and what `Auto` would pick: `auto`), and compares every
+/// output element with the reference; returns the worst absolute error.
+fn run_case(
+    stream: &Arc<CudaStream>,
+    case: &Case,
+    seed: u64,
+    request: AttentionRequest,
+    want: AttentionKernel,
+    auto: AttentionKernel,
+) -> f64 {
+    let ops = ModelOps::with_attention(stream.clone(), request).unwrap();
     let a = case.shape;
     let (hq, hkv, d) = (a.q_heads, a.kv_heads, a.head_dim);
     let g = hq / hkv;
@@ -44,14 +71,20 @@ fn run_case(case: &Case, seed: u64) -> f64 {
             .map(|_| bf16::from_f32(rng.uniform(-scale, scale)))
             .collect()
     };
-    // Pages: sequence s owns a contiguous, shuffled-by-offset run of pages.
     let max_blocks = case
         .seqs
         .iter()
         .map(|(c, n)| (c + n).div_ceil(PAGE))
         .max()
         .unwrap();
+    // Pages in random order (a seeded Fisher-Yates shuffle of every page,
+    // three spare): the kernels must follow the table, not the pool order.
     let num_pages = case.seqs.len() * max_blocks + 3;
+    let mut pages: Vec<i32> = (0..num_pages as i32).collect();
+    let mut shuffle = Rng::new(seed ^ 0x5eed);
+    for i in (1..pages.len()).rev() {
+        pages.swap(i, (shuffle.next_u64() % (i as u64 + 1)) as usize);
+    }
     let mut layout = BatchLayout {
         cu_seqlens: vec![0],
         max_blocks,
@@ -63,16 +96,16 @@ fn run_case(case: &Case, seed: u64) -> f64 {
         layout.cu_seqlens.push(end);
         layout.start_positions.push(cached as i32);
         layout.slots.push(s as i32);
-        // Reverse page order within the sequence: the kernel must follow the table.
-        for b in 0..max_blocks {
-            layout
-                .block_table
-                .push((num_pages - 1 - (s * max_blocks + b)) as i32);
-        }
+        layout
+            .block_table
+            .extend_from_slice(&pages[s * max_blocks..(s + 1) * max_blocks]);
         layout.tokens.extend(std::iter::repeat_n(0u32, n));
     }
     let t: usize = case.seqs.iter().map(|x| x.1).sum();
-    let batch = DeviceBatch::upload(&stream, &layout).unwrap();
+    let batch = DeviceBatch::upload(stream, &layout).unwrap();
+    assert_eq!(ops.attention_kernel(&batch, a).unwrap(), want);
+    let auto_ops = ModelOps::new(stream.clone()).unwrap();
+    assert_eq!(auto_ops.attention_kernel(&batch, a).unwrap(), auto);
     let page_len = a.page_len(PAGE);
     let k_host = uniform_bf16(num_pages * page_len, 1.0);
     let v_host = uniform_bf16(num_pages * page_len, 1.0);
@@ -123,7 +156,7 @@ fn run_case(case: &Case, seed: u64) -> f64 {
                     // bf16 output (2^-8 relative) plus fp32 accumulation.
                     assert!(
                         err <= 1e-2 + 1e-2 * want.abs(),
-                        "{:?} seq {s} pos {pos} head {h} dim {e}: got {have}, want {want}",
+                        "{request:?} {:?} seq {s} pos {pos} head {h} dim {e}: got {have}, want {want}",
                         case.shape
                     );
                     worst = worst.max(err);
@@ -146,30 +179,154 @@ fn qwen35_attention(q_heads: usize, kv_heads: usize) -> AttentionShape {
 
 #[test]
 fn decode_attention_at_qwen35_shapes_matches_the_reference_across_split_counts() {
+    let Some(stream) = gpu_stream() else {
+        return;
+    };
+    let ours = AttentionKernel::Ours;
     // Contexts from one key to 3000 (64 splits of 47 keys; the shorter
-    // sequences of the batch leave most splits without a key).
-    for shape in [qwen35_attention(16, 4), qwen35_attention(24, 3)] {
+    // sequences of the batch leave most splits without a key). Decode stays
+    // on our kernel under Auto.
+    for shape in [
+        qwen35_attention(16, 4),
+        qwen35_attention(24, 4),
+        qwen35_attention(24, 3),
+    ] {
         let case = Case {
             shape,
             seqs: vec![(0, 1), (130, 1), (700, 1), (2999, 1)],
         };
-        let worst = run_case(&case, 11);
+        let worst = run_case(&stream, &case, 11, AttentionRequest::Auto, ours, ours);
         println!("decode {shape:?}: worst abs error {worst:.2e}");
+    }
+    // FA3 forced onto decode rows (one query each) still computes them.
+    if runs_fa3(&stream) {
+        let case = Case {
+            shape: qwen35_attention(16, 4),
+            seqs: vec![(0, 1), (130, 1), (2999, 1)],
+        };
+        let fa3 = AttentionKernel::FlashInferSm90;
+        let worst = run_case(
+            &stream,
+            &case,
+            13,
+            AttentionRequest::FlashInferSm90,
+            fa3,
+            ours,
+        );
+        println!("decode rows on FA3: worst abs error {worst:.2e}");
+    }
+}
+
+/// Prefill-shaped batches: fresh sequences, chunks continuing a cached
+/// prefix (starts inside a page and on a page boundary, chunks across
+/// FA3's 128-row and our 16-row query tiles and the 32-key tiles), decode
+/// rows in the same step, several sequences.
+fn prefill_cases() -> Vec<Case> {
+    let seqs = vec![
+        (0, 1),
+        (0, 17),
+        (100, 33),
+        (0, 300),
+        (517, 150),
+        (64, 1),
+        (256, 129),
+    ];
+    [
+        qwen35_attention(16, 4),
+        qwen35_attention(24, 4),
+        qwen35_attention(16, 2),
+    ]
+    .into_iter()
+    .map(|shape| Case {
+        shape,
+        seqs: seqs.clone(),
+    })
+    .collect()
+}
+
+#[test]
+fn prefill_attention_on_our_kernel_matches_the_reference() {
+    let Some(stream) = gpu_stream() else {
+        return;
+    };
+    let auto = if runs_fa3(&stream) {
+        AttentionKernel::FlashInferSm90
+    } else {
+        AttentionKernel::Ours
+    };
+    for (i, case) in prefill_cases().iter().enumerate() {
+        let ours = AttentionKernel::Ours;
+        let worst = run_case(
+            &stream,
+            case,
+            12 + i as u64,
+            AttentionRequest::Ours,
+            ours,
+            auto,
+        );
+        println!(
+            "prefill, ours, {:?}: worst abs error {worst:.2e}",
+            case.shape
+        );
     }
 }
 
 #[test]
-fn prefill_attention_at_qwen35_shapes_matches_the_reference() {
-    // Fresh and continued sequences, chunk lengths around the 16-row query
-    // tiles and the 32-key tiles.
-    for shape in [qwen35_attention(16, 4), qwen35_attention(16, 2)] {
-        let case = Case {
-            shape,
-            seqs: vec![(0, 1), (0, 17), (100, 33), (0, 300)],
-        };
-        let worst = run_case(&case, 12);
-        println!("prefill {shape:?}: worst abs error {worst:.2e}");
+fn prefill_attention_on_flashinfer_fa3_matches_the_reference() {
+    let Some(stream) = gpu_stream() else {
+        return;
+    };
+    if !runs_fa3(&stream) {
+        // Forcing FA3 elsewhere is refused when the ops are made.
+        let e = ModelOps::with_attention(stream, AttentionRequest::FlashInferSm90);
+        assert!(e.is_err());
+        return;
     }
+    let fa3 = AttentionKernel::FlashInferSm90;
+    for (i, case) in prefill_cases().iter().enumerate() {
+        let worst = run_case(
+            &stream,
+            case,
+            12 + i as u64,
+            AttentionRequest::FlashInferSm90,
+            fa3,
+            fa3,
+        );
+        println!(
+            "prefill, FA3, {:?}: worst abs error {worst:.2e}",
+            case.shape
+        );
+    }
+    // Head dims FA3 lacks stay on our kernel under Auto, and forcing FA3
+    // on them is an error of the op, not a silent switch.
+    let shape = AttentionShape {
+        q_heads: 4,
+        kv_heads: 2,
+        head_dim: 128,
+        rotary_dim: 32,
+    };
+    let layout = BatchLayout {
+        tokens: vec![0; 20],
+        cu_seqlens: vec![0, 20],
+        start_positions: vec![0],
+        slots: vec![0],
+        block_table: vec![0, 1],
+        max_blocks: 2,
+        page_size: PAGE,
+        padding: None,
+    };
+    let batch = DeviceBatch::upload(&stream, &layout).unwrap();
+    let auto = ModelOps::new(stream.clone()).unwrap();
+    assert_eq!(
+        auto.attention_kernel(&batch, shape).unwrap(),
+        AttentionKernel::Ours
+    );
+    let forced = ModelOps::with_attention(stream, AttentionRequest::FlashInferSm90).unwrap();
+    let e = forced
+        .attention_kernel(&batch, shape)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("head dim 128"), "{e}");
 }
 
 /// The residual add + zero-centred RMSNorm against an f64 reference on the

@@ -404,14 +404,23 @@ mod tests {
 
     #[test]
     fn target_names_cannot_smuggle_paths_or_junk() {
+        // A cubin unit (several targets allowed), found by kind, not index.
+        let cubin_unit = |t: &ArtifactTable| {
+            t.units
+                .iter()
+                .position(|u| u.output == UnitOutput::Cubin)
+                .unwrap()
+        };
         for bad in ["sm_90/../x", "sm_", "sm_a", "compute_90", "sm_9x0"] {
             let mut t = table();
-            t.units[3].targets = vec![bad.to_string()];
+            let i = cubin_unit(&t);
+            t.units[i].targets = vec![bad.to_string()];
             let err = t.validate().unwrap_err();
             assert!(err.contains(bad), "{bad}: {err}");
         }
         let mut t = table();
-        t.units[3].targets = vec!["sm_90a".into(), "sm_100".into()];
+        let i = cubin_unit(&t);
+        t.units[i].targets = vec!["sm_90a".into(), "sm_100".into()];
         assert!(t.validate().is_ok());
     }
 

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use gdn_lock::{
     check_lock_matches_table, to_canonical_json, verify_bundle, ArtifactTable, Digests, Error,
-    HostPolicy, Lock, Manifest, Sha256Hex, LOCK_FILE, MANIFEST_FILE, TABLE_FILE,
+    HostPolicy, Lock, Manifest, Sha256Hex, UnitOutput, LOCK_FILE, MANIFEST_FILE, TABLE_FILE,
 };
 
 const GVA: &str = "cubin/flashinfer_sm90_gva.sm_90a.cubin";
@@ -86,12 +86,20 @@ fn untampered_copy_verifies() {
     let d = copy();
     let (t, l) = table_and_lock();
     let v = verify_bundle(d.path(), &t, &l, HostPolicy::Locked).unwrap();
-    // Cubins, 4 host objects (2 FlashInfer, the two C ABI launchers), the ABI
-    // header, cudart, the DSL objects/headers and the DSL runtime.
+    // Cubins, the host objects (one per host-object unit: 3 FlashInfer, the
+    // two C ABI launchers), the ABI header, cudart, the DSL objects/headers
+    // and the DSL runtime.
+    let host_objects = t
+        .units
+        .iter()
+        .filter(|u| u.output == UnitOutput::HostObject)
+        .count();
+    assert_eq!(host_objects, 5);
     assert_eq!(
         v.manifest.artifacts.len(),
         std::fs::read_dir(d.path().join("cubin")).unwrap().count()
-            + 6
+            + host_objects
+            + 2
             + t.dsl_artifact_paths().len()
             + 1
     );
