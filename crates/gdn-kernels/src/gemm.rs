@@ -1,7 +1,10 @@
-//! Row-major linear layers on cuBLAS: `y[m, n] = x[m, k] · w[n, k]ᵀ`, bf16
-//! inputs, fp32 accumulation (`CUBLAS_COMPUTE_32F`), bf16 or fp32 output —
-//! what a PyTorch `nn.Linear` in bf16 computes. cuBLAS is loaded at run time
-//! (libcublas.so.13); the handle is bound to one stream.
+//! Row-major linear layers: `y[m, n] = x[m, k] · w[n, k]ᵀ`, bf16 inputs,
+//! fp32 accumulation, bf16 or fp32 output — what a PyTorch `nn.Linear` in
+//! bf16 computes. On cuBLAS (`CUBLAS_COMPUTE_32F`, loaded at run time from
+//! libcublas.so.13, the handle bound to one stream) or, for the few-row
+//! calls of decode steps that [`SKINNY_RULES`] names, on our skinny kernels
+//! ([`SkinnyLinear`]). [`Gemm::linear`] picks; the two paths are also
+//! callable by name (benchmarks, tests).
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -13,35 +16,188 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use half::bf16;
 
 use crate::error::{op_error, GdnError};
+use crate::skinny::{SkinnyConfig, SkinnyLinear};
 
 const OP: &str = "linear";
 
 /// Output element types of [`Gemm::linear`].
 pub trait GemmOutput: DeviceRepr {
     const CUDA_TYPE: cudaDataType;
+    /// fp32 (else bf16): picks the skinny kernel's output variant.
+    const IS_F32: bool;
 }
 impl GemmOutput for bf16 {
     const CUDA_TYPE: cudaDataType = cudaDataType::CUDA_R_16BF;
+    const IS_F32: bool = false;
 }
 impl GemmOutput for f32 {
     const CUDA_TYPE: cudaDataType = cudaDataType::CUDA_R_32F;
+    const IS_F32: bool = true;
 }
 
-/// A cuBLAS handle on one stream.
+/// One entry of the routing rule: calls of exactly this `(n, k)` with
+/// `min_m <= m <= max_m` rows run on the skinny kernels with `config`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SkinnyRule {
+    pub n: usize,
+    pub k: usize,
+    pub min_m: usize,
+    pub max_m: usize,
+    pub config: SkinnyConfig,
+}
+
+/// Which calls leave cuBLAS for the skinny kernels. PENDING MEASUREMENT:
+/// empty until the H200 run of `examples/skinny_bench.rs` (cuBLAS and every
+/// skinny configuration side by side on the Qwen3.5-4B shapes) shows where
+/// they win; entries then carry the measured figures in a comment. Empty
+/// means every call stays on cuBLAS, so nothing changes unmeasured.
+pub const SKINNY_RULES: &[SkinnyRule] = &[];
+
+/// Where [`Gemm::linear`] sends a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinearRoute {
+    Cublas,
+    Skinny(SkinnyConfig),
+}
+
+/// The route of `(m, n, k)` under `rules` (first match wins; none: cuBLAS).
+pub fn route_in(rules: &[SkinnyRule], m: usize, n: usize, k: usize) -> LinearRoute {
+    rules
+        .iter()
+        .find(|r| r.n == n && r.k == k && (r.min_m..=r.max_m).contains(&m))
+        .map_or(LinearRoute::Cublas, |r| LinearRoute::Skinny(r.config))
+}
+
+/// The lengths every linear call needs: x at least `m * k`, w exactly
+/// `n * k`, y at least `m * n` elements.
+pub(crate) fn check_lengths(
+    op: &'static str,
+    x: usize,
+    w: usize,
+    y: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), GdnError> {
+    let short = |what: &str, have: usize, want: usize| {
+        op_error(
+            op,
+            format!("{what} has {have} elements, needs {want} (m={m}, n={n}, k={k})"),
+        )
+    };
+    if x < m * k {
+        return Err(short("x", x, m * k));
+    }
+    if y < m * n {
+        return Err(short("y", y, m * n));
+    }
+    if w != n * k {
+        return Err(op_error(
+            op,
+            format!("w has {w} elements, is not [{n}, {k}]"),
+        ));
+    }
+    Ok(())
+}
+
+/// A cuBLAS handle on one stream, and the skinny kernels where the bundle
+/// has them for this GPU.
 pub struct Gemm {
     blas: CudaBlas,
     stream: Arc<CudaStream>,
+    skinny: Option<SkinnyLinear>,
 }
 
 impl Gemm {
     pub fn new(stream: Arc<CudaStream>) -> Result<Self, GdnError> {
         let blas = CudaBlas::new(stream.clone()).map_err(|e| GdnError::Blas(format!("{e:?}")))?;
-        Ok(Gemm { blas, stream })
+        // No skinny cubin for this GPU: every call stays on cuBLAS.
+        let skinny = match SkinnyLinear::new(stream.clone()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                log::info!("skinny linear kernels unavailable, cuBLAS only: {e}");
+                None
+            }
+        };
+        Ok(Gemm {
+            blas,
+            stream,
+            skinny,
+        })
+    }
+
+    /// The skinny kernels, where the bundle has them for this GPU.
+    pub fn skinny(&self) -> Option<&SkinnyLinear> {
+        self.skinny.as_ref()
+    }
+
+    /// Where [`Gemm::linear`] sends `(m, n, k)` by [`SKINNY_RULES`] (before
+    /// the operand checks: misaligned operands still go to cuBLAS).
+    pub fn route(m: usize, n: usize, k: usize) -> LinearRoute {
+        route_in(SKINNY_RULES, m, n, k)
     }
 
     /// `y[m, n] = x[m, k] · w[n, k]ᵀ` with every matrix dense row-major.
     /// `x` and `y` may be longer than `m` rows (only the first `m` are used).
+    /// On the skinny kernels where [`SKINNY_RULES`] say so and the operands
+    /// suit them, else on cuBLAS.
     pub fn linear<X, W, Y, O>(
+        &self,
+        x: &X,
+        w: &W,
+        y: &mut Y,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), GdnError>
+    where
+        X: DevicePtr<bf16>,
+        W: DevicePtr<bf16>,
+        Y: DevicePtrMut<O>,
+        O: GemmOutput,
+    {
+        if let (LinearRoute::Skinny(config), Some(skinny)) = (Self::route(m, n, k), &self.skinny) {
+            let fits = {
+                let (xp, _xg) = x.device_ptr(&self.stream);
+                let (wp, _wg) = w.device_ptr(&self.stream);
+                SkinnyLinear::unsupported(xp, wp, m, n, k).is_none()
+            };
+            if fits {
+                return skinny.linear(x, w, y, m, n, k, config);
+            }
+        }
+        self.linear_cublas(x, w, y, m, n, k)
+    }
+
+    /// [`Gemm::linear`] on the skinny kernels with `config`, whatever the
+    /// rule says (an error where the bundle has no skinny cubin for this
+    /// GPU or the operands do not suit them).
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_skinny<X, W, Y, O>(
+        &self,
+        x: &X,
+        w: &W,
+        y: &mut Y,
+        m: usize,
+        n: usize,
+        k: usize,
+        config: SkinnyConfig,
+    ) -> Result<(), GdnError>
+    where
+        X: DevicePtr<bf16>,
+        W: DevicePtr<bf16>,
+        Y: DevicePtrMut<O>,
+        O: GemmOutput,
+    {
+        let skinny = self.skinny.as_ref().ok_or_else(|| GdnError::Unsupported {
+            backend: "skinny_linear",
+            reason: "the bundle has no skinny_linear cubin for this GPU".into(),
+        })?;
+        skinny.linear(x, w, y, m, n, k, config)
+    }
+
+    /// [`Gemm::linear`] on cuBLAS, whatever the rule says.
+    pub fn linear_cublas<X, W, Y, O>(
         &self,
         x: &X,
         w: &W,
@@ -59,25 +215,7 @@ impl Gemm {
         if m == 0 {
             return Ok(());
         }
-        let need = |what: &str, have: usize, want: usize| {
-            if have < want {
-                Err(op_error(
-                    OP,
-                    format!("{what} has {have} elements, needs {want} (m={m}, n={n}, k={k})"),
-                ))
-            } else {
-                Ok(())
-            }
-        };
-        need("x", x.len(), m * k)?;
-        need("w", w.len(), n * k)?;
-        need("y", y.len(), m * n)?;
-        if w.len() != n * k {
-            return Err(op_error(
-                OP,
-                format!("w has {} elements, is not [{n}, {k}]", w.len()),
-            ));
-        }
+        check_lengths(OP, x.len(), w.len(), y.len(), m, n, k)?;
         let dims: Vec<i32> = [m, n, k]
             .iter()
             .map(|&d| {
@@ -118,5 +256,87 @@ impl Gemm {
             )
         }
         .map_err(|e| GdnError::Blas(format!("{e:?} (m={m}, n={n}, k={k})")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const QWEN35_4B_SHAPES: [(usize, usize); 7] = [
+        (12352, 2560),
+        (2560, 4096),
+        (10240, 2560),
+        (18432, 2560),
+        (2560, 9216),
+        (248320, 2560),
+        (4096, 2560),
+    ];
+
+    #[test]
+    fn unmeasured_rule_keeps_every_call_on_cublas() {
+        for (n, k) in QWEN35_4B_SHAPES {
+            for m in [1, 2, 4, 8, 16, 64, 1024] {
+                assert_eq!(
+                    Gemm::route(m, n, k),
+                    LinearRoute::Cublas,
+                    "m={m} n={n} k={k}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn rule_matches_shape_and_row_range_first_entry_first() {
+        let a = SkinnyConfig {
+            warps: 4,
+            k_unroll: 4,
+        };
+        let b = SkinnyConfig {
+            warps: 8,
+            k_unroll: 2,
+        };
+        let rules = [
+            SkinnyRule {
+                n: 2560,
+                k: 9216,
+                min_m: 1,
+                max_m: 4,
+                config: a,
+            },
+            SkinnyRule {
+                n: 2560,
+                k: 9216,
+                min_m: 1,
+                max_m: 8,
+                config: b,
+            },
+        ];
+        assert_eq!(route_in(&rules, 1, 2560, 9216), LinearRoute::Skinny(a));
+        assert_eq!(route_in(&rules, 4, 2560, 9216), LinearRoute::Skinny(a));
+        assert_eq!(route_in(&rules, 5, 2560, 9216), LinearRoute::Skinny(b));
+        assert_eq!(route_in(&rules, 9, 2560, 9216), LinearRoute::Cublas);
+        assert_eq!(route_in(&rules, 1, 2560, 4096), LinearRoute::Cublas);
+        assert_eq!(route_in(&rules, 1, 9216, 2560), LinearRoute::Cublas);
+    }
+
+    #[test]
+    fn lengths_are_checked_with_the_shape_in_the_message() {
+        assert!(check_lengths(OP, 64, 128, 32, 2, 16, 8).is_ok());
+        let e = check_lengths(OP, 15, 128, 32, 2, 16, 8)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("x has 15") && e.contains("m=2, n=16, k=8"),
+            "{e}"
+        );
+        let e = check_lengths(OP, 16, 128, 31, 2, 16, 8)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("y has 31"), "{e}");
+        let e = check_lengths(OP, 16, 136, 32, 2, 16, 8)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is not [16, 8]"), "{e}");
     }
 }
