@@ -14,7 +14,8 @@
 #              committed ones)
 #   qbench     the Qwen3.5-4B random-weight benchmark
 #   skinny     the skinny linear kernels' GPU gate (gpu_skinny_linear, PTX JIT
-#              off) and their benchmark against cuBLAS (skinny_bench.jsonl)
+#              off) and their benchmark against cuBLAS (skinny_bench.jsonl; the
+#              standalone skinny_harness too where carried)
 #   qprofile   nsys kernel summary of the 4B decode step at batch 1 (if nsys exists)
 # Writes at most 8 files under $OUT (the device tool returns 8).
 set -uo pipefail
@@ -80,10 +81,19 @@ if has qbench; then
   cat "$OUT/qbench.jsonl"; tail -5 "$OUT/qbench.err"
 fi
 if has skinny; then
-  { echo "### GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 gpu_skinny_linear"; GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 .carry/bin/gpu_skinny_linear --test-threads=1 --nocapture; } > "$OUT/skinny.log" 2>&1 || rc=1
-  grep -E "^test |^test result|panicked|^shape " "$OUT/skinny.log"
-  CUDA_DISABLE_PTX_JIT=1 .carry/bin/skinny_bench > "$OUT/skinny_bench.jsonl" 2>> "$OUT/skinny.log" || rc=1
-  grep -E '"kind": "(copy|best|step)"' "$OUT/skinny_bench.jsonl"
+  if [ -x .carry/bin/gpu_skinny_linear ]; then
+    { echo "### GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 gpu_skinny_linear"; GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 .carry/bin/gpu_skinny_linear --test-threads=1 --nocapture; } > "$OUT/skinny.log" 2>&1 || rc=1
+    grep -E "^test |^test result|panicked|^shape " "$OUT/skinny.log"
+  fi
+  if [ -x .carry/bin/skinny_bench ]; then
+    CUDA_DISABLE_PTX_JIT=1 .carry/bin/skinny_bench > "$OUT/skinny_bench.jsonl" 2>> "$OUT/skinny.log" || rc=1
+    grep -E '"kind": "(copy|best|step)"' "$OUT/skinny_bench.jsonl"
+  fi
+  # The standalone twin (checks/gpu/skinny_harness.cu), for builds without the bundle.
+  if [ -x .carry/bin/skinny_harness ]; then
+    .carry/bin/skinny_harness > "$OUT/skinny_harness.jsonl" 2>> "$OUT/skinny.log" || rc=1
+    grep -E '"kind": "(copy|best|step)"' "$OUT/skinny_harness.jsonl"
+  fi
 fi
 if has qprofile; then
   nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
