@@ -46,12 +46,58 @@ pub struct SkinnyRule {
     pub config: SkinnyConfig,
 }
 
-/// Which calls leave cuBLAS for the skinny kernels. PENDING MEASUREMENT:
-/// empty until the H200 run of `examples/skinny_bench.rs` (cuBLAS and every
-/// skinny configuration side by side on the Qwen3.5-4B shapes) shows where
-/// they win; entries then carry the measured figures in a comment. Empty
-/// means every call stays on cuBLAS, so nothing changes unmeasured.
-pub const SKINNY_RULES: &[SkinnyRule] = &[];
+/// A [`SkinnyRule`] in one line (the rule table's entries).
+const fn rule(
+    n: usize,
+    k: usize,
+    min_m: usize,
+    max_m: usize,
+    warps: u32,
+    k_unroll: u32,
+) -> SkinnyRule {
+    SkinnyRule {
+        n,
+        k,
+        min_m,
+        max_m,
+        config: SkinnyConfig { warps, k_unroll },
+    }
+}
+
+/// Which calls leave cuBLAS for the skinny kernels, measured on the H200
+/// (`checks/gpu/skinny_harness.cu` at d98e9bf, 2026-12-01, the same kernels
+/// and method as `examples/skinny_bench.rs`: CUDA graphs of back-to-back
+/// calls over weight copies larger than L2, median of 5; cuBLAS's time
+/// includes its split-K reduce kernels). Qwen3.5-4B shapes only; anything
+/// else stays on cuBLAS. One configuration per shape for m <= 8 (the r1
+/// kernels do the same work for every m up to 8, so m = 3, 5..7 run as
+/// measured at 4 and 8) and one for 9..16 where it won at m = 16 (r2: the
+/// same work for every m in 9..16). Kept where skinny won at every measured
+/// m of the range; times below are cuBLAS -> skinny in us at m = 1 / 8
+/// (or 16).
+pub const SKINNY_RULES: &[SkinnyRule] = &[
+    // DeltaNet in_proj 2560 -> 12352: 18.51 -> 17.20 / 18.75 -> 17.38
+    // (3419 -> 3679 GB/s at m = 1); m = 16: 18.94 -> 17.88.
+    rule(12352, 2560, 1, 8, 2, 8),
+    rule(12352, 2560, 9, 16, 2, 4),
+    // DeltaNet out_proj and attention o_proj 4096 -> 2560: 9.79 -> 7.34 /
+    // 9.53 -> 7.74 (2144 -> 2861 GB/s at m = 1); m = 16: 9.78 -> 9.29.
+    rule(2560, 4096, 1, 8, 8, 4),
+    rule(2560, 4096, 9, 16, 8, 4),
+    // Attention qkv 2560 -> 10240: 15.29 -> 14.63 / 15.29 -> 14.79 (m = 16:
+    // cuBLAS 15.32 vs 15.71, stays on cuBLAS).
+    rule(10240, 2560, 1, 8, 4, 2),
+    // MLP gate_up 2560 -> 18432: 25.06 -> 24.70 / 25.43 -> 25.07, 1.4-1.9%
+    // at each of m = 1, 2, 4, 8 (m = 16: cuBLAS 25.75 vs 26.35, stays).
+    rule(18432, 2560, 1, 8, 8, 4),
+    // MLP down 9216 -> 2560: 16.12 -> 13.66 / 16.61 -> 14.51 (2929 -> 3455
+    // GB/s at m = 1; m = 16: cuBLAS 16.66 vs 16.88, stays).
+    rule(2560, 9216, 1, 8, 8, 4),
+    // lm_head 2560 -> 248320 (fp32 out): 313.1 -> 295.1 / 316.3 -> 299.3
+    // (4064 -> 4312 GB/s at m = 1); m = 16: 320.7 -> 308.5.
+    rule(248320, 2560, 1, 8, 1, 2),
+    rule(248320, 2560, 9, 16, 2, 4),
+];
 
 /// Where [`Gemm::linear`] sends a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -263,14 +309,14 @@ impl Gemm {
 mod tests {
     use super::*;
 
-    const QWEN35_4B_SHAPES: [(usize, usize); 7] = [
+    /// (n, k) of the 4B's linear layers.
+    const QWEN35_4B_SHAPES: [(usize, usize); 6] = [
         (12352, 2560),
         (2560, 4096),
         (10240, 2560),
         (18432, 2560),
         (2560, 9216),
         (248320, 2560),
-        (4096, 2560),
     ];
 
     #[test]
