@@ -320,14 +320,49 @@ mod tests {
     ];
 
     #[test]
-    fn unmeasured_rule_keeps_every_call_on_cublas() {
+    fn measured_rule_covers_decode_rows_of_the_4b_and_nothing_else() {
+        // Every 4B shape takes the skinny kernels at m <= 8; the kernels
+        // must have each configuration the table names.
         for (n, k) in QWEN35_4B_SHAPES {
-            for m in [1, 2, 4, 8, 16, 64, 1024] {
+            for m in 1..=8 {
+                let LinearRoute::Skinny(c) = Gemm::route(m, n, k) else {
+                    panic!("m={m} n={n} k={k} on cuBLAS");
+                };
+                c.check(m).unwrap();
+            }
+            // Prefill-sized calls always stay on cuBLAS.
+            for m in [17, 64, 1024] {
                 assert_eq!(
                     Gemm::route(m, n, k),
                     LinearRoute::Cublas,
                     "m={m} n={n} k={k}"
                 );
+            }
+        }
+        // At 9..16 rows only where skinny won at 16.
+        for (n, k, skinny) in [
+            (12352, 2560, true),
+            (2560, 4096, true),
+            (248320, 2560, true),
+            (10240, 2560, false),
+            (18432, 2560, false),
+            (2560, 9216, false),
+        ] {
+            for m in 9..=16 {
+                let r = Gemm::route(m, n, k);
+                assert_eq!(r != LinearRoute::Cublas, skinny, "m={m} n={n} k={k}: {r:?}");
+                if let LinearRoute::Skinny(c) = r {
+                    c.check(m).unwrap();
+                }
+            }
+        }
+        // Other shapes (another model's) stay on cuBLAS.
+        assert_eq!(Gemm::route(1, 5120, 5120), LinearRoute::Cublas);
+        // The ranges of one shape do not overlap (first match would hide one).
+        for (i, a) in SKINNY_RULES.iter().enumerate() {
+            for b in &SKINNY_RULES[i + 1..] {
+                let overlap = a.min_m <= b.max_m && b.min_m <= a.max_m;
+                assert!(!(a.n == b.n && a.k == b.k && overlap), "{a:?} / {b:?}");
             }
         }
     }
