@@ -14,6 +14,9 @@
 #              fixtures served by gdn-server (on the fixtures just made, else the
 #              committed ones)
 #   qbench     the Qwen3.5-4B random-weight benchmark
+#   skinny     the skinny linear kernels' GPU gate (gpu_skinny_linear, PTX JIT
+#              off) and their benchmark against cuBLAS (skinny_bench.jsonl; the
+#              standalone skinny_harness too where carried)
 #   qprofile   nsys kernel summary of the 4B decode step at batch 1 (if nsys exists)
 # Writes at most 8 files under $OUT (the device tool returns 8).
 set -uo pipefail
@@ -80,6 +83,21 @@ fi
 if has qbench; then
   .carry/bin/qwen35_bench > "$OUT/qbench.jsonl" 2> "$OUT/qbench.err" || rc=1
   cat "$OUT/qbench.jsonl"; tail -5 "$OUT/qbench.err"
+fi
+if has skinny; then
+  if [ -x .carry/bin/gpu_skinny_linear ]; then
+    { echo "### GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 gpu_skinny_linear"; GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 .carry/bin/gpu_skinny_linear --test-threads=1 --nocapture; } > "$OUT/skinny.log" 2>&1 || rc=1
+    grep -E "^test |^test result|panicked|^shape " "$OUT/skinny.log"
+  fi
+  if [ -x .carry/bin/skinny_bench ]; then
+    CUDA_DISABLE_PTX_JIT=1 .carry/bin/skinny_bench > "$OUT/skinny_bench.jsonl" 2>> "$OUT/skinny.log" || rc=1
+    grep -E '"kind": "(copy|best|step)"' "$OUT/skinny_bench.jsonl"
+  fi
+  # The standalone twin (checks/gpu/skinny_harness.cu), for builds without the bundle.
+  if [ -x .carry/bin/skinny_harness ]; then
+    .carry/bin/skinny_harness > "$OUT/skinny_harness.jsonl" 2>> "$OUT/skinny.log" || rc=1
+    grep -E '"kind": "(copy|best|step)"' "$OUT/skinny_harness.jsonl"
+  fi
 fi
 if has qprofile; then
   nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds everything the H200 run needs on this (CPU-only) machine and puts it
 # under .carry/ (git-ignored), for the device tool's `carry`:
-#   .carry/bin: the GPU test binaries (GDN op, Qwen3.5 forward, step seam,
+#   .carry/bin: the GPU test binaries (GDN op, skinny linear, Qwen3.5 forward, step seam,
 #               executor and engine, device sampling, the served fixtures), the benchmarks
-#               (GDN op, Qwen3.5-4B), the dump tool, gdn-gen
+#               (GDN op, skinny linear vs cuBLAS, Qwen3.5-4B), the dump tool, gdn-gen
 #   .carry/whl: fla-core (FLA Triton) and the pinned FlashInfer wheel (for the
 #               cross-machine reproducibility check with NVIDIA's toolkit there)
 # The device tool carries at most 64 MiB with the working tree: name the
@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 rm -rf .carry && mkdir -p .carry/bin .carry/whl
 cargo build --release -p gdn-gen -p gdn-kernels -p qwen35 --examples
-cp target/release/gdn-gen target/release/examples/{gdn_bench,gdn_dump,qwen35_bench} .carry/bin/
+cp target/release/gdn-gen target/release/examples/{gdn_bench,gdn_dump,qwen35_bench,skinny_bench} .carry/bin/
 test_binary() {  # crate, test target -> path of the built test executable (that
   # target's only: a crate with a binary also reports the binary's path)
   cargo test --release -p "$1" --test "$2" --no-run --message-format=json 2>/dev/null \
@@ -23,6 +23,7 @@ cp "$(test_binary gdn-kernels gpu_prefill)" .carry/bin/gpu_prefill
 cp "$(test_binary gdn-kernels gpu_dsl_prefill)" .carry/bin/gpu_dsl_prefill
 cp "$(test_binary gdn-kernels gpu_model_ops)" .carry/bin/gpu_model_ops
 cp "$(test_binary gdn-kernels gpu_deltanet_decode)" .carry/bin/gpu_deltanet_decode
+cp "$(test_binary gdn-kernels gpu_skinny_linear)" .carry/bin/gpu_skinny_linear
 for t in gpu_forward gpu_steps gpu_executor gpu_engine gpu_sampling gpu_prefix_cache; do
   cp "$(test_binary qwen35 $t)" .carry/bin/$t
 done

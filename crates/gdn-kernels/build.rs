@@ -16,7 +16,8 @@ const ABI_VERSION: u32 = 1;
 const HEAD_DIM: u32 = 128;
 const FLASHINFER_ARCH: &str = "sm_90a";
 /// Units whose cubins are embedded and loaded with cuModuleLoadData.
-const EMBEDDED_CUBIN_UNITS: [&str; 3] = ["gdn_portable", "model_kernels", "sampling"];
+const EMBEDDED_CUBIN_UNITS: [&str; 4] =
+    ["gdn_portable", "model_kernels", "sampling", "skinny_linear"];
 const LAUNCHER_LIB: &str = "gdn_flashinfer_sm90";
 const CUDART: &str = "lib/libcudart_static.a";
 /// The CuTe DSL's static CUDA-dialect runtime the exported objects call

@@ -357,7 +357,7 @@ mod tests {
         for (unit, sm, bytes) in CUBINS {
             assert_eq!(&bytes[..4], b"\x7fELF", "{unit} sm_{sm}");
         }
-        for unit in [PORTABLE_UNIT, "model_kernels", "sampling"] {
+        for unit in [PORTABLE_UNIT, "model_kernels", "sampling", "skinny_linear"] {
             assert_eq!(cubin_for(unit, (9, 0)).unwrap().0, 90, "{unit}");
         }
         assert!(resolve(BackendRequest::Portable, (7, 5), 40, &QWEN35_4B).is_err());

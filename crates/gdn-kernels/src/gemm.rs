@@ -1,7 +1,10 @@
-//! Row-major linear layers on cuBLAS: `y[m, n] = x[m, k] · w[n, k]ᵀ`, bf16
-//! inputs, fp32 accumulation (`CUBLAS_COMPUTE_32F`), bf16 or fp32 output —
-//! what a PyTorch `nn.Linear` in bf16 computes. cuBLAS is loaded at run time
-//! (libcublas.so.13); the handle is bound to one stream.
+//! Row-major linear layers: `y[m, n] = x[m, k] · w[n, k]ᵀ`, bf16 inputs,
+//! fp32 accumulation, bf16 or fp32 output — what a PyTorch `nn.Linear` in
+//! bf16 computes. On cuBLAS (`CUBLAS_COMPUTE_32F`, loaded at run time from
+//! libcublas.so.13, the handle bound to one stream) or, for the few-row
+//! calls of decode steps that [`SKINNY_RULES`] names, on our skinny kernels
+//! ([`SkinnyLinear`]). [`Gemm::linear`] picks; the two paths are also
+//! callable by name (benchmarks, tests).
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -13,35 +16,234 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use half::bf16;
 
 use crate::error::{op_error, GdnError};
+use crate::skinny::{SkinnyConfig, SkinnyLinear};
 
 const OP: &str = "linear";
 
 /// Output element types of [`Gemm::linear`].
 pub trait GemmOutput: DeviceRepr {
     const CUDA_TYPE: cudaDataType;
+    /// fp32 (else bf16): picks the skinny kernel's output variant.
+    const IS_F32: bool;
 }
 impl GemmOutput for bf16 {
     const CUDA_TYPE: cudaDataType = cudaDataType::CUDA_R_16BF;
+    const IS_F32: bool = false;
 }
 impl GemmOutput for f32 {
     const CUDA_TYPE: cudaDataType = cudaDataType::CUDA_R_32F;
+    const IS_F32: bool = true;
 }
 
-/// A cuBLAS handle on one stream.
+/// One entry of the routing rule: calls of exactly this `(n, k)` with
+/// `min_m <= m <= max_m` rows run on the skinny kernels with `config`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SkinnyRule {
+    pub n: usize,
+    pub k: usize,
+    pub min_m: usize,
+    pub max_m: usize,
+    pub config: SkinnyConfig,
+}
+
+/// A [`SkinnyRule`] in one line (the rule table's entries).
+const fn rule(
+    n: usize,
+    k: usize,
+    min_m: usize,
+    max_m: usize,
+    warps: u32,
+    k_unroll: u32,
+) -> SkinnyRule {
+    SkinnyRule {
+        n,
+        k,
+        min_m,
+        max_m,
+        config: SkinnyConfig { warps, k_unroll },
+    }
+}
+
+/// Which calls leave cuBLAS for the skinny kernels, measured on the H200
+/// (`checks/gpu/skinny_harness.cu` at d98e9bf, 2026-12-01, the same kernels
+/// and method as `examples/skinny_bench.rs`: CUDA graphs of back-to-back
+/// calls over weight copies larger than L2, median of 5; cuBLAS's time
+/// includes its split-K reduce kernels). Qwen3.5-4B shapes only; anything
+/// else stays on cuBLAS. One configuration per shape for m <= 8 (the r1
+/// kernels do the same work for every m up to 8, so m = 3, 5..7 run as
+/// measured at 4 and 8) and one for 9..16 where it won at m = 16 (r2: the
+/// same work for every m in 9..16). Kept where skinny won at every measured
+/// m of the range; times below are cuBLAS -> skinny in us at m = 1 / 8
+/// (or 16).
+pub const SKINNY_RULES: &[SkinnyRule] = &[
+    // DeltaNet in_proj 2560 -> 12352: 18.51 -> 17.20 / 18.75 -> 17.38
+    // (3419 -> 3679 GB/s at m = 1); m = 16: 18.94 -> 17.88.
+    rule(12352, 2560, 1, 8, 2, 8),
+    rule(12352, 2560, 9, 16, 2, 4),
+    // DeltaNet out_proj and attention o_proj 4096 -> 2560: 9.79 -> 7.34 /
+    // 9.53 -> 7.74 (2144 -> 2861 GB/s at m = 1); m = 16: 9.78 -> 9.29.
+    rule(2560, 4096, 1, 8, 8, 4),
+    rule(2560, 4096, 9, 16, 8, 4),
+    // Attention qkv 2560 -> 10240: 15.29 -> 14.63 / 15.29 -> 14.79 (m = 16:
+    // cuBLAS 15.32 vs 15.71, stays on cuBLAS).
+    rule(10240, 2560, 1, 8, 4, 2),
+    // MLP gate_up 2560 -> 18432: 25.06 -> 24.70 / 25.43 -> 25.07, 1.4-1.9%
+    // at each of m = 1, 2, 4, 8 (m = 16: cuBLAS 25.75 vs 26.35, stays).
+    rule(18432, 2560, 1, 8, 8, 4),
+    // MLP down 9216 -> 2560: 16.12 -> 13.66 / 16.61 -> 14.51 (2929 -> 3455
+    // GB/s at m = 1; m = 16: cuBLAS 16.66 vs 16.88, stays).
+    rule(2560, 9216, 1, 8, 8, 4),
+    // lm_head 2560 -> 248320 (fp32 out): 313.1 -> 295.1 / 316.3 -> 299.3
+    // (4064 -> 4312 GB/s at m = 1); m = 16: 320.7 -> 308.5.
+    rule(248320, 2560, 1, 8, 1, 2),
+    rule(248320, 2560, 9, 16, 2, 4),
+];
+
+/// Where [`Gemm::linear`] sends a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinearRoute {
+    Cublas,
+    Skinny(SkinnyConfig),
+}
+
+/// The route of `(m, n, k)` under `rules` (first match wins; none: cuBLAS).
+pub fn route_in(rules: &[SkinnyRule], m: usize, n: usize, k: usize) -> LinearRoute {
+    rules
+        .iter()
+        .find(|r| r.n == n && r.k == k && (r.min_m..=r.max_m).contains(&m))
+        .map_or(LinearRoute::Cublas, |r| LinearRoute::Skinny(r.config))
+}
+
+/// The lengths every linear call needs: x at least `m * k`, w exactly
+/// `n * k`, y at least `m * n` elements.
+pub(crate) fn check_lengths(
+    op: &'static str,
+    x: usize,
+    w: usize,
+    y: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), GdnError> {
+    let short = |what: &str, have: usize, want: usize| {
+        op_error(
+            op,
+            format!("{what} has {have} elements, needs {want} (m={m}, n={n}, k={k})"),
+        )
+    };
+    if x < m * k {
+        return Err(short("x", x, m * k));
+    }
+    if y < m * n {
+        return Err(short("y", y, m * n));
+    }
+    if w != n * k {
+        return Err(op_error(
+            op,
+            format!("w has {w} elements, is not [{n}, {k}]"),
+        ));
+    }
+    Ok(())
+}
+
+/// A cuBLAS handle on one stream, and the skinny kernels where the bundle
+/// has them for this GPU.
 pub struct Gemm {
     blas: CudaBlas,
     stream: Arc<CudaStream>,
+    skinny: Option<SkinnyLinear>,
 }
 
 impl Gemm {
     pub fn new(stream: Arc<CudaStream>) -> Result<Self, GdnError> {
         let blas = CudaBlas::new(stream.clone()).map_err(|e| GdnError::Blas(format!("{e:?}")))?;
-        Ok(Gemm { blas, stream })
+        // No skinny cubin for this GPU: every call stays on cuBLAS.
+        let skinny = match SkinnyLinear::new(stream.clone()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                log::info!("skinny linear kernels unavailable, cuBLAS only: {e}");
+                None
+            }
+        };
+        Ok(Gemm {
+            blas,
+            stream,
+            skinny,
+        })
+    }
+
+    /// The skinny kernels, where the bundle has them for this GPU.
+    pub fn skinny(&self) -> Option<&SkinnyLinear> {
+        self.skinny.as_ref()
+    }
+
+    /// Where [`Gemm::linear`] sends `(m, n, k)` by [`SKINNY_RULES`] (before
+    /// the operand checks: misaligned operands still go to cuBLAS).
+    pub fn route(m: usize, n: usize, k: usize) -> LinearRoute {
+        route_in(SKINNY_RULES, m, n, k)
     }
 
     /// `y[m, n] = x[m, k] · w[n, k]ᵀ` with every matrix dense row-major.
     /// `x` and `y` may be longer than `m` rows (only the first `m` are used).
+    /// On the skinny kernels where [`SKINNY_RULES`] say so and the operands
+    /// suit them, else on cuBLAS.
     pub fn linear<X, W, Y, O>(
+        &self,
+        x: &X,
+        w: &W,
+        y: &mut Y,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), GdnError>
+    where
+        X: DevicePtr<bf16>,
+        W: DevicePtr<bf16>,
+        Y: DevicePtrMut<O>,
+        O: GemmOutput,
+    {
+        if let (LinearRoute::Skinny(config), Some(skinny)) = (Self::route(m, n, k), &self.skinny) {
+            let fits = {
+                let (xp, _xg) = x.device_ptr(&self.stream);
+                let (wp, _wg) = w.device_ptr(&self.stream);
+                SkinnyLinear::unsupported(xp, wp, m, n, k).is_none()
+            };
+            if fits {
+                return skinny.linear(x, w, y, m, n, k, config);
+            }
+        }
+        self.linear_cublas(x, w, y, m, n, k)
+    }
+
+    /// [`Gemm::linear`] on the skinny kernels with `config`, whatever the
+    /// rule says (an error where the bundle has no skinny cubin for this
+    /// GPU or the operands do not suit them).
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_skinny<X, W, Y, O>(
+        &self,
+        x: &X,
+        w: &W,
+        y: &mut Y,
+        m: usize,
+        n: usize,
+        k: usize,
+        config: SkinnyConfig,
+    ) -> Result<(), GdnError>
+    where
+        X: DevicePtr<bf16>,
+        W: DevicePtr<bf16>,
+        Y: DevicePtrMut<O>,
+        O: GemmOutput,
+    {
+        let skinny = self.skinny.as_ref().ok_or_else(|| GdnError::Unsupported {
+            backend: "skinny_linear",
+            reason: "the bundle has no skinny_linear cubin for this GPU".into(),
+        })?;
+        skinny.linear(x, w, y, m, n, k, config)
+    }
+
+    /// [`Gemm::linear`] on cuBLAS, whatever the rule says.
+    pub fn linear_cublas<X, W, Y, O>(
         &self,
         x: &X,
         w: &W,
@@ -59,25 +261,7 @@ impl Gemm {
         if m == 0 {
             return Ok(());
         }
-        let need = |what: &str, have: usize, want: usize| {
-            if have < want {
-                Err(op_error(
-                    OP,
-                    format!("{what} has {have} elements, needs {want} (m={m}, n={n}, k={k})"),
-                ))
-            } else {
-                Ok(())
-            }
-        };
-        need("x", x.len(), m * k)?;
-        need("w", w.len(), n * k)?;
-        need("y", y.len(), m * n)?;
-        if w.len() != n * k {
-            return Err(op_error(
-                OP,
-                format!("w has {} elements, is not [{n}, {k}]", w.len()),
-            ));
-        }
+        check_lengths(OP, x.len(), w.len(), y.len(), m, n, k)?;
         let dims: Vec<i32> = [m, n, k]
             .iter()
             .map(|&d| {
@@ -118,5 +302,122 @@ impl Gemm {
             )
         }
         .map_err(|e| GdnError::Blas(format!("{e:?} (m={m}, n={n}, k={k})")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (n, k) of the 4B's linear layers.
+    const QWEN35_4B_SHAPES: [(usize, usize); 6] = [
+        (12352, 2560),
+        (2560, 4096),
+        (10240, 2560),
+        (18432, 2560),
+        (2560, 9216),
+        (248320, 2560),
+    ];
+
+    #[test]
+    fn measured_rule_covers_decode_rows_of_the_4b_and_nothing_else() {
+        // Every 4B shape takes the skinny kernels at m <= 8; the kernels
+        // must have each configuration the table names.
+        for (n, k) in QWEN35_4B_SHAPES {
+            for m in 1..=8 {
+                let LinearRoute::Skinny(c) = Gemm::route(m, n, k) else {
+                    panic!("m={m} n={n} k={k} on cuBLAS");
+                };
+                c.check(m).unwrap();
+            }
+            // Prefill-sized calls always stay on cuBLAS.
+            for m in [17, 64, 1024] {
+                assert_eq!(
+                    Gemm::route(m, n, k),
+                    LinearRoute::Cublas,
+                    "m={m} n={n} k={k}"
+                );
+            }
+        }
+        // At 9..16 rows only where skinny won at 16.
+        for (n, k, skinny) in [
+            (12352, 2560, true),
+            (2560, 4096, true),
+            (248320, 2560, true),
+            (10240, 2560, false),
+            (18432, 2560, false),
+            (2560, 9216, false),
+        ] {
+            for m in 9..=16 {
+                let r = Gemm::route(m, n, k);
+                assert_eq!(r != LinearRoute::Cublas, skinny, "m={m} n={n} k={k}: {r:?}");
+                if let LinearRoute::Skinny(c) = r {
+                    c.check(m).unwrap();
+                }
+            }
+        }
+        // Other shapes (another model's) stay on cuBLAS.
+        assert_eq!(Gemm::route(1, 5120, 5120), LinearRoute::Cublas);
+        // The ranges of one shape do not overlap (first match would hide one).
+        for (i, a) in SKINNY_RULES.iter().enumerate() {
+            for b in &SKINNY_RULES[i + 1..] {
+                let overlap = a.min_m <= b.max_m && b.min_m <= a.max_m;
+                assert!(!(a.n == b.n && a.k == b.k && overlap), "{a:?} / {b:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn rule_matches_shape_and_row_range_first_entry_first() {
+        let a = SkinnyConfig {
+            warps: 4,
+            k_unroll: 4,
+        };
+        let b = SkinnyConfig {
+            warps: 8,
+            k_unroll: 2,
+        };
+        let rules = [
+            SkinnyRule {
+                n: 2560,
+                k: 9216,
+                min_m: 1,
+                max_m: 4,
+                config: a,
+            },
+            SkinnyRule {
+                n: 2560,
+                k: 9216,
+                min_m: 1,
+                max_m: 8,
+                config: b,
+            },
+        ];
+        assert_eq!(route_in(&rules, 1, 2560, 9216), LinearRoute::Skinny(a));
+        assert_eq!(route_in(&rules, 4, 2560, 9216), LinearRoute::Skinny(a));
+        assert_eq!(route_in(&rules, 5, 2560, 9216), LinearRoute::Skinny(b));
+        assert_eq!(route_in(&rules, 9, 2560, 9216), LinearRoute::Cublas);
+        assert_eq!(route_in(&rules, 1, 2560, 4096), LinearRoute::Cublas);
+        assert_eq!(route_in(&rules, 1, 9216, 2560), LinearRoute::Cublas);
+    }
+
+    #[test]
+    fn lengths_are_checked_with_the_shape_in_the_message() {
+        assert!(check_lengths(OP, 64, 128, 32, 2, 16, 8).is_ok());
+        let e = check_lengths(OP, 15, 128, 32, 2, 16, 8)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("x has 15") && e.contains("m=2, n=16, k=8"),
+            "{e}"
+        );
+        let e = check_lengths(OP, 16, 128, 31, 2, 16, 8)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("y has 31"), "{e}");
+        let e = check_lengths(OP, 16, 136, 32, 2, 16, 8)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is not [16, 8]"), "{e}");
     }
 }

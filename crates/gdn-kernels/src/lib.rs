@@ -1,8 +1,9 @@
 //! The GPU kernels of the Qwen3.5 runtime, from the verified bundle: Gated
 //! DeltaNet (GDN) chunked prefill ([`GdnPrefill`]), our model kernels
 //! ([`ModelOps`]: norms, DeltaNet conv/decode step, paged attention, SwiGLU),
-//! sampling on the device ([`DeviceSampler`]) and cuBLAS linear layers
-//! ([`Gemm`]).
+//! sampling on the device ([`DeviceSampler`]) and linear layers ([`Gemm`]:
+//! cuBLAS, or our skinny kernels ([`SkinnyLinear`]) for the few-row calls
+//! its measured rule names).
 //!
 //! This crate is the only place that knows the bundle: generated symbols, the
 //! C ABI of the FlashInfer launcher, cubin names and the state layout the
@@ -28,6 +29,7 @@ mod model_ops;
 pub mod oracle;
 mod prefill;
 mod sampling;
+mod skinny;
 /// Test helpers, only with the `testing` feature (dev-dependencies enable it).
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -41,11 +43,12 @@ pub use batch::{BatchLayout, DeviceBatch, Padding};
 pub use dispatch::{prefer_context_parallel, Backend, BackendRequest, DispatchDecision};
 pub use dsl::flashinfer_would_use_cp;
 pub use error::GdnError;
-pub use gemm::{Gemm, GemmOutput};
+pub use gemm::{route_in, Gemm, GemmOutput, LinearRoute, SkinnyRule, SKINNY_RULES};
 pub use model_ops::{AttentionShape, DeltaNetInputs, DeltaNetShape, DeltaNetWeights, ModelOps};
 pub use oracle::GdnGeometry;
 pub use prefill::{GdnPrefill, PrefillBuffers};
 pub use sampling::{DeviceSampler, RowSampling, SampledRow, TokenAdjustment, MAX_TOP_LOGPROBS};
+pub use skinny::{SkinnyConfig, SkinnyLinear, SKINNY_MAX_ROWS};
 
 /// Head dimension every backend supports.
 pub const HEAD_DIM: usize = 128;
