@@ -212,9 +212,12 @@ fn bench_rows<O: GemmOutput + ValidAsZeroBits + Copy + Into<f64>>(
 }
 
 fn main() -> Res<()> {
-    let Some(stream) = gpu_stream() else {
+    let Some(default) = gpu_stream() else {
         return Ok(());
     };
+    // A stream of our own: the legacy default stream cannot be captured
+    // (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED on the H200).
+    let stream = default.context().new_stream()?;
     let started = std::time::Instant::now();
     // One stream, no cross-stream hazards: cudarc's per-buffer events would
     // only add work to the captured graphs.
