@@ -71,19 +71,19 @@ const fn rule(
 /// includes its split-K reduce kernels). Qwen3.5-4B shapes only; anything
 /// else stays on cuBLAS. One configuration per shape for m <= 8 (the r1
 /// kernels do the same work for every m up to 8, so m = 3, 5..7 run as
-/// measured at 4 and 8). Kept where skinny won at every measured m of the
-/// range; times below are cuBLAS -> skinny in us at m = 1 / 8. m 9..16
-/// stays on cuBLAS although skinny won at m = 16 on in_proj, out_proj/o_proj
-/// and lm_head in isolation: the integrated H200 run at 04:25 showed decode
-/// at batch 16 regressing (4.72 -> 5.75 ms) with those entries in, not yet
-/// explained.
+/// measured at 4 and 8) and one for 9..16 where it won at m = 16 (r2: the
+/// same work for every m in 9..16). Kept where skinny won at every measured
+/// m of the range; times below are cuBLAS -> skinny in us at m = 1 / 8
+/// (or 16).
 pub const SKINNY_RULES: &[SkinnyRule] = &[
     // DeltaNet in_proj 2560 -> 12352: 18.51 -> 17.20 / 18.75 -> 17.38
     // (3419 -> 3679 GB/s at m = 1); m = 16: 18.94 -> 17.88.
     rule(12352, 2560, 1, 8, 2, 8),
+    rule(12352, 2560, 9, 16, 2, 4),
     // DeltaNet out_proj and attention o_proj 4096 -> 2560: 9.79 -> 7.34 /
     // 9.53 -> 7.74 (2144 -> 2861 GB/s at m = 1); m = 16: 9.78 -> 9.29.
     rule(2560, 4096, 1, 8, 8, 4),
+    rule(2560, 4096, 9, 16, 8, 4),
     // Attention qkv 2560 -> 10240: 15.29 -> 14.63 / 15.29 -> 14.79 (m = 16:
     // cuBLAS 15.32 vs 15.71, stays on cuBLAS).
     rule(10240, 2560, 1, 8, 4, 2),
@@ -96,6 +96,7 @@ pub const SKINNY_RULES: &[SkinnyRule] = &[
     // lm_head 2560 -> 248320 (fp32 out): 313.1 -> 295.1 / 316.3 -> 299.3
     // (4064 -> 4312 GB/s at m = 1); m = 16: 320.7 -> 308.5.
     rule(248320, 2560, 1, 8, 1, 2),
+    rule(248320, 2560, 9, 16, 2, 4),
 ];
 
 /// Where [`Gemm::linear`] sends a call.
@@ -338,14 +339,21 @@ mod tests {
                 );
             }
         }
-        // 9..16 rows stay on cuBLAS (the batch-16 decode regression).
-        for (n, k) in QWEN35_4B_SHAPES {
+        // At 9..16 rows only where skinny won at 16.
+        for (n, k, skinny) in [
+            (12352, 2560, true),
+            (2560, 4096, true),
+            (248320, 2560, true),
+            (10240, 2560, false),
+            (18432, 2560, false),
+            (2560, 9216, false),
+        ] {
             for m in 9..=16 {
-                assert_eq!(
-                    Gemm::route(m, n, k),
-                    LinearRoute::Cublas,
-                    "m={m} n={n} k={k}"
-                );
+                let r = Gemm::route(m, n, k);
+                assert_eq!(r != LinearRoute::Cublas, skinny, "m={m} n={n} k={k}: {r:?}");
+                if let LinearRoute::Skinny(c) = r {
+                    c.check(m).unwrap();
+                }
             }
         }
         // Other shapes (another model's) stay on cuBLAS.
