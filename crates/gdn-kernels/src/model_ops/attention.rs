@@ -1,0 +1,224 @@
+//! The attention layer's ops: q/k norm + RoPE + paged KV write, and
+//! attention itself on the kernel `attention_select` picks (ours or
+//! FlashInfer's FA3).
+
+use super::*;
+
+impl ModelOps {
+    /// q/k norm and RoPE for every token; q to `q_out` (`[T, Hq, D]`), k and v
+    /// into the KV-cache pages (`[pages, page_size, Hkv, D]` each).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_prep(
+        &self,
+        batch: &DeviceBatch,
+        shape: AttentionShape,
+        proj: &CudaSlice<bf16>,
+        q_norm: &CudaSlice<f32>,
+        k_norm: &CudaSlice<f32>,
+        inv_freq: &CudaSlice<f32>,
+        q_out: &mut CudaSlice<bf16>,
+        k_cache: &mut CudaSlice<bf16>,
+        v_cache: &mut CudaSlice<bf16>,
+        eps: f32,
+    ) -> Result<(), GdnError> {
+        const OP: &str = "attention_prep";
+        shape.check()?;
+        let (t, d) = (batch.num_tokens, shape.head_dim);
+        exact(OP, "proj", proj.len(), t * shape.proj_width())?;
+        exact(OP, "q_norm", q_norm.len(), d)?;
+        exact(OP, "k_norm", k_norm.len(), d)?;
+        exact(OP, "inv_freq", inv_freq.len(), shape.rotary_dim / 2)?;
+        exact(OP, "q_out", q_out.len(), t * shape.q_heads * d)?;
+        let page = shape.page_len(batch.page_size);
+        pool(OP, "k_cache", k_cache.len(), page, batch.max_page)?;
+        exact(OP, "v_cache", v_cache.len(), k_cache.len())?;
+        let [ld, rh, mb, ps, hq, hkv] = [
+            shape.proj_width(),
+            shape.rotary_dim / 2,
+            batch.max_blocks,
+            batch.page_size,
+            shape.q_heads,
+            shape.kv_heads,
+        ]
+        .map(|x| x as i32);
+        let mut b = self.stream.launch_builder(&self.f.attn_prep);
+        b.arg(q_out).arg(k_cache).arg(v_cache).arg(proj).arg(&ld);
+        b.arg(q_norm).arg(k_norm).arg(inv_freq).arg(&rh);
+        b.arg(&batch.positions)
+            .arg(&batch.tok_seq)
+            .arg(&batch.block_table);
+        b.arg(&mb).arg(&ps).arg(&hq).arg(&hkv).arg(&eps);
+        // SAFETY: matches attn_prep; pages and lengths checked; block = head dim.
+        unsafe { b.launch(grid(t, shape.q_heads + shape.kv_heads, d as u32, 0)) }?;
+        Ok(())
+    }
+
+    /// The kernel [`ModelOps::attention`] runs for this batch and shape (an
+    /// error when a forced kernel cannot take it).
+    pub fn attention_kernel(
+        &self,
+        batch: &DeviceBatch,
+        shape: AttentionShape,
+    ) -> Result<AttentionKernel, GdnError> {
+        attention_select::choose(
+            self.attention_request,
+            self.fa3.as_ref(),
+            batch,
+            shape.head_dim,
+        )
+    }
+
+    /// Causal attention of every token over its sequence's cached positions
+    /// `0..=position`, times `sigmoid(gate)` from `proj`; `out` is `[T, Hq * D]`.
+    /// The kernel is [`ModelOps::attention_kernel`]'s choice.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention(
+        &self,
+        batch: &DeviceBatch,
+        shape: AttentionShape,
+        q: &CudaSlice<bf16>,
+        k_cache: &CudaSlice<bf16>,
+        v_cache: &CudaSlice<bf16>,
+        proj: &CudaSlice<bf16>,
+        out: &mut CudaSlice<bf16>,
+    ) -> Result<(), GdnError> {
+        const OP: &str = "attention";
+        shape.check()?;
+        let (t, d) = (batch.num_tokens, shape.head_dim);
+        exact(OP, "q", q.len(), t * shape.q_heads * d)?;
+        exact(OP, "proj", proj.len(), t * shape.proj_width())?;
+        exact(OP, "out", out.len(), t * shape.q_heads * d)?;
+        pool(
+            OP,
+            "k_cache",
+            k_cache.len(),
+            shape.page_len(batch.page_size),
+            batch.max_page,
+        )?;
+        exact(OP, "v_cache", v_cache.len(), k_cache.len())?;
+        let which = (d / 32).trailing_zeros() as usize;
+        let scale = (d as f32).powf(-0.5);
+        let [ld, mb, ps, hq, hkv] = [
+            shape.proj_width(),
+            batch.max_blocks,
+            batch.page_size,
+            shape.q_heads,
+            shape.kv_heads,
+        ]
+        .map(|x| x as i32);
+        if self.attention_kernel(batch, shape)? == AttentionKernel::FlashInferSm90 {
+            let fa3 = self.fa3.as_ref().expect("chosen only when set up");
+            attention_select::launch(
+                fa3,
+                &self.stream,
+                batch,
+                shape.q_heads,
+                shape.kv_heads,
+                q,
+                k_cache,
+                v_cache,
+                out,
+                scale,
+            )?;
+            let d_ = d as i32;
+            let mut b = self.stream.launch_builder(&self.f.attention_gate);
+            b.arg(out).arg(proj).arg(&ld).arg(&hq).arg(&d_);
+            // SAFETY: matches attention_gate_bf16; out [T, Hq, D] and proj
+            // [T, ld] checked above; one block per (token, head).
+            unsafe { b.launch(grid(t, shape.q_heads, 256, 0)) }?;
+            return Ok(());
+        }
+        if batch.num_tokens == batch.num_seqs {
+            // Decode: one query per sequence on CUDA cores; long contexts are
+            // split (flash-decoding) so a small batch still fills the GPU.
+            let splits = decode_splits(batch.max_position + 1, t * shape.kv_heads);
+            let parts = t * shape.q_heads * splits;
+            let null = 0u64;
+            let ws = if splits > 1 {
+                // SAFETY: fully written by the split kernel before the combine reads it.
+                Some(unsafe {
+                    (
+                        self.stream.alloc::<f32>(parts * 2)?,
+                        self.stream.alloc::<f32>(parts * d)?,
+                    )
+                })
+            } else {
+                None
+            };
+            let decode = if shape.q_heads / shape.kv_heads <= 4 {
+                &self.f.attention_g4[which]
+            } else {
+                &self.f.attention[which]
+            };
+            let mut b = self.stream.launch_builder(decode);
+            b.arg(&mut *out)
+                .arg(q)
+                .arg(k_cache)
+                .arg(v_cache)
+                .arg(proj)
+                .arg(&ld);
+            b.arg(&batch.positions)
+                .arg(&batch.tok_seq)
+                .arg(&batch.block_table);
+            b.arg(&mb).arg(&ps).arg(&hq).arg(&hkv).arg(&scale);
+            match &ws {
+                Some((ml, acc)) => b.arg(ml).arg(acc),
+                None => b.arg(&null).arg(&null),
+            };
+            let mut cfg = grid(t, shape.kv_heads, ATTN_THREADS, 0);
+            cfg.grid_dim.2 = splits as u32;
+            // SAFETY: matches attention_d{D/32}; pages and lengths checked;
+            // the workspace holds [T, Hq, splits] partials when splits > 1.
+            unsafe { b.launch(cfg) }?;
+            if let Some((ml, acc)) = &ws {
+                let splits_ = splits as i32;
+                let mut b = self.stream.launch_builder(&self.f.attention_combine);
+                b.arg(out)
+                    .arg(ml)
+                    .arg(acc)
+                    .arg(proj)
+                    .arg(&ld)
+                    .arg(&hq)
+                    .arg(&splits_);
+                // SAFETY: matches attention_combine; block = head dim (>= 32:
+                // its first warp weighs up to 64 splits, the most
+                // `decode_splits` gives).
+                unsafe { b.launch(grid(t, shape.q_heads, d as u32, 0)) }?;
+            }
+            return Ok(());
+        }
+        // Prefill: tensor-core query tiles; shared memory as laid out in
+        // attention_prefill_impl (Q per warp, K and V tiles, S, P, O scratch).
+        let group = shape.q_heads / shape.kv_heads;
+        let smem = prefill_attention_smem(shape);
+        let func = &self.f.attention_prefill[which];
+        func.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(|e| op_error(OP, format!("{smem} bytes of shared memory for head dim {d}, GQA group {group}: {e}")))?;
+        let mut b = self.stream.launch_builder(func);
+        b.arg(out)
+            .arg(q)
+            .arg(k_cache)
+            .arg(v_cache)
+            .arg(proj)
+            .arg(&ld);
+        b.arg(&batch.tiles)
+            .arg(&batch.positions)
+            .arg(&batch.tok_seq)
+            .arg(&batch.block_table);
+        b.arg(&mb).arg(&ps).arg(&hq).arg(&hkv).arg(&scale);
+        // SAFETY: matches attention_prefill_d{D}; pages and lengths checked;
+        // block = 32 * group threads (one warp per query head of the group).
+        unsafe {
+            b.launch(grid(
+                batch.num_tiles,
+                shape.kv_heads,
+                32 * group as u32,
+                smem,
+            ))
+        }?;
+        Ok(())
+    }
+}

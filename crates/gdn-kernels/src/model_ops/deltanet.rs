@@ -1,0 +1,296 @@
+//! The DeltaNet layer's ops between its two projections: conv + gates,
+//! the recurrent decode step, the gated output norm, and all of them fused
+//! into one kernel for decode batches where that measured faster.
+
+use super::*;
+
+impl ModelOps {
+    /// DeltaNet conv + SiLU + q/k L2 norm + gates for every token of the
+    /// batch, reading inputs before each chunk from the slots' conv state;
+    /// then advances the conv state. `proj` is `[T, shape.proj_width()]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn deltanet_conv(
+        &self,
+        batch: &DeviceBatch,
+        shape: DeltaNetShape,
+        proj: &CudaSlice<bf16>,
+        conv_weight: &CudaSlice<f32>,
+        a_log: &CudaSlice<f32>,
+        dt_bias: &CudaSlice<f32>,
+        conv_state: &mut CudaSlice<bf16>,
+        out: &mut DeltaNetInputs,
+    ) -> Result<(), GdnError> {
+        const OP: &str = "deltanet_conv";
+        shape.check()?;
+        let (t, hk, hv) = (batch.num_tokens, shape.qk_heads, shape.v_heads);
+        let ld = shape.proj_width();
+        exact(OP, "proj", proj.len(), t * ld)?;
+        exact(
+            OP,
+            "conv_weight",
+            conv_weight.len(),
+            shape.conv_dim() * shape.conv_kernel,
+        )?;
+        exact(OP, "a_log", a_log.len(), hv)?;
+        exact(OP, "dt_bias", dt_bias.len(), hv)?;
+        pool(
+            OP,
+            "conv_state",
+            conv_state.len(),
+            shape.conv_state_len(),
+            batch.max_slot,
+        )?;
+        exact(OP, "q", out.q.len(), t * hk * HEAD_DIM)?;
+        exact(OP, "k", out.k.len(), t * hk * HEAD_DIM)?;
+        exact(OP, "v", out.v.len(), t * hv * HEAD_DIM)?;
+        exact(OP, "alpha", out.alpha.len(), t * hv)?;
+        exact(OP, "beta", out.beta.len(), t * hv)?;
+        let [ld_, cb, ca, hk_, hv_, kw, c] = [
+            ld,
+            shape.col_b(),
+            shape.col_a(),
+            hk,
+            hv,
+            shape.conv_kernel,
+            shape.conv_dim(),
+        ]
+        .map(|x| x as i32);
+        i32_of(OP, t * ld)?;
+        let mut b = self.stream.launch_builder(&self.f.conv_prep);
+        b.arg(&mut out.q).arg(&mut out.k).arg(&mut out.v);
+        b.arg(&mut out.alpha).arg(&mut out.beta);
+        b.arg(proj).arg(&ld_).arg(&cb).arg(&ca).arg(conv_weight);
+        b.arg(&*conv_state)
+            .arg(&batch.tok_seq)
+            .arg(&batch.cu_seqlens);
+        b.arg(&batch.seq_slot).arg(a_log).arg(dt_bias);
+        b.arg(&hk_).arg(&hv_).arg(&kw);
+        // SAFETY: matches gdn_conv_prep; every length and slot id checked
+        // above; one block of 128 threads per (token, head group).
+        unsafe { b.launch(grid(t, 2 * hk + hv, HEAD_DIM as u32, 0)) }?;
+        let mut b = self.stream.launch_builder(&self.f.conv_update);
+        b.arg(conv_state).arg(proj).arg(&ld_).arg(&batch.cu_seqlens);
+        b.arg(&batch.seq_slot).arg(&c).arg(&kw);
+        // SAFETY: matches gdn_conv_state_update; runs after gdn_conv_prep on the
+        // same stream, so the old state is read before it is replaced.
+        unsafe { b.launch(grid(batch.num_seqs, shape.conv_dim().div_ceil(256), 256, 0)) }?;
+        Ok(())
+    }
+
+    /// One recurrent step for a batch of single tokens, in place on the
+    /// recurrent state slots (`[slots, Hv, 128, 128]` f32).
+    pub fn deltanet_decode(
+        &self,
+        batch: &DeviceBatch,
+        shape: DeltaNetShape,
+        inputs: &DeltaNetInputs,
+        state: &mut CudaSlice<f32>,
+        out: &mut CudaSlice<bf16>,
+        scale: f32,
+    ) -> Result<(), GdnError> {
+        const OP: &str = "deltanet_decode";
+        shape.check()?;
+        if batch.num_tokens != batch.num_seqs {
+            return Err(op_error(
+                OP,
+                format!(
+                    "needs one token per sequence, got {} tokens for {} sequences",
+                    batch.num_tokens, batch.num_seqs
+                ),
+            ));
+        }
+        let (n, hk, hv) = (batch.num_seqs, shape.qk_heads, shape.v_heads);
+        pool(
+            OP,
+            "state",
+            state.len(),
+            shape.recurrent_state_len(),
+            batch.max_slot,
+        )?;
+        exact(OP, "q", inputs.q.len(), n * hk * HEAD_DIM)?;
+        exact(OP, "k", inputs.k.len(), n * hk * HEAD_DIM)?;
+        exact(OP, "v", inputs.v.len(), n * hv * HEAD_DIM)?;
+        exact(OP, "alpha", inputs.alpha.len(), n * hv)?;
+        exact(OP, "beta", inputs.beta.len(), n * hv)?;
+        if n > 65_535 {
+            return Err(op_error(
+                OP,
+                format!("{n} sequences exceed the launch grid (65535)"),
+            ));
+        }
+        exact(OP, "out", out.len(), n * hv * HEAD_DIM)?;
+        let (hk_, hv_) = (hk as i32, hv as i32);
+        let mut b = self.stream.launch_builder(&self.f.decode_step);
+        b.arg(out).arg(state).arg(&batch.seq_slot);
+        b.arg(&inputs.q).arg(&inputs.k).arg(&inputs.v);
+        b.arg(&inputs.alpha)
+            .arg(&inputs.beta)
+            .arg(&hk_)
+            .arg(&hv_)
+            .arg(&scale);
+        // Four blocks per (sequence, head), 32 value rows each.
+        let mut cfg = grid(hv, n, 256, 0);
+        cfg.grid_dim.2 = 4;
+        // SAFETY: matches gdn_decode_step; lengths and slots checked.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// DeltaNet output norm: per value head `w * o / rms(o) * silu(z)`, z from `proj`.
+    pub fn deltanet_out_norm(
+        &self,
+        shape: DeltaNetShape,
+        o: &CudaSlice<bf16>,
+        proj: &CudaSlice<bf16>,
+        weight: &CudaSlice<f32>,
+        out: &mut CudaSlice<bf16>,
+        eps: f32,
+    ) -> Result<(), GdnError> {
+        const OP: &str = "deltanet_out_norm";
+        let hv = shape.v_heads;
+        let t = o.len() / (hv * HEAD_DIM).max(1);
+        exact(OP, "o", o.len(), t * hv * HEAD_DIM)?;
+        exact(OP, "proj", proj.len(), t * shape.proj_width())?;
+        exact(OP, "weight", weight.len(), HEAD_DIM)?;
+        exact(OP, "out", out.len(), o.len())?;
+        let rows = t * hv;
+        let [ld, cz, rows_, hv_] = [shape.proj_width(), shape.col_z(), rows, hv].map(|x| x as i32);
+        let mut b = self.stream.launch_builder(&self.f.gated_rmsnorm);
+        b.arg(out).arg(o).arg(proj).arg(&ld).arg(&cz).arg(weight);
+        b.arg(&rows_).arg(&hv_).arg(&eps);
+        // SAFETY: matches gated_rmsnorm_bf16; one warp per row, 8 rows per block.
+        unsafe { b.launch(grid(rows.div_ceil(8), 1, 256, 0)) }?;
+        Ok(())
+    }
+
+    /// Blocks per (sequence, value head) of [`ModelOps::deltanet_decode_fused`]
+    /// for a batch of `num_seqs`: the fewest of 1, 2, 4 that still give
+    /// every multiprocessor 4 blocks, so that at small batches the state's
+    /// loads spread over the whole GPU and at large ones the q/k conv, which
+    /// every block of a (sequence, q/k head) recomputes, runs fewer times.
+    /// The threshold is not tuned: at 2 splits the fused op measured slower
+    /// than the unfused ops ([`ModelOps::deltanet_decode_fused_pays`]).
+    pub fn deltanet_decode_splits(&self, num_seqs: usize, shape: DeltaNetShape) -> usize {
+        let heads = num_seqs * shape.v_heads;
+        [1, 2, 4]
+            .into_iter()
+            .find(|s| heads * s >= 4 * self.multiprocessors)
+            .unwrap_or(4)
+    }
+
+    /// Whether a decode batch of `num_seqs` should take
+    /// [`ModelOps::deltanet_decode_fused`] rather than the four unfused ops.
+    /// Measured on the H200 (4B, graphs, context 1024, fused vs unfused
+    /// binaries alternating twice, 2026-12-01,
+    /// `docs/results/h200-2026-12-01-s2/qwen35_bench-decode-fused-deltanet-old-new.jsonl`):
+    /// batch 1 (4 splits) 3.24/3.28 -> 3.12/3.13 ms a step, batch 64
+    /// (1 split) 8.57/8.65 -> 8.38/8.43, but batch 16 (2 splits)
+    /// 4.74/4.79 -> 4.82/4.85. So the fused op is taken unless the split
+    /// rule gives 2 (batches of 9 to 16 sequences on the 4B and the H200).
+    pub fn deltanet_decode_fused_pays(&self, num_seqs: usize, shape: DeltaNetShape) -> bool {
+        self.deltanet_decode_splits(num_seqs, shape) != 2
+    }
+
+    /// The whole DeltaNet mixer between its two projections for a batch of
+    /// single tokens, in one kernel: the conv of the new inputs over each
+    /// slot's conv state with SiLU, q/k L2 norm and the gates (as
+    /// [`ModelOps::deltanet_conv`]), the advanced conv state, the
+    /// recurrent step in place on the state slots (as
+    /// [`ModelOps::deltanet_decode`]) and the gated output norm (as
+    /// [`ModelOps::deltanet_out_norm`], `eps`), into `out` (`[N, Hv, 128]`).
+    /// `proj` is `[N, shape.proj_width()]`; state layouts are the unfused
+    /// ops' (`[slots, kernel - 1, conv_dim]` bf16, `[slots, Hv, 128, 128]` f32).
+    #[allow(clippy::too_many_arguments)]
+    pub fn deltanet_decode_fused(
+        &self,
+        batch: &DeviceBatch,
+        shape: DeltaNetShape,
+        proj: &CudaSlice<bf16>,
+        weights: DeltaNetWeights,
+        conv_state: &mut CudaSlice<bf16>,
+        state: &mut CudaSlice<f32>,
+        out: &mut CudaSlice<bf16>,
+        scale: f32,
+        eps: f32,
+    ) -> Result<(), GdnError> {
+        const OP: &str = "deltanet_decode_fused";
+        shape.check()?;
+        let (n, hk, hv) = (batch.num_seqs, shape.qk_heads, shape.v_heads);
+        if batch.num_tokens != n {
+            return Err(op_error(
+                OP,
+                format!(
+                    "needs one token per sequence, got {} tokens for {n} sequences",
+                    batch.num_tokens
+                ),
+            ));
+        }
+        let ld = shape.proj_width();
+        exact(OP, "proj", proj.len(), n * ld)?;
+        exact(
+            OP,
+            "conv_weight",
+            weights.conv.len(),
+            shape.conv_dim() * shape.conv_kernel,
+        )?;
+        exact(OP, "a_log", weights.a_log.len(), hv)?;
+        exact(OP, "dt_bias", weights.dt_bias.len(), hv)?;
+        exact(OP, "norm_weight", weights.norm.len(), HEAD_DIM)?;
+        pool(
+            OP,
+            "conv_state",
+            conv_state.len(),
+            shape.conv_state_len(),
+            batch.max_slot,
+        )?;
+        pool(
+            OP,
+            "state",
+            state.len(),
+            shape.recurrent_state_len(),
+            batch.max_slot,
+        )?;
+        exact(OP, "out", out.len(), n * hv * HEAD_DIM)?;
+        let splits = self.deltanet_decode_splits(n, shape);
+        let func = &self.f.decode_fused[splits.trailing_zeros() as usize];
+        let [ld_, cz, cb, ca, hk_, hv_, kw] = [
+            ld,
+            shape.col_z(),
+            shape.col_b(),
+            shape.col_a(),
+            hk,
+            hv,
+            shape.conv_kernel,
+        ]
+        .map(|x| x as i32);
+        // A launch covers as many sequences as the grid and the arrival
+        // counters (one per sequence and q/k head) allow.
+        let per_launch = (FUSED_DECODE_COUNTERS / hk).min(MAX_GRID_Y);
+        let mut seq0 = 0;
+        while seq0 < n {
+            let count = per_launch.min(n - seq0);
+            let first = i32_of(OP, seq0)?;
+            let mut b = self.stream.launch_builder(func);
+            b.arg(&mut *out)
+                .arg(&mut *state)
+                .arg(&mut *conv_state)
+                .arg(&self.fused_arrivals);
+            b.arg(proj).arg(&ld_).arg(&cz).arg(&cb).arg(&ca);
+            b.arg(weights.conv)
+                .arg(weights.a_log)
+                .arg(weights.dt_bias)
+                .arg(weights.norm);
+            b.arg(&batch.seq_slot).arg(&first);
+            b.arg(&hk_).arg(&hv_).arg(&kw).arg(&scale).arg(&eps);
+            let mut cfg = grid(hv, count, 256, 0);
+            cfg.grid_dim.2 = splits as u32;
+            // SAFETY: matches gdn_decode_fused_s{splits}; every length and
+            // slot id checked above; 256 threads (one per q|k channel of a
+            // head group); `count * hk` arrival counters, all zero between
+            // launches on this stream.
+            unsafe { b.launch(cfg) }?;
+            seq0 += count;
+        }
+        Ok(())
+    }
+}
