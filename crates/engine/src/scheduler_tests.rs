@@ -34,6 +34,33 @@ fn scheduler(budget: usize, max_num_seqs: usize, threshold: usize, g: CacheGeome
     )
 }
 
+/// A scheduler with the prefix cache on (a pool of `max_snapshots`), a
+/// 64-token budget and no prefill threshold; `row_snapshots` as the
+/// executor would declare (0: snapshots at chunk boundaries).
+fn cached_scheduler(
+    g: CacheGeometry,
+    max_num_seqs: usize,
+    max_snapshots: usize,
+    row_snapshots: usize,
+) -> Scheduler {
+    Scheduler::new(
+        SchedulerConfig {
+            max_num_batched_tokens: 64,
+            max_num_seqs,
+            max_model_len: g.max_model_len,
+            long_prefill_token_threshold: 0,
+            eos_token_ids: vec![EOS],
+            prefix_cache: PrefixCacheConfig {
+                enabled: true,
+                max_snapshots,
+                ..PrefixCacheConfig::default()
+            },
+            row_snapshots,
+        },
+        &g,
+    )
+}
+
 fn stop(max_tokens: usize) -> StopParams {
     StopParams {
         max_tokens,
@@ -559,25 +586,7 @@ fn snapshot_points_marker_last_but_one_and_interval() {
 #[test]
 fn a_branch_point_cuts_the_sharers_row_and_the_newcomer_waits_for_it() {
     let g = geometry(4, 32, 8);
-    let mut s = Scheduler::new(
-        SchedulerConfig {
-            max_num_batched_tokens: 64,
-            max_num_seqs: 4,
-            max_model_len: g.max_model_len,
-            long_prefill_token_threshold: 0,
-            eos_token_ids: vec![EOS],
-            prefix_cache: PrefixCacheConfig {
-                enabled: true,
-                max_snapshots: 8,
-                snapshot_after: vec![],
-                snapshot_interval: 0,
-                snapshot_before_last_token: true,
-                in_step_snapshots: true,
-            },
-            row_snapshots: 0,
-        },
-        &g,
-    );
+    let mut s = cached_scheduler(g, 4, 8, 0);
     let shared: Vec<u32> = (0..40).map(|i| 1 + i % 50).collect();
     let a = [&shared[..], &[51; 11]].concat();
     let b = [&shared[..], &[52; 9]].concat();
@@ -625,22 +634,7 @@ fn a_branch_point_cuts_the_sharers_row_and_the_newcomer_waits_for_it() {
 #[test]
 fn a_branch_point_inside_a_planned_row_is_taken_in_the_step() {
     let g = geometry(4, 32, 8);
-    let mut s = Scheduler::new(
-        SchedulerConfig {
-            max_num_batched_tokens: 64,
-            max_num_seqs: 4,
-            max_model_len: g.max_model_len,
-            long_prefill_token_threshold: 0,
-            eos_token_ids: vec![EOS],
-            prefix_cache: PrefixCacheConfig {
-                enabled: true,
-                max_snapshots: 8,
-                ..PrefixCacheConfig::default()
-            },
-            row_snapshots: usize::MAX,
-        },
-        &g,
-    );
+    let mut s = cached_scheduler(g, 4, 8, usize::MAX);
     let shared: Vec<u32> = (0..40).map(|i| 1 + i % 50).collect();
     let a = [&shared[..], &[51; 11]].concat();
     let b = [&shared[..], &[52; 9]].concat();
@@ -685,22 +679,7 @@ fn a_branch_point_inside_a_planned_row_is_taken_in_the_step() {
 #[test]
 fn an_abandoned_step_gives_its_snapshots_back() {
     let g = geometry(2, 16, 8);
-    let mut s = Scheduler::new(
-        SchedulerConfig {
-            max_num_batched_tokens: 64,
-            max_num_seqs: 2,
-            max_model_len: g.max_model_len,
-            long_prefill_token_threshold: 0,
-            eos_token_ids: vec![EOS],
-            prefix_cache: PrefixCacheConfig {
-                enabled: true,
-                max_snapshots: 1,
-                ..PrefixCacheConfig::default()
-            },
-            row_snapshots: usize::MAX,
-        },
-        &g,
-    );
+    let mut s = cached_scheduler(g, 2, 1, usize::MAX);
     s.add(
         RequestId(1),
         vec![3; 20],
