@@ -25,14 +25,7 @@ impl ModelOps {
         let (t, hk, hv) = (batch.num_tokens, shape.qk_heads, shape.v_heads);
         let ld = shape.proj_width();
         exact(OP, "proj", proj.len(), t * ld)?;
-        exact(
-            OP,
-            "conv_weight",
-            conv_weight.len(),
-            shape.conv_dim() * shape.conv_kernel,
-        )?;
-        exact(OP, "a_log", a_log.len(), hv)?;
-        exact(OP, "dt_bias", dt_bias.len(), hv)?;
+        check_conv_and_gates(OP, shape, conv_weight, a_log, dt_bias)?;
         pool(
             OP,
             "conv_state",
@@ -40,11 +33,7 @@ impl ModelOps {
             shape.conv_state_len(),
             batch.max_slot,
         )?;
-        exact(OP, "q", out.q.len(), t * hk * HEAD_DIM)?;
-        exact(OP, "k", out.k.len(), t * hk * HEAD_DIM)?;
-        exact(OP, "v", out.v.len(), t * hv * HEAD_DIM)?;
-        exact(OP, "alpha", out.alpha.len(), t * hv)?;
-        exact(OP, "beta", out.beta.len(), t * hv)?;
+        out.check(OP, shape, t)?;
         let [ld_, cb, ca, hk_, hv_, kw, c] = [
             ld,
             shape.col_b(),
@@ -90,15 +79,7 @@ impl ModelOps {
     ) -> Result<(), GdnError> {
         const OP: &str = "deltanet_decode";
         shape.check()?;
-        if batch.num_tokens != batch.num_seqs {
-            return Err(op_error(
-                OP,
-                format!(
-                    "needs one token per sequence, got {} tokens for {} sequences",
-                    batch.num_tokens, batch.num_seqs
-                ),
-            ));
-        }
+        one_token_per_sequence(OP, batch)?;
         let (n, hk, hv) = (batch.num_seqs, shape.qk_heads, shape.v_heads);
         pool(
             OP,
@@ -107,11 +88,7 @@ impl ModelOps {
             shape.recurrent_state_len(),
             batch.max_slot,
         )?;
-        exact(OP, "q", inputs.q.len(), n * hk * HEAD_DIM)?;
-        exact(OP, "k", inputs.k.len(), n * hk * HEAD_DIM)?;
-        exact(OP, "v", inputs.v.len(), n * hv * HEAD_DIM)?;
-        exact(OP, "alpha", inputs.alpha.len(), n * hv)?;
-        exact(OP, "beta", inputs.beta.len(), n * hv)?;
+        inputs.check(OP, shape, n)?;
         if n > 65_535 {
             return Err(op_error(
                 OP,
@@ -215,26 +192,11 @@ impl ModelOps {
     ) -> Result<(), GdnError> {
         const OP: &str = "deltanet_decode_fused";
         shape.check()?;
+        one_token_per_sequence(OP, batch)?;
         let (n, hk, hv) = (batch.num_seqs, shape.qk_heads, shape.v_heads);
-        if batch.num_tokens != n {
-            return Err(op_error(
-                OP,
-                format!(
-                    "needs one token per sequence, got {} tokens for {n} sequences",
-                    batch.num_tokens
-                ),
-            ));
-        }
         let ld = shape.proj_width();
         exact(OP, "proj", proj.len(), n * ld)?;
-        exact(
-            OP,
-            "conv_weight",
-            weights.conv.len(),
-            shape.conv_dim() * shape.conv_kernel,
-        )?;
-        exact(OP, "a_log", weights.a_log.len(), hv)?;
-        exact(OP, "dt_bias", weights.dt_bias.len(), hv)?;
+        check_conv_and_gates(OP, shape, weights.conv, weights.a_log, weights.dt_bias)?;
         exact(OP, "norm_weight", weights.norm.len(), HEAD_DIM)?;
         pool(
             OP,
@@ -292,5 +254,50 @@ impl ModelOps {
             seq0 += count;
         }
         Ok(())
+    }
+}
+
+/// Refuses a batch that is not one token per sequence (the decode ops).
+fn one_token_per_sequence(op: &'static str, batch: &DeviceBatch) -> Result<(), GdnError> {
+    if batch.num_tokens != batch.num_seqs {
+        return Err(op_error(
+            op,
+            format!(
+                "needs one token per sequence, got {} tokens for {} sequences",
+                batch.num_tokens, batch.num_seqs
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The conv weight (`[conv_dim, kernel]`) and the per-value-head gate
+/// parameters of a DeltaNet layer of `shape`.
+fn check_conv_and_gates(
+    op: &'static str,
+    shape: DeltaNetShape,
+    conv_weight: &CudaSlice<f32>,
+    a_log: &CudaSlice<f32>,
+    dt_bias: &CudaSlice<f32>,
+) -> Result<(), GdnError> {
+    exact(
+        op,
+        "conv_weight",
+        conv_weight.len(),
+        shape.conv_dim() * shape.conv_kernel,
+    )?;
+    exact(op, "a_log", a_log.len(), shape.v_heads)?;
+    exact(op, "dt_bias", dt_bias.len(), shape.v_heads)
+}
+
+impl DeltaNetInputs {
+    /// Every buffer holds `tokens` rows of `shape`'s heads.
+    fn check(&self, op: &'static str, shape: DeltaNetShape, tokens: usize) -> Result<(), GdnError> {
+        let (hk, hv) = (shape.qk_heads, shape.v_heads);
+        exact(op, "q", self.q.len(), tokens * hk * HEAD_DIM)?;
+        exact(op, "k", self.k.len(), tokens * hk * HEAD_DIM)?;
+        exact(op, "v", self.v.len(), tokens * hv * HEAD_DIM)?;
+        exact(op, "alpha", self.alpha.len(), tokens * hv)?;
+        exact(op, "beta", self.beta.len(), tokens * hv)
     }
 }
