@@ -16,7 +16,8 @@ use crate::fetch::ensure_input;
 use crate::plan::Plan;
 use crate::stage;
 use crate::toolkit::{self, Toolkit};
-use crate::units::{compile_all, unit_key};
+use crate::unit_key::{unit_keys, KeyInputs};
+use crate::units::compile_all;
 
 /// The toolkit and DSL environment a plan runs with.
 pub struct Env {
@@ -95,12 +96,6 @@ pub fn assemble(plan: &Plan, env: &Env, dest: &Path, unit_cache: &Path) -> Resul
     let dsl = env.dsl.as_ref();
     let ks = plan.kernel_source()?;
     let wheel = ensure_input(ks, &args.cache, args.inputs_dir.as_deref(), args.offline)?;
-    let sources: Vec<(String, Sha256Hex)> = plan.lock.sources.clone().into_iter().collect();
-    let keys: Vec<Sha256Hex> = table
-        .units
-        .iter()
-        .map(|u| unit_key(u, table, &sources, &ks.sha256, tk, dsl))
-        .collect();
     // A private staging tree per build: builds sharing a cache never touch
     // each other's sources (paths do not reach the outputs; see units.rs).
     let stage_root = args.cache.join("stage");
@@ -110,6 +105,19 @@ pub fn assemble(plan: &Plan, env: &Env, dest: &Path, unit_cache: &Path) -> Resul
         .map_err(|e| GenError::io("create a staging tree", &stage_root, e))?;
     let stage_dir = stage_tmp.path().join("src-root");
     stage::prepare(table, &plan.repo, &wheel, &stage_dir)?;
+    // Keyed by what each unit reads, as staged (see unit_key.rs).
+    let key_inputs = KeyInputs {
+        table,
+        sources: &plan.lock.sources,
+        kernel_source: &ks.sha256,
+        toolchain: serde_json::json!({ "identity": tk.identity, "host_cxx": tk.host_cxx }),
+        dsl: dsl.map(DslEnv::key),
+    };
+    let keys = unit_keys(&key_inputs, |path| {
+        let staged = stage_dir.join(stage::staged_source(path));
+        std::fs::read_to_string(&staged)
+            .map_err(|e| GenError::io("read a staged source", &staged, e))
+    })?;
     let outputs = compile_all(table, &stage_dir, unit_cache, tk, dsl, &keys, args.jobs)?;
 
     // (bundle path, file to copy, kind, producing unit)

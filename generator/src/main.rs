@@ -16,6 +16,7 @@ mod plan;
 mod process;
 mod stage;
 mod toolkit;
+mod unit_key;
 mod units;
 
 use std::process::ExitCode;

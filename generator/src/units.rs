@@ -146,37 +146,6 @@ pub fn steps_for(unit: &Unit, host_cxx: &str, site: &Path, out_dir: &Path) -> Ve
     }
 }
 
-/// Content key of a unit: the unit's description, what is staged (members,
-/// patches and the hashes of every source and patch of ours), the
-/// kernel-source hash, and the toolchain identity; for DSL units and the
-/// nvcc units that include their headers, also the DSL environment.
-pub fn unit_key(
-    unit: &Unit,
-    table: &ArtifactTable,
-    sources: &[(String, Sha256Hex)],
-    kernel_source: &Sha256Hex,
-    tk: &Toolkit,
-    dsl: Option<&DslEnv>,
-) -> Sha256Hex {
-    let uses_dsl = unit.dsl.is_some()
-        || table
-            .dsl
-            .as_ref()
-            .is_some_and(|d| unit.includes.contains(&d.header_dir));
-    let doc = serde_json::json!({
-        "dsl": if uses_dsl { dsl.map(DslEnv::key) } else { None },
-        "unit": unit,
-        "kernel_source_members": table.kernel_source_members,
-        "patches": table.patches,
-        "sources": sources,
-        "kernel_source": kernel_source,
-        "toolchain": tk.identity,
-        "host_cxx": tk.host_cxx,
-        "generator": env!("CARGO_PKG_VERSION"),
-    });
-    Sha256Hex::of_bytes(doc.to_string().as_bytes())
-}
-
 /// Compiles every unit that is not already cached; returns the outputs in
 /// table order. DSL exports run first: their headers are copied into the
 /// staging tree (`dsl.header_dir`) for the nvcc units that include them.
