@@ -12,6 +12,11 @@
 # No sharing: random-ids 1024/256, 96 prompts at concurrency 32, a seed no
 # other run uses and no warm-up request (bench_serving's warm-up repeats
 # prompt 0, a hit): a clean figure for the "at most 2% lost" goal.
+# MODES: the cache modes to run (default "off on"; one per device call when
+# both do not fit its time limit, e.g. 32x32 with OUT_LEN=256);
+# CLIENT_TIMEOUT: seconds a client run may take (default 300).
+# The client is checks/bench/sglang_client.py (bench_serving with the
+# tokenizer's vocabulary read once: see why there).
 # Writes $OUT/prefix_bench.log (the client lines and the cache metrics of
 # every run) and $OUT/prefix_<workload>_<off|on>.log.
 set -uo pipefail
@@ -35,7 +40,7 @@ run() {  # $1: workload label, $2: off|on, then bench_serving arguments
     sleep 0.1
   done
   log "$label, cache $mode"
-  timeout 300 python3 /tmp/sgl/sglang/bench_serving.py --backend vllm \
+  timeout "${CLIENT_TIMEOUT:-300}" python3 "$(dirname "$0")/sglang_client.py" /tmp/sgl/sglang/bench_serving.py --backend vllm \
     --base-url http://127.0.0.1:$port --model q4b --tokenizer /tmp/q4b "$@" \
     > "$OUT/prefix_${label}_$mode.log" 2>&1 || log "client failed: $(tail -3 "$OUT/prefix_${label}_$mode.log")"
   grep -E "Successful requests|Output token throughput|Total token throughput|Median TTFT|P99 TTFT|Median ITL" \
@@ -44,7 +49,7 @@ run() {  # $1: workload label, $2: off|on, then bench_serving arguments
   kill -TERM $server; wait $server
 }
 for workload in ${@:-8x8 16x16 noshare}; do
-  for mode in off on; do
+  for mode in ${MODES:-off on}; do
     if [ "$workload" = noshare ]; then
       run noshare $mode --dataset-name random-ids --random-input-len 1024 --random-output-len 256 \
         --random-range-ratio 1.0 --num-prompts 96 --max-concurrency 32 --seed 7 --warmup-requests 0
