@@ -185,6 +185,28 @@ async fn a_shared_prefix_without_a_marker_is_served_from_a_branch_point(in_step:
     assert_no_violation(&s);
 }
 
+async fn a_long_document_resumes_at_its_last_periodic_point(in_step: bool) {
+    // Periodic points every 2 pages: the first sharer of a 40-token
+    // document (no marker) resumes at 32, the last point inside it, and
+    // computes only 32..40 before its branch point at 40, where the next
+    // sharers resume; without the points it computes all 40 (the test
+    // above: 0, 0, then the whole prefix).
+    let mut config = cached(in_step, 64, 4, false, 16);
+    config.prefix_cache.snapshot_interval = 2 * PAGE;
+    let s = start_with_snapshots(config, geometry(4, 64, PAGE), 16);
+    let document = body(3, 40);
+    let cached_tokens: Vec<usize> = {
+        let mut got = vec![];
+        for r in sharers(&document, 4, 6) {
+            got.push(run(&s, &r).await.1.cached_tokens);
+        }
+        got
+    };
+    assert_eq!(cached_tokens, [0, 32, 40, 40]);
+    assert_eq!(metric(&s, "gdn:prefix_cache_branch_points_total"), 1.0);
+    assert_no_violation(&s);
+}
+
 async fn eight_sharers_arriving_together_take_one_branch_snapshot(in_step: bool) {
     // Cold cache, eight sharers of a 29-token prefix queued in one go: the
     // first admitted stops at 29 (its row of that step is cut there), the
@@ -628,6 +650,7 @@ both_ways!(
     without_the_last_token_point_a_repeat_hits_from_its_second_repeat,
     shared_system_prompt_hits_at_the_marker,
     a_shared_prefix_without_a_marker_is_served_from_a_branch_point,
+    a_long_document_resumes_at_its_last_periodic_point,
     eight_sharers_arriving_together_take_one_branch_snapshot,
     a_newcomer_waits_for_a_pending_branch_snapshot_it_shares,
     a_callers_snapshot_point_serves_the_next_sharer,

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
+use qwen35::engine_exec::CacheRoom;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Device {
@@ -112,31 +113,69 @@ pub struct Args {
     /// (docs/prefix-caching.md). For comparisons.
     #[arg(long)]
     pub no_prefix_cache_in_step_snapshots: bool,
-    /// The prefix cache's recurrent-state snapshots: a count (`64`) or a
-    /// size (`4GiB`, `512MiB`, `2GB`; a 4B snapshot is ~51 MB). They are
-    /// allocated up front, before the KV pages. Default: 2 x --max-num-seqs.
+    /// Also snapshot each prompt every this many tokens (a multiple of
+    /// --block-size; 0 turns it off), so that a long document shared from
+    /// its start is resumed at most this many tokens before where its
+    /// sharers part: a branch point alone makes the first sharer compute
+    /// the whole shared prefix again. Sparse by default: on the 4B a
+    /// snapshot (~51 MB) weighs a fifth of 8,192 tokens of KV, and prompts
+    /// shorter than the interval take none (docs/prefix-caching.md).
+    #[arg(long, default_value_t = 8192)]
+    pub prefix_cache_snapshot_interval: usize,
+    /// The prefix cache's recurrent-state snapshots: a count (`64`), a
+    /// size (`4GiB`, `512MiB`, `2GB`; a 4B snapshot is ~51 MB) or a share
+    /// of the cache memory the KV pages and the snapshots divide (`0.25`,
+    /// `25%`). They are allocated up front, before the KV pages. Default:
+    /// 2 x --max-num-seqs.
     #[arg(long, value_parser = parse_state_budget)]
     pub prefix_cache_state_budget: Option<StateBudget>,
 }
 
-/// `--prefix-cache-state-budget`: snapshots, or bytes to fill with them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// `--prefix-cache-state-budget`: snapshots, bytes to fill with them, or a
+/// share of the cache memory.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum StateBudget {
     Snapshots(usize),
     Bytes(usize),
+    /// This share (strictly between 0 and 1) of the memory the KV pages and
+    /// the snapshots divide between them.
+    Fraction(f64),
 }
 
 impl StateBudget {
-    /// Snapshots of `snapshot_bytes` each that the budget allows.
-    pub fn snapshots(self, snapshot_bytes: usize) -> usize {
-        match self {
-            StateBudget::Snapshots(n) => n,
-            StateBudget::Bytes(b) => b / snapshot_bytes.max(1),
-        }
+    /// Snapshots of `snapshot_bytes` each that the budget allows, `room`
+    /// being what the KV pages and the snapshots share.
+    pub fn snapshots(self, snapshot_bytes: usize, room: CacheRoom) -> usize {
+        let bytes = match self {
+            StateBudget::Snapshots(n) => return n,
+            StateBudget::Bytes(b) => b as f64,
+            StateBudget::Fraction(f) => match room {
+                CacheRoom::Shared(total) => f * total as f64,
+                // Snapshots on top of a fixed KV: f of the sum is f / (1 - f)
+                // of the KV.
+                CacheRoom::FixedKv(kv) => f / (1.0 - f) * kv as f64,
+            },
+        };
+        (bytes / snapshot_bytes.max(1) as f64) as usize
     }
 }
 
 impl Args {
+    /// Refuses flag combinations that no single flag's parser can see.
+    pub fn check(&self) -> Result<(), String> {
+        if self.block_size == 0 {
+            return Err("--block-size must be at least 1".into());
+        }
+        let interval = self.prefix_cache_snapshot_interval;
+        if interval % self.block_size != 0 {
+            return Err(format!(
+                "--prefix-cache-snapshot-interval {interval} is not a multiple of --block-size {}: periodic snapshots end on page boundaries (0 turns them off)",
+                self.block_size
+            ));
+        }
+        Ok(())
+    }
+
     /// Whether prefix caching is on (the later of the two flags wins).
     pub fn prefix_caching(&self) -> bool {
         !self.no_enable_prefix_caching
@@ -159,8 +198,27 @@ fn parse_state_budget(text: &str) -> Result<StateBudget, String> {
         ("MB", 1_000_000),
         ("KB", 1_000),
     ];
-    let bad =
-        || format!("expected a snapshot count (64) or a size (4GiB, 512MiB, 2GB), got {text:?}");
+    let bad = || {
+        format!(
+            "expected a snapshot count (64), a size (4GiB, 512MiB, 2GB) or a share of the cache memory (0.25, 25%), got {text:?}"
+        )
+    };
+    let share = |f: f64| {
+        if f > 0.0 && f < 1.0 {
+            Ok(StateBudget::Fraction(f))
+        } else {
+            Err(format!(
+                "a share of the cache memory must lie strictly between 0 and 1 (0% and 100%: the KV pages need the rest), got {text:?}"
+            ))
+        }
+    };
+    if let Some(percent) = t.strip_suffix('%') {
+        let p: f64 = percent.trim().parse().map_err(|_| bad())?;
+        return share(p / 100.0);
+    }
+    if t.contains('.') && t.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        return share(t.parse().map_err(|_| bad())?);
+    }
     for (suffix, scale) in units {
         if let Some(number) = t.strip_suffix(suffix) {
             let n: f64 = number.trim().parse().map_err(|_| bad())?;
@@ -203,8 +261,21 @@ mod tests {
         assert_eq!(b("64"), StateBudget::Snapshots(64));
         assert_eq!(b("2GiB"), StateBudget::Bytes(2 << 30));
         assert_eq!(b("1.5 MB"), StateBudget::Bytes(1_500_000));
-        assert_eq!(b("51MB").snapshots(51_000_000), 1);
-        for bad in ["-3", "lots", "2TiB", "-1GB"] {
+        let room = CacheRoom::Shared(10_000_000_000);
+        assert_eq!(b("51MB").snapshots(51_000_000, room), 1);
+        assert_eq!(b("64").snapshots(51_000_000, room), 64);
+        // A share of what the pages and the snapshots divide: a quarter of
+        // 10 GB is 49 snapshots of 51 MB; on top of 7.5 GB of fixed KV,
+        // 2.5 GB too.
+        assert_eq!(b("0.25"), StateBudget::Fraction(0.25));
+        assert_eq!(b("25%"), StateBudget::Fraction(0.25));
+        assert_eq!(b("25%").snapshots(51_000_000, room), 49);
+        let fixed = CacheRoom::FixedKv(7_500_000_000);
+        assert_eq!(b("0.25").snapshots(51_000_000, fixed), 49);
+        assert_eq!(b("12.5 %").snapshots(1, CacheRoom::Shared(800)), 100);
+        for bad in [
+            "-3", "lots", "2TiB", "-1GB", "0.0", "1.0", "100%", "0%", "1.5", "-5%", "x%",
+        ] {
             assert!(
                 parse(&["--prefix-cache-state-budget", bad]).is_err(),
                 "{bad}"

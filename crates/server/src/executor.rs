@@ -10,7 +10,7 @@ use engine::Executor;
 use gdn_server::cli::{Args, Device, StateBudget};
 use gdn_server::serve::ExecutorFactory;
 use gdn_server::startup::Startup;
-use qwen35::engine_exec::{CpuExecutor, CpuSizing, GpuExecutor, GpuSizing, PagePool};
+use qwen35::engine_exec::{CacheRoom, CpuExecutor, CpuSizing, GpuExecutor, GpuSizing, PagePool};
 use qwen35::gpu::{CudaStream, GpuModel, GpuOptions};
 
 /// Context length when neither the flag nor the model sets one.
@@ -104,8 +104,12 @@ fn cpu(plan: &Plan, startup: &Startup) -> Result<Box<dyn Executor>, String> {
         .map_err(|e| format!("CPU executor: {e}"))?;
     let snapshots = plan.snapshots.map_or(0, |budget| {
         // A CPU snapshot also holds the sequence's keys and values (they
-        // live in its state here): a byte budget counts the state only.
-        budget.snapshots(executor.model().new_state().recurrent_bytes())
+        // live in its state here): a byte budget counts the state only, and
+        // a share divides the state and the KV the page pool stands for.
+        let room = CacheRoom::FixedKv(
+            sizing.num_pages * kv_page_bytes(&executor.model().config, plan.page_size),
+        );
+        budget.snapshots(executor.model().new_state().recurrent_bytes(), room)
     });
     Ok(Box::new(executor.with_snapshot_pool(snapshots)))
 }
@@ -137,7 +141,7 @@ fn gpu(
         stream,
         GpuOptions::default(),
         sizing,
-        |slot_bytes| snapshots.map_or(0, |budget| budget.snapshots(slot_bytes)),
+        |slot_bytes, room| snapshots.map_or(0, |budget| budget.snapshots(slot_bytes, room)),
     )
     .map_err(|e| format!("GPU executor: {e}"))?;
     let buckets = executor
@@ -148,4 +152,16 @@ fn gpu(
         startup.record(phase, took);
     }
     Ok(Box::new(executor))
+}
+
+/// Bytes of one KV page as the GPU executor lays it out (bf16 keys and
+/// values of every attention layer): what a page of the CPU executor's
+/// pool stands for when a state budget is a share of the cache memory.
+fn kv_page_bytes(config: &qwen35::Config, page_size: usize) -> usize {
+    let attention_layers = config
+        .layer_types
+        .iter()
+        .filter(|t| **t == qwen35::config::LayerType::Full)
+        .count();
+    attention_layers * 2 * config.num_key_value_heads * config.head_dim * page_size * 2
 }

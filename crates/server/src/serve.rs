@@ -50,7 +50,7 @@ fn engine_config_for(
         max_snapshots: usize::MAX,
         // Set once the tokenizer has loaded (see `prepare`).
         snapshot_after: Vec::new(),
-        snapshot_interval: 0,
+        snapshot_interval: args.prefix_cache_snapshot_interval,
         snapshot_before_last_token: args.prefix_cache_snapshot_before_last_token,
         in_step_snapshots: !args.no_prefix_cache_in_step_snapshots,
     };
@@ -187,6 +187,7 @@ pub struct Prepared {
 /// thread while the engine thread loads the weights (otherwise the EOS id
 /// comes from the tokenizer, which then loads first).
 pub fn prepare(args: &Args, pick_executor: ExecutorPicker) -> Result<Prepared, String> {
+    args.check()?;
     let startup = Startup::new();
     let mut demo_dir = None;
     let (dir, default_name) = match &args.model {
@@ -329,5 +330,35 @@ mod tests {
         assert!(config(&[]).in_step_snapshots);
         assert!(!config(&["--no-prefix-cache-in-step-snapshots"]).in_step_snapshots);
         assert!(config(&[]).enabled);
+    }
+
+    #[test]
+    fn periodic_snapshots_follow_their_flag_on_page_boundaries() {
+        let args =
+            |extra: &[&str]| Args::try_parse_from([&["gdn-server"], extra].concat()).unwrap();
+        let interval = |a: &Args| {
+            engine_config_for(a, vec![], None)
+                .prefix_cache
+                .snapshot_interval
+        };
+        assert_eq!(interval(&args(&[])), 8192);
+        assert_eq!(
+            interval(&args(&["--prefix-cache-snapshot-interval", "0"])),
+            0
+        );
+        let custom = args(&["--prefix-cache-snapshot-interval", "4096"]);
+        assert_eq!(interval(&custom), 4096);
+        assert!(custom.check().is_ok());
+        let off_page = args(&["--prefix-cache-snapshot-interval", "1000"]);
+        let e = off_page.check().unwrap_err();
+        assert!(e.contains("not a multiple of --block-size 64"), "{e}");
+        let pages_of_16 = args(&[
+            "--block-size",
+            "16",
+            "--prefix-cache-snapshot-interval",
+            "1000",
+        ]);
+        assert!(pages_of_16.check().unwrap_err().contains("--block-size 16"));
+        assert!(args(&["--block-size", "0"]).check().is_err());
     }
 }

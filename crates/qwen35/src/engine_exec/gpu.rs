@@ -46,6 +46,18 @@ pub enum PagePool {
     },
 }
 
+/// The memory the KV pages and the snapshot pool share, which a snapshot
+/// budget given as a fraction divides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheRoom {
+    /// Pages sized from free memory: these bytes go to the snapshots and
+    /// the pages together (what the snapshots take, the pages lose).
+    Shared(usize),
+    /// A fixed page count: the bytes of its KV pages (the snapshots come
+    /// on top).
+    FixedKv(usize),
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct GpuSizing {
     pub num_slots: usize,
@@ -84,7 +96,7 @@ impl GpuExecutor {
         options: GpuOptions,
         sizing: GpuSizing,
     ) -> Result<GpuExecutor> {
-        Self::load_with_snapshot_pool(dir, stream, options, sizing, |_| 0)
+        Self::load_with_snapshot_pool(dir, stream, options, sizing, |_, _| 0)
     }
 
     /// An executor over a loaded model: allocates `num_slots + 1` slots and
@@ -124,24 +136,14 @@ impl GpuExecutor {
                 gpu_memory_utilization: u,
                 activation_reserve,
             } => {
-                if !(u > 0.0 && u <= 1.0) {
-                    return Err(Error::InvalidInput(format!(
-                        "gpu_memory_utilization must be in (0, 1], got {u}"
-                    )));
-                }
-                let (free, total) = model.stream().context().mem_get_info()?;
-                let allowed = (total as f64 * u) as usize;
-                let used = total - free;
-                let fixed =
-                    used + (num_slots + 1 + num_snapshots) * slot_bytes + activation_reserve;
-                let n = allowed.saturating_sub(fixed) / page_bytes.max(1);
+                let room = Self::shared_room(&model, &sizing, u, activation_reserve)?;
+                let snapshot_bytes = num_snapshots * slot_bytes;
+                let n = room.saturating_sub(snapshot_bytes) / page_bytes.max(1);
                 log::info!(
-                    "GPU executor: {} of {} MiB in use, {} MiB allowed; {num_slots} slots of {} MiB, {} MiB reserved for activations: {n} KV pages of {page_size} positions ({} MiB each)",
-                    used >> 20,
-                    total >> 20,
-                    allowed >> 20,
+                    "GPU executor: {} MiB for KV pages and snapshots; {num_snapshots} snapshots of {} MiB take {} MiB: {n} KV pages of {page_size} positions ({} MiB each)",
+                    room >> 20,
                     slot_bytes >> 20,
-                    activation_reserve >> 20,
+                    snapshot_bytes >> 20,
                     page_bytes >> 20
                 );
                 n.saturating_sub(1)
@@ -178,6 +180,54 @@ impl GpuExecutor {
         })
     }
 
+    /// The memory the KV pages and the snapshots share under `sizing`:
+    /// with pages from memory, `gpu_memory_utilization` of the device less
+    /// what is in use (the weights), the state slots (and the spare one the
+    /// decode graphs are captured on) and the activation reserve.
+    fn cache_room(model: &GpuModel, sizing: &GpuSizing) -> Result<CacheRoom> {
+        match sizing.pages {
+            PagePool::Fixed(n) => {
+                let (_, page_bytes) = model.slot_and_page_bytes(sizing.page_size);
+                Ok(CacheRoom::FixedKv(n * page_bytes))
+            }
+            PagePool::FromMemory {
+                gpu_memory_utilization: u,
+                activation_reserve,
+            } => Self::shared_room(model, sizing, u, activation_reserve).map(CacheRoom::Shared),
+        }
+    }
+
+    /// [`CacheRoom::Shared`]'s bytes (see [`Self::cache_room`]).
+    fn shared_room(
+        model: &GpuModel,
+        sizing: &GpuSizing,
+        gpu_memory_utilization: f64,
+        activation_reserve: usize,
+    ) -> Result<usize> {
+        let u = gpu_memory_utilization;
+        if !(u > 0.0 && u <= 1.0) {
+            return Err(Error::InvalidInput(format!(
+                "gpu_memory_utilization must be in (0, 1], got {u}"
+            )));
+        }
+        let (slot_bytes, _) = model.slot_and_page_bytes(sizing.page_size);
+        let (free, total) = model.stream().context().mem_get_info()?;
+        let allowed = (total as f64 * u) as usize;
+        let used = total - free;
+        let fixed = used + (sizing.num_slots + 1) * slot_bytes + activation_reserve;
+        // Debug: computed twice when a share of it sizes the snapshots.
+        log::debug!(
+            "GPU executor: {} of {} MiB in use, {} MiB allowed; {} slots of {} MiB, {} MiB reserved for activations",
+            used >> 20,
+            total >> 20,
+            allowed >> 20,
+            sizing.num_slots,
+            slot_bytes >> 20,
+            activation_reserve >> 20,
+        );
+        Ok(allowed.saturating_sub(fixed))
+    }
+
     /// The cache slot of `snapshot`.
     fn snapshot_slot(
         &self,
@@ -198,14 +248,15 @@ impl GpuExecutor {
         SlotId((self.geometry.num_slots + 1) as u32 + snapshot.0)
     }
 
-    /// [`GpuExecutor::load`] with a snapshot pool of `snapshots(slot_bytes)`
-    /// snapshots (the caller turns a byte budget into a count).
+    /// [`GpuExecutor::load`] with a snapshot pool of `snapshots(slot_bytes,
+    /// room)` snapshots (the caller turns its budget into a count; `room` is
+    /// what the pages and the snapshots share).
     pub fn load_with_snapshot_pool(
         dir: &Path,
         stream: Arc<CudaStream>,
         options: GpuOptions,
         sizing: GpuSizing,
-        snapshots: impl FnOnce(usize) -> usize,
+        snapshots: impl FnOnce(usize, CacheRoom) -> usize,
     ) -> Result<GpuExecutor> {
         let mut phases = PhaseTimes::default();
         let config = phases.time("model_config", || {
@@ -222,7 +273,7 @@ impl GpuExecutor {
             log::debug!("unmapping the checkpoint on this thread: {e}");
         }
         let (slot_bytes, _) = model.slot_and_page_bytes(sizing.page_size);
-        let n = snapshots(slot_bytes);
+        let n = snapshots(slot_bytes, Self::cache_room(&model, &sizing)?);
         let mut executor = Self::with_snapshot_pool(model, sizing, n)?;
         phases.extend(&executor.startup_phases);
         executor.startup_phases = phases;

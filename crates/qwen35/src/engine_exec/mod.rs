@@ -10,7 +10,7 @@ mod cpu;
 mod gpu;
 
 pub use cpu::{CpuExecutor, CpuSizing};
-pub use gpu::{GpuExecutor, GpuSizing, PagePool};
+pub use gpu::{CacheRoom, GpuExecutor, GpuSizing, PagePool};
 
 use engine::{CacheGeometry, ExecError, StepRow};
 
