@@ -6,7 +6,9 @@
 //! sequences in arrival order (FCFS) while a state slot, pages for the
 //! granted chunk and budget remain. Admission stops at the first waiting
 //! sequence that does not fit, so a long prompt at the head is never
-//! overtaken forever. Pages are taken as positions need them; admission
+//! overtaken forever (a sequence waiting for a prefix-cache snapshot that a
+//! running one is about to publish is passed over for the step instead:
+//! [`crate::scheduler_points`]). Pages are taken as positions need them; admission
 //! leaves one free page per running sequence (their next growth) and is
 //! skipped in a step that had to preempt, so newcomers are not admitted
 //! only to be thrown out at the next page boundary.
@@ -119,6 +121,9 @@ pub struct Plan {
     pub first_admitted: Vec<RequestId>,
     /// Preempted while planning (now at the front of the waiting queue).
     pub preempted: Vec<RequestId>,
+    /// Passed over by admission: each waits for a snapshot a running
+    /// sequence publishes (the sequences behind it could be admitted).
+    pub waiting_for_snapshot: Vec<RequestId>,
     /// Executor work to run, in order, before the step (prefix-cache hits'
     /// page copies and restores; drops of evicted snapshots).
     pub cache_ops: Vec<CacheOp>,
@@ -408,10 +413,16 @@ impl Scheduler {
         }
     }
 
-    /// FCFS admission of waiting sequences into the remaining budget.
+    /// FCFS admission of waiting sequences into the remaining budget. A
+    /// sequence that waits for a running one's pending snapshot is passed
+    /// over for this step only (it cannot start before that snapshot is
+    /// published after a step, and the queue would otherwise idle behind
+    /// it); it keeps its place, and anything that does not fit still stops
+    /// admission, so nobody overtakes a sequence that waits for resources.
     fn admit(&mut self, plan: &mut Plan, budget: &mut usize) {
+        let mut next = 0;
         while *budget > 0 && self.running.len() < self.config.max_num_seqs {
-            let Some(&id) = self.waiting.front() else {
+            let Some(&id) = self.waiting.get(next) else {
                 break;
             };
             // Pages ran out in this step: admitting now would only make the
@@ -432,9 +443,13 @@ impl Scheduler {
                 None => Branch::None,
             };
             // A running sequence will publish a deeper snapshot this one
-            // can use: wait for it (FCFS: nobody overtakes).
+            // can use: wait for it, and let the sequences behind it in.
             let new_point = match branch {
-                Branch::Wait => break,
+                Branch::Wait => {
+                    plan.waiting_for_snapshot.push(id);
+                    next += 1;
+                    continue;
+                }
                 Branch::None => None,
                 Branch::Own(q) => self.add_point(id, q).then_some(q),
             };
@@ -480,7 +495,7 @@ impl Scheduler {
                     slot: cache.slot,
                 });
             }
-            self.waiting.pop_front();
+            self.waiting.remove(next);
             let seq = self.seqs.get_mut(&id).expect("waiting sequence");
             seq.cache = Some(cache);
             seq.computed = start;

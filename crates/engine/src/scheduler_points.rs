@@ -22,9 +22,11 @@
 //! sequence's point still ahead (a branch, marker or last-but-one point it
 //! shares, at least a page beyond its own hit) waits for it rather than
 //! taking a second snapshot of the same prefix: requests of one group that
-//! arrive together are served by one snapshot. Waiting keeps FCFS (nobody
-//! behind overtakes) and ends: the point is ahead of a running sequence,
-//! which either reaches it or leaves the running set.
+//! arrive together are served by one snapshot. Waiting ends: the point is
+//! ahead of a running sequence, which either reaches it or leaves the
+//! running set. Meanwhile the sequences behind the waiter may be admitted
+//! (it is passed over for the step, keeping its place in the queue): a
+//! group's pending snapshot does not hold up the other groups' requests.
 //!
 //! A snapshot is published only after a committed step, copied from the
 //! slot of the sequence standing at the point (after the step, or inside

@@ -627,6 +627,62 @@ fn a_branch_point_cuts_the_sharers_row_and_the_newcomer_waits_for_it() {
     assert_eq!((first.start, first.len), (40, 10));
 }
 
+/// The same two sharers and a third, unrelated prompt behind them: the
+/// second waits for the first's branch snapshot, and the third is admitted
+/// past it in the same step instead of idling behind it; the second keeps
+/// its place and resumes at 40 in the next plan.
+#[test]
+fn a_sequence_waiting_for_a_snapshot_does_not_hold_up_the_queue() {
+    let g = geometry(4, 32, 8);
+    let mut s = cached_scheduler(g, 4, 8, 0);
+    let shared: Vec<u32> = (0..40).map(|i| 1 + i % 50).collect();
+    let a = [&shared[..], &[51; 11]].concat();
+    let b = [&shared[..], &[52; 9]].concat();
+    let c: Vec<u32> = (0..12).map(|i| 60 - i).collect();
+    s.add(RequestId(1), a, SamplingParams::default(), stop(2), 1);
+    s.add(RequestId(2), b, SamplingParams::default(), stop(2), 2);
+    s.add(RequestId(3), c, SamplingParams::default(), stop(2), 3);
+    let plan = s.schedule();
+    let rows: Vec<(RequestId, usize, usize)> =
+        plan.rows.iter().map(|r| (r.id, r.start, r.len)).collect();
+    assert_eq!(rows, vec![(RequestId(1), 0, 40), (RequestId(3), 0, 11)]);
+    assert_eq!(plan.first_admitted, vec![RequestId(1), RequestId(3)]);
+    assert_eq!(plan.waiting_for_snapshot, vec![RequestId(2)]);
+    assert_eq!(s.num_waiting(), 1);
+    assert!(s.commit(&plan, vec![]).is_empty());
+    s.take_cache_ops();
+    let plan = s.schedule();
+    assert_eq!(plan.first_admitted, vec![RequestId(2)]);
+    assert!(plan.waiting_for_snapshot.is_empty());
+    let second = plan.rows.iter().find(|r| r.id == RequestId(2)).unwrap();
+    assert_eq!((second.start, second.len), (40, 8), "resumed at 40");
+}
+
+/// A sequence that waits for pages, not for a snapshot, still stops
+/// admission: nobody behind it overtakes.
+#[test]
+fn a_sequence_that_does_not_fit_still_holds_the_queue() {
+    // 2 slots: the first two take both, the third cannot start, and a
+    // fourth behind it must not either (no slot), nor after a slot frees
+    // before the third.
+    let g = geometry(2, 32, 8);
+    let mut s = cached_scheduler(g, 4, 8, 0);
+    for id in 1..=4u64 {
+        let prompt: Vec<u32> = (0..9).map(|i| 1 + (id as u32 * 7 + i) % 50).collect();
+        s.add(
+            RequestId(id),
+            prompt,
+            SamplingParams::default(),
+            stop(2),
+            id,
+        );
+    }
+    let plan = s.schedule();
+    assert_eq!(plan.first_admitted, vec![RequestId(1), RequestId(2)]);
+    assert!(plan.waiting_for_snapshot.is_empty());
+    assert_eq!(s.num_waiting(), 2);
+}
+
 /// The same two prompts with the in-step snapshot: the first's row is not
 /// cut at the branch point but takes its snapshot there inside the step
 /// (and its last-but-one point's), samples, and publishes both after the
