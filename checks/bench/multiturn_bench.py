@@ -30,13 +30,13 @@ def words(rng, n):
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
-def stream_chat(url, body):
+def stream_chat(url, body, request_id):
     """POSTs a streamed chat request; returns (ttft_s, answer_text, usage)."""
     u = urllib.parse.urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     t0 = time.perf_counter()
     conn.request("POST", "/v1/chat/completions", json.dumps(body),
-                 {"Content-Type": "application/json"})
+                 {"Content-Type": "application/json", "X-Request-Id": request_id})
     resp = conn.getresponse()
     if resp.status != 200:
         raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
@@ -71,7 +71,9 @@ def conversation(args, index, results):
             "max_tokens": args.answer_tokens, "ignore_eos": True, "temperature": 0,
             "chat_template_kwargs": {"enable_thinking": False},
         }
-        ttft, answer, usage = stream_chat(args.url, body)
+        # The id names conversation and turn in the server's request
+        # timeline (checks/bench/multiturn_timeline.py groups by turn).
+        ttft, answer, usage = stream_chat(args.url, body, f"c{index}-t{turn + 1}")
         cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens", 0)
         results.append((turn, ttft, usage["prompt_tokens"], cached))
         messages.append({"role": "assistant", "content": answer})

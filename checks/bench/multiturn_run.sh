@@ -3,7 +3,8 @@
 # against gdn-server on the 4B-shaped checkpoint that serve_bench.sh wrote to
 # /tmp/q4b, prefix cache off then on, each on a fresh server, in one run.
 #   checks/bench/multiturn_run.sh [multiturn_bench.py options]
-# SERVER_ARGS: more gdn-server flags (e.g. --request-timeline).
+# SERVER_ARGS: more gdn-server flags (e.g. --request-timeline, then
+# checks/bench/multiturn_timeline.py $OUT/multiturn_server_on.log).
 # Needs .carry/bin/gdn-server (serve_bench.sh unpacks it). Appends the JSON
 # lines to $OUT/multiturn.jsonl.
 set -uo pipefail

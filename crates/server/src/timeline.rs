@@ -12,11 +12,12 @@
 //! [INFO gdn_server::timeline] request_timeline {"request": ..., "ms": {...}, "steps": [...]}
 //! ```
 //!
-//! Times are milliseconds since the handler received the request.
+//! Times are milliseconds since the handler received the request, whose
+//! wall-clock time is `received_unix_ms` (to line up requests).
 //! `checks/bench/ttft_breakdown.sh` reads these lines. Off, a [`Timeline`]
 //! is an empty `Option`: no clock is read and nothing is logged.
 
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use engine::timeline::ms_between;
 use engine::{EngineTimeline, StepMark};
@@ -29,6 +30,9 @@ pub const LINE_TAG: &str = "request_timeline";
 #[derive(Debug)]
 struct Marks {
     received: Instant,
+    /// The wall clock at `received`: lines of requests served together can
+    /// be put on one time axis (steps they shared have the same times).
+    received_wall: SystemTime,
     marks: Vec<(&'static str, Instant)>,
     engine: Option<Box<EngineTimeline>>,
     /// Tokens received before the first text went out.
@@ -45,6 +49,7 @@ impl Timeline {
         Timeline(on.then(|| {
             Box::new(Marks {
                 received: Instant::now(),
+                received_wall: SystemTime::now(),
                 marks: Vec::new(),
                 engine: None,
                 tokens: 0,
@@ -142,8 +147,13 @@ fn line(request_id: &str, m: &Marks) -> Json {
         .into_iter()
         .map(|(what, at)| json!([what, ms(m, at)]))
         .collect();
+    let received_unix_ms = m
+        .received_wall
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| (d.as_secs_f64() * 1e6).round() / 1e3);
     json!({
         "request": request_id,
+        "received_unix_ms": received_unix_ms,
         "prompt_tokens": prompt_tokens,
         "cached_tokens": cached_tokens,
         "tokens_before_text": m.tokens,
@@ -206,6 +216,13 @@ mod tests {
         let m = t.0.as_ref().unwrap();
         let j = line("req-1", m);
         assert_eq!(j["request"], "req-1");
+        let wall = j["received_unix_ms"].as_f64().unwrap();
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+            * 1e3;
+        assert!(wall <= now && now - wall < 60_000.0, "{wall} vs {now}");
         assert_eq!(j["prompt_tokens"], 1024);
         assert_eq!(j["tokens_before_text"], 2);
         let times: Vec<(String, f64)> = j["ms"]
