@@ -17,6 +17,7 @@ use crate::plan::Plan;
 use crate::stage;
 use crate::toolkit::{self, Toolkit};
 use crate::unit_key::{unit_keys, KeyInputs};
+use crate::unit_reuse::{self, Reuse};
 use crate::units::compile_all;
 
 /// The toolkit and DSL environment a plan runs with.
@@ -90,8 +91,15 @@ pub fn build_key(plan: &Plan, lock: &Lock, env: &Env) -> Sha256Hex {
 
 /// Compiles everything and assembles a bundle in a fresh directory `dest`.
 /// Does not compare with the lock's outputs. Compiled units are taken from
-/// and put in `unit_cache` (by content key).
-pub fn assemble(plan: &Plan, env: &Env, dest: &Path, unit_cache: &Path) -> Result<Assembled> {
+/// and put in `unit_cache` (by content key); with `reuse` (`lock`), the
+/// entries the lock vouches for are first copied there (unit_reuse.rs).
+pub fn assemble(
+    plan: &Plan,
+    env: &Env,
+    dest: &Path,
+    unit_cache: &Path,
+    reuse: Option<&Reuse>,
+) -> Result<Assembled> {
     let (table, args, tk) = (&plan.table, &plan.args, &env.tk);
     let dsl = env.dsl.as_ref();
     let ks = plan.kernel_source()?;
@@ -118,52 +126,26 @@ pub fn assemble(plan: &Plan, env: &Env, dest: &Path, unit_cache: &Path) -> Resul
         std::fs::read_to_string(&staged)
             .map_err(|e| GenError::io("read a staged source", &staged, e))
     })?;
+    if let Some(reuse) = reuse {
+        let taken = unit_reuse::seed(table, &keys, unit_cache, reuse, tk)?;
+        if !taken.is_empty() {
+            eprintln!(
+                "gdn-gen: reusing {} unit(s) whose inputs are unchanged and whose outputs the lock records: {}",
+                taken.len(),
+                taken.join(", ")
+            );
+        }
+    }
     let outputs = compile_all(table, &stage_dir, unit_cache, tk, dsl, &keys, args.jobs)?;
 
     // (bundle path, file to copy, kind, producing unit)
     let mut files: Vec<(String, PathBuf, ArtifactKind, Option<usize>)> = vec![];
     for (i, o) in outputs.iter().enumerate() {
-        if o.unit.dsl.is_some() {
-            let target = &o.unit.targets[0];
-            for v in o.unit.dsl_variants() {
-                for (rel, ext, kind) in [
-                    (
-                        o.unit.dsl_cubin_path(v, target),
-                        "cubin",
-                        ArtifactKind::DeviceCubin,
-                    ),
-                    (
-                        gdn_lock::Unit::dsl_object_path(v),
-                        "o",
-                        ArtifactKind::DslObject,
-                    ),
-                    (
-                        gdn_lock::Unit::dsl_header_path(v),
-                        "h",
-                        ArtifactKind::DslHeader,
-                    ),
-                ] {
-                    files.push((rel, o.dsl_file(v, ext), kind, Some(i)));
-                }
-            }
-            continue;
-        }
-        for t in &o.unit.targets {
-            files.push((
-                o.unit.cubin_path(t),
-                o.cubin(t),
-                ArtifactKind::DeviceCubin,
-                Some(i),
-            ));
-        }
-        if o.unit.output == gdn_lock::UnitOutput::HostObject {
-            files.push((
-                o.unit.object_path(),
-                o.object(),
-                ArtifactKind::HostObject,
-                Some(i),
-            ));
-        }
+        files.extend(
+            o.files()
+                .into_iter()
+                .map(|(rel, file, kind)| (rel, file, kind, Some(i))),
+        );
     }
     files.push((
         format!("include/{}", gdn_lock::file_name(&table.abi_header)),

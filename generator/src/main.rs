@@ -17,6 +17,7 @@ mod process;
 mod stage;
 mod toolkit;
 mod unit_key;
+mod unit_reuse;
 mod units;
 
 use std::process::ExitCode;

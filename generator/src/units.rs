@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use gdn_lock::{ArtifactTable, Sha256Hex, Unit, UnitOutput};
+use gdn_lock::{ArtifactKind, ArtifactTable, Sha256Hex, Unit, UnitOutput};
 
 use crate::dsl::{self, DslEnv};
 use crate::error::{GenError, Result};
@@ -53,6 +53,48 @@ impl UnitOutputs {
     pub fn dsl_file(&self, variant: &str, ext: &str) -> PathBuf {
         self.dir.join("out").join(format!("{variant}.{ext}"))
     }
+
+    /// What the unit puts in the bundle: (bundle path, file in the cache
+    /// entry, kind), in a fixed order.
+    pub fn files(&self) -> Vec<(String, PathBuf, ArtifactKind)> {
+        let unit = &self.unit;
+        let mut files = vec![];
+        if unit.dsl.is_some() {
+            let target = &unit.targets[0];
+            for v in unit.dsl_variants() {
+                files.push((
+                    unit.dsl_cubin_path(v, target),
+                    self.dsl_file(v, "cubin"),
+                    ArtifactKind::DeviceCubin,
+                ));
+                files.push((
+                    Unit::dsl_object_path(v),
+                    self.dsl_file(v, "o"),
+                    ArtifactKind::DslObject,
+                ));
+                files.push((
+                    Unit::dsl_header_path(v),
+                    self.dsl_file(v, "h"),
+                    ArtifactKind::DslHeader,
+                ));
+            }
+            return files;
+        }
+        for t in &unit.targets {
+            files.push((unit.cubin_path(t), self.cubin(t), ArtifactKind::DeviceCubin));
+        }
+        if unit.output == UnitOutput::HostObject {
+            files.push((unit.object_path(), self.object(), ArtifactKind::HostObject));
+        }
+        files
+    }
+}
+
+/// The cache entry of `unit` under `key`.
+pub fn entry_dir(cache: &Path, unit: &Unit, key: &Sha256Hex) -> PathBuf {
+    cache
+        .join("units")
+        .join(format!("{}-{}", unit.name, &key.as_str()[..16]))
 }
 
 fn gencode(target: &str) -> String {
@@ -162,9 +204,7 @@ pub fn compile_all(
     let mut pending: [Vec<(Step, PathBuf)>; 2] = [vec![], vec![]];
     let step = "compile the units";
     for (unit, key) in table.units.iter().zip(keys) {
-        let dir = cache
-            .join("units")
-            .join(format!("{}-{}", unit.name, &key.as_str()[..16]));
+        let dir = entry_dir(cache, unit, key);
         let compiled_now = !dir.join(".complete").exists();
         if compiled_now {
             let _ = std::fs::remove_dir_all(&dir);

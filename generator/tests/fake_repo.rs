@@ -232,6 +232,41 @@ fn lock_records_what_it_compiled_not_what_the_unit_cache_holds() {
     r.gen_ok("check");
 }
 
+#[test]
+fn lock_reuses_only_units_of_unchanged_inputs_whose_bytes_it_records() {
+    let r = locked_repo();
+    // Nothing changed: the lock is rewritten from the cache, the same bytes.
+    let before = std::fs::read(r.repo().join(gdn_lock::LOCK_FILE)).unwrap();
+    let err = r.gen_ok("lock");
+    assert!(!err.contains("compiling k (") && !err.contains("compiling j ("), "{err}");
+    assert!(err.contains("reusing 2 unit(s)"), "{err}");
+    assert_eq!(std::fs::read(r.repo().join(gdn_lock::LOCK_FILE)).unwrap(), before);
+    // An edit of j's source: j is compiled, k is taken from the cache.
+    std::fs::write(r.repo().join("src/j.cu"), "__global__ void j() { /* v2 */ }\n").unwrap();
+    let err = r.gen_ok("lock");
+    assert!(err.contains("compiling j ("), "{err}");
+    assert!(!err.contains("compiling k ("), "{err}");
+    assert!(err.contains("reusing 1 unit(s)") && err.contains(": k"), "{err}");
+    let lock = r.lock();
+    for (unit, t) in [("j", "sm_90a"), ("j", "sm_80"), ("k", "sm_90a"), ("k", "sm_80")] {
+        assert_eq!(
+            lock.device_artifacts[&format!("cubin/{unit}.{t}.cubin")].sha256,
+            Sha256Hex::of_bytes(&r.expected_cubin(unit, t)),
+            "{unit} {t}"
+        );
+    }
+    // A cached entry of unchanged inputs whose bytes the lock does not
+    // record (poisoned) is compiled afresh, not recorded.
+    r.poison("k", "sm_80");
+    let err = r.gen_ok("lock");
+    assert!(err.contains("compiling k ("), "{err}");
+    assert_eq!(
+        r.lock().device_artifacts["cubin/k.sm_80.cubin"].sha256,
+        Sha256Hex::of_bytes(&r.expected_cubin("k", "sm_80"))
+    );
+    r.gen_ok("check");
+}
+
 #[cfg(unix)]
 #[test]
 fn check_refuses_a_fifo_in_the_bundle_without_blocking_and_advises_no_relock() {

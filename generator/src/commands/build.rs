@@ -27,7 +27,7 @@ pub fn build(args: &BuildArgs) -> Result<PathBuf> {
     if !plan.variant.recorded {
         eprintln!("{UNRECORDED_BANNER}");
         let tmp = temp_sibling(out, "new")?;
-        assemble(&plan, &env, tmp.path(), units)?;
+        assemble(&plan, &env, tmp.path(), units, None)?;
         install(tmp, out)?;
         eprintln!(
             "{UNRECORDED_BANNER}\ngdn-gen: unrecorded {} bundle written to {}",
@@ -46,7 +46,7 @@ pub fn build(args: &BuildArgs) -> Result<PathBuf> {
     }
     let _ = std::fs::remove_file(&stamp);
     let mut tmp = temp_sibling(out, "new")?;
-    let assembled = assemble(&plan, &env, tmp.path(), units)?;
+    let assembled = assemble(&plan, &env, tmp.path(), units, None)?;
     let verified = match check(&plan, tmp.path()) {
         Ok(v) => v,
         Err(first) => {
@@ -70,7 +70,7 @@ pub fn build(args: &BuildArgs) -> Result<PathBuf> {
             }
             drop(tmp);
             tmp = temp_sibling(out, "new")?;
-            assemble(&plan, &env, tmp.path(), units)?;
+            assemble(&plan, &env, tmp.path(), units, None)?;
             check(&plan, tmp.path()).map_err(|e| GenError::BuiltBundleDiffers {
                 detail: e.to_string(),
                 cache: plan.args.cache.clone(),

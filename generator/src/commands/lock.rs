@@ -1,8 +1,9 @@
 //! `gdn-gen lock`: the only way the lock changes. Inputs are fetched from
-//! their URLs and hashed, the bundle is built from scratch (a fresh unit
-//! cache: what an earlier build left behind is not trusted), checked against
-//! the lock about to be written, and only then are the lock and the bundle
-//! written.
+//! their URLs and hashed, the bundle is built in a fresh unit cache (what an
+//! earlier build left behind is not trusted, except an entry of unchanged
+//! inputs whose bytes the current lock records: unit_reuse.rs), checked
+//! against the lock about to be written, and only then are the lock and the
+//! bundle written.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,6 +19,7 @@ use crate::cli::BuildArgs;
 use crate::error::{GenError, Result};
 use crate::plan::{repo_root, Plan, Purpose, UnitCacheDir};
 use crate::toolkit::zip_member;
+use crate::unit_reuse::Reuse;
 
 pub fn lock(args: &BuildArgs) -> Result<()> {
     let plan = Plan::resolve(args, Purpose::Lock)?;
@@ -25,9 +27,15 @@ pub fn lock(args: &BuildArgs) -> Result<()> {
     let args = &plan.args;
     let tmp = temp_sibling(&args.out, "lock")?;
     // The plan's unit cache is a fresh one: the lock records only what this
-    // run compiled.
+    // run compiled, and what the current lock already records for the same
+    // inputs (unit_reuse.rs).
     let unit_cache = plan.unit_cache_dir()?;
-    let manifest = assemble(&plan, &env, tmp.path(), unit_cache.path())?.manifest;
+    let current = Lock::load(&args.lock).ok();
+    let reuse = current.as_ref().map(|lock| Reuse {
+        shared_cache: &args.cache,
+        lock,
+    });
+    let manifest = assemble(&plan, &env, tmp.path(), unit_cache.path(), reuse.as_ref())?.manifest;
     let mut lock = plan.lock.clone();
     for (path, art) in &manifest.artifacts {
         match art.kind {

@@ -16,7 +16,7 @@ pub fn verify(args: &BuildArgs) -> Result<()> {
     // The plan's unit cache is a fresh one: everything is compiled again
     // (the shared cache is among the things being checked).
     let unit_cache = plan.unit_cache_dir()?;
-    let manifest = assemble(&plan, &env, tmp.path(), unit_cache.path())?.manifest;
+    let manifest = assemble(&plan, &env, tmp.path(), unit_cache.path(), None)?.manifest;
     let mut differ = 0;
     let mut compare = |path: &str, locked: &Digests| match manifest.artifacts.get(path) {
         Some(a) if &a.digests == locked => eprintln!("  same     {path}  {}", locked.sha256),
