@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use gdn_lock::{
     to_canonical_json, ArtifactKind, Digests, Lock, Manifest, ManifestArtifact, Sha256Hex,
-    MANIFEST_FILE, SCHEMA_VERSION,
+    ToolchainIdentity, MANIFEST_FILE, SCHEMA_VERSION,
 };
 
 use crate::dsl::{self, DslEnv};
@@ -49,29 +49,38 @@ impl Assembled {
     /// lock's, with one such bundle path each. Host code is only compared
     /// when it was built like the lock's (same host compiler and toolkit).
     pub fn reused_entries_differing_from(&self, lock: &Lock) -> BTreeMap<PathBuf, String> {
-        let host_like_lock = self.manifest.toolchain.host_compiler
-            == lock.host_artifacts.host_compiler
-            && self.manifest.toolchain.toolkit == lock.host_artifacts.toolkit;
+        let host_like_lock = built_like(&self.manifest.toolchain, lock);
         let mut out = BTreeMap::new();
         for (path, art) in &self.manifest.artifacts {
             let Some((entry, true)) = self.from_unit.get(path) else {
                 continue;
             };
-            let locked = lock
-                .device_artifacts
-                .get(path)
-                .or_else(|| lock.dsl_artifacts.get(path))
-                .or_else(|| {
-                    host_like_lock
-                        .then(|| lock.host_artifacts.artifacts.get(path))
-                        .flatten()
-                });
-            if locked.is_some_and(|l| l != &art.digests) {
+            if locked_digests(lock, path, host_like_lock).is_some_and(|l| l != &art.digests) {
                 out.entry(entry.clone()).or_insert_with(|| path.clone());
             }
         }
         out
     }
+}
+
+/// Whether host code built with `toolchain` is comparable with the lock's
+/// (same host compiler and toolkit).
+pub fn built_like(toolchain: &ToolchainIdentity, lock: &Lock) -> bool {
+    toolchain.host_compiler == lock.host_artifacts.host_compiler
+        && toolchain.toolkit == lock.host_artifacts.toolkit
+}
+
+/// The lock's hashes of bundle file `path` (device code, DSL outputs, and
+/// host code when `host_like_lock`).
+pub fn locked_digests<'a>(lock: &'a Lock, path: &str, host_like_lock: bool) -> Option<&'a Digests> {
+    lock.device_artifacts
+        .get(path)
+        .or_else(|| lock.dsl_artifacts.get(path))
+        .or_else(|| {
+            host_like_lock
+                .then(|| lock.host_artifacts.artifacts.get(path))
+                .flatten()
+        })
 }
 
 /// Stamp beside the bundle: the content key of the last successful build.

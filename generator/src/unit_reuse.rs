@@ -20,6 +20,7 @@ use std::path::Path;
 
 use gdn_lock::{ArtifactTable, Digests, Lock, Sha256Hex};
 
+use crate::bundle::{built_like, locked_digests};
 use crate::error::{GenError, Result};
 use crate::toolkit::Toolkit;
 use crate::units::{entry_dir, UnitOutputs};
@@ -40,8 +41,7 @@ pub fn seed(
     tk: &Toolkit,
 ) -> Result<Vec<String>> {
     let lock = reuse.lock;
-    let host_like_lock = tk.identity.host_compiler == lock.host_artifacts.host_compiler
-        && tk.identity.toolkit == lock.host_artifacts.toolkit;
+    let host_like_lock = built_like(&tk.identity, lock);
     let mut taken = vec![];
     for (unit, key) in table.units.iter().zip(keys) {
         let shared = entry_dir(reuse.shared_cache, unit, key);
@@ -55,16 +55,10 @@ pub fn seed(
             compiled_now: false,
         };
         let vouched = entry.files().iter().all(|(path, file, _)| {
-            let locked = lock
-                .device_artifacts
-                .get(path)
-                .or_else(|| lock.dsl_artifacts.get(path))
-                .or_else(|| {
-                    host_like_lock
-                        .then(|| lock.host_artifacts.artifacts.get(path))
-                        .flatten()
-                });
-            match (locked, Digests::of_file(file)) {
+            match (
+                locked_digests(lock, path, host_like_lock),
+                Digests::of_file(file),
+            ) {
                 (Some(l), Ok(d)) => l == &d,
                 _ => false,
             }

@@ -238,17 +238,35 @@ fn lock_reuses_only_units_of_unchanged_inputs_whose_bytes_it_records() {
     // Nothing changed: the lock is rewritten from the cache, the same bytes.
     let before = std::fs::read(r.repo().join(gdn_lock::LOCK_FILE)).unwrap();
     let err = r.gen_ok("lock");
-    assert!(!err.contains("compiling k (") && !err.contains("compiling j ("), "{err}");
+    assert!(
+        !err.contains("compiling k (") && !err.contains("compiling j ("),
+        "{err}"
+    );
     assert!(err.contains("reusing 2 unit(s)"), "{err}");
-    assert_eq!(std::fs::read(r.repo().join(gdn_lock::LOCK_FILE)).unwrap(), before);
+    assert_eq!(
+        std::fs::read(r.repo().join(gdn_lock::LOCK_FILE)).unwrap(),
+        before
+    );
     // An edit of j's source: j is compiled, k is taken from the cache.
-    std::fs::write(r.repo().join("src/j.cu"), "__global__ void j() { /* v2 */ }\n").unwrap();
+    std::fs::write(
+        r.repo().join("src/j.cu"),
+        "__global__ void j() { /* v2 */ }\n",
+    )
+    .unwrap();
     let err = r.gen_ok("lock");
     assert!(err.contains("compiling j ("), "{err}");
     assert!(!err.contains("compiling k ("), "{err}");
-    assert!(err.contains("reusing 1 unit(s)") && err.contains(": k"), "{err}");
+    assert!(
+        err.contains("reusing 1 unit(s)") && err.contains(": k"),
+        "{err}"
+    );
     let lock = r.lock();
-    for (unit, t) in [("j", "sm_90a"), ("j", "sm_80"), ("k", "sm_90a"), ("k", "sm_80")] {
+    for (unit, t) in [
+        ("j", "sm_90a"),
+        ("j", "sm_80"),
+        ("k", "sm_90a"),
+        ("k", "sm_80"),
+    ] {
         assert_eq!(
             lock.device_artifacts[&format!("cubin/{unit}.{t}.cubin")].sha256,
             Sha256Hex::of_bytes(&r.expected_cubin(unit, t)),
