@@ -8,7 +8,7 @@
 // .jinja for these parameters, written out here instead of rendered. Only
 // SAME_SCHEDULE_FOR_ALL_HEADS=false is instantiated: FlashInfer's plan picks
 // the other only above 4096 query tiles per head (~524k tokens in one step),
-// and the caller routes such batches to our own kernel (model_ops.rs).
+// and the caller routes such batches to our own kernel (attention_select.rs).
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 

@@ -1,7 +1,7 @@
 // The Qwen3.5 model kernels around the GEMMs and the GDN prefill: embedding,
 // norms, the DeltaNet conv/gate/decode steps, attention over a paged KV cache.
 // Compiled ahead of time into plain cubins (sm_80 .. sm_120, no PTX), loaded
-// with cuModuleLoadData and launched by name from src/model_ops.rs, which owns
+// with cuModuleLoadData and launched by name from src/model_ops/, which owns
 // every launch geometry and checks every buffer length before launching.
 //
 // Numerics follow Hugging Face's bf16 forward (transformers 5.17,
@@ -692,7 +692,7 @@ __device__ void attention_impl(bf16* __restrict__ out, const bf16* __restrict__ 
 }
 
 // Combines the partial softmax states of attention_d* with splits > 1.
-// grid (T, Hq), block D (>= 32), splits <= 64 (model_ops.rs). The
+// grid (T, Hq), block D (>= 32), splits <= 64 (model_ops/attention.rs). The
 // splits' (m, l) pairs go through shared memory once and every thread then
 // sums its dimension over the splits with independent loads: a thread that
 // walked the splits reading m and l itself took 10.6 us at 33 splits on
