@@ -148,15 +148,15 @@ impl StateBudget {
     pub fn snapshots(self, snapshot_bytes: usize, room: CacheRoom) -> usize {
         let bytes = match self {
             StateBudget::Snapshots(n) => return n,
-            StateBudget::Bytes(b) => b as f64,
+            StateBudget::Bytes(b) => b,
             StateBudget::Fraction(f) => match room {
-                CacheRoom::Shared(total) => f * total as f64,
+                CacheRoom::Shared(total) => (f * total as f64) as usize,
                 // Snapshots on top of a fixed KV: f of the sum is f / (1 - f)
                 // of the KV.
-                CacheRoom::FixedKv(kv) => f / (1.0 - f) * kv as f64,
+                CacheRoom::FixedKv(kv) => (f / (1.0 - f) * kv as f64) as usize,
             },
         };
-        (bytes / snapshot_bytes.max(1) as f64) as usize
+        bytes / snapshot_bytes.max(1)
     }
 }
 

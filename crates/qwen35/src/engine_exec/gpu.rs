@@ -136,7 +136,7 @@ impl GpuExecutor {
                 gpu_memory_utilization: u,
                 activation_reserve,
             } => {
-                let room = Self::shared_room(&model, &sizing, u, activation_reserve)?;
+                let room = Self::shared_room(&model, &sizing, u, activation_reserve, true)?;
                 let snapshot_bytes = num_snapshots * slot_bytes;
                 let n = room.saturating_sub(snapshot_bytes) / page_bytes.max(1);
                 log::info!(
@@ -193,16 +193,19 @@ impl GpuExecutor {
             PagePool::FromMemory {
                 gpu_memory_utilization: u,
                 activation_reserve,
-            } => Self::shared_room(model, sizing, u, activation_reserve).map(CacheRoom::Shared),
+            } => Self::shared_room(model, sizing, u, activation_reserve, false)
+                .map(CacheRoom::Shared),
         }
     }
 
-    /// [`CacheRoom::Shared`]'s bytes (see [`Self::cache_room`]).
+    /// [`CacheRoom::Shared`]'s bytes (see [`Self::cache_room`]); `report`
+    /// logs the memory figures (once, when the pages are sized).
     fn shared_room(
         model: &GpuModel,
         sizing: &GpuSizing,
         gpu_memory_utilization: f64,
         activation_reserve: usize,
+        report: bool,
     ) -> Result<usize> {
         let u = gpu_memory_utilization;
         if !(u > 0.0 && u <= 1.0) {
@@ -215,16 +218,17 @@ impl GpuExecutor {
         let allowed = (total as f64 * u) as usize;
         let used = total - free;
         let fixed = used + (sizing.num_slots + 1) * slot_bytes + activation_reserve;
-        // Debug: computed twice when a share of it sizes the snapshots.
-        log::debug!(
-            "GPU executor: {} of {} MiB in use, {} MiB allowed; {} slots of {} MiB, {} MiB reserved for activations",
-            used >> 20,
-            total >> 20,
-            allowed >> 20,
-            sizing.num_slots,
-            slot_bytes >> 20,
-            activation_reserve >> 20,
-        );
+        if report {
+            log::info!(
+                "GPU executor: {} of {} MiB in use, {} MiB allowed; {} slots of {} MiB, {} MiB reserved for activations",
+                used >> 20,
+                total >> 20,
+                allowed >> 20,
+                sizing.num_slots,
+                slot_bytes >> 20,
+                activation_reserve >> 20,
+            );
+        }
         Ok(allowed.saturating_sub(fixed))
     }
 
