@@ -8,7 +8,7 @@
 //! sequence that does not fit, so a long prompt at the head is never
 //! overtaken forever (a sequence waiting for a prefix-cache snapshot that a
 //! running one is about to publish is passed over for the step instead:
-//! [`crate::scheduler_points`]). Pages are taken as positions need them; admission
+//! `scheduler_points.rs`). Pages are taken as positions need them; admission
 //! leaves one free page per running sequence (their next growth) and is
 //! skipped in a step that had to preempt, so newcomers are not admitted
 //! only to be thrown out at the next page boundary.
