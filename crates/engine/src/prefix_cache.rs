@@ -119,6 +119,19 @@ pub enum Reservation {
     Reserved(SnapshotId),
     /// No snapshot can be had (every id reserved, or none at all).
     Unavailable,
+    /// The pool is full of snapshots that each save more than this one
+    /// would: none is taken, and the point is passed (not worth a chunk
+    /// boundary either).
+    NotWorth,
+}
+
+/// Why [`PrefixCache::free_snapshot`] gave no id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NoSnapshot {
+    /// Every id is reserved, or the pool is empty.
+    NoId,
+    /// Every snapshot held saves more than the new one would.
+    WorthLess,
 }
 
 /// Where a published snapshot's state comes from.
@@ -322,7 +335,8 @@ impl PrefixCache {
     /// Publishes the state `slot` holds after `tokens` (whose KV is in
     /// `pages`, position order): the full pages join the trie (held), and a
     /// snapshot is taken unless one exists at this exact prefix. Returns
-    /// false when no snapshot could be had (budget 0).
+    /// false when no snapshot could be had (budget 0, or a full pool whose
+    /// every snapshot saves more: see `free_snapshot`).
     pub fn insert(
         &mut self,
         tokens: &[u32],
@@ -340,9 +354,13 @@ impl PrefixCache {
     /// step (evicting as [`Self::insert`] would). A reserved id is in no
     /// tail, so no lookup finds it and no eviction takes it, until
     /// [`Self::publish_taken`] (the step succeeded) or [`Self::release`].
+    /// `floor`: the row's own point below this one that is reserved or
+    /// exists (0 if none), which the snapshot's worth is counted from when
+    /// it is deeper than every published snapshot on the path.
     pub fn reserve(
         &mut self,
         tokens: &[u32],
+        floor: usize,
         alloc: &mut Allocator,
         ops: &mut Vec<CacheOp>,
     ) -> Reservation {
@@ -357,12 +375,16 @@ impl PrefixCache {
                 return Reservation::Exists;
             }
         }
-        match self.free_snapshot(alloc, ops) {
-            Some(id) => {
+        let worth = self
+            .saved_by_new(tokens)
+            .min(tokens.len() - floor.min(tokens.len()));
+        match self.free_snapshot(worth, alloc, ops) {
+            Ok(id) => {
                 self.reserved += 1;
                 Reservation::Reserved(id)
             }
-            None => Reservation::Unavailable,
+            Err(NoSnapshot::NoId) => Reservation::Unavailable,
+            Err(NoSnapshot::WorthLess) => Reservation::NotWorth,
         }
     }
 
@@ -443,7 +465,8 @@ impl PrefixCache {
         }
         let snapshot = match source {
             Source::Slot(slot) => {
-                let Some(snapshot) = self.free_snapshot(alloc, ops) else {
+                let worth = self.saved_by_new(tokens);
+                let Ok(snapshot) = self.free_snapshot(worth, alloc, ops) else {
                     return false;
                 };
                 ops.push(CacheOp::Take { slot, snapshot });

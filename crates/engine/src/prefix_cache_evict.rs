@@ -10,7 +10,8 @@
 //! Bytes are counted per pool, because the two pools are separate memory:
 //!
 //! - the snapshot pool is full: every snapshot weighs the same, so the
-//!   snapshot with the fewest saved tokens goes;
+//!   snapshot with the fewest saved tokens goes, unless the new one would
+//!   save fewer still (a lower class): then the new one is not taken;
 //! - running requests need KV pages: a unit (a tail: its snapshot and its
 //!   page; a leaf of the trie: its page and the tails on it) is ranked by
 //!   the saved tokens of the snapshots it takes with it per KV page it
@@ -30,7 +31,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use super::{CacheOp, PrefixCache, ROOT};
+use super::{CacheOp, NoSnapshot, PrefixCache, ROOT};
 use crate::allocator::Allocator;
 use crate::executor::SnapshotId;
 
@@ -87,16 +88,45 @@ impl PrefixCache {
         self.tail_position(n, t) - below.unwrap_or(0)
     }
 
-    /// A free snapshot id, evicting the snapshot that saves the fewest
-    /// tokens (least recently used among equals) when none is free; `None`
-    /// when there are no snapshots at all.
+    /// The tokens a new snapshot after `tokens` would save: the
+    /// [`Self::saved_tokens`] it would have once inserted (over the deepest
+    /// existing snapshot on its path that prefixes it).
+    pub(crate) fn saved_by_new(&self, tokens: &[u32]) -> usize {
+        let ps = self.page_size;
+        let mut below = 0;
+        let (mut at, mut depth) = (Some(ROOT), 0);
+        while let Some(n) = at {
+            let node = self.node(n);
+            let rest = &tokens[depth * ps..];
+            for u in &node.tails {
+                if u.tokens.len() < rest.len() && rest.starts_with(&u.tokens) {
+                    below = below.max(depth * ps + u.tokens.len());
+                }
+            }
+            at = rest
+                .get(..ps)
+                .and_then(|key| node.children.get(key).copied());
+            depth += 1;
+        }
+        tokens.len() - below
+    }
+
+    /// A free snapshot id for a new snapshot that saves `worth` tokens,
+    /// evicting the snapshot that saves the fewest (least recently used
+    /// among equals) when none is free. `NoId` when there are no snapshots
+    /// at all (every id reserved); `WorthLess` when every snapshot held
+    /// saves more than the new one would (a lower value class): a full pool
+    /// is not churned by the
+    /// requests' own small points (last-but-one, end of generation), which
+    /// would otherwise displace a shared prefix's branch snapshot.
     pub(crate) fn free_snapshot(
         &mut self,
+        worth: usize,
         alloc: &mut Allocator,
         ops: &mut Vec<CacheOp>,
-    ) -> Option<SnapshotId> {
+    ) -> Result<SnapshotId, NoSnapshot> {
         if let Some(id) = self.free_snapshots.pop() {
-            return Some(id);
+            return Ok(id);
         }
         let mut victim: Option<((u32, u64), usize, usize)> = None;
         for (i, node) in self.nodes.iter().enumerate() {
@@ -108,9 +138,12 @@ impl PrefixCache {
                 }
             }
         }
-        let (_, n, t) = victim?;
+        let ((class, _), n, t) = victim.ok_or(NoSnapshot::NoId)?;
+        if value_class(worth) < class {
+            return Err(NoSnapshot::WorthLess);
+        }
         self.remove_tail(n, t, alloc, ops);
-        self.free_snapshots.pop()
+        self.free_snapshots.pop().ok_or(NoSnapshot::NoId)
     }
 
     /// Pages that evicting node `n` (a leaf) and its tails would free.

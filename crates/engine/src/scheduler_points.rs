@@ -123,10 +123,18 @@ impl Scheduler {
             return (len, taken);
         };
         let seq = &self.seqs[&id];
+        // A later point's snapshot saves only what lies past the row's
+        // previous one (reserved here, so not yet in the trie).
+        let mut floor = 0;
         for &q in seq.points.iter().filter(|&&q| q > start && q < start + len) {
-            match prefix.reserve(&seq.tokens[..q], &mut self.alloc, &mut self.cache_ops) {
-                Reservation::Exists => {}
-                Reservation::Reserved(snapshot) => taken.push(RowSnapshot { at: q, snapshot }),
+            let tokens = &seq.tokens[..q];
+            match prefix.reserve(tokens, floor, &mut self.alloc, &mut self.cache_ops) {
+                Reservation::Exists => floor = q,
+                Reservation::Reserved(snapshot) => {
+                    taken.push(RowSnapshot { at: q, snapshot });
+                    floor = q;
+                }
+                Reservation::NotWorth => {}
                 Reservation::Unavailable => return (q - start, taken),
             }
         }
@@ -164,13 +172,14 @@ impl Scheduler {
         if row.snapshots.len() < self.config.row_snapshots {
             if let Some(prefix) = self.cache.as_mut() {
                 let tokens = &self.seqs[&row.id].tokens[..q];
-                match prefix.reserve(tokens, &mut self.alloc, &mut self.cache_ops) {
+                let at = row.snapshots.partition_point(|s| s.at < q);
+                let floor = at.checked_sub(1).map_or(0, |i| row.snapshots[i].at);
+                match prefix.reserve(tokens, floor, &mut self.alloc, &mut self.cache_ops) {
                     Reservation::Reserved(snapshot) => {
-                        let at = row.snapshots.partition_point(|s| s.at < q);
                         row.snapshots.insert(at, RowSnapshot { at: q, snapshot });
                         return;
                     }
-                    Reservation::Exists => return,
+                    Reservation::Exists | Reservation::NotWorth => return,
                     Reservation::Unavailable => {}
                 }
             }

@@ -388,8 +388,10 @@ async fn a_tiny_snapshot_budget_evicts_the_least_recently_used(in_step: bool) {
     for p in &prompts {
         assert_eq!(run(&s, &request(p.clone(), 4, 3)).await.1.cached_tokens, 0);
     }
-    // Two snapshots kept: the last prompt's (before its last token) and
-    // the end of its generation; the first prompt's are gone.
+    // Two snapshots kept: the last two prompts' (before their last token;
+    // an end of generation saves 3 tokens over it, less than any held
+    // snapshot, so it is not taken once the pool is full); the first
+    // prompt's are gone, the least recently used of their class.
     let last = prompts.last().unwrap();
     let (_, usage) = run(&s, &request(last.clone(), 4, 3)).await;
     assert_eq!(usage.cached_tokens, last.len() - 1);
@@ -397,7 +399,11 @@ async fn a_tiny_snapshot_budget_evicts_the_least_recently_used(in_step: bool) {
     assert_eq!(usage.cached_tokens, 0);
     let stats = wait_released(&s.handle).prefix_cache.unwrap();
     assert!(stats.snapshots <= 2, "{stats:?}");
-    assert!(stats.snapshot_evictions >= 8, "{stats:?}");
+    // Prompts 1 to 4 each evicted at least one (prompt 0's end of
+    // generation, then the least recently used last-but-one); prompt 0's
+    // repeat more (with the in-step snapshot it also takes a branch point
+    // where its pages are still cached).
+    assert!(stats.snapshot_evictions >= 5, "{stats:?}");
     assert_eq!(
         metric(&s, "gdn:prefix_cache_snapshots"),
         stats.snapshots as f64
@@ -412,16 +418,17 @@ async fn a_tiny_snapshot_budget_evicts_the_least_recently_used(in_step: bool) {
 async fn a_tiny_snapshot_budget_keeps_what_saves_the_most_prefill(in_step: bool) {
     // Two snapshots. P (40 tokens) leaves one before its last prompt token
     // (saves 39) and one at the end of its generation (saves 3 over it).
-    // Q (12 tokens, unrelated) then takes both places in turn: its first
-    // evicts P's end of generation (3 < 39), its second evicts Q's own
-    // last-but-one (saves 11) rather than P's, the least recently used.
+    // Q (12 tokens, unrelated): its last-but-one (saves 11) evicts P's end
+    // of generation (3 < 11); its end of generation (saves 3) is not taken,
+    // every held snapshot saving more. So P's repeat hits at 39 and Q's
+    // at 11.
     let s = start_with_snapshots(cached(in_step, 64, 2, false, 2), geometry(2, 64, PAGE), 16);
     let p = request(body(80, 40), 4, 1);
     let q = request(body(81, 12), 4, 2);
     assert_eq!(run(&s, &p).await.1.cached_tokens, 0);
     assert_eq!(run(&s, &q).await.1.cached_tokens, 0);
     assert_eq!(run(&s, &p).await.1.cached_tokens, 39);
-    assert_eq!(run(&s, &q).await.1.cached_tokens, 0);
+    assert_eq!(run(&s, &q).await.1.cached_tokens, 11);
     let stats = wait_released(&s.handle).prefix_cache.unwrap();
     assert_eq!(stats.snapshots, 2, "{stats:?}");
     assert_no_violation(&s);
