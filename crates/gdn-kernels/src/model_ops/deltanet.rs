@@ -25,14 +25,7 @@ impl ModelOps {
         let (t, hk, hv) = (batch.num_tokens, shape.qk_heads, shape.v_heads);
         let ld = shape.proj_width();
         exact(OP, "proj", proj.len(), t * ld)?;
-        check_conv_and_gates(OP, shape, conv_weight, a_log, dt_bias)?;
-        pool(
-            OP,
-            "conv_state",
-            conv_state.len(),
-            shape.conv_state_len(),
-            batch.max_slot,
-        )?;
+        check_conv_and_gates(OP, shape, conv_weight, a_log, dt_bias, conv_state, batch)?;
         out.check(OP, shape, t)?;
         let [ld_, cb, ca, hk_, hv_, kw, c] = [
             ld,
@@ -196,15 +189,9 @@ impl ModelOps {
         let (n, hk, hv) = (batch.num_seqs, shape.qk_heads, shape.v_heads);
         let ld = shape.proj_width();
         exact(OP, "proj", proj.len(), n * ld)?;
-        check_conv_and_gates(OP, shape, weights.conv, weights.a_log, weights.dt_bias)?;
+        let (conv, a_log, dt_bias) = (weights.conv, weights.a_log, weights.dt_bias);
+        check_conv_and_gates(OP, shape, conv, a_log, dt_bias, conv_state, batch)?;
         exact(OP, "norm_weight", weights.norm.len(), HEAD_DIM)?;
-        pool(
-            OP,
-            "conv_state",
-            conv_state.len(),
-            shape.conv_state_len(),
-            batch.max_slot,
-        )?;
         pool(
             OP,
             "state",
@@ -271,15 +258,25 @@ fn one_token_per_sequence(op: &'static str, batch: &DeviceBatch) -> Result<(), G
     Ok(())
 }
 
-/// The conv weight (`[conv_dim, kernel]`) and the per-value-head gate
-/// parameters of a DeltaNet layer of `shape`.
+/// The conv weight (`[conv_dim, kernel]`), the per-value-head gate
+/// parameters of a DeltaNet layer of `shape`, and the conv state pool
+/// holding every slot of `batch`.
 fn check_conv_and_gates(
     op: &'static str,
     shape: DeltaNetShape,
     conv_weight: &CudaSlice<f32>,
     a_log: &CudaSlice<f32>,
     dt_bias: &CudaSlice<f32>,
+    conv_state: &CudaSlice<bf16>,
+    batch: &DeviceBatch,
 ) -> Result<(), GdnError> {
+    pool(
+        op,
+        "conv_state",
+        conv_state.len(),
+        shape.conv_state_len(),
+        batch.max_slot,
+    )?;
     exact(
         op,
         "conv_weight",

@@ -55,18 +55,32 @@ impl Default for GpuOptions {
     }
 }
 
+struct DeltaNetLayer {
+    /// Fused `[q | k | v | z | b | a]` input projection.
+    in_proj: CudaSlice<bf16>,
+    conv: CudaSlice<f32>,
+    a_log: CudaSlice<f32>,
+    dt_bias: CudaSlice<f32>,
+    norm: CudaSlice<f32>,
+    out_proj: CudaSlice<bf16>,
+    /// Index among the DeltaNet layers (state buffers).
+    index: usize,
+}
+
+impl DeltaNetLayer {
+    /// The weights the conv, gates and output norm read.
+    fn weights(&self) -> DeltaNetWeights<'_> {
+        DeltaNetWeights {
+            conv: &self.conv,
+            a_log: &self.a_log,
+            dt_bias: &self.dt_bias,
+            norm: &self.norm,
+        }
+    }
+}
+
 enum Mixer {
-    DeltaNet {
-        /// Fused `[q | k | v | z | b | a]` input projection.
-        in_proj: CudaSlice<bf16>,
-        conv: CudaSlice<f32>,
-        a_log: CudaSlice<f32>,
-        dt_bias: CudaSlice<f32>,
-        norm: CudaSlice<f32>,
-        out_proj: CudaSlice<bf16>,
-        /// Index among the DeltaNet layers (state buffers).
-        index: usize,
-    },
+    DeltaNet(DeltaNetLayer),
     Attention {
         /// Fused `[q_h | gate_h ... | k | v]` projection.
         qkv: CudaSlice<bf16>,
@@ -84,6 +98,16 @@ struct Layer {
     /// Fused `[gate | up]`.
     gate_up: CudaSlice<bf16>,
     down: CudaSlice<bf16>,
+}
+
+impl Layer {
+    /// This layer's DeltaNet mixer; only called for DeltaNet layers.
+    fn deltanet(&self) -> &DeltaNetLayer {
+        match &self.mixer {
+            Mixer::DeltaNet(layer) => layer,
+            Mixer::Attention { .. } => unreachable!("called for DeltaNet layers"),
+        }
+    }
 }
 
 /// Source of [`GpuModel`] identities (a cache belongs to one model).
@@ -283,7 +307,7 @@ impl GpuModel {
                     let a = format!("{p}.linear_attn");
                     let n = |s: &str| format!("{a}.{s}");
                     let (hv, dv) = (dn.v_heads, gdn_kernels::HEAD_DIM);
-                    let m = Mixer::DeltaNet {
+                    let m = Mixer::DeltaNet(DeltaNetLayer {
                         in_proj: src.matrix(
                             &[
                                 (&n("in_proj_qkv.weight"), dn.conv_dim()),
@@ -300,7 +324,7 @@ impl GpuModel {
                         norm: src.vector(&n("norm.weight"), &[dv])?,
                         out_proj: src.matrix(&[(&n("out_proj.weight"), h)], hv * dv)?,
                         index: n_linear,
-                    };
+                    });
                     n_linear += 1;
                     m
                 }
@@ -510,7 +534,7 @@ impl GpuModel {
                 h,
                 eps,
             )?;
-            let mixed = if matches!(self.layers[li].mixer, Mixer::DeltaNet { .. }) {
+            let mixed = if matches!(self.layers[li].mixer, Mixer::DeltaNet(_)) {
                 self.deltanet(li, batches, cache, &normed)?
             } else {
                 self.attention(li, batch, cache, &normed)?
@@ -566,23 +590,12 @@ impl GpuModel {
         x: &CudaSlice<bf16>,
     ) -> Result<CudaSlice<bf16>> {
         let batch = &batches.full;
-        let Mixer::DeltaNet {
-            in_proj,
-            conv,
-            a_log,
-            dt_bias,
-            norm,
-            index,
-            ..
-        } = &self.layers[li].mixer
-        else {
-            unreachable!("called for DeltaNet layers")
-        };
+        let layer = self.layers[li].deltanet();
         let (s, dn, c) = (&self.stream, self.dn, &self.config);
         let (t, h, d) = (batch.num_tokens(), c.hidden_size, gdn_kernels::HEAD_DIM);
         let mut proj = scratch::<bf16>(s, t * dn.proj_width())?;
         self.gemm
-            .linear(x, in_proj, &mut proj, t, dn.proj_width(), h)?;
+            .linear(x, &layer.in_proj, &mut proj, t, dn.proj_width(), h)?;
         let scale = (d as f32).powf(-0.5);
         let mut gated = scratch::<bf16>(s, t * dn.v_heads * d)?;
         if batches.parts.is_none()
@@ -591,19 +604,13 @@ impl GpuModel {
         {
             // Decode only: conv, gates, recurrent step and output norm in one
             // op (where the kernels crate measured it faster).
-            let weights = DeltaNetWeights {
-                conv,
-                a_log,
-                dt_bias,
-                norm,
-            };
             self.ops.deltanet_decode_fused(
                 batch,
                 dn,
                 &proj,
-                weights,
-                &mut cache.conv[*index],
-                &mut cache.recurrent[*index],
+                layer.weights(),
+                &mut cache.conv[layer.index],
+                &mut cache.recurrent[layer.index],
                 &mut gated,
                 scale,
                 c.rms_norm_eps,
@@ -611,9 +618,7 @@ impl GpuModel {
         } else {
             self.deltanet_unfused(li, batches, cache, &proj, &mut gated)?;
         }
-        let Mixer::DeltaNet { out_proj, .. } = &self.layers[li].mixer else {
-            unreachable!("called for DeltaNet layers")
-        };
+        let out_proj = &self.layers[li].deltanet().out_proj;
         let (s, h) = (&self.stream, self.config.hidden_size);
         let mut out = scratch::<bf16>(s, t * h)?;
         self.gemm
@@ -636,17 +641,7 @@ impl GpuModel {
         gated: &mut CudaSlice<bf16>,
     ) -> Result<()> {
         let batch = &batches.full;
-        let Mixer::DeltaNet {
-            conv,
-            a_log,
-            dt_bias,
-            norm,
-            index,
-            ..
-        } = &self.layers[li].mixer
-        else {
-            unreachable!("called for DeltaNet layers")
-        };
+        let layer = self.layers[li].deltanet();
         let (s, dn, c) = (&self.stream, self.dn, &self.config);
         let (t, d) = (batch.num_tokens(), gdn_kernels::HEAD_DIM);
         let scale = (d as f32).powf(-0.5);
@@ -661,14 +656,14 @@ impl GpuModel {
             batch,
             dn,
             proj,
-            conv,
-            a_log,
-            dt_bias,
-            &mut cache.conv[*index],
+            &layer.conv,
+            &layer.a_log,
+            &layer.dt_bias,
+            &mut cache.conv[layer.index],
             &mut inputs,
         )?;
         let mut core = scratch::<bf16>(s, t * dn.v_heads * d)?;
-        let state = &mut cache.recurrent[*index];
+        let state = &mut cache.recurrent[layer.index];
         let per = dn.recurrent_state_len();
         let (ops, gdn) = (&self.ops, &mut self.gdn);
         match &batches.parts {
@@ -701,7 +696,7 @@ impl GpuModel {
             }
         }
         self.ops
-            .deltanet_out_norm(dn, &core, proj, norm, gated, c.rms_norm_eps)?;
+            .deltanet_out_norm(dn, &core, proj, &layer.norm, gated, c.rms_norm_eps)?;
         Ok(())
     }
 
