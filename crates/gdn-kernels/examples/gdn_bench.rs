@@ -1,4 +1,5 @@
-//! GDN prefill benchmark on the GPU: the FlashInfer bundle path, the CuTe DSL
+//! GDN prefill benchmark on the GPU: the FlashInfer bundle path (as shipped
+//! and with our value-dimension split, `flashinfer-vsplit`), the CuTe DSL
 //! SM90 kernels (non-CP and context-parallel) and the portable fallback,
 //! through the same `GdnPrefill::run` the model uses. A backend the GPU
 //! cannot run is reported as skipped.
@@ -45,6 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for request in [
             BackendRequest::Auto,
             BackendRequest::FlashInfer,
+            BackendRequest::FlashInferVsplit,
             BackendRequest::CuteDslSm90,
             BackendRequest::CuteDslSm90Cp,
             BackendRequest::Portable,
