@@ -236,7 +236,11 @@ mod tests {
     fn an_included_header_recompiles_every_unit_that_includes_it() {
         assert_eq!(
             recompiled_by("crates/gdn-kernels/cuda/gdn_abi.h"),
-            names(&["gdn_abi", "gdn_dsl_abi"])
+            names(&["gdn_abi", "gdn_dsl_abi", "flashinfer_sm90_gva_vsplit"])
+        );
+        assert_eq!(
+            recompiled_by("crates/gdn-kernels/cuda/gdn_vsplit_abi.h"),
+            names(&["flashinfer_sm90_gva_vsplit"])
         );
         assert_eq!(
             recompiled_by("crates/gdn-kernels/cuda/gdn_attention_abi.h"),

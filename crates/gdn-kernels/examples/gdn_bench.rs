@@ -1,4 +1,5 @@
-//! GDN prefill benchmark on the GPU: the FlashInfer bundle path, the CuTe DSL
+//! GDN prefill benchmark on the GPU: the FlashInfer bundle path (as shipped
+//! and with our value-dimension split, `flashinfer-vsplit`), the CuTe DSL
 //! SM90 kernels (non-CP and context-parallel) and the portable fallback,
 //! through the same `GdnPrefill::run` the model uses. A backend the GPU
 //! cannot run is reported as skipped.
@@ -48,6 +49,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             BackendRequest::CuteDslSm90,
             BackendRequest::CuteDslSm90Cp,
             BackendRequest::Portable,
+            // Last in each shape: never run before, and a device fault would
+            // poison the context for the backends after it.
+            BackendRequest::FlashInferVsplit,
         ] {
             let mut op = match GdnPrefill::new(stream.clone(), g, request) {
                 Ok(op) => op,

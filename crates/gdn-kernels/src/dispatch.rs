@@ -8,7 +8,9 @@
 //! bundle had no SM90 DSL kernel, the FlashInfer C++ SM90 kernel would run
 //! instead. Anything else runs the portable kernel. The C++ kernel and each
 //! DSL kernel can also be requested by name; the SM100 and SM120 DSL kernels
-//! (built and linked, never run) only by name. An explicit request for a
+//! (built and linked, never run) and the C++ kernel with the value dimension
+//! split across two CTAs (`flashinfer-vsplit`, our patch; built and linked,
+//! never run) only by name. An explicit request for a
 //! backend on an ineligible setup is an error, never a silent fallback; so is
 //! an eligible setup whose linked launcher speaks another ABI version.
 
@@ -24,6 +26,8 @@ use crate::HEAD_DIM;
 pub enum BackendRequest {
     Auto,
     FlashInfer,
+    /// The C++ kernel with our value-dimension split; never chosen by `Auto`.
+    FlashInferVsplit,
     Portable,
     CuteDslSm90,
     CuteDslSm90Cp,
@@ -37,14 +41,15 @@ impl FromStr for BackendRequest {
         match s {
             "auto" => Ok(BackendRequest::Auto),
             "flashinfer" => Ok(BackendRequest::FlashInfer),
+            "flashinfer-vsplit" => Ok(BackendRequest::FlashInferVsplit),
             "portable" => Ok(BackendRequest::Portable),
             "cute-dsl-sm90" => Ok(BackendRequest::CuteDslSm90),
             "cute-dsl-sm90-cp" => Ok(BackendRequest::CuteDslSm90Cp),
             "cute-dsl-sm100" => Ok(BackendRequest::CuteDslSm100),
             "cute-dsl-sm120" => Ok(BackendRequest::CuteDslSm120),
             other => Err(format!(
-                "unknown GDN backend {other:?}; expected auto, flashinfer, portable, \
-                 cute-dsl-sm90, cute-dsl-sm90-cp, cute-dsl-sm100 or cute-dsl-sm120"
+                "unknown GDN backend {other:?}; expected auto, flashinfer, flashinfer-vsplit, \
+                 portable, cute-dsl-sm90, cute-dsl-sm90-cp, cute-dsl-sm100 or cute-dsl-sm120"
             )),
         }
     }
@@ -54,6 +59,10 @@ impl FromStr for BackendRequest {
 pub enum Backend {
     /// FlashInfer 0.6.13's CUTLASS SM90 kernel, through the bundle's C ABI.
     FlashInfer,
+    /// The same kernel with patches/0001's value-dimension split: two CTAs
+    /// per (sequence, value head), 64 value columns each
+    /// (`gdn_vsplit_abi.h`). Built and linked, never run.
+    FlashInferVsplit,
     /// Our own recurrent kernel, one cubin per architecture.
     Portable,
     /// FlashInfer 0.7.2.post1's CuTe DSL SM90 kernel (`delta_rule_sm90`).
@@ -75,7 +84,7 @@ impl Backend {
             Backend::CuteDslSm90Cp => Some(DslFamily::Sm90Cp),
             Backend::CuteDslSm100 => Some(DslFamily::Sm100),
             Backend::CuteDslSm120 => Some(DslFamily::Sm120),
-            Backend::FlashInfer | Backend::Portable => None,
+            Backend::FlashInfer | Backend::FlashInferVsplit | Backend::Portable => None,
         }
     }
 }
@@ -84,6 +93,7 @@ impl fmt::Display for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Backend::FlashInfer => "flashinfer",
+            Backend::FlashInferVsplit => "flashinfer-vsplit",
             Backend::Portable => "portable",
             Backend::CuteDslSm90 => "cute-dsl-sm90",
             Backend::CuteDslSm90Cp => "cute-dsl-sm90-cp",
@@ -214,6 +224,10 @@ pub fn resolve(
         (BackendRequest::Auto, Err(why)) => (Backend::Portable, format!("fallback: {why}")),
         (BackendRequest::FlashInfer, Ok(())) => (Backend::FlashInfer, "requested".to_string()),
         (BackendRequest::FlashInfer, Err(why)) => return Err(("flashinfer", why)),
+        (BackendRequest::FlashInferVsplit, Ok(())) => {
+            (Backend::FlashInferVsplit, "requested".to_string())
+        }
+        (BackendRequest::FlashInferVsplit, Err(why)) => return Err(("flashinfer-vsplit", why)),
         (BackendRequest::Portable, _) => (Backend::Portable, "requested".to_string()),
         (_, _) => unreachable!("DSL requests are resolved above"),
     };
@@ -331,18 +345,37 @@ mod tests {
 
     #[test]
     fn explicit_flashinfer_on_ineligible_gpu_is_an_error() {
-        let (backend, why) =
-            resolve(BackendRequest::FlashInfer, (8, 9), 128, &QWEN35_4B).unwrap_err();
-        assert_eq!(backend, "flashinfer");
-        assert!(why.contains("sm_89"), "{why}");
-        let g = GdnGeometry {
-            head_dim: 64,
-            ..QWEN35_4B
-        };
-        assert!(resolve(BackendRequest::FlashInfer, (9, 0), 132, &g)
-            .unwrap_err()
-            .1
-            .contains("head dim 64"));
+        for (request, name) in [
+            (BackendRequest::FlashInfer, "flashinfer"),
+            (BackendRequest::FlashInferVsplit, "flashinfer-vsplit"),
+        ] {
+            let (backend, why) = resolve(request, (8, 9), 128, &QWEN35_4B).unwrap_err();
+            assert_eq!(backend, name);
+            assert!(why.contains("sm_89"), "{why}");
+            let g = GdnGeometry {
+                head_dim: 64,
+                ..QWEN35_4B
+            };
+            assert!(resolve(request, (9, 0), 132, &g)
+                .unwrap_err()
+                .1
+                .contains("head dim 64"));
+        }
+    }
+
+    #[test]
+    fn the_value_split_kernel_runs_only_by_request() {
+        for hv in [16, 32, 48] {
+            let g = GdnGeometry {
+                num_v_heads: hv,
+                ..QWEN35_4B
+            };
+            let d = resolve(BackendRequest::FlashInferVsplit, (9, 0), 132, &g).unwrap();
+            assert_eq!(d.resolved, Backend::FlashInferVsplit, "Hv={hv}");
+            assert!(!d.context_parallel_per_call);
+            let auto = resolve(BackendRequest::Auto, (9, 0), 132, &g).unwrap();
+            assert_ne!(auto.resolved, Backend::FlashInferVsplit);
+        }
     }
 
     #[test]
@@ -418,6 +451,7 @@ mod tests {
             BackendRequest::Portable
         );
         for (name, request) in [
+            ("flashinfer-vsplit", BackendRequest::FlashInferVsplit),
             ("cute-dsl-sm90", BackendRequest::CuteDslSm90),
             ("cute-dsl-sm90-cp", BackendRequest::CuteDslSm90Cp),
             ("cute-dsl-sm100", BackendRequest::CuteDslSm100),

@@ -49,6 +49,10 @@ extern "C" {
     pub fn gdn_prefill_sm90_workspace_bytes(sm_count: i32) -> u64;
     pub fn gdn_prefill_sm90(args: *const GdnPrefillArgs) -> i32;
     pub fn gdn_last_error() -> *const c_char;
+    /// `gdn_vsplit_abi.h`: the same call on the value-split kernel (the
+    /// flashinfer_sm90_gva_vsplit unit); same struct and workspace.
+    pub fn gdn_prefill_sm90_vsplit(args: *const GdnPrefillArgs) -> i32;
+    pub fn gdn_vsplit_last_error() -> *const c_char;
     // Read only by the layout test.
     #[allow(dead_code)]
     pub static gdn_prefill_args_layout: [u64; 22];
@@ -200,6 +204,22 @@ pub fn last_error() -> String {
         .into_owned()
 }
 
+/// The value-split launcher's last error detail on this thread.
+pub fn vsplit_last_error() -> String {
+    // SAFETY: gdn_vsplit_last_error returns a pointer to a NUL-terminated thread-local buffer, never NULL.
+    unsafe { std::ffi::CStr::from_ptr(gdn_vsplit_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// One of the two launchers behind `gdn_prefill_args`, with its error detail.
+pub type PrefillLauncher = (
+    unsafe extern "C" fn(*const GdnPrefillArgs) -> i32,
+    fn() -> String,
+);
+pub const PREFILL_SM90: PrefillLauncher = (gdn_prefill_sm90, last_error);
+pub const PREFILL_SM90_VSPLIT: PrefillLauncher = (gdn_prefill_sm90_vsplit, vsplit_last_error);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,23 +270,25 @@ mod tests {
     #[test]
     fn launcher_rejects_bad_struct_headers_without_a_gpu() {
         // These checks run before any CUDA call, so they work on CI machines.
-        let mut args: GdnPrefillArgs = unsafe { std::mem::zeroed() };
-        // SAFETY: args is a valid struct; the launcher only reads it.
-        assert_eq!(unsafe { gdn_prefill_sm90(std::ptr::null()) }, 3);
-        args.abi_version = GDN_ABI_VERSION + 1;
-        args.struct_size = size_of::<GdnPrefillArgs>() as u32;
-        assert_eq!(unsafe { gdn_prefill_sm90(&args) }, 1, "{}", last_error());
-        args.abi_version = GDN_ABI_VERSION;
-        args.struct_size -= 8;
-        assert_eq!(unsafe { gdn_prefill_sm90(&args) }, 2, "{}", last_error());
-        args.struct_size += 8;
-        assert_eq!(
-            unsafe { gdn_prefill_sm90(&args) },
-            3,
-            "null pointers: {}",
-            last_error()
-        );
-        assert!(last_error().contains("NULL"));
+        for (launch, last_error) in [PREFILL_SM90, PREFILL_SM90_VSPLIT] {
+            let mut args: GdnPrefillArgs = unsafe { std::mem::zeroed() };
+            // SAFETY: args is a valid struct; the launcher only reads it.
+            assert_eq!(unsafe { launch(std::ptr::null()) }, 3);
+            args.abi_version = GDN_ABI_VERSION + 1;
+            args.struct_size = size_of::<GdnPrefillArgs>() as u32;
+            assert_eq!(unsafe { launch(&args) }, 1, "{}", last_error());
+            args.abi_version = GDN_ABI_VERSION;
+            args.struct_size -= 8;
+            assert_eq!(unsafe { launch(&args) }, 2, "{}", last_error());
+            args.struct_size += 8;
+            assert_eq!(
+                unsafe { launch(&args) },
+                3,
+                "null pointers: {}",
+                last_error()
+            );
+            assert!(last_error().contains("NULL"));
+        }
     }
 
     #[test]
@@ -295,16 +317,19 @@ mod tests {
             args.num_v_heads,
             args.sm_count,
         ) = (t, n, hq, hv, 132);
-        // Initial state starting inside the output state.
-        args.input_state = (base + 0x40_0000 + state_bytes / 2) as *const f32;
-        // SAFETY: the launcher only reads the struct before refusing it.
-        assert_eq!(unsafe { gdn_prefill_sm90(&args) }, 4, "{}", last_error());
-        assert!(last_error().contains("input_state overlaps"));
-        // Output overlapping v.
-        args.input_state = std::ptr::null();
-        args.output = (base + 0x20_0000 + 256) as *mut c_void;
-        assert_eq!(unsafe { gdn_prefill_sm90(&args) }, 4, "{}", last_error());
-        assert!(last_error().contains("output overlaps"));
+        for (launch, last_error) in [PREFILL_SM90, PREFILL_SM90_VSPLIT] {
+            let mut args = args;
+            // Initial state starting inside the output state.
+            args.input_state = (base + 0x40_0000 + state_bytes / 2) as *const f32;
+            // SAFETY: the launcher only reads the struct before refusing it.
+            assert_eq!(unsafe { launch(&args) }, 4, "{}", last_error());
+            assert!(last_error().contains("input_state overlaps"));
+            // Output overlapping v.
+            args.input_state = std::ptr::null();
+            args.output = (base + 0x20_0000 + 256) as *mut c_void;
+            assert_eq!(unsafe { launch(&args) }, 4, "{}", last_error());
+            assert!(last_error().contains("output overlaps"));
+        }
     }
 
     #[test]

@@ -41,9 +41,11 @@ pub struct PrefillBuffers<'a> {
 }
 
 enum Kernel {
+    /// The C++ kernel, plain or value-split (`launcher`).
     FlashInfer {
         sm_count: i32,
         workspace: CudaSlice<u8>,
+        launcher: ffi::PrefillLauncher,
     },
     Portable {
         function: CudaFunction,
@@ -140,7 +142,7 @@ impl GdnPrefill {
         let decision = resolve(request, cc, sm_count, &geometry)
             .map_err(|(backend, reason)| GdnError::Unsupported { backend, reason })?;
         let kernel = match decision.resolved {
-            Backend::FlashInfer => {
+            Backend::FlashInfer | Backend::FlashInferVsplit => {
                 // SAFETY: no arguments; returns the launcher's compiled-in constant.
                 let actual = unsafe { ffi::gdn_abi_version() };
                 if actual != ffi::GDN_ABI_VERSION {
@@ -151,9 +153,15 @@ impl GdnPrefill {
                 }
                 // SAFETY: pure function of its argument.
                 let bytes = unsafe { ffi::gdn_prefill_sm90_workspace_bytes(sm_count) } as usize;
+                // Both launchers take this workspace (gdn_vsplit_abi.h).
                 Kernel::FlashInfer {
                     sm_count,
                     workspace: stream.alloc_zeros::<u8>(bytes.max(1))?,
+                    launcher: if decision.resolved == Backend::FlashInferVsplit {
+                        ffi::PREFILL_SM90_VSPLIT
+                    } else {
+                        ffi::PREFILL_SM90
+                    },
                 }
             }
             Backend::Portable => {
@@ -273,6 +281,7 @@ impl GdnPrefill {
             Kernel::FlashInfer {
                 sm_count,
                 workspace,
+                launcher: (launch, last_error),
             } => {
                 let workspace_bytes = workspace.len() as u64;
                 let (ws, _w) = workspace.device_ptr_mut(s);
@@ -305,11 +314,11 @@ impl GdnPrefill {
                 // gdn_abi.h; initial and final state are distinct allocations
                 // (Rust borrows); the guards above keep them alive and ordered on
                 // `s` until the launch is enqueued.
-                let status = unsafe { ffi::gdn_prefill_sm90(&args) };
+                let status = unsafe { launch(&args) };
                 if status != ffi::GDN_OK {
                     return Err(GdnError::Launcher {
                         status,
-                        detail: ffi::last_error(),
+                        detail: last_error(),
                     });
                 }
             }
@@ -552,7 +561,7 @@ fn validate_lengths(
                 format!("decreases at index {}: {} -> {}", i + 1, w[0], w[1]),
             ));
         }
-        if w[1] == w[0] && backend == Backend::FlashInfer {
+        if w[1] == w[0] && matches!(backend, Backend::FlashInfer | Backend::FlashInferVsplit) {
             return Err(invalid(
                 "cu_seqlens",
                 format!("sequence {i} is empty; zero-length sequences are supported by FlashInfer only from 0.6.14, the bundle has 0.6.13 (drop it from the batch)"),

@@ -5,41 +5,62 @@
 //! Every GPU result is compared with the f64 CPU oracle on the same bf16
 //! inputs, with FlashInfer's own test tolerances (output atol = rtol = 1e-2,
 //! state atol 5e-3 / rtol 1e-3), and every test asserts which backend ran.
+//!
+//! The C++ kernel with our value-dimension split (`flashinfer-vsplit`,
+//! patches/0001) goes through the same cases in tests of its own (names with
+//! `vsplit`), so a fault in it cannot take the shipped kernels' tests down:
+//! run them alone with the filter `vsplit`, the others with `--skip vsplit`.
 
 use gdn_kernels::testing::{
     check_against_oracle as check, check_continuation, geometry, gpu_stream, Problem,
     ORACLE_LENGTHS as LENGTHS, QWEN35_GDN_HEADS as GEOMETRIES,
 };
 use gdn_kernels::{Backend, BackendRequest, GdnError, GdnGeometry, GdnPrefill};
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+
+type Stream = Arc<CudaStream>;
+
+/// The shipped kernels these tests hold to the oracle.
+const SHIPPED: [BackendRequest; 2] = [BackendRequest::FlashInfer, BackendRequest::Portable];
+/// The value-split C++ kernel (never run before its first H200 call).
+const VSPLIT: [BackendRequest; 1] = [BackendRequest::FlashInferVsplit];
 
 #[test]
 fn both_backends_match_the_oracle_over_lengths_ratios_and_initial_state() {
     let Some(stream) = gpu_stream() else { return };
+    match_over_lengths_ratios_and_initial_state(&stream, &SHIPPED);
+}
+
+#[test]
+fn flashinfer_vsplit_matches_the_oracle_over_lengths_ratios_and_initial_state() {
+    let Some(stream) = gpu_stream() else { return };
+    match_over_lengths_ratios_and_initial_state(&stream, &VSPLIT);
+}
+
+fn match_over_lengths_ratios_and_initial_state(stream: &Stream, requests: &[BackendRequest]) {
     for (hq, hv) in GEOMETRIES {
         let g = geometry(hq, hv);
-        let mut fi = GdnPrefill::new(stream.clone(), g, BackendRequest::FlashInfer)
-            .expect("H200 is eligible");
-        let mut portable = GdnPrefill::new(stream.clone(), g, BackendRequest::Portable).unwrap();
-        assert_eq!(fi.backend(), Backend::FlashInfer);
-        assert_eq!(portable.backend(), Backend::Portable);
+        let mut ops: Vec<GdnPrefill> = requests
+            .iter()
+            .map(|&r| {
+                let op = GdnPrefill::new(stream.clone(), g, r).expect("H200 is eligible");
+                // Backend names parse as the requests that name them.
+                assert_eq!(op.backend().to_string().parse::<BackendRequest>(), Ok(r));
+                op
+            })
+            .collect();
         for t in LENGTHS {
             for init in [false, true] {
                 let p =
                     Problem::random(1000 + t as u64 + hv as u64 * 7 + init as u64, g, &[t], init);
                 let want = p.reference();
                 let case = format!("Hqk/Hv={hq}/{hv} T={t} init={init}");
-                check(
-                    &case,
-                    Backend::FlashInfer,
-                    &p.run_on(&mut fi, &stream).unwrap(),
-                    &want,
-                );
-                check(
-                    &case,
-                    Backend::Portable,
-                    &p.run_on(&mut portable, &stream).unwrap(),
-                    &want,
-                );
+                for op in &mut ops {
+                    let got = p.run_on(op, stream).unwrap();
+                    check(&case, op.backend(), &got, &want);
+                }
             }
         }
     }
@@ -48,6 +69,16 @@ fn both_backends_match_the_oracle_over_lengths_ratios_and_initial_state() {
 #[test]
 fn varlen_batches_with_mixed_lengths_match_the_oracle() {
     let Some(stream) = gpu_stream() else { return };
+    varlen_batches_match(&stream, &SHIPPED);
+}
+
+#[test]
+fn flashinfer_vsplit_varlen_batches_with_mixed_lengths_match_the_oracle() {
+    let Some(stream) = gpu_stream() else { return };
+    varlen_batches_match(&stream, &VSPLIT);
+}
+
+fn varlen_batches_match(stream: &Stream, requests: &[BackendRequest]) {
     let batches: [&[usize]; 3] = [
         &[1, 64, 65, 127, 2048, 2, 63],
         &[300, 17, 128],
@@ -65,12 +96,12 @@ fn varlen_batches_with_mixed_lengths_match_the_oracle() {
                 );
                 let want = p.reference();
                 let case = format!("Hv={hv} varlen {lens:?} init={init}");
-                for request in [BackendRequest::FlashInfer, BackendRequest::Portable] {
+                for &request in requests {
                     let mut op = GdnPrefill::new(stream.clone(), g, request).unwrap();
                     check(
                         &case,
                         op.backend(),
-                        &p.run_on(&mut op, &stream).unwrap(),
+                        &p.run_on(&mut op, stream).unwrap(),
                         &want,
                     );
                 }
@@ -92,26 +123,39 @@ fn zero_length_sequences_run_on_portable_and_are_refused_by_flashinfer() {
         &p.run_on(&mut portable, &stream).unwrap(),
         &want,
     );
-    let mut fi = GdnPrefill::new(stream.clone(), g, BackendRequest::FlashInfer).unwrap();
-    match p.run_on(&mut fi, &stream) {
-        Err(GdnError::InvalidArgument {
-            arg: "cu_seqlens",
-            message,
-        }) => assert!(message.contains("empty"), "{message}"),
-        other => panic!("expected a cu_seqlens error, got {:?}", other.map(|_| ())),
+    for request in [BackendRequest::FlashInfer, BackendRequest::FlashInferVsplit] {
+        // Refused by the op before any launch: safe beside the shipped kernels.
+        let mut fi = GdnPrefill::new(stream.clone(), g, request).unwrap();
+        match p.run_on(&mut fi, &stream) {
+            Err(GdnError::InvalidArgument {
+                arg: "cu_seqlens",
+                message,
+            }) => assert!(message.contains("empty"), "{message}"),
+            other => panic!("expected a cu_seqlens error, got {:?}", other.map(|_| ())),
+        }
     }
 }
 
 #[test]
 fn continuation_128_equals_64_plus_64_with_carried_state() {
     let Some(stream) = gpu_stream() else { return };
+    continuation_carries_state(&stream, &SHIPPED);
+}
+
+#[test]
+fn flashinfer_vsplit_continuation_128_equals_64_plus_64_with_carried_state() {
+    let Some(stream) = gpu_stream() else { return };
+    continuation_carries_state(&stream, &VSPLIT);
+}
+
+fn continuation_carries_state(stream: &Stream, requests: &[BackendRequest]) {
     for (hq, hv) in GEOMETRIES {
         let g = geometry(hq, hv);
         let whole = Problem::random(31 + hv as u64, g, &[128], true);
-        for request in [BackendRequest::FlashInfer, BackendRequest::Portable] {
+        for &request in requests {
             let mut op = GdnPrefill::new(stream.clone(), g, request).unwrap();
             let case = format!("continuation Hv={hv} 128 vs 64+64");
-            check_continuation(&case, &mut op, &stream, &whole, 64);
+            check_continuation(&case, &mut op, stream, &whole, 64);
         }
     }
 }
@@ -119,12 +163,23 @@ fn continuation_128_equals_64_plus_64_with_carried_state() {
 #[test]
 fn flashinfer_is_bitwise_deterministic_run_to_run() {
     let Some(stream) = gpu_stream() else { return };
+    bitwise_deterministic(&stream, BackendRequest::FlashInfer);
+}
+
+#[test]
+fn flashinfer_vsplit_is_bitwise_deterministic_run_to_run() {
+    let Some(stream) = gpu_stream() else { return };
+    bitwise_deterministic(&stream, BackendRequest::FlashInferVsplit);
+}
+
+fn bitwise_deterministic(stream: &Stream, request: BackendRequest) {
     let g = geometry(16, 32);
     let p = Problem::random(99, g, &[2048, 1, 777, 64], true);
-    let mut op = GdnPrefill::new(stream.clone(), g, BackendRequest::FlashInfer).unwrap();
-    let first = p.run_on(&mut op, &stream).unwrap();
+    let mut op = GdnPrefill::new(stream.clone(), g, request).unwrap();
+    assert_eq!(op.decision().requested, request);
+    let first = p.run_on(&mut op, stream).unwrap();
     for run in 1..5 {
-        let again = p.run_on(&mut op, &stream).unwrap();
+        let again = p.run_on(&mut op, stream).unwrap();
         let same_out = first
             .0
             .iter()
@@ -137,7 +192,7 @@ fn flashinfer_is_bitwise_deterministic_run_to_run() {
             .all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(
             same_out && same_state,
-            "run {run} differs bitwise from run 0"
+            "{request:?}: run {run} differs bitwise from run 0"
         );
     }
 }
@@ -200,6 +255,13 @@ fn auto_dispatch_on_hopper_resolves_the_dsl_kernels_and_falls_back_for_unbuilt_r
         GdnPrefill::new(stream.clone(), g, BackendRequest::FlashInfer),
         Err(GdnError::Unsupported {
             backend: "flashinfer",
+            ..
+        })
+    ));
+    assert!(matches!(
+        GdnPrefill::new(stream.clone(), g, BackendRequest::FlashInferVsplit),
+        Err(GdnError::Unsupported {
+            backend: "flashinfer-vsplit",
             ..
         })
     ));
