@@ -27,7 +27,8 @@ def family(name):
     low = name.lower()
     if "splitkreduce" in low:
         return "cuBLAS splitK reduce"
-    if ("gemm" in low or "xmma" in low or "cutlass" in low) and "flashinfer" not in low and "flat" not in low:
+    # cuBLAS names its SM90 GEMMs nvjet_* or *xmma_gemm*.
+    if low.startswith("nvjet") or "xmma" in low:
         return "cuBLAS GEMM"
     return base
 
@@ -40,7 +41,7 @@ def main():
         lines = [l for l in f if l.startswith('"')]
     for r in csv.DictReader(lines):
         if r.get("Metric Name") == "gpu__time_duration.sum":
-            rows.append((r["Kernel Name"], float(r["Metric Value"]) / 1e3))
+            rows.append((r["Kernel Name"], float(r["Metric Value"].replace(",", "")) / 1e3))
     forwards, current = [], None
     for name, us in rows:
         if "embedding" in name:

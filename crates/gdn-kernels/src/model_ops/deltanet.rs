@@ -46,10 +46,12 @@ impl ModelOps {
             .arg(&batch.tok_seq)
             .arg(&batch.cu_seqlens);
         b.arg(&batch.seq_slot).arg(a_log).arg(dt_bias);
-        b.arg(&hk_).arg(&hv_).arg(&kw);
+        let t_ = i32_of(OP, t)?;
+        b.arg(&hk_).arg(&hv_).arg(&kw).arg(&t_);
         // SAFETY: matches gdn_conv_prep; every length and slot id checked
-        // above; one block of 128 threads per (token, head group).
-        unsafe { b.launch(grid(t, 2 * hk + hv, HEAD_DIM as u32, 0)) }?;
+        // above; one warp per (token, head group), 8 warps a block.
+        let warps = t * (2 * hk + hv);
+        unsafe { b.launch(grid(warps.div_ceil(8), 1, 256, 0)) }?;
         let mut b = self.stream.launch_builder(&self.f.conv_update);
         b.arg(conv_state).arg(proj).arg(&ld_).arg(&batch.cu_seqlens);
         b.arg(&batch.seq_slot).arg(&c).arg(&kw);
