@@ -146,17 +146,28 @@ extern "C" __global__ void add_rmsnorm_vec8_bf16(bf16* __restrict__ out, bf16* _
 //   beta = sigmoid(b)                          (bf16, as HF's b.sigmoid())
 //   alpha = exp(-exp(A_log) * softplus(a + dt_bias))   (fp32)
 // proj is the fused input projection [T, ld]: qkv at column 0, b at col_b,
-// a at col_a. One warp per (token, head group of 128 channels: q heads, then
-// k heads, then v heads), 4 channels a lane (8-byte loads and stores where
-// ld allows), 8 warps a block: grid ceil(T * (2*Hk + Hv) / 8), block 256.
-// The group-0 warp of a token also computes its gates.
-// Why: one 128-thread block per (token, group) with a block-wide reduction
-// took 590 us a layer at 8192 tokens on the H200 (ncu, 2026-12-01: 11.6% of
-// the 4B's prefill, ~9x its memory traffic at the copy rate).
+// a at col_a. One warp per (head group of 128 channels: q heads, then k
+// heads, then v heads; kConvTokens consecutive tokens), 4 channels a lane
+// (8-byte accesses where ld allows), 8 warps a block: grid
+// ceil(ceil(T / kConvTokens) * (2*Hk + Hv) / 8), block 256. A warp holds its
+// channels' conv weights in registers for all its tokens; the group-0 warp
+// also computes its tokens' gates.
+// Why: one 128-thread block per (token, group) took 590 us a layer at 8192
+// tokens on the H200 (ncu, 2026-12-01: 11.6% of the 4B's prefill, ~9x its
+// memory traffic at the copy rate); a warp per (token, group) took as long:
+// the conv weights, re-read for every token with a 16- or 64-byte stride
+// between lanes, dominated, not the activations.
 // The L2 norm sums in the order of the former block-per-group kernel (a
 // butterfly over each 32 channels, then (w0 + w2) + (w1 + w3) over the four
 // 32-channel quarters), which gdn_decode_fused reproduces: the values are
 // the same bits as before and as the fused decode's.
+constexpr int kConvTokens = 8;
+// Four bf16 to an 8-byte aligned address in one store.
+__device__ __forceinline__ void store4(bf16* dst, const bf16 (&v)[4]) {
+    uint2 packed;
+    memcpy(&packed, v, sizeof packed);
+    *reinterpret_cast<uint2*>(dst) = packed;
+}
 extern "C" __global__ void gdn_conv_prep(
     bf16* __restrict__ q_out, bf16* __restrict__ k_out, bf16* __restrict__ v_out,
     float* __restrict__ alpha_out, float* __restrict__ beta_out,
@@ -172,64 +183,77 @@ extern "C" __global__ void gdn_conv_prep(
     const int C = groups * D;
     const int lane = threadIdx.x & 31;
     const int64_t work = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (work >= (int64_t)num_tokens * groups) return;  // whole warps only
-    const int t = (int)(work / groups), g = (int)(work % groups);
-    const int s = tok_seq[t];
-    const int start = cu_seqlens[s];
-    const int i = t - start;  // index of the token within this chunk
-    const int64_t slot = seq_slot[s];
+    const int tiles = (num_tokens + kConvTokens - 1) / kConvTokens;
+    if (work >= (int64_t)tiles * groups) return;  // whole warps only
+    const int t0 = (int)(work / groups) * kConvTokens, g = (int)(work % groups);
     const int c0 = g * D + 4 * lane;  // this lane's first channel
+    // kw <= kMaxConvTaps + 1 (the ops check it: kMaxConvTaps bounds the state).
+    float w[4][kMaxConvTaps + 1];
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+#pragma unroll
+        for (int j = 0; j <= kMaxConvTaps; ++j) w[e][j] = j < kw ? conv_w[(c0 + e) * kw + j] : 0.f;
     // 8-byte accesses need 4-channel alignment of every proj row.
     const bool vec = (ld & 3) == 0;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int j = 0; j < kw; ++j) {
-        const int src = i - (kw - 1) + j;  // chunk index of the tap's input
-        const bf16* in = src >= 0 ? proj + (int64_t)(start + src) * ld + c0
-                                  : conv_state + (slot * (kw - 1) + (kw - 1 + src)) * C + c0;
-        bf16 x[4];
-        if (vec || src < 0) {
-            *reinterpret_cast<uint2*>(x) = *reinterpret_cast<const uint2*>(in);
+    for (int t = t0; t < t0 + kConvTokens && t < num_tokens; ++t) {
+        const int s = tok_seq[t];
+        const int start = cu_seqlens[s];
+        const int i = t - start;  // index of the token within this chunk
+        const int64_t slot = seq_slot[s];
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int j = 0; j <= kMaxConvTaps; ++j) {
+            if (j >= kw) break;
+            const int src = i - (kw - 1) + j;  // chunk index of the tap's input
+            const bf16* in = src >= 0 ? proj + (int64_t)(start + src) * ld + c0
+                                      : conv_state + (slot * (kw - 1) + (kw - 1 + src)) * C + c0;
+            bf16 x[4];
+            if (vec || src < 0) {
+                // Through memcpy: no bf16 object is written through a uint2
+                // lvalue (the host emulation's compiler optimises on that).
+                const uint2 raw = *reinterpret_cast<const uint2*>(in);
+                memcpy(x, &raw, sizeof raw);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) x[e] = in[e];
+            }
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[e] += w[e][j] * f(x[e]);
+        }
+        float x[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) x[e] = rbf(silu(acc[e]));
+        bf16 o[4];
+        if (g < 2 * hk) {
+            // Butterfly levels 16, 8, 4 of a 32-channel quarter are lane xors
+            // 4, 2, 1 here; levels 2 and 1 are within the lane; then the quarters.
+            float ss[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                ss[e] = x[e] * x[e];
+                for (int m = 4; m > 0; m >>= 1) ss[e] += __shfl_xor_sync(0xffffffffu, ss[e], m);
+            }
+            const float quarter = (ss[0] + ss[2]) + (ss[1] + ss[3]);
+            const float half = quarter + __shfl_xor_sync(0xffffffffu, quarter, 16);
+            const float tot = half + __shfl_xor_sync(0xffffffffu, half, 8);
+            const float r = rsqrtf(tot + 1e-6f);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[e] = bf(x[e] * r);
+            bf16* dst = g < hk ? q_out + ((int64_t)t * hk + g) * D : k_out + ((int64_t)t * hk + (g - hk)) * D;
+            store4(dst + 4 * lane, o);
         } else {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) x[e] = in[e];
+            for (int e = 0; e < 4; ++e) o[e] = bf(x[e]);
+            store4(v_out + ((int64_t)t * hv + (g - 2 * hk)) * D + 4 * lane, o);
         }
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[e] += conv_w[(c0 + e) * kw + j] * f(x[e]);
-    }
-    float x[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) x[e] = rbf(silu(acc[e]));
-    bf16 o[4];
-    if (g < 2 * hk) {
-        // Butterfly levels 16, 8, 4 of a 32-channel quarter are lane xors 4,
-        // 2, 1 here; levels 2 and 1 are within the lane; then the quarters.
-        float ss[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            ss[e] = x[e] * x[e];
-            for (int m = 4; m > 0; m >>= 1) ss[e] += __shfl_xor_sync(0xffffffffu, ss[e], m);
-        }
-        const float quarter = (ss[0] + ss[2]) + (ss[1] + ss[3]);
-        const float half = quarter + __shfl_xor_sync(0xffffffffu, quarter, 16);
-        const float tot = half + __shfl_xor_sync(0xffffffffu, half, 8);
-        const float r = rsqrtf(tot + 1e-6f);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[e] = bf(x[e] * r);
-        bf16* dst = g < hk ? q_out + ((int64_t)t * hk + g) * D : k_out + ((int64_t)t * hk + (g - hk)) * D;
-        *reinterpret_cast<uint2*>(dst + 4 * lane) = *reinterpret_cast<const uint2*>(o);
-    } else {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[e] = bf(x[e]);
-        *reinterpret_cast<uint2*>(v_out + ((int64_t)t * hv + (g - 2 * hk)) * D + 4 * lane) =
-            *reinterpret_cast<const uint2*>(o);
-    }
-    if (g == 0) {
-        for (int h = lane; h < hv; h += 32) {
-            const float b = f(proj[(int64_t)t * ld + col_b + h]);
-            const float a = f(proj[(int64_t)t * ld + col_a + h]) + dt_bias[h];
-            const float softplus = a > 20.f ? a : log1pf(expf(a));
-            beta_out[(int64_t)t * hv + h] = rbf(sigmoid(b));
-            alpha_out[(int64_t)t * hv + h] = expf(-expf(a_log[h]) * softplus);
+        if (g == 0) {
+            for (int h = lane; h < hv; h += 32) {
+                const float b = f(proj[(int64_t)t * ld + col_b + h]);
+                const float a = f(proj[(int64_t)t * ld + col_a + h]) + dt_bias[h];
+                const float softplus = a > 20.f ? a : log1pf(expf(a));
+                beta_out[(int64_t)t * hv + h] = rbf(sigmoid(b));
+                alpha_out[(int64_t)t * hv + h] = expf(-expf(a_log[h]) * softplus);
+            }
         }
     }
 }

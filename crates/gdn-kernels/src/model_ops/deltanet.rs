@@ -49,8 +49,8 @@ impl ModelOps {
         let t_ = i32_of(OP, t)?;
         b.arg(&hk_).arg(&hv_).arg(&kw).arg(&t_);
         // SAFETY: matches gdn_conv_prep; every length and slot id checked
-        // above; one warp per (token, head group), 8 warps a block.
-        let warps = t * (2 * hk + hv);
+        // above; one warp per (head group, 8 tokens), 8 warps a block.
+        let warps = t.div_ceil(CONV_TOKENS) * (2 * hk + hv);
         unsafe { b.launch(grid(warps.div_ceil(8), 1, 256, 0)) }?;
         let mut b = self.stream.launch_builder(&self.f.conv_update);
         b.arg(conv_state).arg(proj).arg(&ld_).arg(&batch.cu_seqlens);
@@ -245,6 +245,9 @@ impl ModelOps {
         Ok(())
     }
 }
+
+/// Tokens a warp of `gdn_conv_prep` takes (`kConvTokens` there).
+const CONV_TOKENS: usize = 8;
 
 /// Refuses a batch that is not one token per sequence (the decode ops).
 fn one_token_per_sequence(op: &'static str, batch: &DeviceBatch) -> Result<(), GdnError> {
