@@ -63,9 +63,9 @@ int run(int hk, int hv, int kw, int n, int splits, int steps) {
     // Unfused.
     std::vector<bf16> q(n * hk * D), k(n * hk * D), v(n * hv * D), core(n * hv * D), out1(n * hv * D), out2(n * hv * D);
     std::vector<float> alpha(n * hv), beta(n * hv);
-    launch({(unsigned)(((n + 7) / 8 * (2 * hk + hv) + 7) / 8), 1, 1}, 256, [&] {
+    launch({(unsigned)((n * (2 * hk + hv) + 7) / 8), 1, 1}, 256, [&] {
       gdn_conv_prep(q.data(), k.data(), v.data(), alpha.data(), beta.data(), proj.data(), ld, col_b, col_a,
-                    conv_w.data(), cs1.data(), tok_seq.data(), cu.data(), seq_slot.data(), a_log.data(), dt_bias.data(), hk, hv, kw, n); });
+                    conv_w.data(), cs1.data(), tok_seq.data(), cu.data(), seq_slot.data(), a_log.data(), dt_bias.data(), hk, hv, kw, n, 1); });
     launch({(unsigned)n, (unsigned)((C + 255) / 256), 1}, 256, [&] {
       gdn_conv_state_update(cs1.data(), proj.data(), ld, cu.data(), seq_slot.data(), C, kw); });
     launch({(unsigned)hv, (unsigned)n, 4}, 256, [&] {

@@ -147,11 +147,13 @@ extern "C" __global__ void add_rmsnorm_vec8_bf16(bf16* __restrict__ out, bf16* _
 //   alpha = exp(-exp(A_log) * softplus(a + dt_bias))   (fp32)
 // proj is the fused input projection [T, ld]: qkv at column 0, b at col_b,
 // a at col_a. One warp per (head group of 128 channels: q heads, then k
-// heads, then v heads; kConvTokens consecutive tokens), 4 channels a lane
-// (8-byte accesses where ld allows), 8 warps a block: grid
-// ceil(ceil(T / kConvTokens) * (2*Hk + Hv) / 8), block 256. A warp holds its
-// channels' conv weights in registers for all its tokens; the group-0 warp
-// also computes its tokens' gates.
+// heads, then v heads; `tokens_per_warp` consecutive tokens), 4 channels a
+// lane (8-byte accesses where ld allows), 8 warps a block: grid
+// ceil(ceil(T / tokens_per_warp) * (2*Hk + Hv) / 8), block 256. A warp holds
+// its channels' conv weights in registers for all its tokens; the group-0
+// warp also computes its tokens' gates. The caller takes 1 token a warp for
+// small batches (decode: every warp in flight at once) and up to 8 for
+// prefill (the weights read once per 8 tokens).
 // Why: one 128-thread block per (token, group) took 590 us a layer at 8192
 // tokens on the H200 (ncu, 2026-12-01: 11.6% of the 4B's prefill, ~9x its
 // memory traffic at the copy rate); a warp per (token, group) took as long:
@@ -161,7 +163,6 @@ extern "C" __global__ void add_rmsnorm_vec8_bf16(bf16* __restrict__ out, bf16* _
 // butterfly over each 32 channels, then (w0 + w2) + (w1 + w3) over the four
 // 32-channel quarters), which gdn_decode_fused reproduces: the values are
 // the same bits as before and as the fused decode's.
-constexpr int kConvTokens = 8;
 // Four bf16 to an 8-byte aligned address in one store.
 __device__ __forceinline__ void store4(bf16* dst, const bf16 (&v)[4]) {
     uint2 packed;
@@ -177,15 +178,15 @@ extern "C" __global__ void gdn_conv_prep(
     const int32_t* __restrict__ tok_seq, const int32_t* __restrict__ cu_seqlens,
     const int32_t* __restrict__ seq_slot,
     const float* __restrict__ a_log, const float* __restrict__ dt_bias,
-    int hk, int hv, int kw, int num_tokens) {
+    int hk, int hv, int kw, int num_tokens, int tokens_per_warp) {
     const int D = kGdnDim;
     const int groups = 2 * hk + hv;
     const int C = groups * D;
     const int lane = threadIdx.x & 31;
     const int64_t work = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int tiles = (num_tokens + kConvTokens - 1) / kConvTokens;
+    const int tiles = (num_tokens + tokens_per_warp - 1) / tokens_per_warp;
     if (work >= (int64_t)tiles * groups) return;  // whole warps only
-    const int t0 = (int)(work / groups) * kConvTokens, g = (int)(work % groups);
+    const int t0 = (int)(work / groups) * tokens_per_warp, g = (int)(work % groups);
     const int c0 = g * D + 4 * lane;  // this lane's first channel
     // kw <= kMaxConvTaps + 1 (the ops check it: kMaxConvTaps bounds the state).
     float w[4][kMaxConvTaps + 1];
@@ -195,7 +196,7 @@ extern "C" __global__ void gdn_conv_prep(
         for (int j = 0; j <= kMaxConvTaps; ++j) w[e][j] = j < kw ? conv_w[(c0 + e) * kw + j] : 0.f;
     // 8-byte accesses need 4-channel alignment of every proj row.
     const bool vec = (ld & 3) == 0;
-    for (int t = t0; t < t0 + kConvTokens && t < num_tokens; ++t) {
+    for (int t = t0; t < t0 + tokens_per_warp && t < num_tokens; ++t) {
         const int s = tok_seq[t];
         const int start = cu_seqlens[s];
         const int i = t - start;  // index of the token within this chunk
