@@ -33,6 +33,12 @@ template <class T> T __shfl_xor_sync(unsigned, T v, int o) {
   uint64_t r = g_slot[(threadIdx.x & ~31u) | ((threadIdx.x & 31u) ^ (unsigned)o)]; warp_bar();
   T out; memcpy(&out, &r, sizeof(T)); return out;
 }
+template <class T> T __shfl_sync(unsigned, T v, int src) {
+  uint64_t b = 0; memcpy(&b, &v, sizeof(T)); g_slot[threadIdx.x] = b; warp_bar();
+  uint64_t r = g_slot[(threadIdx.x & ~31u) | ((unsigned)src & 31u)]; warp_bar();
+  T out; memcpy(&out, &r, sizeof(T)); return out;
+}
+inline void __syncwarp() { warp_bar(); }
 inline unsigned atomicAdd(unsigned* a, unsigned v) { std::lock_guard g(g_atomic); unsigned o = *a; *a += v; return o; }
 struct __nv_bfloat16 { uint16_t bits; };
 inline float __bfloat162float(__nv_bfloat16 x) { uint32_t u = (uint32_t)x.bits << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -43,6 +49,8 @@ inline __nv_bfloat16 __float2bfloat16(float f) {
 }
 struct float4 { float x, y, z, w; };
 struct uint2 { unsigned x, y; };
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+using std::min;
 inline uint2 __ldcg(const uint2* p) { return *p; }
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 

@@ -90,6 +90,83 @@ int run(int hk, int hv, int kw, int n, int splits, int steps) {
   }
   return bad;
 }
+// gdn_conv_prep over a varlen batch of chunks (some shorter than the taps,
+// so their taps read the conv state) at `per_warp` tokens a warp, against a
+// plain per-token loop with the kernel's arithmetic in the kernel's order
+// (taps oldest first; the L2 norm's butterfly over each 32 channels, then
+// (q0 + q2) + (q1 + q3) over the quarters): q, k, v, alpha, beta bit for bit.
+int run_prefill(int hk, int hv, int kw, const std::vector<int>& lens, int per_warp) {
+  const int D = 128, C = (2 * hk + hv) * D, taps = kw - 1, n = (int)lens.size();
+  const int ld = C + hv * D + 2 * hv, col_b = C + hv * D, col_a = col_b + hv;
+  std::vector<int32_t> seq_slot(n), cu(n + 1, 0), tok_seq;
+  for (int s = 0; s < n; ++s) {
+    seq_slot[s] = (s * 5 + 3) % (n + 2);
+    cu[s + 1] = cu[s] + lens[s];
+    for (int i = 0; i < lens[s]; ++i) tok_seq.push_back(s);
+  }
+  const int T = cu[n];
+  std::vector<float> conv_w(C * kw), a_log(hv), dt_bias(hv);
+  for (auto& x : conv_w) x = U(-.6f, .6f);
+  for (auto& x : a_log) x = U(-1.5f, 1.f);
+  for (auto& x : dt_bias) x = U(-1.f, 1.f);
+  std::vector<bf16> cs((size_t)(n + 2) * taps * C); for (auto& x : cs) x = B(-2, 2);
+  std::vector<bf16> proj((size_t)T * ld); for (auto& x : proj) x = B(-2, 2);
+  std::vector<bf16> q(T * hk * D), k(T * hk * D), v(T * hv * D);
+  std::vector<float> alpha(T * hv), beta(T * hv);
+  const int warps = (T + per_warp - 1) / per_warp * (2 * hk + hv);
+  launch({(unsigned)((warps + 7) / 8), 1, 1}, 256, [&] {
+    gdn_conv_prep(q.data(), k.data(), v.data(), alpha.data(), beta.data(), proj.data(), ld, col_b, col_a,
+                  conv_w.data(), cs.data(), tok_seq.data(), cu.data(), seq_slot.data(), a_log.data(), dt_bias.data(),
+                  hk, hv, kw, T, per_warp); });
+  auto r = [](float x) { return __bfloat162float(__float2bfloat16(x)); };
+  int bad = 0;
+  for (int t = 0; t < T; ++t) {
+    const int s = tok_seq[t], i = t - cu[s];
+    std::vector<float> x(C);
+    for (int c = 0; c < C; ++c) {
+      float acc = 0.f;
+      for (int j = 0; j < kw; ++j) {
+        const int src = i - taps + j;
+        const bf16 in = src >= 0 ? proj[(size_t)(cu[s] + src) * ld + c]
+                                 : cs[((size_t)seq_slot[s] * taps + (taps + src)) * C + c];
+        acc += conv_w[c * kw + j] * __bfloat162float(in);
+      }
+      x[c] = r(acc / (1.f + std::exp(-acc)));
+    }
+    for (int g = 0; g < 2 * hk + hv; ++g) {
+      const float* xg = &x[g * D];
+      float scale = 1.f;
+      if (g < 2 * hk) {
+        float quarter[4];
+        for (int qq = 0; qq < 4; ++qq) {
+          float ss[4];
+          for (int e = 0; e < 4; ++e) {
+            float a[8];
+            for (int l = 0; l < 8; ++l) a[l] = xg[32 * qq + 4 * l + e] * xg[32 * qq + 4 * l + e];
+            ss[e] = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+          }
+          quarter[qq] = (ss[0] + ss[2]) + (ss[1] + ss[3]);
+        }
+        scale = rsqrtf((quarter[0] + quarter[2]) + (quarter[1] + quarter[3]) + 1e-6f);
+      }
+      bf16* dst = g < hk ? &q[((size_t)t * hk + g) * D]
+                : g < 2 * hk ? &k[((size_t)t * hk + g - hk) * D] : &v[((size_t)t * hv + g - 2 * hk) * D];
+      for (int c = 0; c < D; ++c) bad += dst[c].bits != __float2bfloat16(g < 2 * hk ? xg[c] * scale : xg[c]).bits;
+    }
+    for (int h = 0; h < hv; ++h) {
+      const float b = __bfloat162float(proj[(size_t)t * ld + col_b + h]);
+      const float a = __bfloat162float(proj[(size_t)t * ld + col_a + h]) + dt_bias[h];
+      const float softplus = a > 20.f ? a : std::log1p(std::exp(a));
+      const float want_beta = r(1.f / (1.f + std::exp(-b)));
+      bad += memcmp(&beta[t * hv + h], &want_beta, 4) != 0;
+      const float want_alpha = std::exp(-std::exp(a_log[h]) * softplus);
+      bad += memcmp(&alpha[t * hv + h], &want_alpha, 4) != 0;
+    }
+  }
+  printf("prefill conv hk %d hv %d kw %d, %d chunks (%d tokens), %d a warp: differing values %d\n", hk, hv, kw, n, T,
+         per_warp, bad);
+  return bad;
+}
 int main() {
   if (const char* p = getenv("DUMP")) g_dump = fopen(p, "wb");
   int bad = 0;
@@ -97,6 +174,10 @@ int main() {
   bad += run(2, 4, 4, 2, 2, 2);
   bad += run(1, 3, 9, 2, 1, 2);
   bad += run(2, 6, 2, 2, 4, 2);
+  const std::vector<int> lens = {1, 2, 37, 3, 5, 70};
+  for (int per_warp : {1, 3, 8, 32}) bad += run_prefill(2, 4, 4, lens, per_warp);
+  bad += run_prefill(1, 3, 9, {4, 1, 19, 8}, 5);
+  bad += run_prefill(2, 6, 2, {33, 1, 2}, 32);
   if (g_dump) fclose(g_dump);
   printf(bad ? "FAIL\n" : "all equal\n");
   return bad != 0;

@@ -48,8 +48,12 @@ impl ModelOps {
             .arg(&batch.tok_seq)
             .arg(&batch.block_table);
         b.arg(&mb).arg(&ps).arg(&hq).arg(&hkv).arg(&eps);
-        // SAFETY: matches attn_prep; pages and lengths checked; block = head dim.
-        unsafe { b.launch(grid(t, shape.q_heads + shape.kv_heads, d as u32, 0)) }?;
+        let (d_, t_) = (d as i32, i32_of(OP, t)?);
+        b.arg(&d_).arg(&t_);
+        // SAFETY: matches attn_prep; pages and lengths checked, head dim at
+        // most 256 (shape.check); one warp per (token, head), 8 a block.
+        let warps = t * (shape.q_heads + shape.kv_heads);
+        unsafe { b.launch(grid(warps.div_ceil(8), 1, 256, 0)) }?;
         Ok(())
     }
 
@@ -124,8 +128,9 @@ impl ModelOps {
             let mut b = self.stream.launch_builder(&self.f.attention_gate);
             b.arg(out).arg(proj).arg(&ld).arg(&hq).arg(&d_);
             // SAFETY: matches attention_gate_bf16; out [T, Hq, D] and proj
-            // [T, ld] checked above; one block per (token, head).
-            unsafe { b.launch(grid(t, shape.q_heads, 256, 0)) }?;
+            // [T, ld] checked above; 8 values a thread, 2048 a block.
+            let blocks_per_token = (shape.q_heads * d).div_ceil(2048);
+            unsafe { b.launch(grid(t, blocks_per_token, 256, 0)) }?;
             return Ok(());
         }
         if batch.num_tokens == batch.num_seqs {

@@ -247,14 +247,17 @@ impl ModelOps {
     }
 }
 
-/// Tokens a warp of `gdn_conv_prep` takes for a batch of `tokens`: one
-/// below 128 tokens, so that a decode batch keeps every warp in flight at
-/// once, up to 8 from 512 (the warp reads its conv weights once for all
-/// of them). Measured on the H200 (4B, 2026-12-01): 8 a warp took the 8k
-/// prefill's conv from 14.2 to 7.4 ms (ncu), but at 8 tokens a warp the
-/// unfused decode of batch 16 went from 4.23 to 4.72 ms a step.
+/// Tokens a warp of `gdn_conv_prep` takes for a batch of `tokens` (at most
+/// 32: the warp's lanes hold its tokens' sequence lookups): one below 256
+/// tokens, so that a decode batch keeps every warp in flight at once, then
+/// one more for every 128 tokens. The sliding window reads each input row
+/// once a warp plus `kw - 1` rows at its start, so longer runs save re-reads
+/// while enough warps stay in flight to cover the memory latency (8k tokens:
+/// 32 a warp, 16,384 warps for the 4B). Not tuned yet: 8 a warp of the
+/// previous kernel had slowed the unfused decode of batch 16 from 4.23 to
+/// 4.72 ms a step on the H200.
 fn conv_tokens_per_warp(tokens: usize) -> usize {
-    (tokens / 64).clamp(1, 8)
+    (tokens / 128).clamp(1, 32)
 }
 
 /// Refuses a batch that is not one token per sequence (the decode ops).
