@@ -18,7 +18,7 @@ inline Dim3 blockIdx, blockDim, gridDim;
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __restrict__
 #define __shared__ static
 inline std::barrier<>* g_block;

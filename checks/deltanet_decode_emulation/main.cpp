@@ -95,7 +95,8 @@ int run(int hk, int hv, int kw, int n, int splits, int steps) {
 // plain per-token loop with the kernel's arithmetic in the kernel's order
 // (taps oldest first; the L2 norm's butterfly over each 32 channels, then
 // (q0 + q2) + (q1 + q3) over the quarters): q, k, v, alpha, beta bit for bit.
-int run_prefill(int hk, int hv, int kw, const std::vector<int>& lens, int per_warp) {
+// `k4`: gdn_conv_prep_k4 (kw == 4), else the general gdn_conv_prep.
+int run_prefill(int hk, int hv, int kw, const std::vector<int>& lens, int per_warp, bool k4) {
   const int D = 128, C = (2 * hk + hv) * D, taps = kw - 1, n = (int)lens.size();
   const int ld = C + hv * D + 2 * hv, col_b = C + hv * D, col_a = col_b + hv;
   std::vector<int32_t> seq_slot(n), cu(n + 1, 0), tok_seq;
@@ -114,8 +115,9 @@ int run_prefill(int hk, int hv, int kw, const std::vector<int>& lens, int per_wa
   std::vector<bf16> q(T * hk * D), k(T * hk * D), v(T * hv * D);
   std::vector<float> alpha(T * hv), beta(T * hv);
   const int warps = (T + per_warp - 1) / per_warp * (2 * hk + hv);
+  const auto kernel = k4 ? gdn_conv_prep_k4 : gdn_conv_prep;
   launch({(unsigned)((warps + 7) / 8), 1, 1}, 256, [&] {
-    gdn_conv_prep(q.data(), k.data(), v.data(), alpha.data(), beta.data(), proj.data(), ld, col_b, col_a,
+    kernel(q.data(), k.data(), v.data(), alpha.data(), beta.data(), proj.data(), ld, col_b, col_a,
                   conv_w.data(), cs.data(), tok_seq.data(), cu.data(), seq_slot.data(), a_log.data(), dt_bias.data(),
                   hk, hv, kw, T, per_warp); });
   auto r = [](float x) { return __bfloat162float(__float2bfloat16(x)); };
@@ -163,8 +165,8 @@ int run_prefill(int hk, int hv, int kw, const std::vector<int>& lens, int per_wa
       bad += memcmp(&alpha[t * hv + h], &want_alpha, 4) != 0;
     }
   }
-  printf("prefill conv hk %d hv %d kw %d, %d chunks (%d tokens), %d a warp: differing values %d\n", hk, hv, kw, n, T,
-         per_warp, bad);
+  printf("prefill conv%s hk %d hv %d kw %d, %d chunks (%d tokens), %d a warp: differing values %d\n", k4 ? " (k4)" : "",
+         hk, hv, kw, n, T, per_warp, bad);
   return bad;
 }
 int main() {
@@ -175,9 +177,10 @@ int main() {
   bad += run(1, 3, 9, 2, 1, 2);
   bad += run(2, 6, 2, 2, 4, 2);
   const std::vector<int> lens = {1, 2, 37, 3, 5, 70};
-  for (int per_warp : {1, 3, 8, 32}) bad += run_prefill(2, 4, 4, lens, per_warp);
-  bad += run_prefill(1, 3, 9, {4, 1, 19, 8}, 5);
-  bad += run_prefill(2, 6, 2, {33, 1, 2}, 32);
+  for (bool k4 : {false, true})
+    for (int per_warp : {1, 3, 8, 32}) bad += run_prefill(2, 4, 4, lens, per_warp, k4);
+  bad += run_prefill(2, 6, 2, {33, 1, 2}, 32, false);
+  bad += run_prefill(1, 3, 9, {4, 1, 19, 8}, 5, false);
   if (g_dump) fclose(g_dump);
   printf(bad ? "FAIL\n" : "all equal\n");
   return bad != 0;

@@ -38,7 +38,12 @@ impl ModelOps {
         ]
         .map(|x| x as i32);
         i32_of(OP, t * ld)?;
-        let mut b = self.stream.launch_builder(&self.f.conv_prep);
+        let conv_prep = if shape.conv_kernel == 4 {
+            &self.f.conv_prep_k4
+        } else {
+            &self.f.conv_prep
+        };
+        let mut b = self.stream.launch_builder(conv_prep);
         b.arg(&mut out.q).arg(&mut out.k).arg(&mut out.v);
         b.arg(&mut out.alpha).arg(&mut out.beta);
         b.arg(proj).arg(&ld_).arg(&cb).arg(&ca).arg(conv_weight);
@@ -49,7 +54,7 @@ impl ModelOps {
         let per_warp = conv_tokens_per_warp(t);
         let (t_, per_warp_) = (i32_of(OP, t)?, per_warp as i32);
         b.arg(&hk_).arg(&hv_).arg(&kw).arg(&t_).arg(&per_warp_);
-        // SAFETY: matches gdn_conv_prep; every length and slot id checked
+        // SAFETY: matches gdn_conv_prep(_k4); every length and slot id checked
         // above; one warp per (head group, `per_warp` tokens), 8 warps a block.
         let warps = t.div_ceil(per_warp) * (2 * hk + hv);
         unsafe { b.launch(grid(warps.div_ceil(8), 1, 256, 0)) }?;
@@ -253,9 +258,11 @@ impl ModelOps {
 /// one more for every 128 tokens. The sliding window reads each input row
 /// once a warp plus `kw - 1` rows at its start, so longer runs save re-reads
 /// while enough warps stay in flight to cover the memory latency (8k tokens:
-/// 32 a warp, 16,384 warps for the 4B). Not tuned yet: 8 a warp of the
-/// previous kernel had slowed the unfused decode of batch 16 from 4.23 to
-/// 4.72 ms a step on the H200.
+/// 32 a warp, 16,384 warps for the 4B). On the H200 (2026-12-01, fifth
+/// session, `docs/benchmarks.md`) three other rules — a token more per 256
+/// or per 64 tokens, or at most 16 — were within the run-to-run spread of
+/// this one at 512 to 8192 tokens (the kernel is bound by its instructions,
+/// not by how its rows are shared out), so this one stayed.
 fn conv_tokens_per_warp(tokens: usize) -> usize {
     (tokens / 128).clamp(1, 32)
 }

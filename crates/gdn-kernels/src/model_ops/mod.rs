@@ -180,6 +180,8 @@ struct Functions {
     add_rmsnorm: CudaFunction,
     add_rmsnorm_vec8: CudaFunction,
     conv_prep: CudaFunction,
+    /// The same kernel for 4-tap conv kernels (Qwen3.5's), kw a constant.
+    conv_prep_k4: CudaFunction,
     conv_update: CudaFunction,
     decode_step: CudaFunction,
     gated_rmsnorm: CudaFunction,
@@ -270,6 +272,7 @@ impl ModelOps {
             add_rmsnorm: l("add_rmsnorm_bf16")?,
             add_rmsnorm_vec8: l("add_rmsnorm_vec8_bf16")?,
             conv_prep: l("gdn_conv_prep")?,
+            conv_prep_k4: l("gdn_conv_prep_k4")?,
             conv_update: l("gdn_conv_state_update")?,
             decode_step: l("gdn_decode_step")?,
             gated_rmsnorm: l("gated_rmsnorm_bf16")?,
