@@ -35,6 +35,11 @@ echo "warm rebuild: $(( ($(date +%s%N) - start) / 1000000 )) ms"
 step "clippy"
 cargo clippy --all-targets -- -D warnings
 
+step "DeltaNet conv and fused decode kernels on the CPU, bit for bit against their references"
+# The kernels' own source under a CUDA shim (checks/deltanet_decode_emulation):
+# the prefill conv kernels over varlen batches and the fused decode step.
+checks/deltanet_decode_emulation/run.sh
+
 step "build.rs fails closed"
 checks/build_rs_fails_closed.sh
 
