@@ -20,3 +20,7 @@ for run in 1 2; do
     PYTHONDONTWRITEBYTECODE=1 "$(command -v python3)" export_swiglu.py "$root/out/run$run"
 done
 cmp "$root/out/run1/quack_swiglu_sm90.o" "$root/out/run2/quack_swiglu_sm90.o" && echo "two runs: .o identical"
+# The variant for one [W_gate; W_up] weight tensor (the runtime's layout):
+# what checks/gpu/swiglu_gemm_harness.cu links.
+env -i PATH=/usr/bin:/bin HOME=/tmp PYTHONHASHSEED=0 CUTE_DSL_ARCH=sm_90a QUACK_PROBE="$root" REPO="$repo" \
+  PYTHONDONTWRITEBYTECODE=1 CONCAT=B "$(command -v python3)" export_swiglu.py "$root/out/concatB"
