@@ -42,8 +42,8 @@ __global__ void naive_gemm(float* out, const bf16* x, const bf16* w, int M, int 
     const int m = blockIdx.y * 16 + threadIdx.y, n = blockIdx.x * 16 + threadIdx.x;
     float acc = 0.f;
     for (int k0 = 0; k0 < K; k0 += 16) {
-        const int mx = blockIdx.y * 16 + threadIdx.y, nw = blockIdx.x * 16 + threadIdx.y;
-        xs[threadIdx.y][threadIdx.x] = mx < M ? __bfloat162float(x[(size_t)mx * K + k0 + threadIdx.x]) : 0.f;
+        const int nw = blockIdx.x * 16 + threadIdx.y;  // the w row this thread stages
+        xs[threadIdx.y][threadIdx.x] = m < M ? __bfloat162float(x[(size_t)m * K + k0 + threadIdx.x]) : 0.f;
         ws[threadIdx.y][threadIdx.x] = nw < N ? __bfloat162float(w[(size_t)nw * K + k0 + threadIdx.x]) : 0.f;
         __syncthreads();
         for (int k = 0; k < 16; ++k) acc += xs[threadIdx.y][k] * ws[threadIdx.x][k];
@@ -63,7 +63,7 @@ __global__ void fill(bf16* p, size_t n, uint32_t seed, float scale) {
 static float b2f(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
 static uint16_t f2b(float f) { __nv_bfloat16 b = __float2bfloat16(f); uint16_t u; memcpy(&u, &b, 2); return u; }
 static float rb(float f) { return b2f(f2b(f)); }
-static int ulps(uint16_t a, uint16_t b) {  // distance in bf16 steps (same sign assumed; else large)
+static int ulps(uint16_t a, uint16_t b) {  // distance in bf16 steps, across zero too
     auto key = [](uint16_t v) { return (v & 0x8000) ? -(int)(v & 0x7fff) : (int)v; };
     return std::abs(key(a) - key(b));
 }

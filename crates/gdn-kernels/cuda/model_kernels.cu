@@ -198,18 +198,21 @@ __device__ __forceinline__ float unpack4(const uint2& raw, int e) {
 // warp instead of 4. Nsight Compute put the kernel at 62% of the SM's issue
 // rate and 23% of DRAM bandwidth at 8k tokens: instructions, not bytes, bound
 // it, and a constant kw removes the per-tap bounds checks.
+// One parameter list for the body and both kernels.
+#define GDN_CONV_PREP_PARAMS                                                         \
+    bf16* __restrict__ q_out, bf16* __restrict__ k_out, bf16* __restrict__ v_out,   \
+        float* __restrict__ alpha_out, float* __restrict__ beta_out,                \
+        const bf16* __restrict__ proj, int ld, int col_b, int col_a,                \
+        const float* __restrict__ conv_w,    /* [C, kw] */                          \
+        const bf16* __restrict__ conv_state, /* [slots, kw-1, C] */                 \
+        const int32_t* __restrict__ tok_seq, const int32_t* __restrict__ cu_seqlens, \
+        const int32_t* __restrict__ seq_slot, const float* __restrict__ a_log,      \
+        const float* __restrict__ dt_bias, int hk, int hv, int kw, int num_tokens,  \
+        int tokens_per_warp
 template <int MaxTaps, int Prefetch, int FixedKw>
-__device__ __forceinline__ void conv_prep_body(
-    bf16* __restrict__ q_out, bf16* __restrict__ k_out, bf16* __restrict__ v_out,
-    float* __restrict__ alpha_out, float* __restrict__ beta_out,
-    const bf16* __restrict__ proj, int ld, int col_b, int col_a,
-    const float* __restrict__ conv_w, const bf16* __restrict__ conv_state,
-    const int32_t* __restrict__ tok_seq, const int32_t* __restrict__ cu_seqlens,
-    const int32_t* __restrict__ seq_slot,
-    const float* __restrict__ a_log, const float* __restrict__ dt_bias,
-    int hk, int hv, int kw_arg, int num_tokens, int tokens_per_warp) {
-    // A compile-time kw folds the taps' bounds checks and window shifts.
-    const int kw = FixedKw > 0 ? FixedKw : kw_arg;
+__device__ __forceinline__ void conv_prep_body(GDN_CONV_PREP_PARAMS) {
+    // A compile-time width folds the taps' bounds checks and window shifts.
+    const int width = FixedKw > 0 ? FixedKw : kw;
     const int D = kGdnDim;
     const int groups = 2 * hk + hv;
     const int C = groups * D;
@@ -220,13 +223,13 @@ __device__ __forceinline__ void conv_prep_body(
     const int t0 = (int)(work / groups) * tokens_per_warp, g = (int)(work % groups);
     const int t_end = min(t0 + tokens_per_warp, num_tokens);
     const int c0 = g * D + 4 * lane;  // this lane's first channel
-    const int taps = kw - 1;          // inputs before the current token
-    // kw <= MaxTaps + 1 (the ops check it: MaxTaps bounds the state).
+    const int taps = width - 1;          // inputs before the current token
+    // width <= MaxTaps + 1 (the ops check it: MaxTaps bounds the state).
     float w[4][MaxTaps + 1];
 #pragma unroll
     for (int e = 0; e < 4; ++e)
 #pragma unroll
-        for (int j = 0; j <= MaxTaps; ++j) w[e][j] = j < kw ? conv_w[(c0 + e) * kw + j] : 0.f;
+        for (int j = 0; j <= MaxTaps; ++j) w[e][j] = j < width ? conv_w[(c0 + e) * width + j] : 0.f;
     // 8-byte accesses need 4-channel alignment of every proj row.
     const bool vec = (ld & 3) == 0;
     // Lane l holds token t0 + l's index within its chunk and its slot.
@@ -327,16 +330,6 @@ __device__ __forceinline__ void conv_prep_body(
     }
 }
 
-#define GDN_CONV_PREP_PARAMS                                                                   \
-    bf16 *__restrict__ q_out, bf16 *__restrict__ k_out, bf16 *__restrict__ v_out,             \
-        float *__restrict__ alpha_out, float *__restrict__ beta_out,                          \
-        const bf16 *__restrict__ proj, int ld, int col_b, int col_a,                          \
-        const float *__restrict__ conv_w, /* [C, kw] */                                       \
-        const bf16 *__restrict__ conv_state, /* [slots, kw-1, C] */                           \
-        const int32_t *__restrict__ tok_seq, const int32_t *__restrict__ cu_seqlens,          \
-        const int32_t *__restrict__ seq_slot, const float *__restrict__ a_log,                \
-        const float *__restrict__ dt_bias, int hk, int hv, int kw, int num_tokens,            \
-        int tokens_per_warp
 #define GDN_CONV_PREP_ARGS                                                                     \
     q_out, k_out, v_out, alpha_out, beta_out, proj, ld, col_b, col_a, conv_w, conv_state,     \
         tok_seq, cu_seqlens, seq_slot, a_log, dt_bias, hk, hv, kw, num_tokens, tokens_per_warp
