@@ -15,12 +15,14 @@ for w in "$root"/whl/einops-*.whl "$root"/whl/apache_tvm_ffi-*.whl; do python3 -
 cp "$here/torch_stub.py" "$root/stub/torch/__init__.py"
 ln -s "$dsl" "$root/py/lib/site-packages/dsl"
 cd "$here"
-for run in 1 2; do
+export_kernel() {  # OUT_DIR [VAR=VALUE...]: export_swiglu.py in a scrubbed environment
+  local out=$1; shift
   env -i PATH=/usr/bin:/bin HOME=/tmp PYTHONHASHSEED=0 CUTE_DSL_ARCH=sm_90a QUACK_PROBE="$root" REPO="$repo" \
-    PYTHONDONTWRITEBYTECODE=1 "$(command -v python3)" export_swiglu.py "$root/out/run$run"
-done
+    PYTHONDONTWRITEBYTECODE=1 "$@" "$(command -v python3)" export_swiglu.py "$out"
+}
+export_kernel "$root/out/run1"
+export_kernel "$root/out/run2"
 cmp "$root/out/run1/quack_swiglu_sm90.o" "$root/out/run2/quack_swiglu_sm90.o" && echo "two runs: .o identical"
 # The variant for one [W_gate; W_up] weight tensor (the runtime's layout):
 # what checks/gpu/swiglu_gemm_harness.cu links.
-env -i PATH=/usr/bin:/bin HOME=/tmp PYTHONHASHSEED=0 CUTE_DSL_ARCH=sm_90a QUACK_PROBE="$root" REPO="$repo" \
-  PYTHONDONTWRITEBYTECODE=1 CONCAT=B "$(command -v python3)" export_swiglu.py "$root/out/concatB"
+export_kernel "$root/out/concatB" CONCAT=B
