@@ -15,7 +15,8 @@
 #              committed ones)
 #   qbench     the Qwen3.5-4B random-weight benchmark
 #   skinny     the skinny linear kernels' GPU gate (gpu_skinny_linear, PTX JIT
-#              off) and their benchmark against cuBLAS (skinny_bench.jsonl; the
+#              off), the fused SwiGLU GEMM's (gpu_swiglu_gemm, PTX JIT off)
+#              and the skinny kernels' benchmark against cuBLAS (skinny_bench.jsonl; the
 #              standalone skinny_harness too where carried)
 #   qprofile   nsys kernel summary of the 4B decode step at batch 1 (if nsys exists)
 # Writes at most 8 files under $OUT (the device tool returns 8).
@@ -88,6 +89,10 @@ if has skinny; then
   if [ -x .carry/bin/gpu_skinny_linear ]; then
     { echo "### GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 gpu_skinny_linear"; GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 .carry/bin/gpu_skinny_linear --test-threads=1 --nocapture; } > "$OUT/skinny.log" 2>&1 || rc=1
     grep -E "^test |^test result|panicked|^shape " "$OUT/skinny.log"
+  fi
+  if [ -x .carry/bin/gpu_swiglu_gemm ]; then
+    { echo "### GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 gpu_swiglu_gemm"; GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 .carry/bin/gpu_swiglu_gemm --test-threads=1 --nocapture; } >> "$OUT/skinny.log" 2>&1 || rc=1
+    grep -E "^test |^test result|panicked|worst error" "$OUT/skinny.log" | tail -20
   fi
   if [ -x .carry/bin/skinny_bench ]; then
     CUDA_DISABLE_PTX_JIT=1 .carry/bin/skinny_bench > "$OUT/skinny_bench.jsonl" 2>> "$OUT/skinny.log" || rc=1

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -74,12 +75,16 @@ static void cmp(Cmp& c, uint16_t got, uint16_t want) {
     c.max_ulp = u > c.max_ulp ? u : c.max_ulp; c.over1 += u > 1; ++c.n;
 }
 
-int main() {
+int main(int argc, char** argv) {
     const int K = 2560, I = 9216, N = 2 * I;
-    const int Ms[] = {1, 17, 1024, 8192};
+    // Row counts from the command line (default 1 17 1024 8192), at most 8192.
+    std::vector<int> Ms = {1, 17, 1024, 8192};
+    if (argc > 1) Ms.clear();
+    for (int i = 1; i < argc; ++i) Ms.push_back(std::min(8192, std::max(1, atoi(argv[i]))));
     int dev = 0, sms = 0;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    const int clusters = getenv("MAX_ACTIVE_CLUSTERS") ? atoi(getenv("MAX_ACTIVE_CLUSTERS")) : sms / 2;
+    const char* mac = getenv("MAX_ACTIVE_CLUSTERS");  // unset or empty: half the SMs
+    const int clusters = mac && *mac ? atoi(mac) : sms / 2;
     void* lib = dlopen("libcublas.so.13", RTLD_NOW);
     if (!lib) { fprintf(stderr, "libcublas.so.13: %s\n", dlerror()); return 1; }
     auto create = (create_fn)dlsym(lib, "cublasCreate_v2");

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Ahead-of-time export of FlashInfer 0.7.2.post1's CuTe DSL GDN prefill kernels.
+"""Ahead-of-time export of FlashInfer 0.7.2.post1's CuTe DSL GDN prefill kernels
+(and of quack-kernels 0.6.5's SM90 SwiGLU GEMM: quack_swiglu.py).
 
-  python export_gdn.py --out DIR --kernel {sm90,sm90_cp,sm100,sm120} [--sm-count N] [--site-dir DIR]
+  python export_gdn.py --out DIR --kernel {sm90,sm90_cp,sm100,sm120,quack_swiglu_sm90} [--sm-count N] [--site-dir DIR]
 
 `gdn-gen` runs it for each `"compiler": "cute-dsl"` unit of generator/artifacts.json,
 with --site-dir pointing at the pinned wheels it unpacked (no pip, no venv).
@@ -15,11 +16,16 @@ cuda-bindings, cuda-pathfinder, protobuf, typing-extensions) and FlashInfer's
 `flashinfer/`). No GPU, driver, torch or FlashInfer package import is needed.
 Geometry: head_dim 128, bf16 q/k/v/o, f32 alpha/beta/state, int64 cu_seqlens
 (int32 on sm100, as FlashInfer calls it), Qwen3.5 heads Hqk 16, Hv 16/32/48.
+--kernel quack_swiglu_sm90 needs quack-kernels' `quack/` and apache-tvm-ffi instead of
+FlashInfer's sources; its kernel-specific code is quack_swiglu.py (beside this file),
+everything after the kernel object (entry, options, export, manifest) is shared.
 """
 import argparse, dataclasses, enum, hashlib, inspect, io, json, os, pickle, shutil, struct, subprocess
 import sys, tempfile, types
 
-ARCH = {"sm90": "sm_90a", "sm90_cp": "sm_90a", "sm100": "sm_100a", "sm120": "sm_120a"}
+ARCH = {"sm90": "sm_90a", "sm90_cp": "sm_90a", "sm100": "sm_100a", "sm120": "sm_120a",
+        "quack_swiglu_sm90": "sm_90a"}
+QUACK = "quack_swiglu_sm90"  # the one kernel of quack_swiglu.py; the others are FlashInfer's
 HQK, HV = 16, (16, 32, 48)
 # The CPU the objects' host code is compiled for. The DSL's default (an empty
 # --host-target) is LLVM's auto-detected build host: on an AVX-512 machine the
@@ -42,6 +48,12 @@ def scrubbed_rerun(args):
     try:
         for d in ("home", "tmp", "cache", "stage"):
             os.mkdir(os.path.join(work, d))
+        site_dir = args.site_dir and os.path.abspath(args.site_dir)
+        if args.kernel == QUACK and site_dir:
+            # quack must see the DSL under a /site-packages/ path (quack_swiglu.site_packages_link);
+            # only for this kernel, so the FlashInfer exports run exactly as before.
+            import quack_swiglu
+            site_dir = quack_swiglu.site_packages_link(work, site_dir)
         env = {"PATH": "/usr/bin:/bin", "HOME": work + "/home", "TMPDIR": work + "/tmp",
                "LC_ALL": "C", "TZ": "UTC", "SOURCE_DATE_EPOCH": "0",
                "PYTHONHASHSEED": str(args.hash_seed), "PYTHONDONTWRITEBYTECODE": "1",
@@ -49,10 +61,11 @@ def scrubbed_rerun(args):
                "CUTE_DSL_DISABLE_FILE_CACHING": "1", "CUTE_DSL_CACHE_DIR": work + "/cache",
                "GDN_DSL_STAGE": work + "/stage"}
         argv = [sys.executable, "-B", "-s", os.path.abspath(__file__), "--out", os.path.abspath(args.out),
-                "--kernel", args.kernel, "--sm-count", str(args.sm_count),
-                "--flashinfer-root", os.path.abspath(args.flashinfer_root)]
-        if args.site_dir:
-            argv += ["--site-dir", os.path.abspath(args.site_dir)]
+                "--kernel", args.kernel, "--sm-count", str(args.sm_count)]
+        if args.flashinfer_root:
+            argv += ["--flashinfer-root", os.path.abspath(args.flashinfer_root)]
+        if site_dir:
+            argv += ["--site-dir", site_dir]
         rc = subprocess.run(argv, env=env, cwd=work + "/tmp").returncode
         if rc == 0:  # the outputs appear only when every variant exported
             os.makedirs(args.out, exist_ok=True)
@@ -173,6 +186,10 @@ def variants(kernel, sm_count):
                     "num_seqs", k(1), k(0), "stream"]
             yield ("sm90cp_prefill" + ("_init" if init else ""),
                    m.CPDeltaRulePrefillSm90(BF, needs_initial_state=init, store_final_state=True), params, call)
+
+    elif kernel == QUACK:
+        import quack_swiglu
+        yield from quack_swiglu.variants()
 
     elif kernel == "sm100":
         from flashinfer.gdn_kernels.blackwell.gated_delta_net_chunked import GatedDeltaNetChunkedKernel as K
@@ -313,7 +330,11 @@ def fatbin_cubins(obj_path):
 
 
 def export(args):
-    install_stand_ins(args.flashinfer_root)
+    if args.kernel == QUACK:
+        import quack_swiglu
+        quack_swiglu.install_stand_ins()
+    else:
+        install_stand_ins(args.flashinfer_root)
     import cutlass.cute as cute
     from importlib.metadata import version
     # (No RTLD_GLOBAL preload of libcute_dsl_runtime.so: with DSL 4.8.1 and this
@@ -381,7 +402,7 @@ def main():
     if args.site_dir:
         import site
         site.addsitedir(os.path.abspath(args.site_dir))
-    if args.flashinfer_root is None:
+    if args.flashinfer_root is None and args.kernel != QUACK:
         args.flashinfer_root = next(
             (d for d in sys.path if os.path.isdir(os.path.join(d, "flashinfer", "gdn_kernels"))), None)
         if args.flashinfer_root is None:

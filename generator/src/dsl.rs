@@ -1,6 +1,7 @@
-//! The CuTe DSL compiler: the pinned DSL wheels and FlashInfer's Python
-//! kernels unpacked into a private site directory (no pip, no venv), and the
-//! interpreter that runs `generator/cute_dsl/export_gdn.py` over it.
+//! The CuTe DSL compiler: the pinned DSL wheels and the Python kernels of
+//! the `dsl-kernel-source` wheels (FlashInfer's, quack-kernels') unpacked
+//! into a private site directory (no pip, no venv), and the interpreter that
+//! runs `generator/cute_dsl/export_gdn.py` over it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -32,7 +33,7 @@ pub struct DslEnv {
     pub python: PathBuf,
     pub identity: DslIdentity,
     /// The private site directory: every wheel of the set for this Python,
-    /// and the kernel-source members, unpacked.
+    /// and the kernel-source members of every dsl-kernel-source wheel, unpacked.
     pub site: PathBuf,
     /// The inputs that went into `site`, in lock order.
     pub inputs: Vec<LockedInput>,
@@ -106,7 +107,9 @@ pub fn prepare(plan: &Plan) -> Result<Option<DslEnv>> {
         .iter()
         .filter(|i| i.role == InputRole::DslKernelSource)
         .count();
-    if kernel_sources != 1 {
+    // One or more (FlashInfer's and quack-kernels' Python kernels); each is
+    // filtered by the whole `dsl.kernel_source_members` list.
+    if kernel_sources == 0 {
         return Err(GenError::refused(
             step,
             "the lock has no dsl-kernel-source input; restore gdn-bundle.lock.json",

@@ -187,7 +187,7 @@ impl Plan {
         );
         if let (Some(cfg), Some(py)) = (&self.table.dsl, &self.python) {
             println!(
-                "CuTe DSL: Python {} ({}) with the {} wheel set, and {:?} of the dsl-kernel-source, unpacked into a private site dir",
+                "CuTe DSL: Python {} ({}) with the {} wheel set, and {:?} of the dsl-kernel-source wheels, unpacked into a private site dir",
                 py.version,
                 py.exe.display(),
                 py.abi,

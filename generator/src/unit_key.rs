@@ -128,13 +128,46 @@ fn sources_read<'a>(
         if !seen.insert(path) {
             continue;
         }
-        for name in quoted_includes(&read_source(path)?) {
+        let text = read_source(path)?;
+        // A Python driver (the DSL export) reads the modules of ours it
+        // imports: they are staged beside it in `src/` and on its path.
+        let read: Vec<String> = if path.ends_with(".py") {
+            python_imports(&text).map(|m| format!("{m}.py")).collect()
+        } else {
+            quoted_includes(&text).map(str::to_string).collect()
+        };
+        for name in read {
             if let Some(p) = by_staged_name.get(&format!("src/{name}")) {
                 todo.push(p);
             }
         }
     }
     Ok(seen)
+}
+
+/// The top-level module names of `import a, b` and `from a import x` lines,
+/// at any indentation (imports inside functions count too). Relative imports
+/// and anything not at the start of a line are not followed; a name that is
+/// not one of our sources is ignored by the caller.
+fn python_imports(text: &str) -> impl Iterator<Item = &str> {
+    text.lines().flat_map(|line| {
+        let line = line.trim_start();
+        let names: Vec<&str> = if let Some(rest) = line.strip_prefix("import ") {
+            rest.split('#').next().unwrap_or("").split(',').collect()
+        } else if let Some(rest) = line.strip_prefix("from ") {
+            rest.split_whitespace().next().into_iter().collect()
+        } else {
+            vec![]
+        };
+        names.into_iter().filter_map(|n| {
+            let module = n.split_whitespace().next()?.split('.').next()?;
+            let ok = !module.is_empty()
+                && module
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            ok.then_some(module)
+        })
+    })
 }
 
 /// The names in `#include "name"` lines (preprocessor spacing allowed).
@@ -236,7 +269,12 @@ mod tests {
     fn an_included_header_recompiles_every_unit_that_includes_it() {
         assert_eq!(
             recompiled_by("crates/gdn-kernels/cuda/gdn_abi.h"),
-            names(&["gdn_abi", "gdn_dsl_abi", "flashinfer_sm90_gva_vsplit"])
+            names(&[
+                "gdn_abi",
+                "gdn_dsl_abi",
+                "gdn_swiglu_abi",
+                "flashinfer_sm90_gva_vsplit"
+            ])
         );
         assert_eq!(
             recompiled_by("crates/gdn-kernels/cuda/gdn_vsplit_abi.h"),
@@ -245,6 +283,10 @@ mod tests {
         assert_eq!(
             recompiled_by("crates/gdn-kernels/cuda/gdn_attention_abi.h"),
             names(&["flashinfer_attention_sm90"])
+        );
+        assert_eq!(
+            recompiled_by("crates/gdn-kernels/cuda/gdn_swiglu_abi.h"),
+            names(&["gdn_swiglu_abi"])
         );
     }
 
@@ -259,6 +301,7 @@ mod tests {
             .collect();
         assert!(expected.len() >= 2, "the table lost its DSL units");
         expected.insert("gdn_dsl_abi".into());
+        expected.insert("gdn_swiglu_abi".into());
         assert_eq!(recompiled_by("generator/cute_dsl/export_gdn.py"), expected);
     }
 
@@ -281,6 +324,27 @@ mod tests {
             .collect();
         assert!(expected.contains("flashinfer_sm90_gva") && expected.contains("gdn_dsl_abi"));
         assert_eq!(recompiled_in(&table, "patches/example.patch"), expected);
+    }
+
+    #[test]
+    fn a_module_the_dsl_driver_imports_recompiles_what_the_driver_does() {
+        let expected = recompiled_by("generator/cute_dsl/export_gdn.py");
+        assert!(expected.contains("dsl_quack_sm90"));
+        assert_eq!(
+            recompiled_by("generator/cute_dsl/quack_swiglu.py"),
+            expected
+        );
+    }
+
+    #[test]
+    fn python_imports_are_read_at_any_indentation() {
+        let text =
+            "import os, sys as system\nfrom a.b import c\n    from quack_swiglu import variants\n\
+                    x = 1  # import y\nfrom . import z\nimport json  # why\n";
+        assert_eq!(
+            python_imports(text).collect::<Vec<_>>(),
+            ["os", "sys", "a", "quack_swiglu", "json"]
+        );
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! libcublas.so.13, the handle bound to one stream) or, for the few-row
 //! calls of decode steps that [`SKINNY_RULES`] names, on our skinny kernels
 //! ([`SkinnyLinear`]). [`Gemm::linear`] picks; the two paths are also
-//! callable by name (benchmarks, tests).
+//! callable by name (benchmarks, tests). The MLP's gate/up projection with
+//! its SwiGLU is [`Gemm::gate_up_swiglu`], fused into one GEMM where
+//! [`crate::swiglu`]'s rule says so.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -12,11 +14,13 @@ use std::sync::Arc;
 use cudarc::cublas::result::gemm_ex;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use half::bf16;
 
 use crate::error::{op_error, GdnError};
+use crate::model_ops::ModelOps;
 use crate::skinny::{SkinnyConfig, SkinnyLinear};
+use crate::swiglu::{swiglu_route, SwigluGemm, SwigluRequest, SwigluRoute};
 
 const OP: &str = "linear";
 
@@ -146,12 +150,14 @@ pub(crate) fn check_lengths(
     Ok(())
 }
 
-/// A cuBLAS handle on one stream, and the skinny kernels where the bundle
-/// has them for this GPU.
+/// A cuBLAS handle on one stream, the skinny kernels where the bundle has
+/// them for this GPU, and the fused SwiGLU GEMM on SM 9.0 GPUs.
 pub struct Gemm {
     blas: CudaBlas,
     stream: Arc<CudaStream>,
     skinny: Option<SkinnyLinear>,
+    swiglu: Option<SwigluGemm>,
+    swiglu_request: SwigluRequest,
 }
 
 impl Gemm {
@@ -165,11 +171,82 @@ impl Gemm {
                 None
             }
         };
+        // An SM 9.0 GPU must load the fused kernel (a bad artifact is an
+        // error); other GPUs take the unfused route.
+        let swiglu = SwigluGemm::new(stream.clone())?;
         Ok(Gemm {
             blas,
             stream,
             skinny,
+            swiglu,
+            swiglu_request: SwigluRequest::Auto,
         })
+    }
+
+    /// Forces a route for [`Gemm::gate_up_swiglu`] (benchmarks, tests).
+    pub fn set_swiglu_request(&mut self, request: SwigluRequest) {
+        self.swiglu_request = request;
+    }
+
+    /// Where [`Gemm::gate_up_swiglu`] sends `m` rows of these operands.
+    pub fn swiglu_route(
+        &self,
+        x: &CudaSlice<bf16>,
+        w: &CudaSlice<bf16>,
+        out: &CudaSlice<bf16>,
+        m: usize,
+        inter: usize,
+        k: usize,
+    ) -> Result<SwigluRoute, GdnError> {
+        let refused = {
+            let s = &self.stream;
+            let (xp, _xg) = x.device_ptr(s);
+            let (wp, _wg) = w.device_ptr(s);
+            let (op, _og) = out.device_ptr(s);
+            SwigluGemm::unsupported(xp, wp, op, m, inter, k)
+        };
+        swiglu_route(
+            self.swiglu_request,
+            self.swiglu.is_some(),
+            refused.as_deref(),
+            m,
+        )
+    }
+
+    /// The MLP's input projection: `out[m, inter] = silu(x·W_gateᵀ) *
+    /// (x·W_upᵀ)` with `w = [W_gate; W_up]` (`[2 * inter, k]`), x `[m, k]`
+    /// (may be longer) and out exactly `[m, inter]`. Fused into one GEMM
+    /// where [`crate::swiglu`]'s rule says so, else [`Gemm::linear`] into a
+    /// scratch buffer and `ops`' `silu_mul`. Returns the route taken.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gate_up_swiglu(
+        &self,
+        ops: &ModelOps,
+        x: &CudaSlice<bf16>,
+        w: &CudaSlice<bf16>,
+        out: &mut CudaSlice<bf16>,
+        m: usize,
+        inter: usize,
+        k: usize,
+    ) -> Result<SwigluRoute, GdnError> {
+        crate::swiglu::check_lengths(x.len(), w.len(), out.len(), m, inter, k)?;
+        if out.len() != m * inter {
+            return Err(op_error(
+                "swiglu_gemm",
+                format!("out has {} elements, is not [{m}, {inter}]", out.len()),
+            ));
+        }
+        let route = self.swiglu_route(x, w, out, m, inter, k)?;
+        match (route, &self.swiglu) {
+            (SwigluRoute::Fused, Some(fused)) => fused.run(x, w, out, m, inter, k)?,
+            _ => {
+                // SAFETY: written in full by the GEMM before silu_mul reads it.
+                let mut gate_up = unsafe { self.stream.alloc::<bf16>(m * 2 * inter) }?;
+                self.linear(x, w, &mut gate_up, m, 2 * inter, k)?;
+                ops.silu_mul(&gate_up, out, inter)?;
+            }
+        }
+        Ok(route)
     }
 
     /// The skinny kernels, where the bundle has them for this GPU.

@@ -3,7 +3,8 @@
 //! ([`ModelOps`]: norms, DeltaNet conv/decode step, paged attention, SwiGLU),
 //! sampling on the device ([`DeviceSampler`]) and linear layers ([`Gemm`]:
 //! cuBLAS, or our skinny kernels ([`SkinnyLinear`]) for the few-row calls
-//! its measured rule names).
+//! its measured rule names; the MLP's gate/up + SwiGLU fused into one GEMM
+//! on SM 9.0, [`SwigluGemm`]).
 //!
 //! This crate is the only place that knows the bundle: generated symbols, the
 //! C ABI of the FlashInfer launcher, cubin names and the state layout the
@@ -30,6 +31,7 @@ pub mod oracle;
 mod prefill;
 mod sampling;
 mod skinny;
+mod swiglu;
 /// Test helpers, only with the `testing` feature (dev-dependencies enable it).
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -49,6 +51,7 @@ pub use oracle::GdnGeometry;
 pub use prefill::{GdnPrefill, PrefillBuffers};
 pub use sampling::{DeviceSampler, RowSampling, SampledRow, TokenAdjustment, MAX_TOP_LOGPROBS};
 pub use skinny::{SkinnyConfig, SkinnyLinear, SKINNY_MAX_ROWS};
+pub use swiglu::{swiglu_route, SwigluGemm, SwigluRequest, SwigluRoute, SWIGLU_FUSED_MIN_ROWS};
 
 /// Head dimension every backend supports.
 pub const HEAD_DIM: usize = 128;

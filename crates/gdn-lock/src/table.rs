@@ -51,8 +51,9 @@ pub struct DslConfig {
     /// Python `major.minor` versions with a complete wheel set among the
     /// inputs (inputs with `python` set are for that version only).
     pub pythons: Vec<String>,
-    /// Members of the `dsl-kernel-source` wheel extracted for the export
-    /// (FlashInfer's `flashinfer/gdn_kernels/`).
+    /// Members of the `dsl-kernel-source` wheels extracted for the export
+    /// (FlashInfer's `flashinfer/gdn_kernels/`, quack-kernels' `quack/`);
+    /// every such wheel is filtered by the whole list.
     pub kernel_source_members: Vec<String>,
     /// Path of the static CUDA-dialect runtime inside the extracted DSL
     /// wheels; shipped as `lib/<file name>` and linked by the kernels crate.
@@ -85,7 +86,8 @@ pub enum InputRole {
     Toolchain,
     /// Kernel sources (FlashInfer); always needed.
     KernelSource,
-    /// Kernel sources of the CuTe DSL units (FlashInfer's Python kernels).
+    /// Kernel sources of the CuTe DSL units (FlashInfer's and quack-kernels'
+    /// Python kernels); one or more.
     DslKernelSource,
     /// The CuTe DSL compiler and the Python packages it imports.
     DslRuntime,
@@ -139,7 +141,8 @@ pub enum UnitOutput {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DslUnit {
-    /// The driver's `--kernel`: `sm90`, `sm90_cp`, `sm100` or `sm120`.
+    /// The driver's `--kernel`: `sm90`, `sm90_cp`, `sm100`, `sm120` or
+    /// `quack_swiglu_sm90`.
     pub kernel: String,
     /// Every variant the driver exports for this family (checked after the export).
     pub variants: Vec<String>,
@@ -319,9 +322,9 @@ impl ArtifactTable {
                 .iter()
                 .filter(|i| i.role == InputRole::DslKernelSource)
                 .count();
-            if sources != 1 {
+            if sources == 0 {
                 return Err(
-                    "with a `dsl` section, exactly one input must have role dsl-kernel-source"
+                    "with a `dsl` section, at least one input must have role dsl-kernel-source"
                         .into(),
                 );
             }
@@ -422,6 +425,32 @@ mod tests {
         let i = cubin_unit(&t);
         t.units[i].targets = vec!["sm_90a".into(), "sm_100".into()];
         assert!(t.validate().is_ok());
+    }
+
+    #[test]
+    fn a_dsl_section_needs_at_least_one_dsl_kernel_source() {
+        let t = table();
+        let sources = |t: &ArtifactTable| {
+            t.inputs
+                .iter()
+                .filter(|i| i.role == InputRole::DslKernelSource)
+                .count()
+        };
+        assert!(sources(&t) >= 2, "FlashInfer's and quack's wheels");
+        // Keep only the first one: still valid.
+        let mut one = t.clone();
+        let mut kept = false;
+        one.inputs.retain(|i| {
+            i.role != InputRole::DslKernelSource || !std::mem::replace(&mut kept, true)
+        });
+        assert_eq!(sources(&one), 1);
+        assert!(one.validate().is_ok());
+        let mut none = one;
+        none.inputs.retain(|i| i.role != InputRole::DslKernelSource);
+        assert!(none
+            .validate()
+            .unwrap_err()
+            .contains("at least one input must have role dsl-kernel-source"));
     }
 
     #[test]

@@ -87,14 +87,15 @@ fn untampered_copy_verifies() {
     let (t, l) = table_and_lock();
     let v = verify_bundle(d.path(), &t, &l, HostPolicy::Locked).unwrap();
     // Cubins, the host objects (one per host-object unit: 4 FlashInfer, one
-    // of them the value-split kernel, the two C ABI launchers), the ABI
+    // of them the value-split kernel, the three C ABI launchers: GDN, the
+    // CuTe DSL GDN kernels, the SwiGLU GEMM), the ABI
     // header, cudart, the DSL objects/headers and the DSL runtime.
     let host_objects = t
         .units
         .iter()
         .filter(|u| u.output == UnitOutput::HostObject)
         .count();
-    assert_eq!(host_objects, 6);
+    assert_eq!(host_objects, 7);
     assert_eq!(
         v.manifest.artifacts.len(),
         std::fs::read_dir(d.path().join("cubin")).unwrap().count()

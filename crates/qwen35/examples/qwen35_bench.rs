@@ -16,7 +16,9 @@
 //! Arguments (optional) pick parts: `prefill`, `decode`, `mixed` (default:
 //! all), and `--decode-batches 1,16,64`, `--prefill-lens 1024,8192` (the
 //! prompt lengths to time; the server's TTFT breakdown passes the lengths
-//! its tokenizer gave), `--model DIR` (a Hugging Face checkpoint's weights
+//! its tokenizer gave), `--swiglu unfused,auto` (the MLP gate/up + SwiGLU
+//! routes each prefill length is timed with, in that order: side by side in
+//! one run; default `auto`), `--model DIR` (a Hugging Face checkpoint's weights
 //! instead of random ones: the served model's own). `mixed` times a step of decode rows
 //! plus one 512-token prefill chunk against the two run as separate steps
 //! (eagerly, both): a mixed step should cost what its parts cost.
@@ -70,6 +72,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .collect()
         })
         .unwrap_or_else(|| vec![1024, 8192]);
+    let swiglu_modes: Vec<(String, gdn_kernels::SwigluRequest)> = args
+        .iter()
+        .position(|a| a == "--swiglu")
+        .and_then(|i| args.get(i + 1))
+        .map_or("auto", String::as_str)
+        .split(',')
+        .map(|m| {
+            let r = match m {
+                "auto" => gdn_kernels::SwigluRequest::Auto,
+                "unfused" => gdn_kernels::SwigluRequest::Unfused,
+                "fused" => gdn_kernels::SwigluRequest::Fused,
+                _ => panic!("--swiglu takes auto, unfused or fused, got {m:?}"),
+            };
+            (m.to_string(), r)
+        })
+        .collect();
     let model_dir = args
         .iter()
         .position(|a| a == "--model")
@@ -163,7 +181,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // 3. Prefill: one sequence, logits for its last token.
     let prefill_lens: &[usize] = if part("prefill") { &prefill_lens } else { &[] };
-    for &len in prefill_lens {
+    for (&len, (mode, request)) in prefill_lens
+        .iter()
+        .flat_map(|l| swiglu_modes.iter().map(move |m| (l, m)))
+    {
+        model.set_swiglu_request(*request);
         let tokens: Vec<u32> = (0..len as u32).map(|t| (t * 7919) % 200_000 + 10).collect();
         let mut times = vec![];
         // The first run warms up; best and median of the other five.
@@ -189,7 +211,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let median = timed[timed.len() / 2];
         let flops = 2.0 * params_per_token as f64 * len as f64;
         println!(
-            "{{\"prefill_tokens\": {len}, \"ms\": {:.2}, \"median_ms\": {:.2}, \"tokens_per_s\": {:.0}, \"gemm_roofline_ms\": {:.2}, \"fraction_of_roofline\": {:.2}}}",
+            "{{\"prefill_tokens\": {len}, \"swiglu\": {mode:?}, \"ms\": {:.2}, \"median_ms\": {:.2}, \"tokens_per_s\": {:.0}, \"gemm_roofline_ms\": {:.2}, \"fraction_of_roofline\": {:.2}}}",
             best * 1e3,
             median * 1e3,
             len as f64 / best,
@@ -197,6 +219,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             flops / gemm_rate / best
         );
     }
+
+    // Decode and mixed steps run the default rule.
+    model.set_swiglu_request(gdn_kernels::SwigluRequest::Auto);
 
     // 4. Decode: `batch` sequences at CONTEXT tokens each, one token per step.
     let decode_batches = if part("decode") { batches } else { vec![] };

@@ -1,7 +1,8 @@
 //! The GPU gates of the bf16 runtime on the tiny fixtures (skipped without a
 //! GPU; `GDN_REQUIRE_GPU=1` makes a missing GPU a failure):
 //! - every prompt against HF's bf16 goldens with `qwen35::gate` (regret/mean/p99),
-//!   on the dispatched GDN backend and on the portable one, backend asserted;
+//!   on the dispatched GDN backend and on the portable one, backend asserted,
+//!   and (SM 9.0) with the MLP's fused and unfused SwiGLU routes forced;
 //! - a batch of mixed-length prompts against the same prompts one by one;
 //! - chunked prefill (64 + 64, 37 + 91, 1 + 127, and 2048 + 2052 for the
 //!   4100-token prompt) against unchunked;
@@ -25,7 +26,7 @@ use common::alloc::Seqs;
 use common::{Fixture, MODELS};
 use cudarc::driver::CudaStream;
 use engine::{PageId, SlotId};
-use gdn_kernels::{Backend, BackendRequest};
+use gdn_kernels::{Backend, BackendRequest, SwigluRequest};
 use qwen35::gate::{compare, consistency, topk, GateStats};
 use qwen35::gpu::{GpuCache, GpuModel, GpuOptions};
 use qwen35::RowLogits;
@@ -113,6 +114,34 @@ fn every_prompt_passes_the_hf_bf16_gate_on_both_gdn_backends() {
                 let st = compare(&logits, &ids, &lps);
                 report(&format!("{name} {backend} prompt {i} (T={})", p.len()), &st);
                 assert!(st.passes(), "{name} {backend} prompt {i}: {st:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn every_prompt_passes_the_hf_bf16_gate_on_both_swiglu_routes() {
+    let Some(s) = stream() else { return };
+    if !hopper(&s) {
+        eprintln!("skipped: the fused SwiGLU GEMM runs on SM 9.0 GPUs only");
+        return;
+    }
+    // Auto fuses only prompts of at least SWIGLU_FUSED_MIN_ROWS tokens (the
+    // 4100-token one): forcing each route runs every prompt through both.
+    for name in MODELS {
+        let f = Fixture::load(name);
+        let mut model = gpu_model(&f, &s, BackendRequest::Auto);
+        for request in [SwigluRequest::Fused, SwigluRequest::Unfused] {
+            model.set_swiglu_request(request);
+            for (i, p) in f.prompts.iter().enumerate() {
+                let logits = run_chunks(&mut model, &[p]);
+                let (ids, lps) = f.golden(i);
+                let st = compare(&logits, &ids, &lps);
+                report(
+                    &format!("{name} SwiGLU {request:?} prompt {i} (T={})", p.len()),
+                    &st,
+                );
+                assert!(st.passes(), "{name} SwiGLU {request:?} prompt {i}: {st:?}");
             }
         }
     }

@@ -440,6 +440,12 @@ impl GpuModel {
         Ok(CudaContext::new(0)?.new_stream()?)
     }
 
+    /// Forces the MLP's gate/up + SwiGLU route (benchmarks and tests
+    /// compare the fused and unfused routes with it; default `Auto`).
+    pub fn set_swiglu_request(&mut self, request: gdn_kernels::SwigluRequest) {
+        self.gemm.set_swiglu_request(request);
+    }
+
     /// The GDN prefill backend in use.
     pub fn gdn_backend(&self) -> Backend {
         self.gdn.backend()
@@ -548,11 +554,9 @@ impl GpuModel {
                 h,
                 eps,
             )?;
-            let mut gate_up = scratch::<bf16>(&s, t * 2 * inter)?;
-            self.gemm
-                .linear(&normed, &layer.gate_up, &mut gate_up, t, 2 * inter, h)?;
             let mut act = scratch::<bf16>(&s, t * inter)?;
-            self.ops.silu_mul(&gate_up, &mut act, inter)?;
+            self.gemm
+                .gate_up_swiglu(&self.ops, &normed, &layer.gate_up, &mut act, t, inter, h)?;
             let mut out = scratch::<bf16>(&s, t * h)?;
             self.gemm.linear(&act, &layer.down, &mut out, t, h, inter)?;
             delta = Some(out);
