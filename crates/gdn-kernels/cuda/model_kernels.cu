@@ -170,25 +170,35 @@ extern "C" __global__ void add_rmsnorm_vec8_bf16(bf16* __restrict__ out, bf16* _
 // a butterfly over each 32 channels, then (w0 + w2) + (w1 + w3) over the
 // four 32-channel quarters), which gdn_decode_fused reproduces: the values
 // are the same bits as before and as the fused decode's.
+// Bit copies between register types (bf16 lanes <-> uint2/uint4) go through
+// __builtin_memcpy, not <cstring>'s memcpy: that one is declared by the build
+// machine's glibc, and where the host compiler enables _FORTIFY_SOURCE
+// (Ubuntu's gcc does) it becomes an inline __builtin___memcpy_chk wrapper that
+// reaches the device code too. The H200's Ubuntu 24.04 build of this file gave
+// other model_kernels sm_100/sm_120 cubins than Debian's (2026-12-02, docs/
+// reproducibility.md); the builtin does not depend on the host's headers.
+__device__ __forceinline__ void copy_bits(void* dst, const void* src, size_t bytes) {
+    __builtin_memcpy(dst, src, bytes);
+}
 // Four bf16 to an 8-byte aligned address in one store.
 __device__ __forceinline__ void store4(bf16* dst, const bf16 (&v)[4]) {
     uint2 packed;
-    memcpy(&packed, v, sizeof packed);
+    copy_bits(&packed, v, sizeof packed);
     *reinterpret_cast<uint2*>(dst) = packed;
 }
 // Four consecutive bf16 as one uint2: one 8-byte load where `aligned`.
-// Through memcpy: no bf16 object is written through a uint2 lvalue (the
+// Through copy_bits: no bf16 object is written through a uint2 lvalue (the
 // host emulation's compiler optimises on that).
 __device__ __forceinline__ uint2 load4(const bf16* src, bool aligned) {
     if (aligned) return *reinterpret_cast<const uint2*>(src);
     bf16 x[4] = {src[0], src[1], src[2], src[3]};
     uint2 raw;
-    memcpy(&raw, x, sizeof raw);
+    copy_bits(&raw, x, sizeof raw);
     return raw;
 }
 __device__ __forceinline__ float unpack4(const uint2& raw, int e) {
     bf16 x[4];
-    memcpy(x, &raw, sizeof raw);
+    copy_bits(x, &raw, sizeof raw);
     return f(x[e]);
 }
 // MaxTaps bounds kw - 1 and sizes the registers: the general kernel
@@ -675,7 +685,7 @@ extern "C" __global__ void attn_prep(
     if (vec) {
         const uint4 raw = *reinterpret_cast<const uint4*>(src);
         bf16 v8[8];
-        memcpy(v8, &raw, sizeof raw);
+        copy_bits(v8, &raw, sizeof raw);
 #pragma unroll
         for (int e = 0; e < 8; ++e) x[e] = f(v8[e]);
     } else {
@@ -720,7 +730,7 @@ extern "C" __global__ void attn_prep(
     }
     if (vec) {
         uint4 packed;
-        memcpy(&packed, val, sizeof packed);
+        copy_bits(&packed, val, sizeof packed);
         *reinterpret_cast<uint4*>(dst) = packed;
         if (v_dst != nullptr) *reinterpret_cast<uint4*>(v_dst) = *reinterpret_cast<const uint4*>(v_src);
     } else {
@@ -1156,8 +1166,8 @@ extern "C" __global__ void attention_gate_bf16(bf16* __restrict__ out, const bf1
     if (vec) {
         const uint4 graw = *reinterpret_cast<const uint4*>(gate);
         const uint4 oraw = *reinterpret_cast<const uint4*>(o);
-        memcpy(g8, &graw, sizeof graw);
-        memcpy(o8, &oraw, sizeof oraw);
+        copy_bits(g8, &graw, sizeof graw);
+        copy_bits(o8, &oraw, sizeof oraw);
     } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
@@ -1169,7 +1179,7 @@ extern "C" __global__ void attention_gate_bf16(bf16* __restrict__ out, const bf1
     for (int e = 0; e < 8; ++e) o8[e] = bf(f(o8[e]) * sigmoid(f(g8[e])));
     if (vec) {
         uint4 packed;
-        memcpy(&packed, o8, sizeof packed);
+        copy_bits(&packed, o8, sizeof packed);
         *reinterpret_cast<uint4*>(o) = packed;
     } else {
 #pragma unroll
