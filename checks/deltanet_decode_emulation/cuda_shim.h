@@ -39,6 +39,12 @@ template <class T> T __shfl_sync(unsigned, T v, int src) {
   T out; memcpy(&out, &r, sizeof(T)); return out;
 }
 inline void __syncwarp() { warp_bar(); }
+inline bool __any_sync(unsigned, bool p) {
+  g_slot[threadIdx.x] = p; warp_bar();
+  bool any = false;
+  for (unsigned l = 0; l < 32; ++l) any |= g_slot[(threadIdx.x & ~31u) | l] != 0;
+  warp_bar(); return any;
+}
 inline unsigned atomicAdd(unsigned* a, unsigned v) { std::lock_guard g(g_atomic); unsigned o = *a; *a += v; return o; }
 struct __nv_bfloat16 { uint16_t bits; };
 inline float __bfloat162float(__nv_bfloat16 x) { uint32_t u = (uint32_t)x.bits << 16; float f; memcpy(&f, &u, 4); return f; }

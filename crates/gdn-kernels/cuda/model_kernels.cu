@@ -219,6 +219,52 @@ __device__ __forceinline__ float unpack4(const uint2& raw, int e) {
         const int32_t* __restrict__ seq_slot, const float* __restrict__ a_log,      \
         const float* __restrict__ dt_bias, int hk, int hv, int kw, int num_tokens,  \
         int tokens_per_warp
+// One token's conv outputs from its four channels' sums: SiLU rounded to
+// bf16 as HF stores it, then for a q/k group (`qk`, warp-uniform) the L2
+// norm over the group's 128 channels. `dst` is this lane's 4 outputs.
+__device__ __forceinline__ void conv_emit(const float (&acc)[4], bool qk, bf16* dst) {
+    float x[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[e] = rbf(silu(acc[e]));
+    bf16 o[4];
+    if (qk) {
+        // Butterfly levels 16, 8, 4 of a 32-channel quarter are lane xors
+        // 4, 2, 1 here; levels 2 and 1 are within the lane; then the quarters.
+        float ss[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            ss[e] = x[e] * x[e];
+            for (int m = 4; m > 0; m >>= 1) ss[e] += __shfl_xor_sync(0xffffffffu, ss[e], m);
+        }
+        const float quarter = (ss[0] + ss[2]) + (ss[1] + ss[3]);
+        const float half = quarter + __shfl_xor_sync(0xffffffffu, quarter, 16);
+        const float tot = half + __shfl_xor_sync(0xffffffffu, half, 8);
+        const float r = rsqrtf(tot + 1e-6f);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[e] = bf(x[e] * r);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[e] = bf(x[e]);
+    }
+    store4(dst, o);
+}
+// The gates of tokens [t0, t_end), a value head a lane (run by group 0's warp).
+__device__ __forceinline__ void conv_gates(float* __restrict__ alpha_out,
+                                           float* __restrict__ beta_out,
+                                           const bf16* __restrict__ proj, int ld, int col_b,
+                                           int col_a, const float* __restrict__ a_log,
+                                           const float* __restrict__ dt_bias, int hv, int t0,
+                                           int t_end) {
+    for (int t = t0; t < t_end; ++t) {
+        for (int h = threadIdx.x & 31; h < hv; h += 32) {
+            const float b = f(proj[(int64_t)t * ld + col_b + h]);
+            const float a = f(proj[(int64_t)t * ld + col_a + h]) + dt_bias[h];
+            const float softplus = a > 20.f ? a : log1pf(expf(a));
+            beta_out[(int64_t)t * hv + h] = rbf(sigmoid(b));
+            alpha_out[(int64_t)t * hv + h] = expf(-expf(a_log[h]) * softplus);
+        }
+    }
+}
 template <int MaxTaps, int Prefetch, int FixedKw>
 __device__ __forceinline__ void conv_prep_body(GDN_CONV_PREP_PARAMS) {
     // A compile-time width folds the taps' bounds checks and window shifts.
@@ -297,47 +343,15 @@ __device__ __forceinline__ void conv_prep_body(GDN_CONV_PREP_PARAMS) {
 #pragma unroll
             for (int j = 0; j < MaxTaps; ++j)
                 if (j + 1 == taps) window[j] = ahead[u];
-            float x[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) x[e] = rbf(silu(acc[e]));
-            bf16 o[4];
-            if (g < 2 * hk) {
-                // Butterfly levels 16, 8, 4 of a 32-channel quarter are lane xors
-                // 4, 2, 1 here; levels 2 and 1 are within the lane; then the quarters.
-                float ss[4];
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    ss[e] = x[e] * x[e];
-                    for (int m = 4; m > 0; m >>= 1) ss[e] += __shfl_xor_sync(0xffffffffu, ss[e], m);
-                }
-                const float quarter = (ss[0] + ss[2]) + (ss[1] + ss[3]);
-                const float half = quarter + __shfl_xor_sync(0xffffffffu, quarter, 16);
-                const float tot = half + __shfl_xor_sync(0xffffffffu, half, 8);
-                const float r = rsqrtf(tot + 1e-6f);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) o[e] = bf(x[e] * r);
-                bf16* dst = g < hk ? q_out + ((int64_t)t * hk + g) * D : k_out + ((int64_t)t * hk + (g - hk)) * D;
-                store4(dst + 4 * lane, o);
-            } else {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) o[e] = bf(x[e]);
-                store4(v_out + ((int64_t)t * hv + (g - 2 * hk)) * D + 4 * lane, o);
-            }
+            bf16* dst = g < hk         ? q_out + ((int64_t)t * hk + g) * D
+                        : g < 2 * hk ? k_out + ((int64_t)t * hk + (g - hk)) * D
+                                     : v_out + ((int64_t)t * hv + (g - 2 * hk)) * D;
+            conv_emit(acc, g < 2 * hk, dst + 4 * lane);
         }
 #pragma unroll
         for (int u = 0; u < Prefetch; ++u) ahead[u] = next[u];
     }
-    if (g == 0) {
-        for (int t = t0; t < t_end; ++t) {
-            for (int h = lane; h < hv; h += 32) {
-                const float b = f(proj[(int64_t)t * ld + col_b + h]);
-                const float a = f(proj[(int64_t)t * ld + col_a + h]) + dt_bias[h];
-                const float softplus = a > 20.f ? a : log1pf(expf(a));
-                beta_out[(int64_t)t * hv + h] = rbf(sigmoid(b));
-                alpha_out[(int64_t)t * hv + h] = expf(-expf(a_log[h]) * softplus);
-            }
-        }
-    }
+    if (g == 0) conv_gates(alpha_out, beta_out, proj, ld, col_b, col_a, a_log, dt_bias, hv, t0, t_end);
 }
 
 #define GDN_CONV_PREP_ARGS                                                                     \
@@ -346,8 +360,99 @@ __device__ __forceinline__ void conv_prep_body(GDN_CONV_PREP_PARAMS) {
 extern "C" __global__ void gdn_conv_prep(GDN_CONV_PREP_PARAMS) {
     conv_prep_body<kMaxConvTaps, 4, 0>(GDN_CONV_PREP_ARGS);
 }
-// kw == 4 only (the op picks it then).
+// The steady state of kw == 4: a warp whose tokens are all at least 3 into
+// their sequences (every tap is a row of this batch, none reads the conv
+// state). Returns false, having done nothing, for any other warp. The same
+// arithmetic as conv_prep_body (the same bits) without its per-token work:
+// no sequence lookups or per-tap checks, each row unpacked once, pointers
+// advanced by a row instead of recomputed in 64 bits for every access, and
+// U rows loaded ahead of the U tokens in use.
+// Why: Nsight Compute's per-instruction counts for conv_prep_body<3, 6, 4>
+// at 8k tokens on the H200 (2026-12-02, seventh session) were 273 warp
+// instructions a (token, group), about half of them integer work (address
+// arithmetic, the lookups, checks, re-unpacking the taps) around ~120 of
+// arithmetic, with the kernel issue-bound at 213 us (25% of DRAM bandwidth).
+template <int U>
+__device__ __forceinline__ bool conv_prep_k4_steady(GDN_CONV_PREP_PARAMS) {
+    const int D = kGdnDim;
+    const int groups = 2 * hk + hv;
+    const int lane = threadIdx.x & 31;
+    const int64_t work = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int tiles = (num_tokens + tokens_per_warp - 1) / tokens_per_warp;
+    if (work >= (int64_t)tiles * groups) return true;  // whole warps only
+    const int t0 = (int)(work / groups) * tokens_per_warp, g = (int)(work % groups);
+    const int t_end = min(t0 + tokens_per_warp, num_tokens);
+    // 8-byte row accesses need 4-channel alignment of every proj row.
+    if ((ld & 3) != 0) return false;
+    int my_index = 3;
+    if (t0 + lane < t_end) my_index = t0 + lane - cu_seqlens[tok_seq[t0 + lane]];
+    if (__any_sync(0xffffffffu, my_index < 3)) return false;
+    const int c0 = g * D + 4 * lane;
+    float w[4][4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) w[e][j] = conv_w[(c0 + e) * 4 + j];
+    // x0..x2: the inputs of the taps before the current token, oldest first.
+    const bf16* row = proj + (int64_t)(t0 - 3) * ld + c0;
+    float x0[4], x1[4], x2[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        x0[e] = unpack4(load4(row, true), e);
+        x1[e] = unpack4(load4(row + ld, true), e);
+        x2[e] = unpack4(load4(row + 2 * ld, true), e);
+    }
+    row += 3 * (int64_t)ld;  // token t0's row
+    const bool qk = g < 2 * hk;
+    const int64_t step = (int64_t)(qk ? hk : hv) * D;
+    bf16* dst = (g < hk       ? q_out + ((int64_t)t0 * hk + g) * D
+                 : qk         ? k_out + ((int64_t)t0 * hk + (g - hk)) * D
+                              : v_out + ((int64_t)t0 * hv + (g - 2 * hk)) * D) +
+                4 * lane;
+    const int64_t ahead = (int64_t)U * ld;
+    uint2 cur[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) cur[u] = t0 + u < t_end ? load4(row + u * (int64_t)ld, true) : make_uint2(0, 0);
+    int t = t0;
+    for (;; t += U) {
+        const bool full = t + U <= t_end;  // warp-uniform
+        uint2 next[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            next[u] = full && t + U + u < t_end ? load4(row + ahead + u * (int64_t)ld, true) : make_uint2(0, 0);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (!full && t + u >= t_end) break;
+            float x3[4], acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                x3[e] = unpack4(cur[u], e);
+                acc[e] += w[e][0] * x0[e];
+                acc[e] += w[e][1] * x1[e];
+                acc[e] += w[e][2] * x2[e];
+                acc[e] += w[e][3] * x3[e];
+            }
+            conv_emit(acc, qk, dst);
+            dst += step;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                x0[e] = x1[e];
+                x1[e] = x2[e];
+                x2[e] = x3[e];
+            }
+        }
+        if (!full) break;
+        row += ahead;
+#pragma unroll
+        for (int u = 0; u < U; ++u) cur[u] = next[u];
+    }
+    if (g == 0) conv_gates(alpha_out, beta_out, proj, ld, col_b, col_a, a_log, dt_bias, hv, t0, t_end);
+    return true;
+}
+// kw == 4 only (the op picks it then): warps at a sequence's start (their
+// taps read the conv state) take the general body.
 extern "C" __global__ void __launch_bounds__(256, 3) gdn_conv_prep_k4(GDN_CONV_PREP_PARAMS) {
+    if (conv_prep_k4_steady<4>(GDN_CONV_PREP_ARGS)) return;
     conv_prep_body<3, 6, 4>(GDN_CONV_PREP_ARGS);
 }
 
@@ -654,103 +759,189 @@ GDN_DECODE_FUSED(1)
 // Attention input side: q/k zero-centred RMSNorm per head, partial NeoX RoPE
 // on the first 2*rot_half dims (cos/sin rounded to bf16 like HF's), then q to
 // q_out and k, v into their KV-cache pages. proj is the fused [q|gate per
-// head, k, v] projection. One warp per (token, head), head_dim / 32 values a
-// lane (16-byte accesses for head dim 256 where ld % 8 == 0), the normed
-// head through shared memory for RoPE's partner values: grid
-// ceil(T * (Hq + Hkv) / 8), block 256. Why: a block of head_dim threads per
-// (token, head) with a block-wide sum and 2-byte accesses took 269 us a
-// layer at 8192 tokens on the H200 (ncu, 2026-12-01), ~3x its memory time.
+// head, k, v] projection. One warp per (token, run of `heads_per_warp`
+// heads of the Hq + Hkv), head_dim / 32 values a lane (see attn_prep_run for
+// the specialised and the general path): grid
+// ceil(T * ceil((Hq + Hkv) / heads_per_warp) / 8), block 256. The warp computes its token's RoPE (cos, sin) and KV page once
+// for its run and loads the next head's row before working on the current
+// one. The caller sizes the runs so that short batches still spread over
+// one warp a head.
+// Why: a block of head_dim threads per (token, head) with a block-wide sum
+// and 2-byte accesses took 269 us a layer at 8192 tokens on the H200 (ncu,
+// 2026-12-01), ~3x its memory time. A warp per (token, head) with the values
+// a lane known only at run time took 185 us (ncu, 2026-12-02): 592 warp
+// instructions a head, most of them its general per-value code (RoPE as a
+// branch per value over shared memory, which the whole warp issues for the
+// 8 rotary lanes, a bf16 array packed through local memory) and the 64-bit
+// division of the work index. Runs of heads with that same general code
+// took 194 us; with the specialised path below (about 190 instructions a
+// head) 58 us, and 11 us instead of 28 at 1k tokens (docs/benchmarks.md).
 constexpr int kMaxHeadDim = 256;
-extern "C" __global__ void attn_prep(
+// Two bf16 as one 32-bit word, the first in the low half (memory order).
+__device__ __forceinline__ unsigned pack_bf16x2(bf16 lo, bf16 hi) {
+    unsigned short l, h;
+    copy_bits(&l, &lo, sizeof l);
+    copy_bits(&h, &hi, sizeof h);
+    return (unsigned)l | ((unsigned)h << 16);
+}
+// The run of heads [h_begin, h_end) of token t. PL: values a lane as a
+// compile-time constant with 16-byte accesses and RoPE partners by shuffles
+// (head dim 256, ld % 8 == 0, rot_half % 8 == 0: Qwen3.5), or 0 for the
+// general path (D / 32 values a lane, 2-byte accesses, partners through
+// shared memory).
+template <int PL>
+__device__ __forceinline__ void attn_prep_run(
     bf16* __restrict__ q_out, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
     const bf16* __restrict__ proj, int ld, const float* __restrict__ q_norm,
     const float* __restrict__ k_norm, const float* __restrict__ inv_freq, int rot_half,
     const int32_t* __restrict__ positions, const int32_t* __restrict__ tok_seq,
     const int32_t* __restrict__ block_table, int max_blocks, int page, int hq, int hkv,
-    float eps, int head_dim, int num_tokens) {
-    __shared__ float y_all[8][kMaxHeadDim];
-    __shared__ float rope_cos[8][kMaxHeadDim / 2], rope_sin[8][kMaxHeadDim / 2];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int heads = hq + hkv;
-    const int64_t work = (int64_t)blockIdx.x * 8 + warp;
-    if (work >= (int64_t)num_tokens * heads) return;  // whole warps only
-    const int64_t t = work / heads;
-    const int h = (int)(work % heads);
-    const int D = head_dim, per_lane = D / 32, d0 = lane * per_lane;
-    const bool is_q = h < hq;
-    const int kh = h - hq;
-    // 16-byte accesses: 8 values a lane, every row offset a multiple of 8.
-    const bool vec = per_lane == 8 && (ld & 7) == 0;
-    const bf16* src = proj + t * ld + (is_q ? h * 2 * D : hq * 2 * D + kh * D) + d0;
-    float x[8];
-    if (vec) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(src);
-        bf16 v8[8];
-        copy_bits(v8, &raw, sizeof raw);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) x[e] = f(v8[e]);
-    } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) x[e] = e < per_lane ? f(src[e]) : 0.f;
-    }
-    float ss = 0.f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) ss += x[e] * x[e];
-    const float r = rsqrtf(warp_sum(ss) / D + eps);
-    const float* norm = is_q ? q_norm : k_norm;
-    float* y = y_all[warp];
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-        if (e < per_lane) y[d0 + e] = rbf(x[e] * r * (1.f + norm[d0 + e]));
-    // This token's (cos, sin) per rotary frequency, one frequency a lane: the
-    // lanes that own rotary dimensions used to compute all of theirs (lanes
-    // 0-7 eight cosf and eight sinf each, one after another, for every head).
-    // The same functions of the same angles: the same bits. Measured on the
-    // H200 at 8k tokens (ncu, 2026-12-02): 195 -> 188 us a layer, so the trig
-    // was not what bounds this kernel (~3x its bytes at the copy rate; each
-    // warp's chain of dependent loads is the suspect, docs/benchmarks.md).
+    float eps, int D, int t, int h_begin, int h_end, float* __restrict__ y,
+    float* __restrict__ rope_cos, float* __restrict__ rope_sin) {
+    constexpr bool kVec = PL == 8;
+    if (kVec) D = 256;  // a constant for the compiler (the caller checked it)
+    const int lane = threadIdx.x & 31;
+    const int per_lane = kVec ? 8 : D / 32, d0 = lane * per_lane;
+    const bf16* token_row = proj + (int64_t)t * ld;
+    // Head h's input values of this lane.
+    auto head_src = [&](int h) {
+        return token_row + (h < hq ? h * 2 * D : hq * 2 * D + (h - hq) * D) + d0;
+    };
+    // This token's (cos, sin) per rotary frequency, one frequency a lane.
     const int pos = positions[t];
     for (int i = lane; i < rot_half; i += 32) {
         const float angle = (float)pos * inv_freq[i];
-        rope_cos[warp][i] = rbf(cosf(angle));
-        rope_sin[warp][i] = rbf(sinf(angle));
+        rope_cos[i] = rbf(cosf(angle));
+        rope_sin[i] = rbf(sinf(angle));
     }
-    __syncwarp();
-    bf16 val[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-        const int d = d0 + e;
-        float v = e < per_lane ? y[d] : 0.f;
-        if (e < per_lane && d < 2 * rot_half) {
-            const int i = d < rot_half ? d : d - rot_half;
-            const float c = rope_cos[warp][i], s = rope_sin[warp][i];
-            v = d < rot_half ? y[d] * c - y[d + rot_half] * s : y[d] * c + y[d - rot_half] * s;
-        }
-        val[e] = bf(v);
-    }
-    bf16* dst;
-    const bf16* v_src = nullptr;
-    bf16* v_dst = nullptr;
-    if (is_q) {
-        dst = q_out + (t * hq + h) * D + d0;
-    } else {
+    // The token's place in the KV cache, where the run has a k head.
+    int64_t kv_row = 0;
+    if (h_end > hq) {
         const int64_t page_id = block_table[(int64_t)tok_seq[t] * max_blocks + pos / page];
-        const int64_t at = ((page_id * page + pos % page) * hkv + kh) * D + d0;
-        dst = k_cache + at;
-        v_dst = v_cache + at;
-        v_src = proj + t * ld + hq * 2 * D + hkv * D + kh * D + d0;
+        kv_row = (page_id * page + pos % page) * hkv;
     }
-    if (vec) {
-        uint4 packed;
-        copy_bits(&packed, val, sizeof packed);
-        *reinterpret_cast<uint4*>(dst) = packed;
-        if (v_dst != nullptr) *reinterpret_cast<uint4*>(v_dst) = *reinterpret_cast<const uint4*>(v_src);
-    } else {
-        for (int e = 0; e < per_lane; ++e) {
-            dst[e] = val[e];
-            if (v_dst != nullptr) v_dst[e] = v_src[e];
+    // kVec: this lane's 8 (cos, sin) and RoPE partner lane, once for the run.
+    const bool rot_lane = d0 < 2 * rot_half, first_half = d0 < rot_half;
+    const int partner_lane = !rot_lane ? lane : first_half ? lane + rot_half / 8 : lane - rot_half / 8;
+    float rot_c[8], rot_s[8];
+    if constexpr (kVec) {
+        __syncwarp();  // the angles are in shared memory
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const int i = rot_lane ? (first_half ? d0 : d0 - rot_half) + e : 0;
+            rot_c[e] = rope_cos[i];
+            rot_s[e] = rope_sin[i];
         }
     }
+    uint4 next = make_uint4(0, 0, 0, 0);
+    if (kVec) next = *reinterpret_cast<const uint4*>(head_src(h_begin));
+    for (int h = h_begin; h < h_end; ++h) {
+        const bool is_q = h < hq;
+        const int kh = h - hq;
+        float x[8];
+        if (kVec) {
+            const uint4 raw = next;
+            if (h + 1 < h_end) next = *reinterpret_cast<const uint4*>(head_src(h + 1));
+            bf16 v8[8];
+            copy_bits(v8, &raw, sizeof raw);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) x[e] = f(v8[e]);
+        } else {
+            const bf16* src = head_src(h);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) x[e] = e < per_lane ? f(src[e]) : 0.f;
+        }
+        float ss = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ss += x[e] * x[e];
+        const float r = rsqrtf(warp_sum(ss) / D + eps);
+        const float* norm = (is_q ? q_norm : k_norm) + d0;
+        bf16 val[8];
+        if constexpr (kVec) {
+            // RoPE's partner of each value sits in lane +- rot_half / 8 at the
+            // same e (rot_half % 8 == 0): a shuffle each, no shared memory.
+            const float4 n0 = *reinterpret_cast<const float4*>(norm);
+            const float4 n1 = *reinterpret_cast<const float4*>(norm + 4);
+            const float nw[8] = {n0.x, n0.y, n0.z, n0.w, n1.x, n1.y, n1.z, n1.w};
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const float yv = rbf(x[e] * r * (1.f + nw[e]));
+                const float partner = __shfl_sync(0xffffffffu, yv, partner_lane);
+                // y c - p s below the rotary half, y c + p s above (one rounding
+                // of the product, then the fused multiply-add, as before).
+                const float v = rot_lane ? fmaf(first_half ? -partner : partner, rot_s[e], yv * rot_c[e]) : yv;
+                val[e] = bf(v);
+            }
+        } else {
+            __syncwarp();  // the previous head's partners are read
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+                if (e < per_lane) y[d0 + e] = rbf(x[e] * r * (1.f + norm[e]));
+            __syncwarp();
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const int d = d0 + e;
+                float v = e < per_lane ? y[d] : 0.f;
+                if (e < per_lane && d < 2 * rot_half) {
+                    const int i = d < rot_half ? d : d - rot_half;
+                    const float c = rope_cos[i], s = rope_sin[i];
+                    v = d < rot_half ? y[d] * c - y[d + rot_half] * s : y[d] * c + y[d - rot_half] * s;
+                }
+                val[e] = bf(v);
+            }
+        }
+        bf16* dst;
+        const bf16* v_src = nullptr;
+        bf16* v_dst = nullptr;
+        if (is_q) {
+            dst = q_out + ((int64_t)t * hq + h) * D + d0;
+        } else {
+            const int64_t at = (kv_row + kh) * D + d0;
+            dst = k_cache + at;
+            v_dst = v_cache + at;
+            v_src = token_row + hq * 2 * D + hkv * D + kh * D + d0;
+        }
+        if (kVec) {
+            uint4 packed;  // pairs packed in registers (a bf16 array went to local memory)
+            unsigned* words = reinterpret_cast<unsigned*>(&packed);
+#pragma unroll
+            for (int w = 0; w < 4; ++w) words[w] = pack_bf16x2(val[2 * w], val[2 * w + 1]);
+            *reinterpret_cast<uint4*>(dst) = packed;
+            if (v_dst != nullptr) *reinterpret_cast<uint4*>(v_dst) = *reinterpret_cast<const uint4*>(v_src);
+        } else {
+            for (int e = 0; e < per_lane; ++e) {
+                dst[e] = val[e];
+                if (v_dst != nullptr) v_dst[e] = v_src[e];
+            }
+        }
+    }
+}
+extern "C" __global__ void __launch_bounds__(256, 4) attn_prep(
+    bf16* __restrict__ q_out, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
+    const bf16* __restrict__ proj, int ld, const float* __restrict__ q_norm,
+    const float* __restrict__ k_norm, const float* __restrict__ inv_freq, int rot_half,
+    const int32_t* __restrict__ positions, const int32_t* __restrict__ tok_seq,
+    const int32_t* __restrict__ block_table, int max_blocks, int page, int hq, int hkv,
+    float eps, int head_dim, int num_tokens, int heads_per_warp) {
+    __shared__ __align__(16) float y_all[8][kMaxHeadDim];
+    __shared__ float rope_cos[8][kMaxHeadDim / 2], rope_sin[8][kMaxHeadDim / 2];
+    const int warp = threadIdx.x >> 5;
+    const int heads = hq + hkv;
+    const int runs = (heads + heads_per_warp - 1) / heads_per_warp;
+    const int64_t work = (int64_t)blockIdx.x * 8 + warp;
+    if (work >= (int64_t)num_tokens * runs) return;  // whole warps only
+    const int t = (int)(work / runs);
+    const int h_begin = (int)(work % runs) * heads_per_warp;
+    const int h_end = min(h_begin + heads_per_warp, heads);
+#define ATTN_PREP_RUN_ARGS                                                                     \
+    q_out, k_cache, v_cache, proj, ld, q_norm, k_norm, inv_freq, rot_half, positions, tok_seq, \
+        block_table, max_blocks, page, hq, hkv, eps, head_dim, t, h_begin, h_end, y_all[warp], \
+        rope_cos[warp], rope_sin[warp]
+    if (head_dim == 256 && (ld & 7) == 0 && rot_half % 8 == 0)
+        attn_prep_run<8>(ATTN_PREP_RUN_ARGS);
+    else
+        attn_prep_run<0>(ATTN_PREP_RUN_ARGS);
+#undef ATTN_PREP_RUN_ARGS
 }
 
 // Causal attention of each token over its sequence's cached keys 0..pos

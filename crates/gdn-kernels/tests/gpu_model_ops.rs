@@ -9,7 +9,9 @@
 //! prefix, over pages in random order, against an f64 CPU reference on
 //! exactly the bf16 inputs the GPU reads; `Auto`'s choice is asserted too.
 //! Also the residual add + RMSNorm op on both of its kernels (Qwen3.5's
-//! hidden sizes and sizes that take the strided one). Skips without a GPU
+//! hidden sizes and sizes that take the strided one), and the attention
+//! layer's input side (`attention_prep`: q/k norm, RoPE, KV-page writes) on
+//! both of its paths and every run of heads a warp its kernel takes. Skips without a GPU
 //! (`GDN_REQUIRE_GPU=1` makes that a failure).
 
 use std::sync::Arc;
@@ -416,4 +418,198 @@ fn add_rmsnorm_matches_the_reference_on_both_kernels() {
             }
         }
     }
+}
+
+/// `attention_prep` (q/k zero-centred RMSNorm, partial RoPE, q out and k, v
+/// into their pages) against an f64 reference, on batches whose sizes give
+/// the kernel runs of 1, 2, 5 and 20 heads a warp, on its specialised path
+/// (Qwen3.5: head dim 256, rotary 64) and its general one (head dim 128;
+/// head dim 256 with a rotary half not a multiple of 8). Positions reach
+/// 9,000 (large RoPE angles), pages are shuffled, and every KV element the
+/// batch does not own must keep its sentinel.
+#[test]
+fn attention_prep_matches_the_reference_for_every_run_of_heads() {
+    let Some(stream) = gpu_stream() else {
+        return;
+    };
+    let ops = ModelOps::new(stream.clone()).unwrap();
+    let general_128 = AttentionShape {
+        head_dim: 128,
+        ..qwen35_attention(16, 4)
+    };
+    let general_rot36 = AttentionShape {
+        rotary_dim: 36,
+        ..qwen35_attention(16, 4)
+    };
+    let batches: [&[(usize, usize)]; 4] = [
+        &[(0, 1), (5000, 1), (17, 1)],
+        &[(0, 150), (37, 150)],
+        &[(0, 1100)],
+        &[(100, 4000), (8500, 500)],
+    ];
+    for (i, seqs) in batches.iter().enumerate() {
+        for shape in [qwen35_attention(16, 4), general_128, general_rot36] {
+            // The 4500-token batch on the specialised path only (the CPU
+            // reference is the slow part).
+            let tokens: usize = seqs.iter().map(|x| x.1).sum();
+            if tokens > 4096 && shape != qwen35_attention(16, 4) {
+                continue;
+            }
+            check_attention_prep(&ops, shape, seqs, 200 + i as u64);
+        }
+    }
+}
+
+fn check_attention_prep(ops: &ModelOps, a: AttentionShape, seqs: &[(usize, usize)], seed: u64) {
+    let stream = ops.stream();
+    let (hq, hkv, d) = (a.q_heads, a.kv_heads, a.head_dim);
+    let (rot, rot_half) = (a.rotary_dim, a.rotary_dim / 2);
+    let eps = 1e-6f32;
+    let mut rng = Rng::new(seed);
+    let max_blocks = seqs
+        .iter()
+        .map(|(c, n)| (c + n).div_ceil(PAGE))
+        .max()
+        .unwrap();
+    let num_pages = seqs.len() * max_blocks + 2;
+    let mut pages: Vec<i32> = (0..num_pages as i32).collect();
+    for i in (1..pages.len()).rev() {
+        pages.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    let mut layout = BatchLayout {
+        cu_seqlens: vec![0],
+        max_blocks,
+        page_size: PAGE,
+        ..Default::default()
+    };
+    for (s, &(cached, n)) in seqs.iter().enumerate() {
+        layout.cu_seqlens.push(layout.cu_seqlens[s] + n as i32);
+        layout.start_positions.push(cached as i32);
+        layout.slots.push(s as i32);
+        layout
+            .block_table
+            .extend_from_slice(&pages[s * max_blocks..(s + 1) * max_blocks]);
+        layout.tokens.extend(std::iter::repeat_n(0u32, n));
+    }
+    let t: usize = seqs.iter().map(|x| x.1).sum();
+    let batch = DeviceBatch::upload(stream, &layout).unwrap();
+    let width = a.proj_width();
+    let proj: Vec<bf16> = (0..t * width)
+        .map(|_| bf16::from_f32(rng.uniform(-2.0, 2.0)))
+        .collect();
+    let q_norm: Vec<f32> = (0..d).map(|_| rng.uniform(-0.5, 0.5)).collect();
+    let k_norm: Vec<f32> = (0..d).map(|_| rng.uniform(-0.5, 0.5)).collect();
+    // Qwen3.5's rope_theta.
+    let inv_freq: Vec<f32> = (0..rot_half)
+        .map(|k| (1.0 / 1e7f64.powf((2 * k) as f64 / rot as f64)) as f32)
+        .collect();
+    let pool_len = num_pages * a.page_len(PAGE);
+    let sentinel: Vec<bf16> = (0..pool_len)
+        .map(|_| bf16::from_f32(rng.uniform(-9.0, 9.0)))
+        .collect();
+    let (proj_dev, q_norm_dev, k_norm_dev, inv_freq_dev) = (
+        stream.clone_htod(&proj).unwrap(),
+        stream.clone_htod(&q_norm).unwrap(),
+        stream.clone_htod(&k_norm).unwrap(),
+        stream.clone_htod(&inv_freq).unwrap(),
+    );
+    let mut q_dev = stream.alloc_zeros::<bf16>(t * hq * d).unwrap();
+    let mut k_dev = stream.clone_htod(&sentinel).unwrap();
+    let mut v_dev = stream.clone_htod(&sentinel).unwrap();
+    ops.attention_prep(
+        &batch,
+        a,
+        &proj_dev,
+        &q_norm_dev,
+        &k_norm_dev,
+        &inv_freq_dev,
+        &mut q_dev,
+        &mut k_dev,
+        &mut v_dev,
+        eps,
+    )
+    .unwrap();
+    let (got_q, got_k, got_v) = (
+        stream.clone_dtoh(&q_dev).unwrap(),
+        stream.clone_dtoh(&k_dev).unwrap(),
+        stream.clone_dtoh(&v_dev).unwrap(),
+    );
+    let mut owned = vec![false; pool_len];
+    let mut worst = 0f64;
+    let mut row = 0;
+    for (s, &(cached, n)) in seqs.iter().enumerate() {
+        let table = &layout.block_table[s * max_blocks..(s + 1) * max_blocks];
+        for i in 0..n {
+            let pos = cached + i;
+            let kv_at = |kh: usize, e: usize| {
+                ((table[pos / PAGE] as usize * PAGE + pos % PAGE) * hkv + kh) * d + e
+            };
+            let proj_row = &proj[row * width..(row + 1) * width];
+            for h in 0..hq + hkv {
+                let (src, w) = if h < hq {
+                    (h * 2 * d, &q_norm)
+                } else {
+                    (a.col_k() + (h - hq) * d, &k_norm)
+                };
+                let x: Vec<f64> = (0..d).map(|e| proj_row[src + e].to_f64()).collect();
+                let ms = x.iter().map(|v| v * v).sum::<f64>() / d as f64;
+                let r = 1.0 / (ms + eps as f64).sqrt();
+                let y: Vec<f64> = (0..d)
+                    .map(|e| round_bf16(x[e] * r * (1.0 + w[e] as f64)))
+                    .collect();
+                for e in 0..d {
+                    let (want, bound) = if e < rot {
+                        let f = e % rot_half;
+                        // The kernel's angle: an f32 product.
+                        let angle = (pos as f32 * inv_freq[f]) as f64;
+                        let (c, sn) = (round_bf16(angle.cos()), round_bf16(angle.sin()));
+                        let p = if e < rot_half {
+                            -y[e + rot_half]
+                        } else {
+                            y[e - rot_half]
+                        };
+                        let v = y[e] * c + p * sn;
+                        // y may sit one bf16 step from ours, cos/sin too, and
+                        // the output is one rounding more.
+                        (v, (y[e].abs() + p.abs()) / 128.0 + v.abs() / 256.0 + 1e-6)
+                    } else {
+                        (y[e], y[e].abs() / 128.0 + 1e-6)
+                    };
+                    let have = if h < hq {
+                        got_q[(row * hq + h) * d + e].to_f64()
+                    } else {
+                        let at = kv_at(h - hq, e);
+                        owned[at] = true;
+                        assert_eq!(
+                            got_v[at].to_bits(),
+                            proj_row[a.col_k() + hkv * d + (h - hq) * d + e].to_bits(),
+                            "{a:?} seq {s} pos {pos} kv head {} dim {e}: v is a copy",
+                            h - hq
+                        );
+                        got_k[at].to_f64()
+                    };
+                    let err = (have - want).abs();
+                    assert!(
+                        err <= bound,
+                        "{a:?} seq {s} pos {pos} head {h} dim {e}: got {have}, want {want}"
+                    );
+                    worst = worst.max(err);
+                }
+            }
+            row += 1;
+        }
+    }
+    for at in (0..pool_len).filter(|&at| !owned[at]) {
+        assert_eq!(
+            got_k[at].to_bits(),
+            sentinel[at].to_bits(),
+            "k pool element {at} written"
+        );
+        assert_eq!(
+            got_v[at].to_bits(),
+            sentinel[at].to_bits(),
+            "v pool element {at} written"
+        );
+    }
+    println!("attention_prep {a:?}, {t} tokens: worst abs error {worst:.2e}");
 }

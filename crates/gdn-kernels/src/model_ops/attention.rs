@@ -48,11 +48,14 @@ impl ModelOps {
             .arg(&batch.tok_seq)
             .arg(&batch.block_table);
         b.arg(&mb).arg(&ps).arg(&hq).arg(&hkv).arg(&eps);
-        let (d_, t_) = (d as i32, i32_of(OP, t)?);
-        b.arg(&d_).arg(&t_);
+        let heads = shape.q_heads + shape.kv_heads;
+        let per_warp = attn_prep_heads_per_warp(t, heads);
+        let (d_, t_, per_warp_) = (d as i32, i32_of(OP, t)?, per_warp as i32);
+        b.arg(&d_).arg(&t_).arg(&per_warp_);
         // SAFETY: matches attn_prep; pages and lengths checked, head dim at
-        // most 256 (shape.check); one warp per (token, head), 8 a block.
-        let warps = t * (shape.q_heads + shape.kv_heads);
+        // most 256 (shape.check); one warp per (token, run of `per_warp`
+        // heads), 8 a block.
+        let warps = t * heads.div_ceil(per_warp);
         unsafe { b.launch(grid(warps.div_ceil(8), 1, 256, 0)) }?;
         Ok(())
     }
@@ -225,5 +228,40 @@ impl ModelOps {
             ))
         }?;
         Ok(())
+    }
+}
+
+/// Heads an `attn_prep` warp takes for a batch of `tokens`: all of a token's
+/// `heads` once the batch has a warp for every resident warp slot of an H200
+/// (132 SMs x 32 warps at the kernel's 64 registers, about 4096), fewer for
+/// shorter batches, down to one a warp (decode), so that every batch spreads
+/// over about as many warps as the GPU holds. A warp computes its token's
+/// RoPE angles and KV page once for all of its heads.
+fn attn_prep_heads_per_warp(tokens: usize, heads: usize) -> usize {
+    const RESIDENT_WARPS: usize = 4096;
+    let runs = RESIDENT_WARPS
+        .div_ceil(tokens.max(1))
+        .clamp(1, heads.max(1));
+    heads.div_ceil(runs).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::attn_prep_heads_per_warp;
+
+    #[test]
+    fn attn_prep_runs_cover_every_head_and_fill_the_gpu() {
+        // Qwen3.5-4B: 16 q + 4 kv heads.
+        assert_eq!(attn_prep_heads_per_warp(1, 20), 1);
+        assert_eq!(attn_prep_heads_per_warp(64, 20), 1);
+        assert_eq!(attn_prep_heads_per_warp(1024, 20), 5);
+        assert_eq!(attn_prep_heads_per_warp(8192, 20), 20);
+        for tokens in [1, 7, 100, 300, 512, 1000, 2048, 4097, 65536] {
+            let per_warp = attn_prep_heads_per_warp(tokens, 20);
+            assert!((1..=20).contains(&per_warp));
+            // At least half the GPU's warp slots busy (rounding the run up
+            // can halve the runs), or one head a warp already.
+            assert!(per_warp == 1 || 2 * tokens * 20usize.div_ceil(per_warp) >= 4096);
+        }
     }
 }
