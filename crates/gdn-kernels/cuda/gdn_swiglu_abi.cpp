@@ -11,23 +11,8 @@
 #include <cstdio>
 #include <mutex>
 
-namespace {
-thread_local char g_last_error[256] = "no error";
-thread_local cudaError_t g_load_error = cudaSuccess;
-
-int32_t fail(int32_t status, const char* detail) {
-  std::snprintf(g_last_error, sizeof(g_last_error), "%s", detail);
-  return status;
-}
-}  // namespace
-
-// The generated Kernel_Module_Load only printf()s CUDA errors; record the
-// first one instead so gdn_swiglu_load can return it.
-#define CUTE_DSL_CUDA_ERROR_CHECK(err)                                       \
-  {                                                                          \
-    cudaError_t e_ = (err);                                                  \
-    if (e_ != cudaSuccess && g_load_error == cudaSuccess) g_load_error = e_; \
-  }
+// The last-error state and the load-error hook (before the generated headers).
+#include "cute_dsl_host_support.h"
 
 #include "quack_swiglu_sm90.h"
 
@@ -65,15 +50,11 @@ const char* gdn_swiglu_last_error(void) { return g_last_error; }
 int32_t gdn_swiglu_load(void) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_refs++ > 0) return GDN_OK;
-  g_load_error = cudaSuccess;
+  take_load_error();  // a failure of an earlier load is not this one's
   gdn_quack_swiglu_sm90_Kernel_Module_Load(&g_module);
-  if (g_load_error != cudaSuccess) {
-    const cudaError_t e = g_load_error;
+  if (const cudaError_t e = take_load_error(); e != cudaSuccess) {
     g_refs = 0;
-    g_load_error = cudaSuccess;
-    char msg[200];
-    std::snprintf(msg, sizeof(msg), "loading the SwiGLU GEMM module failed: %s", cudaGetErrorString(e));
-    return fail(GDN_ERR_KERNEL, msg);
+    return fail_load("SwiGLU GEMM module", e);
   }
   return GDN_OK;
 }

@@ -204,8 +204,8 @@ __device__ __forceinline__ float unpack4(const uint2& raw, int e) {
 // MaxTaps bounds kw - 1 and sizes the registers: the general kernel
 // (kMaxConvTaps) used 118 registers a thread (16 warps an SM with 256-thread
 // blocks); gdn_conv_prep_k4 is the same body for kw == 4 (Qwen3.5's taps)
-// as a constant, with fewer registers (24 warps an SM) and 6 rows in flight a
-// warp instead of 4. Nsight Compute put the kernel at 62% of the SM's issue
+// as a constant, with fewer registers and 6 rows in flight a warp instead of
+// 4 (and its steady path, below). Nsight Compute put the kernel at 62% of the SM's issue
 // rate and 23% of DRAM bandwidth at 8k tokens: instructions, not bytes, bound
 // it, and a constant kw removes the per-tap bounds checks.
 // One parameter list for the body and both kernels.
@@ -372,6 +372,9 @@ extern "C" __global__ void gdn_conv_prep(GDN_CONV_PREP_PARAMS) {
 // instructions a (token, group), about half of them integer work (address
 // arithmetic, the lookups, checks, re-unpacking the taps) around ~120 of
 // arithmetic, with the kernel issue-bound at 213 us (25% of DRAM bandwidth).
+// This path took it to 170 us with 4 rows ahead at 80 registers (24 warps an
+// SM), 162 us with 2 rows ahead at 64 (32 warps an SM; 4 rows ahead spill
+// there), and 40 -> 33 us at 1k tokens (ncu, docs/benchmarks.md).
 template <int U>
 __device__ __forceinline__ bool conv_prep_k4_steady(GDN_CONV_PREP_PARAMS) {
     const int D = kGdnDim;
@@ -450,9 +453,10 @@ __device__ __forceinline__ bool conv_prep_k4_steady(GDN_CONV_PREP_PARAMS) {
     return true;
 }
 // kw == 4 only (the op picks it then): warps at a sequence's start (their
-// taps read the conv state) take the general body.
-extern "C" __global__ void __launch_bounds__(256, 3) gdn_conv_prep_k4(GDN_CONV_PREP_PARAMS) {
-    if (conv_prep_k4_steady<4>(GDN_CONV_PREP_ARGS)) return;
+// taps read the conv state) take the general body, which spills a few
+// registers at this kernel's 64 (the steady path does not; see above).
+extern "C" __global__ void __launch_bounds__(256, 4) gdn_conv_prep_k4(GDN_CONV_PREP_PARAMS) {
+    if (conv_prep_k4_steady<2>(GDN_CONV_PREP_ARGS)) return;
     conv_prep_body<3, 6, 4>(GDN_CONV_PREP_ARGS);
 }
 

@@ -6,13 +6,18 @@
 //! CUDA events around each call, warm-up first, median of the timed runs.
 //! Prints one JSON object per (shape, backend) on stdout.
 //!
-//! Run: `cargo run --release -p gdn-kernels --example gdn_bench`
+//! Run: `cargo run --release -p gdn-kernels --example gdn_bench [LABEL...]`
+//! (with labels, only the shapes whose label contains one of them, e.g.
+//! `1x1024`).
 
 use gdn_kernels::testing::{gpu_stream, Problem};
 use gdn_kernels::{BackendRequest, GdnGeometry, GdnPrefill};
 
 /// (label, Hqk, Hv, sequence lengths)
 const SHAPES: &[(&str, usize, usize, &[usize])] = &[
+    // The 4B's GDN layers in a 512- and a 1024-token prefill.
+    ("4B 1x512", 16, 32, &[512]),
+    ("4B 1x1024", 16, 32, &[1024]),
     ("4B 1x2048", 16, 32, &[2048]),
     ("4B 1x8192", 16, 32, &[8192]),
     ("4B 1x65536", 16, 32, &[65536]),
@@ -35,7 +40,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "bundle FlashInfer cubins: {}",
         gdn_kernels::flashinfer_cubin_identity()
     );
-    for &(label, hq, hv, lens) in SHAPES {
+    let only: Vec<String> = std::env::args().skip(1).collect();
+    let picked = SHAPES
+        .iter()
+        .filter(|(label, ..)| only.is_empty() || only.iter().any(|o| label.contains(o.as_str())));
+    for &(label, hq, hv, lens) in picked {
         let g = GdnGeometry {
             num_qk_heads: hq,
             num_v_heads: hv,

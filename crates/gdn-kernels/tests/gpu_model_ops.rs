@@ -52,6 +52,42 @@ fn runs_fa3(stream: &Arc<CudaStream>) -> bool {
     cc == (9, 0)
 }
 
+/// The batch layout of `seqs` (per sequence: cached positions, tokens in the
+/// step), one slot a sequence, over pages in random order (a seeded
+/// Fisher-Yates shuffle of every page, `spare` more than the batch needs):
+/// the kernels must follow the table, not the pool order. Returns the layout
+/// and the number of pages in the pool.
+fn paged_layout(seqs: &[(usize, usize)], spare: usize, seed: u64) -> (BatchLayout, usize) {
+    let max_blocks = seqs
+        .iter()
+        .map(|(c, n)| (c + n).div_ceil(PAGE))
+        .max()
+        .unwrap();
+    let num_pages = seqs.len() * max_blocks + spare;
+    let mut pages: Vec<i32> = (0..num_pages as i32).collect();
+    let mut shuffle = Rng::new(seed ^ 0x5eed);
+    for i in (1..pages.len()).rev() {
+        pages.swap(i, (shuffle.next_u64() % (i as u64 + 1)) as usize);
+    }
+    let mut layout = BatchLayout {
+        cu_seqlens: vec![0],
+        max_blocks,
+        page_size: PAGE,
+        ..Default::default()
+    };
+    for (s, &(cached, n)) in seqs.iter().enumerate() {
+        let end = layout.cu_seqlens.last().unwrap() + n as i32;
+        layout.cu_seqlens.push(end);
+        layout.start_positions.push(cached as i32);
+        layout.slots.push(s as i32);
+        layout
+            .block_table
+            .extend_from_slice(&pages[s * max_blocks..(s + 1) * max_blocks]);
+        layout.tokens.extend(std::iter::repeat_n(0u32, n));
+    }
+    (layout, num_pages)
+}
+
 /// Runs the attention op once with `request`, checks that `want` is the
 /// kernel that ran (and what `Auto` would pick: `auto`), and compares every
 /// output element with the reference; returns the worst absolute error.
@@ -73,36 +109,8 @@ fn run_case(
             .map(|_| bf16::from_f32(rng.uniform(-scale, scale)))
             .collect()
     };
-    let max_blocks = case
-        .seqs
-        .iter()
-        .map(|(c, n)| (c + n).div_ceil(PAGE))
-        .max()
-        .unwrap();
-    // Pages in random order (a seeded Fisher-Yates shuffle of every page,
-    // three spare): the kernels must follow the table, not the pool order.
-    let num_pages = case.seqs.len() * max_blocks + 3;
-    let mut pages: Vec<i32> = (0..num_pages as i32).collect();
-    let mut shuffle = Rng::new(seed ^ 0x5eed);
-    for i in (1..pages.len()).rev() {
-        pages.swap(i, (shuffle.next_u64() % (i as u64 + 1)) as usize);
-    }
-    let mut layout = BatchLayout {
-        cu_seqlens: vec![0],
-        max_blocks,
-        page_size: PAGE,
-        ..Default::default()
-    };
-    for (s, &(cached, n)) in case.seqs.iter().enumerate() {
-        let end = layout.cu_seqlens.last().unwrap() + n as i32;
-        layout.cu_seqlens.push(end);
-        layout.start_positions.push(cached as i32);
-        layout.slots.push(s as i32);
-        layout
-            .block_table
-            .extend_from_slice(&pages[s * max_blocks..(s + 1) * max_blocks]);
-        layout.tokens.extend(std::iter::repeat_n(0u32, n));
-    }
+    let (layout, num_pages) = paged_layout(&case.seqs, 3, seed);
+    let max_blocks = layout.max_blocks;
     let t: usize = case.seqs.iter().map(|x| x.1).sum();
     let batch = DeviceBatch::upload(stream, &layout).unwrap();
     assert_eq!(ops.attention_kernel(&batch, a).unwrap(), want);
@@ -466,31 +474,8 @@ fn check_attention_prep(ops: &ModelOps, a: AttentionShape, seqs: &[(usize, usize
     let (rot, rot_half) = (a.rotary_dim, a.rotary_dim / 2);
     let eps = 1e-6f32;
     let mut rng = Rng::new(seed);
-    let max_blocks = seqs
-        .iter()
-        .map(|(c, n)| (c + n).div_ceil(PAGE))
-        .max()
-        .unwrap();
-    let num_pages = seqs.len() * max_blocks + 2;
-    let mut pages: Vec<i32> = (0..num_pages as i32).collect();
-    for i in (1..pages.len()).rev() {
-        pages.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
-    }
-    let mut layout = BatchLayout {
-        cu_seqlens: vec![0],
-        max_blocks,
-        page_size: PAGE,
-        ..Default::default()
-    };
-    for (s, &(cached, n)) in seqs.iter().enumerate() {
-        layout.cu_seqlens.push(layout.cu_seqlens[s] + n as i32);
-        layout.start_positions.push(cached as i32);
-        layout.slots.push(s as i32);
-        layout
-            .block_table
-            .extend_from_slice(&pages[s * max_blocks..(s + 1) * max_blocks]);
-        layout.tokens.extend(std::iter::repeat_n(0u32, n));
-    }
+    let (layout, num_pages) = paged_layout(seqs, 2, seed);
+    let max_blocks = layout.max_blocks;
     let t: usize = seqs.iter().map(|x| x.1).sum();
     let batch = DeviceBatch::upload(stream, &layout).unwrap();
     let width = a.proj_width();
