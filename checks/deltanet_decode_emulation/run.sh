@@ -11,7 +11,9 @@ mkdir -p "$out"
 # from the conv through the end of the fused decode.
 {
   grep '^typedef __nv_bfloat16 bf16;' "$src"
-  sed -n '/^namespace {/,/^}  \/\/ namespace/p' "$src" | sed '/^}  \/\/ namespace/q'
+  # One sed that quits at the first close: a second sed quitting early would leave
+  # the first writing into a closed pipe (SIGPIPE, exit 141 under pipefail).
+  sed -n '/^namespace {/,/^}  \/\/ namespace/{p;/^}  \/\/ namespace/q}' "$src"
   sed -n '/^\/\/ DeltaNet input side for every token/,/^\/\/ -* end of the fused DeltaNet decode/p' "$src"
 } > "$out/model_kernels_part.inc"
 g++ -std=c++20 -O2 -ffp-contract=off -pthread -I "$out" -o "$out/emulate" checks/deltanet_decode_emulation/main.cpp

@@ -60,12 +60,15 @@ unshare --mount --pid --fork true 2>/dev/null ||
 # the mount: refuse instead. (Every mount made here lives in a private mount
 # namespace and disappears with it, so this only trips on foreign mounts.)
 remove_tree() {
-  local dir=$1
-  if findmnt -rn -o TARGET | grep -q -F -x -e "$dir" -e "$dir/"; then
+  local dir=$1 mounts
+  # Read the table once, then grep a here-string: grep -q quitting early on a
+  # pipe would SIGPIPE findmnt and, under pipefail, turn a match into "no match".
+  mounts=$(findmnt -rn -o TARGET)
+  if grep -q -F -x -e "$dir" -e "$dir/" <<<"$mounts"; then
     abort "refusing to delete $dir: something is mounted there"
   fi
-  if findmnt -rn -o TARGET | grep -q -F "$dir/"; then
-    abort "refusing to delete $dir: something is mounted below it ($(findmnt -rn -o TARGET | grep -F "$dir/" | head -1))"
+  if grep -q -F "$dir/" <<<"$mounts"; then
+    abort "refusing to delete $dir: something is mounted below it ($(grep -m1 -F "$dir/" <<<"$mounts"))"
   fi
   rm -rf --one-file-system "$dir"
 }
