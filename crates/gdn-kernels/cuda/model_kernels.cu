@@ -265,6 +265,30 @@ __device__ __forceinline__ void conv_gates(float* __restrict__ alpha_out,
         }
     }
 }
+// A warp's share of the conv: tokens [t0, t_end) of channel group g (q, k or
+// v head). False for the warps past the last tile (work is whole warps only).
+struct ConvWarpTile {
+    int t0, t_end, g;
+};
+__device__ __forceinline__ bool conv_warp_tile(int num_tokens, int tokens_per_warp, int groups,
+                                               ConvWarpTile& tile) {
+    const int64_t work = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int tiles = (num_tokens + tokens_per_warp - 1) / tokens_per_warp;
+    if (work >= (int64_t)tiles * groups) return false;
+    tile.t0 = (int)(work / groups) * tokens_per_warp;
+    tile.g = (int)(work % groups);
+    tile.t_end = min(tile.t0 + tokens_per_warp, num_tokens);
+    return true;
+}
+// Token t's output row of group g: the first hk groups are q heads, the next
+// hk k heads, the last hv v heads.
+__device__ __forceinline__ bf16* conv_out_row(bf16* q_out, bf16* k_out, bf16* v_out, int hk,
+                                              int hv, int g, int64_t t) {
+    const int D = kGdnDim;
+    return g < hk       ? q_out + (t * hk + g) * D
+           : g < 2 * hk ? k_out + (t * hk + (g - hk)) * D
+                        : v_out + (t * hv + (g - 2 * hk)) * D;
+}
 template <int MaxTaps, int Prefetch, int FixedKw>
 __device__ __forceinline__ void conv_prep_body(GDN_CONV_PREP_PARAMS) {
     // A compile-time width folds the taps' bounds checks and window shifts.
@@ -273,11 +297,9 @@ __device__ __forceinline__ void conv_prep_body(GDN_CONV_PREP_PARAMS) {
     const int groups = 2 * hk + hv;
     const int C = groups * D;
     const int lane = threadIdx.x & 31;
-    const int64_t work = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int tiles = (num_tokens + tokens_per_warp - 1) / tokens_per_warp;
-    if (work >= (int64_t)tiles * groups) return;  // whole warps only
-    const int t0 = (int)(work / groups) * tokens_per_warp, g = (int)(work % groups);
-    const int t_end = min(t0 + tokens_per_warp, num_tokens);
+    ConvWarpTile tile;
+    if (!conv_warp_tile(num_tokens, tokens_per_warp, groups, tile)) return;
+    const int t0 = tile.t0, t_end = tile.t_end, g = tile.g;
     const int c0 = g * D + 4 * lane;  // this lane's first channel
     const int taps = width - 1;          // inputs before the current token
     // width <= MaxTaps + 1 (the ops check it: MaxTaps bounds the state).
@@ -343,9 +365,7 @@ __device__ __forceinline__ void conv_prep_body(GDN_CONV_PREP_PARAMS) {
 #pragma unroll
             for (int j = 0; j < MaxTaps; ++j)
                 if (j + 1 == taps) window[j] = ahead[u];
-            bf16* dst = g < hk         ? q_out + ((int64_t)t * hk + g) * D
-                        : g < 2 * hk ? k_out + ((int64_t)t * hk + (g - hk)) * D
-                                     : v_out + ((int64_t)t * hv + (g - 2 * hk)) * D;
+            bf16* dst = conv_out_row(q_out, k_out, v_out, hk, hv, g, t);
             conv_emit(acc, g < 2 * hk, dst + 4 * lane);
         }
 #pragma unroll
@@ -380,11 +400,9 @@ __device__ __forceinline__ bool conv_prep_k4_steady(GDN_CONV_PREP_PARAMS) {
     const int D = kGdnDim;
     const int groups = 2 * hk + hv;
     const int lane = threadIdx.x & 31;
-    const int64_t work = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int tiles = (num_tokens + tokens_per_warp - 1) / tokens_per_warp;
-    if (work >= (int64_t)tiles * groups) return true;  // whole warps only
-    const int t0 = (int)(work / groups) * tokens_per_warp, g = (int)(work % groups);
-    const int t_end = min(t0 + tokens_per_warp, num_tokens);
+    ConvWarpTile tile;
+    if (!conv_warp_tile(num_tokens, tokens_per_warp, groups, tile)) return true;
+    const int t0 = tile.t0, t_end = tile.t_end, g = tile.g;
     // 8-byte row accesses need 4-channel alignment of every proj row.
     if ((ld & 3) != 0) return false;
     int my_index = 3;
@@ -408,10 +426,7 @@ __device__ __forceinline__ bool conv_prep_k4_steady(GDN_CONV_PREP_PARAMS) {
     row += 3 * (int64_t)ld;  // token t0's row
     const bool qk = g < 2 * hk;
     const int64_t step = (int64_t)(qk ? hk : hv) * D;
-    bf16* dst = (g < hk       ? q_out + ((int64_t)t0 * hk + g) * D
-                 : qk         ? k_out + ((int64_t)t0 * hk + (g - hk)) * D
-                              : v_out + ((int64_t)t0 * hv + (g - 2 * hk)) * D) +
-                4 * lane;
+    bf16* dst = conv_out_row(q_out, k_out, v_out, hk, hv, g, t0) + 4 * lane;
     const int64_t ahead = (int64_t)U * ld;
     uint2 cur[U];
 #pragma unroll
@@ -788,12 +803,12 @@ __device__ __forceinline__ unsigned pack_bf16x2(bf16 lo, bf16 hi) {
     copy_bits(&h, &hi, sizeof h);
     return (unsigned)l | ((unsigned)h << 16);
 }
-// The run of heads [h_begin, h_end) of token t. PL: values a lane as a
+// The run of heads [h_begin, h_end) of token t. kVec: 8 values a lane as a
 // compile-time constant with 16-byte accesses and RoPE partners by shuffles
-// (head dim 256, ld % 8 == 0, rot_half % 8 == 0: Qwen3.5), or 0 for the
+// (head dim 256, ld % 8 == 0, rot_half % 8 == 0: Qwen3.5); otherwise the
 // general path (D / 32 values a lane, 2-byte accesses, partners through
 // shared memory).
-template <int PL>
+template <bool kVec>
 __device__ __forceinline__ void attn_prep_run(
     bf16* __restrict__ q_out, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
     const bf16* __restrict__ proj, int ld, const float* __restrict__ q_norm,
@@ -802,7 +817,6 @@ __device__ __forceinline__ void attn_prep_run(
     const int32_t* __restrict__ block_table, int max_blocks, int page, int hq, int hkv,
     float eps, int D, int t, int h_begin, int h_end, float* __restrict__ y,
     float* __restrict__ rope_cos, float* __restrict__ rope_sin) {
-    constexpr bool kVec = PL == 8;
     if (kVec) D = 256;  // a constant for the compiler (the caller checked it)
     const int lane = threadIdx.x & 31;
     const int per_lane = kVec ? 8 : D / 32, d0 = lane * per_lane;
@@ -825,10 +839,13 @@ __device__ __forceinline__ void attn_prep_run(
         kv_row = (page_id * page + pos % page) * hkv;
     }
     // kVec: this lane's 8 (cos, sin) and RoPE partner lane, once for the run.
-    const bool rot_lane = d0 < 2 * rot_half, first_half = d0 < rot_half;
-    const int partner_lane = !rot_lane ? lane : first_half ? lane + rot_half / 8 : lane - rot_half / 8;
+    bool rot_lane = false, first_half = false;
+    int partner_lane = lane;
     float rot_c[8], rot_s[8];
     if constexpr (kVec) {
+        rot_lane = d0 < 2 * rot_half;
+        first_half = d0 < rot_half;
+        if (rot_lane) partner_lane = first_half ? lane + rot_half / 8 : lane - rot_half / 8;
         __syncwarp();  // the angles are in shared memory
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
@@ -942,9 +959,9 @@ extern "C" __global__ void __launch_bounds__(256, 4) attn_prep(
         block_table, max_blocks, page, hq, hkv, eps, head_dim, t, h_begin, h_end, y_all[warp], \
         rope_cos[warp], rope_sin[warp]
     if (head_dim == 256 && (ld & 7) == 0 && rot_half % 8 == 0)
-        attn_prep_run<8>(ATTN_PREP_RUN_ARGS);
+        attn_prep_run<true>(ATTN_PREP_RUN_ARGS);
     else
-        attn_prep_run<0>(ATTN_PREP_RUN_ARGS);
+        attn_prep_run<false>(ATTN_PREP_RUN_ARGS);
 #undef ATTN_PREP_RUN_ARGS
 }
 

@@ -239,10 +239,10 @@ impl ModelOps {
 /// RoPE angles and KV page once for all of its heads.
 fn attn_prep_heads_per_warp(tokens: usize, heads: usize) -> usize {
     const RESIDENT_WARPS: usize = 4096;
-    let runs = RESIDENT_WARPS
-        .div_ceil(tokens.max(1))
-        .clamp(1, heads.max(1));
-    heads.div_ceil(runs).max(1)
+    // Degenerate calls (no tokens or heads) get one head a warp; runs >= 1.
+    let heads = heads.max(1);
+    let runs = RESIDENT_WARPS.div_ceil(tokens.max(1)).min(heads);
+    heads.div_ceil(runs)
 }
 
 #[cfg(test)]
