@@ -1,4 +1,4 @@
-// Runs the DeltaNet decode kernels of crates/gdn-kernels/cuda/model_kernels.cu
+// Runs the DeltaNet kernels of crates/gdn-kernels/cuda/model_kernels.cu
 // on the CPU through cuda_shim.h: the fused decode (gdn_decode_fused_s{4,2,1})
 // against the unfused chain (gdn_conv_prep, gdn_conv_state_update,
 // gdn_decode_step, gated_rmsnorm_bf16) over several steps of random states,
@@ -6,11 +6,13 @@
 // arithmetic, no FMA contraction on the host) and that the arrival counters
 // come back to zero. Blocks run one after another, so this checks the
 // kernels' logic and indexing, not the device's concurrency or rounding.
-// run.sh extracts the kernels (the file's attention kernels need the GPU's
-// headers) into model_kernels_part.inc.
+// It includes model_kernels.cu's common and DeltaNet parts only (the
+// attention parts need the GPU's headers).
 #include "cuda_shim.h"
 #include <cstdio>
-#include "model_kernels_part.inc"
+#include "model_common.cuh"
+#include "model_deltanet_conv.cuh"
+#include "model_deltanet_decode.cuh"
 #include <random>
 #include <cstdlib>
 #include <type_traits>

@@ -288,6 +288,14 @@ mod tests {
             recompiled_by("crates/gdn-kernels/cuda/gdn_swiglu_abi.h"),
             names(&["gdn_swiglu_abi"])
         );
+        // model_kernels.cu's parts: one unit includes them.
+        for part in ["model_common", "model_deltanet_conv", "model_attention"] {
+            assert_eq!(
+                recompiled_by(&format!("crates/gdn-kernels/cuda/{part}.cuh")),
+                names(&["model_kernels"]),
+                "{part}"
+            );
+        }
     }
 
     #[test]
