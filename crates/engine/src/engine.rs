@@ -369,11 +369,20 @@ impl EngineHandle {
                 *state = EngineState::Draining;
             }
         }
-        let mut stopped = self.shared.stopped.subscribe();
         // Fails only when the thread is gone, which is what we wait for.
         let _ = self
             .commands
             .send(Command::Shutdown(Instant::now() + deadline));
+        self.stopped().await;
+    }
+
+    /// Resolves once the engine thread has stopped: after
+    /// [`EngineHandle::shutdown`], or on its own when loading failed or a
+    /// step could not go on ([`EngineHandle::state`] is then
+    /// [`EngineState::Dead`] with the reason; every request has had its
+    /// `Failed` event).
+    pub async fn stopped(&self) {
+        let mut stopped = self.shared.stopped.subscribe();
         // Err: the sender is gone, which also means stopped.
         let _ = stopped.wait_for(|stopped| *stopped).await;
     }

@@ -1,6 +1,9 @@
 //! Starting the engine, serving HTTP, and the graceful shutdown: on
 //! SIGTERM/SIGINT new work gets 503, the engine drains its requests within
-//! `--shutdown-timeout`, then the listener closes.
+//! `--shutdown-timeout`, then the listener closes. When the engine stops on
+//! its own (the model failed to load, or a step failed on the device) the
+//! server closes too and the program exits with the reason and status 1:
+//! nothing could be served any more, and a supervisor should restart it.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -142,30 +145,57 @@ async fn shutdown_signal() {
     }
 }
 
-/// Serves until a shutdown signal, then drains. The listener stays open
-/// while draining so new requests get a clear 503 rather than a refused
-/// connection.
+/// Why [`serve`] returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServeEnd {
+    /// SIGTERM/SIGINT: drained and stopped as asked.
+    Signal,
+    /// The engine stopped on its own; the reason.
+    EngineStopped(String),
+}
+
+/// Serves until a shutdown signal, then drains; or until the engine stops
+/// on its own. The listener stays open while draining so new requests get
+/// a clear 503 rather than a refused connection. Either way the responses
+/// in flight finish first (after an engine stop, with their error events).
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AppState>,
     drain_deadline: Duration,
-) -> std::io::Result<()> {
+) -> std::io::Result<ServeEnd> {
     let app = router(state.clone());
     let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
     let drain_state = state.clone();
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        log::info!("shutdown: refusing new work, draining for up to {drain_deadline:?}");
+    let ended = tokio::spawn(async move {
+        let signalled = tokio::select! {
+            _ = shutdown_signal() => true,
+            _ = drain_state.engine.stopped() => false,
+        };
         drain_state.draining.store(true, Ordering::SeqCst);
-        drain_state.engine.shutdown(drain_deadline).await;
-        log::info!("shutdown: engine stopped");
+        let end = if signalled {
+            log::info!("shutdown: refusing new work, draining for up to {drain_deadline:?}");
+            drain_state.engine.shutdown(drain_deadline).await;
+            log::info!("shutdown: engine stopped");
+            ServeEnd::Signal
+        } else {
+            let why = match drain_state.engine.state() {
+                engine::EngineState::Dead(why) => why,
+                other => format!("the engine thread ended ({other:?})"),
+            };
+            log::error!("the engine stopped ({why}); closing the server");
+            ServeEnd::EngineStopped(why)
+        };
         let _ = closed_tx.send(());
+        end
     });
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             let _ = closed_rx.await;
         })
+        .await?;
+    Ok(ended
         .await
+        .unwrap_or_else(|e| ServeEnd::EngineStopped(format!("the shutdown task failed: {e}"))))
 }
 
 /// Picks and builds the executor for `--device` over a model directory
@@ -268,7 +298,7 @@ pub async fn run_main(args: Args, pick_executor: ExecutorPicker) -> Result<(), S
         "serving `{name}` on http://{} (loading the model; /health turns 200 when ready)",
         listener.local_addr().map(|a| a.to_string()).unwrap_or(addr)
     );
-    serve(
+    let end = serve(
         listener,
         prepared.state.clone(),
         Duration::from_secs(args.shutdown_timeout),
@@ -277,7 +307,10 @@ pub async fn run_main(args: Args, pick_executor: ExecutorPicker) -> Result<(), S
     .map_err(|e| format!("server error: {e}"))?;
     // The demo directory (if any) is removed when `prepared` drops here.
     drop(prepared);
-    Ok(())
+    match end {
+        ServeEnd::Signal => Ok(()),
+        ServeEnd::EngineStopped(why) => Err(format!("the engine stopped: {why}")),
+    }
 }
 
 /// `max_position_embeddings` of config.json (or its text_config).

@@ -17,7 +17,7 @@ use engine::Executor;
 use gdn_server::app::router;
 use gdn_server::cli::Args;
 use gdn_server::model::ModelFiles;
-use gdn_server::serve::{engine_config, start};
+use gdn_server::serve::{engine_config, serve, start, ServeEnd};
 use http_body_util::BodyExt;
 use serde_json::{json, Value as Json};
 use tower::ServiceExt;
@@ -143,6 +143,56 @@ async fn failure_after_the_200_is_an_error_event_then_done() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_engine_closes_the_server_with_its_reason() {
+    // A lost device stops the engine: nothing more can be served, so the
+    // server must close (the program then exits 1) instead of answering 503
+    // "retry" forever. The request in flight gets its error first.
+    let s = server("a b c d e f g h", None);
+    s.script.lock().unwrap().fatal_step = Some(0);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let serving = tokio::spawn(serve(listener, s.state.clone(), Duration::from_secs(5)));
+    let (status, body) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": "x", "max_tokens": 4}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    let v: Json = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["code"], "engine_failure", "{v}");
+    let end = tokio::time::timeout(Duration::from_secs(10), serving)
+        .await
+        .expect("the server still runs with a dead engine")
+        .unwrap()
+        .unwrap();
+    match end {
+        ServeEnd::EngineStopped(why) => assert!(why.contains("scripted device loss"), "{why}"),
+        other => panic!("ended by {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_engine_keeps_the_server_serving() {
+    // The same server with a healthy engine does not close by itself.
+    let s = server("a b c d e f g h", None);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let serving = tokio::spawn(serve(listener, s.state.clone(), Duration::from_secs(5)));
+    let (status, _) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": "x", "max_tokens": 4}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !serving.is_finished(),
+        "the server closed with a live engine"
+    );
+    serving.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_disconnect_aborts_and_is_counted() {
     let long: String = "word ".repeat(400);
     let s = server(&long, None);
@@ -178,16 +228,21 @@ async fn health_is_503_while_loading() {
         tokens: vec![],
         step_delay: Duration::ZERO,
         fail_step: None,
+        fatal_step: None,
         steps: Default::default(),
     }));
+    let executor_script = script.clone();
     let factory = Box::new(move || {
         wait.recv().unwrap();
-        Ok(Box::new(ScriptedExecutor { script }) as Box<dyn Executor>)
+        Ok(Box::new(ScriptedExecutor {
+            script: executor_script,
+        }) as Box<dyn Executor>)
     });
     let state = start(&args, model, "demo".into(), config, factory).unwrap();
     let s = TestServer {
         state,
         steps: Default::default(),
+        script,
     };
     let get = |path: &'static str| {
         let app = router(s.state.clone());

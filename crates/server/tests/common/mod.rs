@@ -31,6 +31,8 @@ pub struct Script {
     pub step_delay: Duration,
     /// Fail the step with this index (0-based, counted over all steps).
     pub fail_step: Option<usize>,
+    /// Lose the device at the step with this index (the engine stops).
+    pub fatal_step: Option<usize>,
     pub steps: Arc<AtomicUsize>,
 }
 
@@ -54,6 +56,9 @@ impl Executor for ScriptedExecutor {
         let step = script.steps.fetch_add(1, Ordering::SeqCst);
         if script.fail_step == Some(step) {
             return Err(ExecError::StepFailed("scripted device failure".into()));
+        }
+        if script.fatal_step == Some(step) {
+            return Err(ExecError::Fatal("scripted device loss".into()));
         }
         // Pace the steps so a client can go away mid-stream.
         std::thread::sleep(Duration::from_millis(2) + script.step_delay);
@@ -79,6 +84,7 @@ impl Executor for ScriptedExecutor {
 pub struct TestServer {
     pub state: Arc<AppState>,
     pub steps: Arc<AtomicUsize>,
+    pub script: Arc<Mutex<Script>>,
 }
 
 pub fn server(output: &str, fail_step: Option<usize>) -> TestServer {
@@ -98,13 +104,19 @@ pub fn server_with(
         tokens,
         step_delay,
         fail_step,
+        fatal_step: None,
         steps: steps.clone(),
     }));
     let mut argv = vec!["gdn-server", "--max-model-len", "2048"];
     argv.extend_from_slice(extra_args);
     let args = <Args as clap::Parser>::parse_from(argv);
     let config = engine_config(&args, &model, None);
-    let factory = Box::new(move || Ok(Box::new(ScriptedExecutor { script }) as Box<dyn Executor>));
+    let executor_script = script.clone();
+    let factory = Box::new(move || {
+        Ok(Box::new(ScriptedExecutor {
+            script: executor_script,
+        }) as Box<dyn Executor>)
+    });
     let state = start(&args, model, "demo".into(), config, factory).unwrap();
     for _ in 0..500 {
         if state.engine.max_model_len().is_some() {
@@ -112,7 +124,11 @@ pub fn server_with(
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    TestServer { state, steps }
+    TestServer {
+        state,
+        steps,
+        script,
+    }
 }
 
 pub async fn post(s: &TestServer, path: &str, body: Json) -> (StatusCode, Vec<u8>) {
