@@ -33,7 +33,8 @@ pub struct Args {
     #[arg(long)]
     pub served_model_name: Option<String>,
     /// Longest prompt + output (default: the model's max_position_embeddings,
-    /// capped by what the executor can hold).
+    /// capped by what the executor can hold; above max_position_embeddings
+    /// is refused, as vLLM does).
     #[arg(long)]
     pub max_model_len: Option<usize>,
     /// Requests running at once (state slots).
@@ -166,6 +167,12 @@ impl Args {
         if self.block_size == 0 {
             return Err("--block-size must be at least 1".into());
         }
+        let share = self.gpu_memory_utilization;
+        if !(share > 0.0 && share <= 1.0) {
+            return Err(format!(
+                "--gpu-memory-utilization is a fraction of the GPU's memory in (0, 1], got {share}"
+            ));
+        }
         let interval = self.prefix_cache_snapshot_interval;
         if interval % self.block_size != 0 {
             return Err(format!(
@@ -234,6 +241,22 @@ fn parse_state_budget(text: &str) -> Result<StateBudget, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpu_memory_utilization_is_a_fraction() {
+        let check = |v: &str| {
+            Args::try_parse_from(["gdn-server", &format!("--gpu-memory-utilization={v}")])
+                .unwrap()
+                .check()
+        };
+        for good in ["0.9", "1", "0.05"] {
+            assert!(check(good).is_ok(), "{good}");
+        }
+        for bad in ["1.5", "0", "-0.2", "NaN", "inf"] {
+            let err = check(bad).unwrap_err();
+            assert!(err.contains("(0, 1]"), "{bad}: {err}");
+        }
+    }
 
     #[test]
     fn prefix_caching_flags_and_state_budget() {

@@ -234,6 +234,13 @@ pub fn prepare(args: &Args, pick_executor: ExecutorPicker) -> Result<Prepared, S
     };
     let template = args.chat_template.as_deref();
     let model_max_len = model_max_position_embeddings(&dir);
+    if let (Some(asked), Some(model)) = (args.max_model_len, model_max_len) {
+        if asked > model {
+            return Err(format!(
+                "--max-model-len {asked} is above the model's max_position_embeddings ({model}, its config.json): positions beyond it are not what the model was trained on"
+            ));
+        }
+    }
     let eos = startup.time("model_config", || configured_eos_ids(&dir))?;
     let mut model = None;
     if eos.is_empty() {

@@ -1,7 +1,7 @@
-//! The gdn-server program with a checkpoint it cannot load: it must exit
-//! with status 1 and the reason, not keep a server up whose /health says
-//! 503 "retry" forever. Runs on the CPU executor without a GPU and on the
-//! GPU executor with one (both refuse the file).
+//! The gdn-server program refusing to start: a checkpoint it cannot load
+//! (it must exit with status 1 and the reason, not keep a server up whose
+//! /health says 503 "retry" forever; the CPU executor refuses the file
+//! without a GPU, the GPU executor with one) and flags out of range.
 
 use std::io::Read;
 use std::path::Path;
@@ -12,12 +12,12 @@ fn demo_dir() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("demo")
 }
 
-/// Runs gdn-server on `model` (loopback, an ephemeral port) and returns its
-/// exit status and stderr; kills it after `limit`.
-fn run_server(model: &Path, limit: Duration) -> (Option<i32>, String) {
+/// Runs gdn-server with `args` (loopback, an ephemeral port) and returns
+/// its exit status and stderr; kills it after `limit`.
+fn run_server(args: &[&std::ffi::OsStr], limit: Duration) -> (Option<i32>, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_gdn-server"))
-        .args(["--host", "127.0.0.1", "--port", "0", "--model"])
-        .arg(model)
+        .args(["--host", "127.0.0.1", "--port", "0"])
+        .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -54,7 +54,10 @@ fn a_truncated_checkpoint_exits_1_with_the_reason() {
     let weights = dir.path().join("model.safetensors");
     let bytes = std::fs::read(&weights).unwrap();
     std::fs::write(&weights, &bytes[..bytes.len() / 2]).unwrap();
-    let (status, stderr) = run_server(dir.path(), Duration::from_secs(60));
+    let (status, stderr) = run_server(
+        &["--model".as_ref(), dir.path().as_os_str()],
+        Duration::from_secs(60),
+    );
     assert_eq!(
         status,
         Some(1),
@@ -66,4 +69,28 @@ fn a_truncated_checkpoint_exits_1_with_the_reason() {
             && last.contains("model.safetensors"),
         "last line: {last}\nstderr:\n{stderr}"
     );
+}
+
+/// The last line of a refused start, which must exit 1 at once.
+fn refused(args: &[&str]) -> String {
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_ref()).collect();
+    let (status, stderr) = run_server(&args, Duration::from_secs(30));
+    assert_eq!(
+        status,
+        Some(1),
+        "{args:?} did not exit 1; stderr:\n{stderr}"
+    );
+    stderr.lines().last().unwrap_or("").to_string()
+}
+
+#[test]
+fn flags_out_of_range_are_refused_with_the_limit() {
+    // The demo's config.json says max_position_embeddings 4096.
+    let last = refused(&["--max-model-len", "100000"]);
+    assert!(
+        last.contains("--max-model-len 100000") && last.contains("max_position_embeddings (4096"),
+        "{last}"
+    );
+    let last = refused(&["--gpu-memory-utilization", "1.5"]);
+    assert!(last.contains("(0, 1], got 1.5"), "{last}");
 }
