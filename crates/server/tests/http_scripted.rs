@@ -142,6 +142,22 @@ async fn failure_after_the_200_is_an_error_event_then_done() {
     assert_eq!(v["error"]["code"], "engine_failure");
 }
 
+/// Serves `s` on a loopback listener and posts one completion request;
+/// returns the serving task and the request's status and body.
+async fn serve_one_completion(
+    s: &TestServer,
+) -> (
+    tokio::task::JoinHandle<std::io::Result<ServeEnd>>,
+    StatusCode,
+    Vec<u8>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let serving = tokio::spawn(serve(listener, s.state.clone(), Duration::from_secs(5)));
+    let request = json!({"prompt": "x", "max_tokens": 4});
+    let (status, body) = post(s, "/v1/completions", request).await;
+    (serving, status, body)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_engine_closes_the_server_with_its_reason() {
     // A lost device stops the engine: nothing more can be served, so the
@@ -149,14 +165,7 @@ async fn a_dead_engine_closes_the_server_with_its_reason() {
     // "retry" forever. The request in flight gets its error first.
     let s = server("a b c d e f g h", None);
     s.script.lock().unwrap().fatal_step = Some(0);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let serving = tokio::spawn(serve(listener, s.state.clone(), Duration::from_secs(5)));
-    let (status, body) = post(
-        &s,
-        "/v1/completions",
-        json!({"prompt": "x", "max_tokens": 4}),
-    )
-    .await;
+    let (serving, status, body) = serve_one_completion(&s).await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
     let v: Json = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["error"]["code"], "engine_failure", "{v}");
@@ -175,14 +184,7 @@ async fn a_dead_engine_closes_the_server_with_its_reason() {
 async fn a_live_engine_keeps_the_server_serving() {
     // The same server with a healthy engine does not close by itself.
     let s = server("a b c d e f g h", None);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let serving = tokio::spawn(serve(listener, s.state.clone(), Duration::from_secs(5)));
-    let (status, _) = post(
-        &s,
-        "/v1/completions",
-        json!({"prompt": "x", "max_tokens": 4}),
-    )
-    .await;
+    let (serving, status, _) = serve_one_completion(&s).await;
     assert_eq!(status, StatusCode::OK);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
