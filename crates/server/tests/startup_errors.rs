@@ -1,7 +1,8 @@
 //! The gdn-server program refusing to start: a checkpoint it cannot load
 //! (it must exit with status 1 and the reason, not keep a server up whose
-//! /health says 503 "retry" forever; the CPU executor refuses the file
-//! without a GPU, the GPU executor with one) and flags out of range.
+//! /health says 503 "retry" forever; without a GPU the CPU executor refuses
+//! the file; on a GPU machine the GPU executor loads it instead, a case not
+//! yet run there) and flags out of range.
 
 use std::io::Read;
 use std::path::Path;
