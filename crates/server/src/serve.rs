@@ -1,9 +1,11 @@
 //! Starting the engine, serving HTTP, and the graceful shutdown: on
 //! SIGTERM/SIGINT new work gets 503, the engine drains its requests within
 //! `--shutdown-timeout`, then the listener closes. When the engine stops on
-//! its own (the model failed to load, or a step failed on the device) the
-//! server closes too and the program exits with the reason and status 1:
-//! nothing could be served any more, and a supervisor should restart it.
+//! its own (the model failed to load, the executor lost its device, or the
+//! engine thread panicked) the server closes too and the program exits with
+//! the reason and status 1: nothing could be served any more, and a
+//! supervisor should restart it. (A step that fails without losing the
+//! device fails only its requests; the engine goes on.)
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
