@@ -250,14 +250,8 @@ pub fn prepare(args: &Args, pick_executor: ExecutorPicker) -> Result<Prepared, S
     }
     let eos = model.as_ref().map_or(eos, |m| m.eos_token_ids.clone());
     let config = engine_config_for(args, eos, model_max_len);
-    let make_executor = pick_executor(
-        args,
-        &dir,
-        config
-            .max_model_len
-            .min(model_max_len.unwrap_or(usize::MAX)),
-        startup.clone(),
-    )?;
+    // At most the model's max_position_embeddings (refused above).
+    let make_executor = pick_executor(args, &dir, config.max_model_len, startup.clone())?;
     let name = args.served_model_name.clone().unwrap_or(default_name);
     let registry = prometheus::Registry::new();
     let engine = Engine::start(config, make_executor, &registry).map_err(|e| e.to_string())?;

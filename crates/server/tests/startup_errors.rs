@@ -4,14 +4,11 @@
 //! the file; on a GPU machine the GPU executor loads it instead, a case not
 //! yet run there) and flags out of range.
 
+mod common;
+
 use std::io::Read;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn demo_dir() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("demo")
-}
 
 /// Runs gdn-server with `args` (loopback, an ephemeral port) and returns
 /// its exit status and stderr; kills it after `limit`.
@@ -48,7 +45,7 @@ fn run_server(args: &[&std::ffi::OsStr], limit: Duration) -> (Option<i32>, Strin
 #[test]
 fn a_truncated_checkpoint_exits_1_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
-    for entry in std::fs::read_dir(demo_dir()).unwrap() {
+    for entry in std::fs::read_dir(common::demo_dir()).unwrap() {
         let path = entry.unwrap().path();
         std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
     }

@@ -4,7 +4,6 @@
 #![allow(dead_code)] // each test file uses a different subset
 
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,7 +32,8 @@ pub struct Script {
     pub fail_step: Option<usize>,
     /// Lose the device at the step with this index (the engine stops).
     pub fatal_step: Option<usize>,
-    pub steps: Arc<AtomicUsize>,
+    /// Steps run so far.
+    pub steps: usize,
 }
 
 pub struct ScriptedExecutor {
@@ -52,8 +52,9 @@ impl Executor for ScriptedExecutor {
     }
 
     fn step(&mut self, rows: &[StepRow<'_>]) -> Result<Vec<SampledToken>, ExecError> {
-        let script = self.script.lock().unwrap();
-        let step = script.steps.fetch_add(1, Ordering::SeqCst);
+        let mut script = self.script.lock().unwrap();
+        let step = script.steps;
+        script.steps += 1;
         if script.fail_step == Some(step) {
             return Err(ExecError::StepFailed("scripted device failure".into()));
         }
@@ -83,8 +84,14 @@ impl Executor for ScriptedExecutor {
 
 pub struct TestServer {
     pub state: Arc<AppState>,
-    pub steps: Arc<AtomicUsize>,
     pub script: Arc<Mutex<Script>>,
+}
+
+impl TestServer {
+    /// Steps the executor has run so far.
+    pub fn steps(&self) -> usize {
+        self.script.lock().unwrap().steps
+    }
 }
 
 pub fn server(output: &str, fail_step: Option<usize>) -> TestServer {
@@ -99,13 +106,12 @@ pub fn server_with(
 ) -> TestServer {
     let model = ModelFiles::load(&demo_dir(), None).unwrap();
     let tokens = model.encode(output, false).unwrap();
-    let steps = Arc::new(AtomicUsize::new(0));
     let script = Arc::new(Mutex::new(Script {
         tokens,
         step_delay,
         fail_step,
         fatal_step: None,
-        steps: steps.clone(),
+        steps: 0,
     }));
     let mut argv = vec!["gdn-server", "--max-model-len", "2048"];
     argv.extend_from_slice(extra_args);
@@ -124,11 +130,7 @@ pub fn server_with(
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    TestServer {
-        state,
-        steps,
-        script,
-    }
+    TestServer { state, script }
 }
 
 pub async fn post(s: &TestServer, path: &str, body: Json) -> (StatusCode, Vec<u8>) {
