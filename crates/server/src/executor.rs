@@ -3,15 +3,17 @@
 //! and the CPU otherwise. The choice runs on the engine thread (CUDA
 //! contexts are created there).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use engine::Executor;
-use gdn_server::cli::{Args, Device, StateBudget};
-use gdn_server::serve::ExecutorFactory;
-use gdn_server::startup::Startup;
+use gdn_http::serve::{ExecutorFactory, ExecutorSpec};
+use gdn_http::startup::Startup;
 use qwen35::engine_exec::{CacheRoom, CpuExecutor, CpuSizing, GpuExecutor, GpuSizing, PagePool};
 use qwen35::gpu::{CudaStream, GpuModel, GpuOptions};
+
+use crate::cli::{Args, Device};
+use crate::memory::{activation_reserve, kv_page_bytes, StateBudget};
 
 /// Context length when neither the flag nor the model sets one.
 const FALLBACK_MAX_MODEL_LEN: usize = 32768;
@@ -26,20 +28,20 @@ struct Plan {
     /// `--num-gpu-blocks-override`: this many KV pages.
     num_pages: Option<usize>,
     gpu_memory_utilization: f64,
-    /// GPU bytes kept free for a step's activations, logits and the decode
-    /// graphs (an estimate, not a measurement: 64 KiB per batched token,
-    /// the f32 logits of every running row, 512 MiB of workspace).
+    /// GPU bytes kept free for a step's activations ([`activation_reserve`]).
     activation_reserve: usize,
     /// The prefix cache's snapshot pool (`None`: prefix caching off).
     snapshots: Option<StateBudget>,
 }
 
-pub fn pick(
-    args: &Args,
-    dir: &Path,
-    max_model_len: usize,
-    startup: Arc<Startup>,
-) -> Result<ExecutorFactory, String> {
+/// The executor `--device` asks for, over `spec`'s model directory (built
+/// later, on the engine thread).
+pub fn pick(args: &Args, spec: ExecutorSpec<'_>) -> Result<ExecutorFactory, String> {
+    let ExecutorSpec {
+        model_dir,
+        max_model_len,
+        startup,
+    } = spec;
     let max_model_len = if max_model_len == usize::MAX {
         FALLBACK_MAX_MODEL_LEN
     } else {
@@ -48,18 +50,15 @@ pub fn pick(
     if args.num_gpu_blocks_override == Some(0) {
         return Err("--num-gpu-blocks-override must be at least 1".into());
     }
-    let vocab_estimate = 256 * 1024;
     let plan = Plan {
-        dir: dir.to_path_buf(),
+        dir: model_dir.to_path_buf(),
         device: args.device,
         num_slots: args.max_num_seqs,
         page_size: args.block_size,
         max_model_len,
         num_pages: args.num_gpu_blocks_override,
         gpu_memory_utilization: args.gpu_memory_utilization,
-        activation_reserve: args.max_num_batched_tokens * 64 * 1024
-            + args.max_num_seqs * vocab_estimate * 4
-            + (512 << 20),
+        activation_reserve: activation_reserve(args.max_num_batched_tokens, args.max_num_seqs),
         snapshots: args.prefix_caching().then(|| args.state_budget()),
     };
     Ok(Box::new(move || build(&plan, &startup)))
@@ -152,16 +151,4 @@ fn gpu(
         startup.record(phase, took);
     }
     Ok(Box::new(executor))
-}
-
-/// Bytes of one KV page as the GPU executor lays it out (bf16 keys and
-/// values of every attention layer): what a page of the CPU executor's
-/// pool stands for when a state budget is a share of the cache memory.
-fn kv_page_bytes(config: &qwen35::Config, page_size: usize) -> usize {
-    let attention_layers = config
-        .layer_types
-        .iter()
-        .filter(|t| **t == qwen35::config::LayerType::Full)
-        .count();
-    attention_layers * 2 * config.num_key_value_heads * config.head_dim * page_size * 2
 }

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use engine::SubmitError;
 use serde_json::json;
 
-use crate::validate::ValidationError;
+use super::validate::ValidationError;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
@@ -235,11 +235,6 @@ impl From<SubmitError> for ApiError {
             }
         }
     }
-}
-
-/// The label under which `gdn:http_rejections_total` counts this error.
-pub fn rejection_reason(e: &ApiError) -> &'static str {
-    e.code
 }
 
 #[cfg(test)]

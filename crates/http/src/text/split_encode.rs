@@ -159,8 +159,9 @@ pub fn encode(
 mod tests {
     use super::*;
 
+    /// The tokenizer of gdn-server's embedded demo checkpoint (Qwen3.5's).
     fn demo_tokenizer() -> Tokenizer {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("demo");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/demo");
         Tokenizer::from_file(dir.join("tokenizer.json")).unwrap()
     }
 

@@ -8,9 +8,10 @@ use std::sync::Arc;
 use serde_json::Value as Json;
 use tokenizers::Tokenizer;
 
+use crate::openai::validate::SamplingDefaults;
 use crate::startup::Startup;
-use crate::template::ChatTemplate;
-use crate::validate::SamplingDefaults;
+use crate::text::split_encode;
+use crate::text::template::ChatTemplate;
 
 pub struct ModelFiles {
     pub dir: PathBuf,
@@ -21,7 +22,7 @@ pub struct ModelFiles {
     /// Rows of the model's embedding (valid token ids are below it).
     pub vocab_size: usize,
     /// The tokenizer may encode long texts in parallel pieces
-    /// ([`crate::split_encode::cuts_are_safe`]).
+    /// ([`split_encode::cuts_are_safe`]).
     pub parallel_encode: bool,
 }
 
@@ -182,7 +183,7 @@ impl ModelFiles {
                 .and_then(Json::as_u64)
                 .map(|m| m as usize),
         };
-        let parallel_encode = crate::split_encode::cuts_are_safe(&tokenizer);
+        let parallel_encode = split_encode::cuts_are_safe(&tokenizer);
         Ok(ModelFiles {
             dir: dir.to_path_buf(),
             tokenizer: Arc::new(tokenizer),
@@ -197,9 +198,9 @@ impl ModelFiles {
     /// Prompt text -> ids. Chat renders already contain their special
     /// tokens as text (parsed here, no BOS added), as transformers does.
     /// Long texts are cut into pieces tokenized in parallel when the
-    /// tokenizer's pipeline makes that exact (crate::split_encode).
+    /// tokenizer's pipeline makes that exact (`text::split_encode`).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String> {
-        crate::split_encode::encode(
+        split_encode::encode(
             &self.tokenizer,
             self.parallel_encode,
             text,

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use common::*;
-use gdn_server::timeline::{LINE_TAG, LOG_TARGET};
+use gdn_http::api::timeline::{LINE_TAG, LOG_TARGET};
 use serde_json::{json, Value as Json};
 
 /// Every log line of this test binary's timeline target.
@@ -57,7 +57,7 @@ async fn completion(s: &TestServer, id: &str, prompt: &str) -> Vec<Json> {
         .unwrap();
     use http_body_util::BodyExt;
     use tower::ServiceExt;
-    let resp = gdn_server::app::router(s.state.clone())
+    let resp = gdn_http::http::router(s.state.clone())
         .oneshot(req)
         .await
         .unwrap();
@@ -71,19 +71,16 @@ const PROMPT: &str = "The quick brown fox jumps over the lazy dog, and then it r
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_flag_logs_one_line_per_request_with_every_stamp_in_order() {
     capture();
-    let args = [
-        "--request-timeline",
-        "--no-enable-prefix-caching",
-        "--max-num-seqs",
-        "4",
-        "--max-num-batched-tokens",
-        "16",
-    ];
     let s = server_with(
         "Hello there, friend.",
         None,
         Duration::from_millis(3),
-        &args,
+        |c| {
+            c.request_timeline = true;
+            c.prefix_cache.enabled = false;
+            c.max_num_seqs = 4;
+            c.max_num_batched_tokens = 16;
+        },
     );
     let prompt_tokens = s.state.model.encode(PROMPT, true).unwrap().len();
     assert!(
@@ -154,7 +151,7 @@ async fn the_flag_logs_one_line_per_request_with_every_stamp_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_flag_nothing_is_logged() {
     capture();
-    let s = server_with("Hello there.", None, Duration::ZERO, &[]);
+    let s = server("Hello there.", None);
     assert!(!completion(&s, "timeline-off", PROMPT).await.is_empty());
     assert!(lines_of("timeline-off").is_empty());
     wait_idle(&s).await;

@@ -13,10 +13,9 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use common::*;
 use engine::Executor;
-use gdn_server::app::router;
-use gdn_server::cli::Args;
-use gdn_server::model::ModelFiles;
-use gdn_server::serve::{engine_config, serve, start, ServeEnd};
+use gdn_http::http::router;
+use gdn_http::model::ModelFiles;
+use gdn_http::serve::{engine_config, serve, start, ServeConfig, ServeEnd};
 use http_body_util::BodyExt;
 use serde_json::{json, Value as Json};
 use tower::ServiceExt;
@@ -219,8 +218,8 @@ async fn client_disconnect_aborts_and_is_counted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_is_503_while_loading() {
     let model = ModelFiles::load(&demo_dir(), None).unwrap();
-    let args = <Args as clap::Parser>::parse_from(["gdn-server"]);
-    let config = engine_config(&args, &model, Some(2048));
+    let config = ServeConfig::new(demo_dir(), "demo".into());
+    let engine_config = engine_config(&config, &model, Some(2048));
     let (release, wait) = std::sync::mpsc::channel::<()>();
     let script = Arc::new(Mutex::new(Script {
         tokens: vec![],
@@ -236,7 +235,7 @@ async fn health_is_503_while_loading() {
             script: executor_script,
         }) as Box<dyn Executor>)
     });
-    let state = start(&args, model, "demo".into(), config, factory).unwrap();
+    let state = start(&config, model, engine_config, factory).unwrap();
     let s = TestServer { state, script };
     let get = |path: &'static str| {
         let app = router(s.state.clone());
@@ -387,7 +386,9 @@ async fn sse_keepalive_comments_follow_the_flag() {
     // Each step takes 1.2 s: a 1 s keep-alive fires before the first token.
     let body = json!({"prompt": "hi", "max_tokens": 2, "stream": true, "ignore_eos": true});
     let slow = Duration::from_millis(1200);
-    let on = server_with("ab", None, slow, &["--sse-keepalive-secs", "1"]);
+    let on = server_with("ab", None, slow, |c| {
+        c.sse_keepalive = Some(Duration::from_secs(1))
+    });
     let (status, bytes) = post(&on, "/v1/completions", body.clone()).await;
     assert_eq!(status, StatusCode::OK);
     assert!(
@@ -396,7 +397,7 @@ async fn sse_keepalive_comments_follow_the_flag() {
         String::from_utf8_lossy(&bytes)
     );
     assert_eq!(sse_data(&bytes).last().map(String::as_str), Some("[DONE]"));
-    let off = server_with("ab", None, slow, &["--sse-keepalive-secs", "0"]);
+    let off = server_with("ab", None, slow, |c| c.sse_keepalive = None);
     let (status, bytes) = post(&off, "/v1/completions", body).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(

@@ -2,7 +2,7 @@
 //! logprobs flags, tools and tool_choice, template flags.
 
 use super::{validate_generation, SamplingDefaults, ValidChat, ValidationError, MAX_TOP_LOGPROBS};
-use crate::openai::{GenerationRequest, MessageContent, ToolChoice};
+use crate::openai::request::{GenerationRequest, MessageContent, ToolChoice};
 
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
@@ -165,7 +165,7 @@ pub fn validate_chat(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::openai::GenerationRequest;
+    use crate::openai::request::GenerationRequest;
 
     fn refusal(extra: &str) -> (String, Option<String>, &'static str) {
         let json = format!(

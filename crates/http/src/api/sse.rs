@@ -1,8 +1,7 @@
-//! What the chat and completions SSE streams share: the response with the
-//! keep-alive policy, the options a stream reads from the request, the
-//! next progress or the events that end a stream on an engine failure, the
-//! closing usage chunk and `[DONE]`, and the guard that counts (and logs) a
-//! client that went away.
+//! SSE plumbing of the response path: the response with the keep-alive
+//! policy, the next progress or the events that end a stream on an engine
+//! failure, the closing usage chunk and `[DONE]`, and the guard that counts
+//! (and logs) a client that went away.
 
 use std::convert::Infallible;
 
@@ -10,10 +9,9 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::Stream;
 
-use crate::app::{AppState, SharedState};
-use crate::error::ApiError;
-use crate::generate::{Generation, Progress};
-use crate::validate::ValidGeneration;
+use super::generate::{Generation, Progress};
+use super::state::{AppState, SharedState};
+use crate::openai::ApiError;
 
 pub type SseItem = Result<SseEvent, Infallible>;
 
@@ -36,30 +34,6 @@ where
 /// One `data:` event.
 pub fn data(text: String) -> SseItem {
     Ok(SseEvent::default().data(text))
-}
-
-/// What a stream sends besides the choices' text, as the request asked.
-#[derive(Clone, Copy, Debug)]
-pub struct StreamOptions {
-    pub n: usize,
-    /// A final usage chunk (`stream_options.include_usage`).
-    pub include_usage: bool,
-    /// Usage on every chunk too (`continuous_usage_stats`, with usage).
-    pub continuous_usage: bool,
-    pub logprobs: bool,
-    pub token_ids: bool,
-}
-
-impl StreamOptions {
-    pub fn of(g: &ValidGeneration) -> Self {
-        StreamOptions {
-            n: g.n,
-            include_usage: g.include_usage,
-            continuous_usage: g.include_usage && g.continuous_usage,
-            logprobs: g.sampling.logprobs.is_some(),
-            token_ids: g.return_token_ids,
-        }
-    }
 }
 
 /// The next progress of `generation` (`None` when every choice finished);

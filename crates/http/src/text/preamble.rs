@@ -24,7 +24,7 @@
 
 use minijinja::value::Value;
 
-use crate::template::{ChatTemplate, RenderInput};
+use super::template::{ChatTemplate, RenderInput};
 
 /// The end of the preamble in `prompt_ids` (the tokens of `rendered`, the
 /// request's own render of `messages` and `tools`), or `None` when there

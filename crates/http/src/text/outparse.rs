@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use minijinja::value::Value;
 
-use crate::pyjson;
+use super::pyjson;
 
 const THINK_START: &str = "<think>";
 const THINK_END: &str = "</think>";
@@ -44,7 +44,7 @@ impl ParsedDelta {
 pub type ToolSchemas = HashMap<String, HashMap<String, String>>;
 
 /// Reads parameter types out of the request's `tools`.
-pub fn tool_schemas(tools: &[crate::openai::Tool]) -> ToolSchemas {
+pub fn tool_schemas(tools: &[crate::openai::request::Tool]) -> ToolSchemas {
     tools
         .iter()
         .map(|t| {
@@ -325,7 +325,7 @@ mod tests {
     use super::*;
 
     fn schemas() -> ToolSchemas {
-        let tools: Vec<crate::openai::Tool> = serde_json::from_str(
+        let tools: Vec<crate::openai::request::Tool> = serde_json::from_str(
             r#"[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
                 "properties": {"city": {"type": "string"}, "days": {"type": "integer"}, "opts": {"type": "object"}}}}}]"#,
         )

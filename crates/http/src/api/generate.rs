@@ -14,10 +14,12 @@ use futures_util::future::select_all;
 use serde_json::{json, Value as Json};
 use tokenizers::Tokenizer;
 
-use crate::detok::{IncrementalDetokenizer, StopStrings};
-use crate::error::ApiError;
-use crate::timeline::Timeline;
-use crate::validate::ValidGeneration;
+use super::request_id::RequestId;
+use super::timeline::Timeline;
+use crate::openai::response::Usage;
+use crate::openai::validate::ValidGeneration;
+use crate::openai::ApiError;
+use crate::text::detok::{IncrementalDetokenizer, StopStrings};
 
 /// One token's logprob and its top alternatives, with their text.
 #[derive(Clone, Debug, PartialEq)]
@@ -74,6 +76,8 @@ pub struct Generation {
     pub prompt_tokens: Vec<usize>,
     /// Prompt ids of each choice's request (empty unless `return_token_ids`).
     pub prompt_ids: Vec<Vec<u32>>,
+    /// Choices per prompt (`n`).
+    n: usize,
     tokenizer: Arc<Tokenizer>,
     want_logprobs: bool,
     want_token_ids: bool,
@@ -158,6 +162,7 @@ impl Generation {
             choices,
             prompt_tokens,
             prompt_ids,
+            n: v.n,
             tokenizer,
             want_logprobs: v.sampling.logprobs.is_some(),
             want_token_ids: v.return_token_ids,
@@ -178,6 +183,28 @@ impl Generation {
 
     pub fn completion_tokens(&self) -> usize {
         self.choices.iter().map(|c| c.completion_tokens).sum()
+    }
+
+    /// The usage so far. Each prompt counts once however many choices it
+    /// has (as in vLLM), and so do its cached tokens (its first choice's).
+    pub fn usage(&self) -> Usage {
+        let prompt: usize = self.prompt_tokens.iter().step_by(self.n).sum();
+        let cached: usize = self
+            .choices
+            .iter()
+            .step_by(self.n)
+            .map(|c| c.cached_tokens)
+            .sum();
+        Usage::new(prompt, self.completion_tokens(), cached)
+    }
+
+    /// Logs which engine requests serve the HTTP request `request_id`.
+    pub fn log_submitted(&self, request_id: &RequestId) {
+        log::debug!(
+            "request {request_id}: engine requests {:?}, {} prompt tokens",
+            self.engine_ids(),
+            self.prompt_tokens.iter().sum::<usize>()
+        );
     }
 
     fn token_text(&self, token: u32) -> String {
@@ -338,38 +365,4 @@ impl Generation {
             finish: if done { choice.finish.clone() } else { None },
         }
     }
-}
-
-/// JSON cannot hold -inf: vLLM writes -9999.0 for it.
-pub fn json_logprob(lp: f32) -> Json {
-    if lp.is_finite() {
-        json!(lp)
-    } else {
-        json!(-9999.0)
-    }
-}
-
-/// Completions' logprobs object (`text_offset` counts from `offset`).
-pub fn completion_logprobs(entries: &[TokenLogprob], mut offset: usize) -> Json {
-    let mut text_offset = Vec::new();
-    let mut tokens = Vec::new();
-    let mut token_logprobs = Vec::new();
-    let mut top_logprobs = Vec::new();
-    for e in entries {
-        text_offset.push(offset);
-        offset += e.text.len();
-        tokens.push(e.text.clone());
-        token_logprobs.push(json_logprob(e.logprob));
-        let mut top = serde_json::Map::new();
-        for (_, text, lp) in &e.top {
-            top.entry(text.clone()).or_insert(json_logprob(*lp));
-        }
-        top_logprobs.push(Json::Object(top));
-    }
-    json!({
-        "text_offset": text_offset,
-        "token_logprobs": token_logprobs,
-        "tokens": tokens,
-        "top_logprobs": top_logprobs,
-    })
 }

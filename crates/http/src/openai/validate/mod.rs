@@ -4,7 +4,7 @@
 
 use engine::SamplingParams;
 
-use crate::openai::{GenerationRequest, StopField};
+use super::request::{GenerationRequest, StopField};
 
 mod chat;
 mod error;

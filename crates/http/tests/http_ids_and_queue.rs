@@ -11,7 +11,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
 use common::*;
-use gdn_server::app::router;
+use gdn_http::http::router;
 use http_body_util::BodyExt;
 use serde_json::{json, Value as Json};
 use tower::ServiceExt;
@@ -156,7 +156,7 @@ async fn without_a_header_each_request_gets_a_fresh_id_used_everywhere() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_id_that_cannot_be_echoed_is_a_400() {
     let s = server("one", None);
-    let too_long = "a".repeat(gdn_server::app::MAX_REQUEST_ID_LEN + 1);
+    let too_long = "a".repeat(gdn_http::api::MAX_REQUEST_ID_LEN + 1);
     for bad in ["has space", "", too_long.as_str()] {
         let (status, headers, body) =
             call(&s, "/v1/chat/completions", chat(false), Some(bad)).await;
@@ -168,7 +168,7 @@ async fn a_request_id_that_cannot_be_echoed_is_a_400() {
         assert!(v["error"]["message"].as_str().unwrap().contains("256"));
     }
     // The longest accepted.
-    let longest = "b".repeat(gdn_server::app::MAX_REQUEST_ID_LEN);
+    let longest = "b".repeat(gdn_http::api::MAX_REQUEST_ID_LEN);
     let (status, headers, _) = call(&s, "/v1/chat/completions", chat(false), Some(&longest)).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(echoed(&headers), longest);
@@ -200,12 +200,10 @@ async fn rejections(s: &TestServer, reason: &str) -> u64 {
 async fn queued_prompt_tokens_over_the_limit_are_a_503_with_retry_after() {
     // One request runs at a time (slow steps); the queue holds 8 prompt tokens.
     let long = "word ".repeat(300);
-    let s = server_with(
-        &long,
-        None,
-        Duration::from_millis(5),
-        &["--max-num-seqs", "1", "--max-num-queued-tokens", "8"],
-    );
+    let s = server_with(&long, None, Duration::from_millis(5), |c| {
+        c.max_num_seqs = 1;
+        c.max_num_queued_tokens = Some(8);
+    });
     let app = router(s.state.clone());
     let streaming = |ids: &[u32]| {
         request(

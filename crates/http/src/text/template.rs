@@ -9,7 +9,7 @@
 use minijinja::value::Value;
 use minijinja::{Environment, Error, ErrorKind};
 
-use crate::pyjson;
+use super::pyjson;
 
 const TEMPLATE_NAME: &str = "chat_template";
 

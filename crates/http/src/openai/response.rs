@@ -6,8 +6,6 @@
 use serde::Serialize;
 use serde_json::Value as Json;
 
-use crate::generate::{json_logprob, TokenLogprob};
-
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Usage {
     pub prompt_tokens: usize,
@@ -64,27 +62,6 @@ pub struct LogprobOut {
     pub logprob: Json,
     pub bytes: Vec<u8>,
     pub top_logprobs: Vec<TopLogprobOut>,
-}
-
-/// Chat's `logprobs.content` entries.
-pub fn chat_logprobs(entries: &[TokenLogprob]) -> Vec<LogprobOut> {
-    entries
-        .iter()
-        .map(|e| LogprobOut {
-            token: e.text.clone(),
-            logprob: json_logprob(e.logprob),
-            bytes: e.text.as_bytes().to_vec(),
-            top_logprobs: e
-                .top
-                .iter()
-                .map(|(_, text, lp)| TopLogprobOut {
-                    token: text.clone(),
-                    logprob: json_logprob(*lp),
-                    bytes: text.as_bytes().to_vec(),
-                })
-                .collect(),
-        })
-        .collect()
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -207,4 +184,29 @@ pub struct Completion<'a, C: Serialize> {
     /// Chat with `return_token_ids` (completions put it on the choice).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_token_ids: Option<Vec<u32>>,
+}
+
+/// A response id such as `chatcmpl-<32 hex>` (random per process and call).
+pub fn random_id(prefix: &str) -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hex = String::with_capacity(32);
+    for _ in 0..2 {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos(),
+        );
+        hex.push_str(&format!("{:016x}", h.finish()));
+    }
+    format!("{prefix}{hex}")
+}
+
+/// Seconds since the Unix epoch (the `created` of responses and models).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
