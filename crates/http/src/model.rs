@@ -11,7 +11,47 @@ use tokenizers::Tokenizer;
 use crate::openai::validate::SamplingDefaults;
 use crate::startup::Startup;
 use crate::text::split_encode;
-use crate::text::template::ChatTemplate;
+use crate::text::template::{ChatTemplate, TemplateParseError};
+
+/// Why a model directory's text side cannot be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("{}: not valid JSON: {error}", path.display())]
+    InvalidJson {
+        path: PathBuf,
+        error: serde_json::Error,
+    },
+    #[error("{}: {error}", path.display())]
+    Read {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("--chat-template {}: {error}", path.display())]
+    ChatTemplateOverride {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("tokenizer_config.json: chat_template list has no 'default' template")]
+    NoDefaultChatTemplate,
+    #[error("{}: no chat template (chat_template.jinja or tokenizer_config.json's chat_template); pass --chat-template", dir.display())]
+    NoChatTemplate { dir: PathBuf },
+    #[error("{}: no config.json", dir.display())]
+    NoConfig { dir: PathBuf },
+    #[error("config.json: no vocab_size")]
+    NoVocabSize,
+    #[error("{}: {error}", path.display())]
+    Tokenizer {
+        path: PathBuf,
+        error: tokenizers::Error,
+    },
+    #[error(transparent)]
+    ChatTemplate(#[from] TemplateParseError),
+}
+
+/// The tokenizer failed on a text.
+#[derive(Debug, thiserror::Error)]
+#[error("tokenization failed: {0}")]
+pub struct EncodeError(tokenizers::Error);
 
 pub struct ModelFiles {
     pub dir: PathBuf,
@@ -26,13 +66,21 @@ pub struct ModelFiles {
     pub parallel_encode: bool,
 }
 
-fn read_json(path: &Path) -> Result<Option<Json>, String> {
+fn read_json(path: &Path) -> Result<Option<Json>, ModelError> {
     match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| format!("{}: not valid JSON: {e}", path.display())),
+        Ok(bytes) => {
+            serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|error| ModelError::InvalidJson {
+                    path: path.to_path_buf(),
+                    error,
+                })
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("{}: {e}", path.display())),
+        Err(error) => Err(ModelError::Read {
+            path: path.to_path_buf(),
+            error,
+        }),
     }
 }
 
@@ -66,14 +114,17 @@ fn template_source(
     dir: &Path,
     tokenizer_config: Option<&Json>,
     override_path: Option<&Path>,
-) -> Result<String, String> {
+) -> Result<String, ModelError> {
     if let Some(path) = override_path {
-        return std::fs::read_to_string(path)
-            .map_err(|e| format!("--chat-template {}: {e}", path.display()));
+        return std::fs::read_to_string(path).map_err(|error| ModelError::ChatTemplateOverride {
+            path: path.to_path_buf(),
+            error,
+        });
     }
     let jinja = dir.join("chat_template.jinja");
     if jinja.exists() {
-        return std::fs::read_to_string(&jinja).map_err(|e| format!("{}: {e}", jinja.display()));
+        return std::fs::read_to_string(&jinja)
+            .map_err(|error| ModelError::Read { path: jinja, error });
     }
     match tokenizer_config.and_then(|c| c.get("chat_template")) {
         Some(Json::String(s)) => Ok(s.clone()),
@@ -83,23 +134,24 @@ fn template_source(
             .and_then(|t| t.get("template"))
             .and_then(Json::as_str)
             .map(str::to_string)
-            .ok_or_else(|| "tokenizer_config.json: chat_template list has no 'default' template".into()),
-        _ => Err(format!(
-            "{}: no chat template (chat_template.jinja or tokenizer_config.json's chat_template); pass --chat-template",
-            dir.display()
-        )),
+            .ok_or(ModelError::NoDefaultChatTemplate),
+        _ => Err(ModelError::NoChatTemplate {
+            dir: dir.to_path_buf(),
+        }),
     }
 }
 
-fn read_config(dir: &Path) -> Result<Json, String> {
-    read_json(&dir.join("config.json"))?.ok_or_else(|| format!("{}: no config.json", dir.display()))
+fn read_config(dir: &Path) -> Result<Json, ModelError> {
+    read_json(&dir.join("config.json"))?.ok_or_else(|| ModelError::NoConfig {
+        dir: dir.to_path_buf(),
+    })
 }
 
 /// EOS ids named by generation_config.json, then config.json (its
 /// text_config too), without duplicates; empty when none names one (then
 /// [`ModelFiles::load`] asks the tokenizer for tokenizer_config's
 /// `eos_token`).
-pub fn configured_eos_ids(dir: &Path) -> Result<Vec<u32>, String> {
+pub fn configured_eos_ids(dir: &Path) -> Result<Vec<u32>, ModelError> {
     let config = read_config(dir)?;
     let text_config = config.get("text_config").unwrap_or(&config);
     let generation_config = read_json(&dir.join("generation_config.json"))?;
@@ -118,7 +170,10 @@ pub fn configured_eos_ids(dir: &Path) -> Result<Vec<u32>, String> {
 }
 
 impl ModelFiles {
-    pub fn load(dir: &Path, chat_template_override: Option<&Path>) -> Result<ModelFiles, String> {
+    pub fn load(
+        dir: &Path,
+        chat_template_override: Option<&Path>,
+    ) -> Result<ModelFiles, ModelError> {
         Self::load_timed(dir, chat_template_override, &Startup::new())
     }
 
@@ -128,7 +183,7 @@ impl ModelFiles {
         dir: &Path,
         chat_template_override: Option<&Path>,
         startup: &Startup,
-    ) -> Result<ModelFiles, String> {
+    ) -> Result<ModelFiles, ModelError> {
         let config = read_config(dir)?;
         // Qwen3.5 checkpoints nest the language model's config.
         let text_config = config.get("text_config").unwrap_or(&config);
@@ -136,12 +191,14 @@ impl ModelFiles {
             .get("vocab_size")
             .or_else(|| config.get("vocab_size"))
             .and_then(Json::as_u64)
-            .ok_or_else(|| "config.json: no vocab_size".to_string())?
-            as usize;
+            .ok_or(ModelError::NoVocabSize)? as usize;
         let tokenizer_path = dir.join("tokenizer.json");
         let tokenizer = startup
             .time("tokenizer", || Tokenizer::from_file(&tokenizer_path))
-            .map_err(|e| format!("{}: {e}", tokenizer_path.display()))?;
+            .map_err(|error| ModelError::Tokenizer {
+                path: tokenizer_path.clone(),
+                error,
+            })?;
         let tokenizer_config = read_json(&dir.join("tokenizer_config.json"))?;
         let generation_config = read_json(&dir.join("generation_config.json"))?;
 
@@ -167,7 +224,7 @@ impl ModelFiles {
                 .collect();
         let template = startup.time("chat_template", || {
             let source = template_source(dir, tokenizer_config.as_ref(), chat_template_override)?;
-            ChatTemplate::new(source, special_tokens)
+            Ok::<_, ModelError>(ChatTemplate::new(source, special_tokens)?)
         })?;
 
         let g = generation_config.as_ref();
@@ -199,13 +256,13 @@ impl ModelFiles {
     /// tokens as text (parsed here, no BOS added), as transformers does.
     /// Long texts are cut into pieces tokenized in parallel when the
     /// tokenizer's pipeline makes that exact (`text::split_encode`).
-    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String> {
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, EncodeError> {
         split_encode::encode(
             &self.tokenizer,
             self.parallel_encode,
             text,
             add_special_tokens,
         )
-        .map_err(|e| format!("tokenization failed: {e}"))
+        .map_err(EncodeError)
     }
 }

@@ -7,9 +7,10 @@ use engine::testing::{FakeControl, FakeExecutor};
 use engine::CacheGeometry;
 use gdn_http::serve::{ExecutorFactory, ExecutorSpec};
 use gdn_server::cli::Args;
+use gdn_server::executor::ExecutorError;
 use gdn_server::logging::init_logging;
 
-fn pick(_args: &Args, spec: ExecutorSpec<'_>) -> Result<ExecutorFactory, String> {
+fn pick(_args: &Args, spec: ExecutorSpec<'_>) -> Result<ExecutorFactory, ExecutorError> {
     let geometry = CacheGeometry {
         num_slots: 64,
         num_pages: 4096,

@@ -135,24 +135,33 @@ pub struct Args {
     pub prefix_cache_state_budget: Option<StateBudget>,
 }
 
+/// A flag value, or a combination of flags, that the program refuses.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FlagError {
+    #[error("--block-size must be at least 1")]
+    ZeroBlockSize,
+    #[error("--gpu-memory-utilization is a fraction of the GPU's memory in (0, 1], got {0}")]
+    GpuMemoryUtilization(f64),
+    #[error("--prefix-cache-snapshot-interval {interval} is not a multiple of --block-size {block_size}: periodic snapshots end on page boundaries (0 turns them off)")]
+    SnapshotIntervalOffPage { interval: usize, block_size: usize },
+}
+
 impl Args {
     /// Refuses flag combinations that no single flag's parser can see.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), FlagError> {
         if self.block_size == 0 {
-            return Err("--block-size must be at least 1".into());
+            return Err(FlagError::ZeroBlockSize);
         }
         let share = self.gpu_memory_utilization;
         if !(share > 0.0 && share <= 1.0) {
-            return Err(format!(
-                "--gpu-memory-utilization is a fraction of the GPU's memory in (0, 1], got {share}"
-            ));
+            return Err(FlagError::GpuMemoryUtilization(share));
         }
         let interval = self.prefix_cache_snapshot_interval;
         if interval % self.block_size != 0 {
-            return Err(format!(
-                "--prefix-cache-snapshot-interval {interval} is not a multiple of --block-size {}: periodic snapshots end on page boundaries (0 turns them off)",
-                self.block_size
-            ));
+            return Err(FlagError::SnapshotIntervalOffPage {
+                interval,
+                block_size: self.block_size,
+            });
         }
         Ok(())
     }
@@ -246,7 +255,7 @@ mod tests {
         assert_eq!(interval(&custom), 4096);
         assert!(custom.check().is_ok());
         let off_page = args(&["--prefix-cache-snapshot-interval", "1000"]);
-        let e = off_page.check().unwrap_err();
+        let e = off_page.check().unwrap_err().to_string();
         assert!(e.contains("not a multiple of --block-size 64"), "{e}");
         let pages_of_16 = args(&[
             "--block-size",
@@ -254,7 +263,11 @@ mod tests {
             "--prefix-cache-snapshot-interval",
             "1000",
         ]);
-        assert!(pages_of_16.check().unwrap_err().contains("--block-size 16"));
+        assert!(pages_of_16
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("--block-size 16"));
         assert!(args(&["--block-size", "0"]).check().is_err());
     }
 
@@ -269,7 +282,7 @@ mod tests {
             assert!(check(good).is_ok(), "{good}");
         }
         for bad in ["1.5", "0", "-0.2", "NaN", "inf"] {
-            let err = check(bad).unwrap_err();
+            let err = check(bad).unwrap_err().to_string();
             assert!(err.contains("(0, 1]"), "{bad}: {err}");
         }
     }

@@ -18,6 +18,21 @@ use crate::memory::{activation_reserve, kv_page_bytes, StateBudget};
 /// Context length when neither the flag nor the model sets one.
 const FALLBACK_MAX_MODEL_LEN: usize = 32768;
 
+/// Why no executor could be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecutorError {
+    #[error("--num-gpu-blocks-override must be at least 1")]
+    NoPages,
+    #[error("no usable GPU: {0}")]
+    NoGpu(qwen35::Error),
+    #[error("CPU executor: {0}")]
+    Cpu(qwen35::Error),
+    #[error("GPU executor: {0}")]
+    Gpu(qwen35::Error),
+    #[error("capturing decode graphs: {0}")]
+    DecodeGraphs(qwen35::Error),
+}
+
 #[derive(Clone, Debug)]
 struct Plan {
     dir: PathBuf,
@@ -36,7 +51,7 @@ struct Plan {
 
 /// The executor `--device` asks for, over `spec`'s model directory (built
 /// later, on the engine thread).
-pub fn pick(args: &Args, spec: ExecutorSpec<'_>) -> Result<ExecutorFactory, String> {
+pub fn pick(args: &Args, spec: ExecutorSpec<'_>) -> Result<ExecutorFactory, ExecutorError> {
     let ExecutorSpec {
         model_dir,
         max_model_len,
@@ -48,7 +63,7 @@ pub fn pick(args: &Args, spec: ExecutorSpec<'_>) -> Result<ExecutorFactory, Stri
         max_model_len
     };
     if args.num_gpu_blocks_override == Some(0) {
-        return Err("--num-gpu-blocks-override must be at least 1".into());
+        return Err(ExecutorError::NoPages);
     }
     let plan = Plan {
         dir: model_dir.to_path_buf(),
@@ -61,15 +76,15 @@ pub fn pick(args: &Args, spec: ExecutorSpec<'_>) -> Result<ExecutorFactory, Stri
         activation_reserve: activation_reserve(args.max_num_batched_tokens, args.max_num_seqs),
         snapshots: args.prefix_caching().then(|| args.state_budget()),
     };
-    Ok(Box::new(move || build(&plan, &startup)))
+    Ok(Box::new(move || Ok(build(&plan, &startup)?)))
 }
 
-fn build(plan: &Plan, startup: &Startup) -> Result<Box<dyn Executor>, String> {
+fn build(plan: &Plan, startup: &Startup) -> Result<Box<dyn Executor>, ExecutorError> {
     let stream = || startup.time("cuda_context", GpuModel::default_stream);
     match plan.device {
         Device::Cpu => cpu(plan, startup),
         Device::Gpu => {
-            let stream = stream().map_err(|e| format!("no usable GPU: {e}"))?;
+            let stream = stream().map_err(ExecutorError::NoGpu)?;
             gpu(plan, stream, startup)
         }
         // The probe's stream serves: a second context creation would cost
@@ -84,7 +99,7 @@ fn build(plan: &Plan, startup: &Startup) -> Result<Box<dyn Executor>, String> {
     }
 }
 
-fn cpu(plan: &Plan, startup: &Startup) -> Result<Box<dyn Executor>, String> {
+fn cpu(plan: &Plan, startup: &Startup) -> Result<Box<dyn Executor>, ExecutorError> {
     // The CPU forward keeps keys per sequence; pages only bound the total,
     // so every slot may reach the full context.
     let pages_per_seq = plan.max_model_len.div_ceil(plan.page_size);
@@ -100,7 +115,7 @@ fn cpu(plan: &Plan, startup: &Startup) -> Result<Box<dyn Executor>, String> {
     );
     let executor = startup
         .time("cpu_model_load", || CpuExecutor::load(&plan.dir, sizing))
-        .map_err(|e| format!("CPU executor: {e}"))?;
+        .map_err(ExecutorError::Cpu)?;
     let snapshots = plan.snapshots.map_or(0, |budget| {
         // A CPU snapshot also holds the sequence's keys and values (they
         // live in its state here): a byte budget counts the state only, and
@@ -117,7 +132,7 @@ fn gpu(
     plan: &Plan,
     stream: Arc<CudaStream>,
     startup: &Startup,
-) -> Result<Box<dyn Executor>, String> {
+) -> Result<Box<dyn Executor>, ExecutorError> {
     let sizing = GpuSizing {
         num_slots: plan.num_slots,
         pages: match plan.num_pages {
@@ -142,10 +157,10 @@ fn gpu(
         sizing,
         |slot_bytes, room| snapshots.map_or(0, |budget| budget.snapshots(slot_bytes, room)),
     )
-    .map_err(|e| format!("GPU executor: {e}"))?;
+    .map_err(ExecutorError::Gpu)?;
     let buckets = executor
         .capture_decode_graphs(plan.num_slots)
-        .map_err(|e| format!("capturing decode graphs: {e}"))?;
+        .map_err(ExecutorError::DecodeGraphs)?;
     log::info!("decode graphs captured for batch sizes {buckets:?}");
     for (phase, took) in executor.startup_phases().iter() {
         startup.record(phase, took);

@@ -5,16 +5,28 @@
 use std::sync::Arc;
 
 use gdn_http::api::AppState;
-use gdn_http::serve::{ExecutorFactory, ExecutorSpec, ServeConfig};
+use gdn_http::serve::{ExecutorFactory, ExecutorSpec, ServeConfig, ServeError};
 use gdn_http::startup::Startup;
 
-use crate::cli::Args;
+use crate::cli::{Args, FlagError};
 use crate::demo;
+use crate::executor::ExecutorError;
+
+/// Why the program could not serve, or stopped serving on its own.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error(transparent)]
+    Flags(#[from] FlagError),
+    #[error("unpacking the demo model: {0}")]
+    DemoUnpack(std::io::Error),
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+}
 
 /// Picks and builds the executor for the flags over a model directory
 /// (recording its load phases in the spec's [`Startup`]):
 /// [`crate::executor::pick`], or a fake one in tests and examples.
-pub type ExecutorPicker = fn(&Args, ExecutorSpec<'_>) -> Result<ExecutorFactory, String>;
+pub type ExecutorPicker = fn(&Args, ExecutorSpec<'_>) -> Result<ExecutorFactory, ExecutorError>;
 
 /// A started server before it listens: the state the router serves and
 /// the unpacked demo directory (removed on drop).
@@ -28,7 +40,7 @@ pub struct Prepared {
 fn serve_config(
     args: &Args,
     startup: &Startup,
-) -> Result<(ServeConfig, Option<tempfile::TempDir>), String> {
+) -> Result<(ServeConfig, Option<tempfile::TempDir>), LaunchError> {
     args.check()?;
     Ok(match &args.model {
         Some(dir) => (
@@ -39,7 +51,7 @@ fn serve_config(
             eprintln!("{}", demo::BANNER);
             let unpacked = startup
                 .time("demo_unpack", demo::unpack)
-                .map_err(|e| format!("unpacking the demo model: {e}"))?;
+                .map_err(LaunchError::DemoUnpack)?;
             let config = args.serve_config(
                 unpacked.path().to_path_buf(),
                 demo::DEMO_MODEL_NAME.to_string(),
@@ -51,20 +63,21 @@ fn serve_config(
 
 /// Loads the model files (the demo without --model) and starts the engine
 /// with the picked executor; the model loads in the background.
-pub fn prepare(args: &Args, pick_executor: ExecutorPicker) -> Result<Prepared, String> {
+pub fn prepare(args: &Args, pick_executor: ExecutorPicker) -> Result<Prepared, LaunchError> {
     let startup = Startup::new();
     let (config, demo_dir) = serve_config(args, &startup)?;
-    let state = gdn_http::serve::prepare(&config, startup, |spec| pick_executor(args, spec))?;
+    let state = gdn_http::serve::prepare(&config, startup, |spec| Ok(pick_executor(args, spec)?))?;
     Ok(Prepared { state, demo_dir })
 }
 
 /// The whole program: serve until a signal (then drain), or until the
 /// engine stops on its own (`Err` with the reason).
-pub async fn run(args: Args, pick_executor: ExecutorPicker) -> Result<(), String> {
+pub async fn run(args: Args, pick_executor: ExecutorPicker) -> Result<(), LaunchError> {
     let startup = Startup::new();
     let (config, demo_dir) = serve_config(&args, &startup)?;
-    let served = gdn_http::serve::run(config, startup, |spec| pick_executor(&args, spec)).await;
+    let served =
+        gdn_http::serve::run(config, startup, |spec| Ok(pick_executor(&args, spec)?)).await;
     // The demo directory (if any) is removed once the server has closed.
     drop(demo_dir);
-    served
+    Ok(served?)
 }

@@ -10,4 +10,4 @@ pub mod launch;
 pub mod logging;
 pub mod memory;
 
-pub use launch::{prepare, run, Prepared};
+pub use launch::{prepare, run, LaunchError, Prepared};

@@ -34,8 +34,18 @@ impl StateBudget {
     }
 }
 
-/// Parses `--prefix-cache-state-budget`: `64`, `4GiB`, `512MiB`, `2GB`, `0.25`, `25%`.
-pub fn parse_state_budget(text: &str) -> Result<StateBudget, String> {
+/// A `--prefix-cache-state-budget` that is none of the three forms.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StateBudgetError {
+    #[error("expected a snapshot count (64), a size (4GiB, 512MiB, 2GB) or a share of the cache memory (0.25, 25%), got {0:?}")]
+    Unreadable(String),
+    #[error("a share of the cache memory must lie strictly between 0 and 1 (0% and 100%: the KV pages need the rest), got {0:?}")]
+    ShareOutOfRange(String),
+}
+
+/// Parses `--prefix-cache-state-budget`: `64`, `4GiB`, `512MiB`, `2GB`,
+/// `0.25`, `25%`.
+pub fn parse_state_budget(text: &str) -> Result<StateBudget, StateBudgetError> {
     let t = text.trim();
     let units: [(&str, usize); 6] = [
         ("GiB", 1 << 30),
@@ -45,18 +55,12 @@ pub fn parse_state_budget(text: &str) -> Result<StateBudget, String> {
         ("MB", 1_000_000),
         ("KB", 1_000),
     ];
-    let bad = || {
-        format!(
-            "expected a snapshot count (64), a size (4GiB, 512MiB, 2GB) or a share of the cache memory (0.25, 25%), got {text:?}"
-        )
-    };
+    let bad = || StateBudgetError::Unreadable(text.to_string());
     let share = |f: f64| {
         if f > 0.0 && f < 1.0 {
             Ok(StateBudget::Fraction(f))
         } else {
-            Err(format!(
-                "a share of the cache memory must lie strictly between 0 and 1 (0% and 100%: the KV pages need the rest), got {text:?}"
-            ))
+            Err(StateBudgetError::ShareOutOfRange(text.to_string()))
         }
     };
     if let Some(percent) = t.strip_suffix('%') {

@@ -49,8 +49,11 @@ pub fn render_chat(
     timeline: &mut Timeline,
 ) -> Result<RenderedChat, ApiError> {
     let mut view: ChatTemplateView = decode_json(body)?;
-    decode_tool_call_arguments(&mut view.messages).map_err(|(index, reason)| {
-        ApiError::from(ValidationError::BadToolCallArguments { index, reason })
+    decode_tool_call_arguments(&mut view.messages).map_err(|e| {
+        ApiError::from(ValidationError::BadToolCallArguments {
+            index: e.index,
+            reason: e.reason,
+        })
     })?;
     let kwargs: Vec<(String, Value)> = kwargs
         .into_iter()

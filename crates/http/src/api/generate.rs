@@ -39,6 +39,18 @@ pub struct Finish {
     pub stop_reason: Json,
 }
 
+/// An engine request that could not complete: the engine's message,
+/// written for clients.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct EngineFailure(pub String);
+
+impl From<EngineFailure> for ApiError {
+    fn from(e: EngineFailure) -> Self {
+        ApiError::engine_failure(e.0)
+    }
+}
+
 /// What one engine event changed for a choice.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Progress {
@@ -212,8 +224,8 @@ impl Generation {
     }
 
     /// The next change of any choice; `None` when every choice finished.
-    /// `Err` carries an engine failure's client-safe message.
-    pub async fn next(&mut self) -> Option<Result<Progress, String>> {
+    /// `Err`: an engine failure (its message is client-safe).
+    pub async fn next(&mut self) -> Option<Result<Progress, EngineFailure>> {
         loop {
             let open: Vec<_> = self
                 .streams
@@ -247,7 +259,11 @@ impl Generation {
         }
     }
 
-    fn apply(&mut self, index: usize, event: Option<Event>) -> Option<Result<Progress, String>> {
+    fn apply(
+        &mut self,
+        index: usize,
+        event: Option<Event>,
+    ) -> Option<Result<Progress, EngineFailure>> {
         match event {
             Some(Event::Token(t)) => {
                 self.timeline.token(t.timeline.as_deref());
@@ -333,11 +349,13 @@ impl Generation {
             }
             Some(Event::Failed(message)) => {
                 self.streams[index] = None;
-                Some(Err(message))
+                Some(Err(EngineFailure(message)))
             }
             None => {
                 self.streams[index] = None;
-                Some(Err("the engine stopped before the request finished".into()))
+                Some(Err(EngineFailure(
+                    "the engine stopped before the request finished".into(),
+                )))
             }
         }
     }

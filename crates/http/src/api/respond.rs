@@ -271,7 +271,7 @@ async fn collect<E: Endpoint>(
     let mut gathered: Vec<Gathered<E::Text>> = (0..count).map(|_| Gathered::default()).collect();
     let mut started = vec![false; count];
     while let Some(next) = generation.next().await {
-        let p = next.map_err(ApiError::engine_failure)?;
+        let p = next?;
         let update = read(&mut endpoint, &mut started, p, false);
         let choice = &mut gathered[update.index];
         E::append(&mut choice.text, update.text);

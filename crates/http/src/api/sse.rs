@@ -45,14 +45,14 @@ pub async fn next_progress(
 ) -> Option<Result<Progress, [SseItem; 2]>> {
     match generation.next().await? {
         Ok(p) => Some(Ok(p)),
-        Err(message) => {
+        Err(failure) => {
             log::warn!(
-                "request {}: failed after the stream started: {message}",
+                "request {}: failed after the stream started: {failure}",
                 guard.request_id
             );
             guard.done();
             Some(Err([
-                data(ApiError::engine_failure(message).body().to_string()),
+                data(ApiError::from(failure).body().to_string()),
                 data("[DONE]".into()),
             ]))
         }

@@ -8,6 +8,7 @@
 //! fails only its requests; the engine goes on.)
 
 mod config;
+mod error;
 mod lifecycle;
 
 use std::path::Path;
@@ -25,11 +26,13 @@ use config::{chat_snapshot_markers, model_max_position_embeddings};
 use lifecycle::report_startup;
 
 pub use config::{engine_config, PrefixCaching, ServeConfig};
+pub use error::{BoxError, ServeError};
 pub use lifecycle::{serve, ServeEnd};
 
 /// Builds the engine's executor on the engine thread (CUDA contexts are
 /// created there).
-pub type ExecutorFactory = Box<dyn FnOnce() -> Result<Box<dyn Executor>, String> + Send + 'static>;
+pub type ExecutorFactory =
+    Box<dyn FnOnce() -> Result<Box<dyn Executor>, BoxError> + Send + 'static>;
 
 /// What the executor is built for: known once the model's config is read.
 pub struct ExecutorSpec<'a> {
@@ -49,11 +52,21 @@ pub fn start(
     model: ModelFiles,
     engine_config: EngineConfig,
     make_executor: ExecutorFactory,
-) -> Result<Arc<AppState>, String> {
+) -> Result<Arc<AppState>, ServeError> {
     let registry = prometheus::Registry::new();
-    let engine =
-        Engine::start(engine_config, make_executor, &registry).map_err(|e| e.to_string())?;
+    let engine = start_engine(engine_config, make_executor, &registry)?;
     state_of(config, model, engine, registry, Startup::new())
+}
+
+/// The engine over the executor `make_executor` builds (whose failure the
+/// engine reports as the reason it stopped).
+fn start_engine(
+    engine_config: EngineConfig,
+    make_executor: ExecutorFactory,
+    registry: &prometheus::Registry,
+) -> Result<EngineHandle, ServeError> {
+    let make_executor = move || make_executor().map_err(|e| e.to_string());
+    Ok(Engine::start(engine_config, make_executor, registry)?)
 }
 
 /// The shared state over a started engine.
@@ -63,12 +76,11 @@ fn state_of(
     engine: EngineHandle,
     registry: prometheus::Registry,
     startup: Arc<Startup>,
-) -> Result<Arc<AppState>, String> {
-    let metrics = ServerMetrics::register(&registry)
-        .map_err(|e| format!("registering server metrics: {e}"))?;
+) -> Result<Arc<AppState>, ServeError> {
+    let metrics = ServerMetrics::register(&registry).map_err(ServeError::ServerMetrics)?;
     startup
         .register(&registry)
-        .map_err(|e| format!("registering start-up metrics: {e}"))?;
+        .map_err(ServeError::StartupMetrics)?;
     Ok(Arc::new(AppState {
         engine,
         model,
@@ -94,18 +106,16 @@ pub fn prepare<P>(
     config: &ServeConfig,
     startup: Arc<Startup>,
     pick_executor: P,
-) -> Result<Arc<AppState>, String>
+) -> Result<Arc<AppState>, ServeError>
 where
-    P: FnOnce(ExecutorSpec<'_>) -> Result<ExecutorFactory, String>,
+    P: FnOnce(ExecutorSpec<'_>) -> Result<ExecutorFactory, BoxError>,
 {
     let dir = &config.model_dir;
     let template = config.chat_template.as_deref();
     let model_max_len = model_max_position_embeddings(dir);
     if let (Some(asked), Some(model)) = (config.max_model_len, model_max_len) {
         if asked > model {
-            return Err(format!(
-                "--max-model-len {asked} is above the model's max_position_embeddings ({model}, its config.json): positions beyond it are not what the model was trained on"
-            ));
+            return Err(ServeError::MaxModelLenAboveModel { asked, model });
         }
     }
     let eos = startup.time("model_config", || configured_eos_ids(dir))?;
@@ -120,10 +130,10 @@ where
         model_dir: dir,
         max_model_len: engine_config.max_model_len,
         startup: startup.clone(),
-    })?;
+    })
+    .map_err(ServeError::Executor)?;
     let registry = prometheus::Registry::new();
-    let engine =
-        Engine::start(engine_config, make_executor, &registry).map_err(|e| e.to_string())?;
+    let engine = start_engine(engine_config, make_executor, &registry)?;
     let model = match model {
         Some(model) => model,
         None => ModelFiles::load_timed(dir, template, &startup)?,
@@ -139,9 +149,9 @@ pub async fn run<P>(
     config: ServeConfig,
     startup: Arc<Startup>,
     pick_executor: P,
-) -> Result<(), String>
+) -> Result<(), ServeError>
 where
-    P: FnOnce(ExecutorSpec<'_>) -> Result<ExecutorFactory, String>,
+    P: FnOnce(ExecutorSpec<'_>) -> Result<ExecutorFactory, BoxError>,
 {
     let state = prepare(&config, startup, pick_executor)?;
     let name = &config.served_model_name;
@@ -149,7 +159,10 @@ where
     let bind_start = Instant::now();
     let listener = TcpListener::bind(&addr)
         .await
-        .map_err(|e| format!("binding {addr}: {e}"))?;
+        .map_err(|error| ServeError::Bind {
+            addr: addr.clone(),
+            error,
+        })?;
     state.startup.record("bind", bind_start.elapsed());
     tokio::spawn(report_startup(state.clone()));
     log::info!(
@@ -158,9 +171,9 @@ where
     );
     let end = serve(listener, state, config.shutdown_timeout)
         .await
-        .map_err(|e| format!("server error: {e}"))?;
+        .map_err(ServeError::Server)?;
     match end {
         ServeEnd::Signal => Ok(()),
-        ServeEnd::EngineStopped(why) => Err(format!("the engine stopped: {why}")),
+        ServeEnd::EngineStopped(why) => Err(ServeError::EngineStopped(why)),
     }
 }

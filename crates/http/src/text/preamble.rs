@@ -30,9 +30,9 @@ use super::template::{ChatTemplate, RenderInput};
 /// request's own render of `messages` and `tools`), or `None` when there
 /// is no system message nor tools, or the template does not render them
 /// apart from what follows.
-pub fn preamble_end(
+pub fn preamble_end<E>(
     template: &ChatTemplate,
-    encode: impl Fn(&str) -> Result<Vec<u32>, String>,
+    encode: impl Fn(&str) -> Result<Vec<u32>, E>,
     messages: &[Value],
     tools: Option<&Value>,
     kwargs: &[(String, Value)],

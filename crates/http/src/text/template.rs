@@ -37,6 +37,19 @@ impl std::fmt::Display for TemplateError {
     }
 }
 
+/// The template's source does not parse (found when the model loads).
+#[derive(Debug, thiserror::Error)]
+#[error("chat template does not parse: {0:#}")]
+pub struct TemplateParseError(minijinja::Error);
+
+/// Tool-call arguments of message `index` that are not a JSON object.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("messages[{index}].tool_calls: {reason}")]
+pub struct BadToolCallArguments {
+    pub index: usize,
+    pub reason: String,
+}
+
 /// Everything a render needs besides the template.
 pub struct RenderInput<'a> {
     /// The messages as the client sent them (tool-call arguments already
@@ -59,7 +72,10 @@ pub struct ChatTemplate {
 const RAISED_PREFIX: &str = "\u{0}raise_exception\u{0}";
 
 impl ChatTemplate {
-    pub fn new(source: String, special_tokens: Vec<(String, String)>) -> Result<Self, String> {
+    pub fn new(
+        source: String,
+        special_tokens: Vec<(String, String)>,
+    ) -> Result<Self, TemplateParseError> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -78,7 +94,7 @@ impl ChatTemplate {
             chrono::Local::now().format(&format).to_string()
         });
         env.add_template_owned(TEMPLATE_NAME, source)
-            .map_err(|e| format!("chat template does not parse: {e:#}"))?;
+            .map_err(TemplateParseError)?;
         Ok(ChatTemplate {
             env,
             special_tokens,
@@ -168,9 +184,9 @@ fn cut_after_final_message(rendered: String, messages: &[Value]) -> Result<Strin
 
 /// vLLM decodes `tool_calls[].function.arguments` from JSON text into a
 /// mapping before rendering (templates iterate them with `|items`). The
-/// client's key order is kept. Returns the message index and reason on
-/// arguments that are not a JSON object.
-pub fn decode_tool_call_arguments(messages: &mut [Value]) -> Result<(), (usize, String)> {
+/// client's key order is kept. Fails on arguments that are not a JSON
+/// object.
+pub fn decode_tool_call_arguments(messages: &mut [Value]) -> Result<(), BadToolCallArguments> {
     for (i, message) in messages.iter_mut().enumerate() {
         let Ok(calls) = message.get_attr("tool_calls") else {
             continue;
@@ -185,10 +201,16 @@ pub fn decode_tool_call_arguments(messages: &mut [Value]) -> Result<(), (usize, 
             let function = call.get_attr("function").unwrap_or_default();
             let args = function.get_attr("arguments").unwrap_or_default();
             if let Some(text) = args.as_str() {
-                let decoded: Value = serde_json::from_str(text)
-                    .map_err(|e| (i, format!("tool call arguments are not valid JSON: {e}")))?;
+                let decoded: Value =
+                    serde_json::from_str(text).map_err(|e| BadToolCallArguments {
+                        index: i,
+                        reason: format!("tool call arguments are not valid JSON: {e}"),
+                    })?;
                 if decoded.kind() != minijinja::value::ValueKind::Map {
-                    return Err((i, "tool call arguments must be a JSON object".into()));
+                    return Err(BadToolCallArguments {
+                        index: i,
+                        reason: "tool call arguments must be a JSON object".into(),
+                    });
                 }
                 let function = replace_key(&function, "arguments", decoded);
                 new_calls.push(replace_key(&call, "function", function));
