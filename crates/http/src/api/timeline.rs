@@ -23,6 +23,8 @@ use engine::timeline::ms_between;
 use engine::{EngineTimeline, StepMark};
 use serde_json::{json, Map, Value as Json};
 
+/// The lines' log target: its name from before the HTTP layer was a crate
+/// of its own, kept so that log filters and docs/benchmarks.md still match.
 pub const LOG_TARGET: &str = "gdn_server::timeline";
 /// What each line starts with (after the logger's prefix).
 pub const LINE_TAG: &str = "request_timeline";

@@ -1,12 +1,12 @@
 //! Long prompts tokenized in pieces on several threads, with the ids a
 //! single `encode` gives.
 //!
-//! `tokenizers` encodes one text on one thread: on the H200 benchmark's
-//! prompts that is ~2.5 ms for ~1k tokens and ~20 ms for ~8k (measured with
-//! this crate's build of `tokenizers`, fancy-regex; docs/benchmarks.md),
-//! all of it on the request's path to its first token. For tokenizers of
-//! Qwen's pipeline the text can be cut where the result cannot change, and
-//! the pieces encoded in parallel (`encode_batch_fast`, rayon):
+//! `tokenizers` encodes one text on one thread, and all of it is on the
+//! request's path to its first token: for long prompts that time counts
+//! (docs/benchmarks.md measures it with this crate's build of `tokenizers`,
+//! fancy-regex). For tokenizers of Qwen's pipeline the text can be cut
+//! where the result cannot change, and the pieces encoded in parallel
+//! (`encode_batch_fast`, rayon):
 //!
 //! - normalizer NFC (or none): a cut before an ASCII space changes nothing
 //!   (a space is a starter that never composes with what precedes it, and
