@@ -5,21 +5,18 @@
 use clap::Parser;
 use engine::testing::{FakeControl, FakeExecutor};
 use engine::CacheGeometry;
+use gdn_http::serve::{ExecutorFactory, ExecutorSpec};
 use gdn_server::cli::Args;
-use gdn_server::serve::{init_logging, run_main, ExecutorFactory};
+use gdn_server::executor::ExecutorError;
+use gdn_server::logging::init_logging;
 
-fn pick(
-    _args: &Args,
-    _dir: &std::path::Path,
-    max_model_len: usize,
-    _startup: std::sync::Arc<gdn_server::startup::Startup>,
-) -> Result<ExecutorFactory, String> {
+fn pick(_args: &Args, spec: ExecutorSpec<'_>) -> Result<ExecutorFactory, ExecutorError> {
     let geometry = CacheGeometry {
         num_slots: 64,
         num_pages: 4096,
         page_size: 16,
         vocab_size: 640,
-        max_model_len: max_model_len.min(4096),
+        max_model_len: spec.max_model_len.min(4096),
     };
     Ok(Box::new(move || {
         Ok(Box::new(FakeExecutor::new(geometry, FakeControl::new())) as Box<dyn engine::Executor>)
@@ -29,7 +26,7 @@ fn pick(
 #[tokio::main]
 async fn main() {
     init_logging();
-    if let Err(e) = run_main(Args::parse(), pick).await {
+    if let Err(e) = gdn_server::run(Args::parse(), pick).await {
         eprintln!("gdn-server: {e}");
         std::process::exit(1);
     }

@@ -1,9 +1,12 @@
 //! Command line, with vLLM's flag names where vLLM has the flag.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use qwen35::engine_exec::CacheRoom;
+use gdn_http::serve::{PrefixCaching, ServeConfig};
+
+use crate::memory::{parse_state_budget, StateBudget};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Device {
@@ -132,53 +135,33 @@ pub struct Args {
     pub prefix_cache_state_budget: Option<StateBudget>,
 }
 
-/// `--prefix-cache-state-budget`: snapshots, bytes to fill with them, or a
-/// share of the cache memory.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum StateBudget {
-    Snapshots(usize),
-    Bytes(usize),
-    /// This share (strictly between 0 and 1) of the memory the KV pages and
-    /// the snapshots divide between them.
-    Fraction(f64),
-}
-
-impl StateBudget {
-    /// Snapshots of `snapshot_bytes` each that the budget allows, `room`
-    /// being what the KV pages and the snapshots share.
-    pub fn snapshots(self, snapshot_bytes: usize, room: CacheRoom) -> usize {
-        let bytes = match self {
-            StateBudget::Snapshots(n) => return n,
-            StateBudget::Bytes(b) => b,
-            StateBudget::Fraction(f) => match room {
-                CacheRoom::Shared(total) => (f * total as f64) as usize,
-                // Snapshots on top of a fixed KV: f of the sum is f / (1 - f)
-                // of the KV.
-                CacheRoom::FixedKv(kv) => (f / (1.0 - f) * kv as f64) as usize,
-            },
-        };
-        bytes / snapshot_bytes.max(1)
-    }
+/// A flag value, or a combination of flags, that the program refuses.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FlagError {
+    #[error("--block-size must be at least 1")]
+    ZeroBlockSize,
+    #[error("--gpu-memory-utilization is a fraction of the GPU's memory in (0, 1], got {0}")]
+    GpuMemoryUtilization(f64),
+    #[error("--prefix-cache-snapshot-interval {interval} is not a multiple of --block-size {block_size}: periodic snapshots end on page boundaries (0 turns them off)")]
+    SnapshotIntervalOffPage { interval: usize, block_size: usize },
 }
 
 impl Args {
     /// Refuses flag combinations that no single flag's parser can see.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), FlagError> {
         if self.block_size == 0 {
-            return Err("--block-size must be at least 1".into());
+            return Err(FlagError::ZeroBlockSize);
         }
         let share = self.gpu_memory_utilization;
         if !(share > 0.0 && share <= 1.0) {
-            return Err(format!(
-                "--gpu-memory-utilization is a fraction of the GPU's memory in (0, 1], got {share}"
-            ));
+            return Err(FlagError::GpuMemoryUtilization(share));
         }
         let interval = self.prefix_cache_snapshot_interval;
         if interval % self.block_size != 0 {
-            return Err(format!(
-                "--prefix-cache-snapshot-interval {interval} is not a multiple of --block-size {}: periodic snapshots end on page boundaries (0 turns them off)",
-                self.block_size
-            ));
+            return Err(FlagError::SnapshotIntervalOffPage {
+                interval,
+                block_size: self.block_size,
+            });
         }
         Ok(())
     }
@@ -193,54 +176,100 @@ impl Args {
         self.prefix_cache_state_budget
             .unwrap_or(StateBudget::Snapshots(2 * self.max_num_seqs))
     }
-}
 
-fn parse_state_budget(text: &str) -> Result<StateBudget, String> {
-    let t = text.trim();
-    let units: [(&str, usize); 6] = [
-        ("GiB", 1 << 30),
-        ("MiB", 1 << 20),
-        ("KiB", 1 << 10),
-        ("GB", 1_000_000_000),
-        ("MB", 1_000_000),
-        ("KB", 1_000),
-    ];
-    let bad = || {
-        format!(
-            "expected a snapshot count (64), a size (4GiB, 512MiB, 2GB) or a share of the cache memory (0.25, 25%), got {text:?}"
-        )
-    };
-    let share = |f: f64| {
-        if f > 0.0 && f < 1.0 {
-            Ok(StateBudget::Fraction(f))
-        } else {
-            Err(format!(
-                "a share of the cache memory must lie strictly between 0 and 1 (0% and 100%: the KV pages need the rest), got {text:?}"
-            ))
-        }
-    };
-    if let Some(percent) = t.strip_suffix('%') {
-        let p: f64 = percent.trim().parse().map_err(|_| bad())?;
-        return share(p / 100.0);
-    }
-    if t.contains('.') && t.chars().all(|c| c.is_ascii_digit() || c == '.') {
-        return share(t.parse().map_err(|_| bad())?);
-    }
-    for (suffix, scale) in units {
-        if let Some(number) = t.strip_suffix(suffix) {
-            let n: f64 = number.trim().parse().map_err(|_| bad())?;
-            if !(n.is_finite() && n >= 0.0) {
-                return Err(bad());
-            }
-            return Ok(StateBudget::Bytes((n * scale as f64) as usize));
+    /// What gdn-http serves: `model_dir` (the --model directory or the
+    /// unpacked demo) as --served-model-name, else as `default_name`.
+    pub fn serve_config(&self, model_dir: PathBuf, default_name: String) -> ServeConfig {
+        ServeConfig {
+            model_dir,
+            served_model_name: self.served_model_name.clone().unwrap_or(default_name),
+            chat_template: self.chat_template.clone(),
+            host: self.host.clone(),
+            port: self.port,
+            max_model_len: self.max_model_len,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            max_num_queued_reqs: self.max_num_queued_reqs,
+            max_num_queued_tokens: self.max_num_queued_tokens,
+            prefix_cache: PrefixCaching {
+                enabled: self.prefix_caching(),
+                snapshot_interval: self.prefix_cache_snapshot_interval,
+                snapshot_before_last_token: self.prefix_cache_snapshot_before_last_token,
+                in_step_snapshots: !self.no_prefix_cache_in_step_snapshots,
+            },
+            max_request_bytes: self.max_request_bytes,
+            sse_keepalive: (self.sse_keepalive_secs > 0)
+                .then(|| Duration::from_secs(self.sse_keepalive_secs)),
+            request_timeline: self.request_timeline,
+            shutdown_timeout: Duration::from_secs(self.shutdown_timeout),
         }
     }
-    t.parse().map(StateBudget::Snapshots).map_err(|_| bad())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use qwen35::engine_exec::CacheRoom;
+
+    fn parse(args: &[&str]) -> Args {
+        Args::try_parse_from([&["gdn-server"], args].concat()).unwrap()
+    }
+
+    #[test]
+    fn the_flags_defaults_are_gdn_https_defaults() {
+        let (dir, name) = (PathBuf::from("/m"), "m".to_string());
+        assert_eq!(
+            parse(&[]).serve_config(dir.clone(), name.clone()),
+            ServeConfig::new(dir, name)
+        );
+    }
+
+    #[test]
+    fn the_in_step_snapshot_follows_its_flag() {
+        let config = |args: &[&str]| {
+            parse(args)
+                .serve_config("/m".into(), "m".into())
+                .engine_config(vec![], None)
+                .prefix_cache
+        };
+        assert!(config(&[]).in_step_snapshots);
+        assert!(!config(&["--no-prefix-cache-in-step-snapshots"]).in_step_snapshots);
+        assert!(config(&[]).enabled);
+    }
+
+    #[test]
+    fn periodic_snapshots_follow_their_flag_on_page_boundaries() {
+        let args = parse;
+        let interval = |a: &Args| {
+            a.serve_config("/m".into(), "m".into())
+                .engine_config(vec![], None)
+                .prefix_cache
+                .snapshot_interval
+        };
+        assert_eq!(interval(&args(&[])), 8192);
+        assert_eq!(
+            interval(&args(&["--prefix-cache-snapshot-interval", "0"])),
+            0
+        );
+        let custom = args(&["--prefix-cache-snapshot-interval", "4096"]);
+        assert_eq!(interval(&custom), 4096);
+        assert!(custom.check().is_ok());
+        let off_page = args(&["--prefix-cache-snapshot-interval", "1000"]);
+        let e = off_page.check().unwrap_err().to_string();
+        assert!(e.contains("not a multiple of --block-size 64"), "{e}");
+        let pages_of_16 = args(&[
+            "--block-size",
+            "16",
+            "--prefix-cache-snapshot-interval",
+            "1000",
+        ]);
+        assert!(pages_of_16
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("--block-size 16"));
+        assert!(args(&["--block-size", "0"]).check().is_err());
+    }
 
     #[test]
     fn gpu_memory_utilization_is_a_fraction() {
@@ -253,7 +282,7 @@ mod tests {
             assert!(check(good).is_ok(), "{good}");
         }
         for bad in ["1.5", "0", "-0.2", "NaN", "inf"] {
-            let err = check(bad).unwrap_err();
+            let err = check(bad).unwrap_err().to_string();
             assert!(err.contains("(0, 1]"), "{bad}: {err}");
         }
     }

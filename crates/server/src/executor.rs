@@ -3,18 +3,35 @@
 //! and the CPU otherwise. The choice runs on the engine thread (CUDA
 //! contexts are created there).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use engine::Executor;
-use gdn_server::cli::{Args, Device, StateBudget};
-use gdn_server::serve::ExecutorFactory;
-use gdn_server::startup::Startup;
+use gdn_http::serve::{ExecutorFactory, ExecutorSpec};
+use gdn_http::startup::Startup;
 use qwen35::engine_exec::{CacheRoom, CpuExecutor, CpuSizing, GpuExecutor, GpuSizing, PagePool};
 use qwen35::gpu::{CudaStream, GpuModel, GpuOptions};
 
+use crate::cli::{Args, Device};
+use crate::memory::{activation_reserve, kv_page_bytes, StateBudget};
+
 /// Context length when neither the flag nor the model sets one.
 const FALLBACK_MAX_MODEL_LEN: usize = 32768;
+
+/// Why no executor could be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecutorError {
+    #[error("--num-gpu-blocks-override must be at least 1")]
+    NoPages,
+    #[error("no usable GPU: {0}")]
+    NoGpu(qwen35::Error),
+    #[error("CPU executor: {0}")]
+    Cpu(qwen35::Error),
+    #[error("GPU executor: {0}")]
+    Gpu(qwen35::Error),
+    #[error("capturing decode graphs: {0}")]
+    DecodeGraphs(qwen35::Error),
+}
 
 #[derive(Clone, Debug)]
 struct Plan {
@@ -26,51 +43,48 @@ struct Plan {
     /// `--num-gpu-blocks-override`: this many KV pages.
     num_pages: Option<usize>,
     gpu_memory_utilization: f64,
-    /// GPU bytes kept free for a step's activations, logits and the decode
-    /// graphs (an estimate, not a measurement: 64 KiB per batched token,
-    /// the f32 logits of every running row, 512 MiB of workspace).
+    /// GPU bytes kept free for a step's activations ([`activation_reserve`]).
     activation_reserve: usize,
     /// The prefix cache's snapshot pool (`None`: prefix caching off).
     snapshots: Option<StateBudget>,
 }
 
-pub fn pick(
-    args: &Args,
-    dir: &Path,
-    max_model_len: usize,
-    startup: Arc<Startup>,
-) -> Result<ExecutorFactory, String> {
+/// The executor `--device` asks for, over `spec`'s model directory (built
+/// later, on the engine thread).
+pub fn pick(args: &Args, spec: ExecutorSpec<'_>) -> Result<ExecutorFactory, ExecutorError> {
+    let ExecutorSpec {
+        model_dir,
+        max_model_len,
+        startup,
+    } = spec;
     let max_model_len = if max_model_len == usize::MAX {
         FALLBACK_MAX_MODEL_LEN
     } else {
         max_model_len
     };
     if args.num_gpu_blocks_override == Some(0) {
-        return Err("--num-gpu-blocks-override must be at least 1".into());
+        return Err(ExecutorError::NoPages);
     }
-    let vocab_estimate = 256 * 1024;
     let plan = Plan {
-        dir: dir.to_path_buf(),
+        dir: model_dir.to_path_buf(),
         device: args.device,
         num_slots: args.max_num_seqs,
         page_size: args.block_size,
         max_model_len,
         num_pages: args.num_gpu_blocks_override,
         gpu_memory_utilization: args.gpu_memory_utilization,
-        activation_reserve: args.max_num_batched_tokens * 64 * 1024
-            + args.max_num_seqs * vocab_estimate * 4
-            + (512 << 20),
+        activation_reserve: activation_reserve(args.max_num_batched_tokens, args.max_num_seqs),
         snapshots: args.prefix_caching().then(|| args.state_budget()),
     };
-    Ok(Box::new(move || build(&plan, &startup)))
+    Ok(Box::new(move || Ok(build(&plan, &startup)?)))
 }
 
-fn build(plan: &Plan, startup: &Startup) -> Result<Box<dyn Executor>, String> {
+fn build(plan: &Plan, startup: &Startup) -> Result<Box<dyn Executor>, ExecutorError> {
     let stream = || startup.time("cuda_context", GpuModel::default_stream);
     match plan.device {
         Device::Cpu => cpu(plan, startup),
         Device::Gpu => {
-            let stream = stream().map_err(|e| format!("no usable GPU: {e}"))?;
+            let stream = stream().map_err(ExecutorError::NoGpu)?;
             gpu(plan, stream, startup)
         }
         // The probe's stream serves: a second context creation would cost
@@ -85,7 +99,7 @@ fn build(plan: &Plan, startup: &Startup) -> Result<Box<dyn Executor>, String> {
     }
 }
 
-fn cpu(plan: &Plan, startup: &Startup) -> Result<Box<dyn Executor>, String> {
+fn cpu(plan: &Plan, startup: &Startup) -> Result<Box<dyn Executor>, ExecutorError> {
     // The CPU forward keeps keys per sequence; pages only bound the total,
     // so every slot may reach the full context.
     let pages_per_seq = plan.max_model_len.div_ceil(plan.page_size);
@@ -101,7 +115,7 @@ fn cpu(plan: &Plan, startup: &Startup) -> Result<Box<dyn Executor>, String> {
     );
     let executor = startup
         .time("cpu_model_load", || CpuExecutor::load(&plan.dir, sizing))
-        .map_err(|e| format!("CPU executor: {e}"))?;
+        .map_err(ExecutorError::Cpu)?;
     let snapshots = plan.snapshots.map_or(0, |budget| {
         // A CPU snapshot also holds the sequence's keys and values (they
         // live in its state here): a byte budget counts the state only, and
@@ -118,7 +132,7 @@ fn gpu(
     plan: &Plan,
     stream: Arc<CudaStream>,
     startup: &Startup,
-) -> Result<Box<dyn Executor>, String> {
+) -> Result<Box<dyn Executor>, ExecutorError> {
     let sizing = GpuSizing {
         num_slots: plan.num_slots,
         pages: match plan.num_pages {
@@ -143,25 +157,13 @@ fn gpu(
         sizing,
         |slot_bytes, room| snapshots.map_or(0, |budget| budget.snapshots(slot_bytes, room)),
     )
-    .map_err(|e| format!("GPU executor: {e}"))?;
+    .map_err(ExecutorError::Gpu)?;
     let buckets = executor
         .capture_decode_graphs(plan.num_slots)
-        .map_err(|e| format!("capturing decode graphs: {e}"))?;
+        .map_err(ExecutorError::DecodeGraphs)?;
     log::info!("decode graphs captured for batch sizes {buckets:?}");
     for (phase, took) in executor.startup_phases().iter() {
         startup.record(phase, took);
     }
     Ok(Box::new(executor))
-}
-
-/// Bytes of one KV page as the GPU executor lays it out (bf16 keys and
-/// values of every attention layer): what a page of the CPU executor's
-/// pool stands for when a state budget is a share of the cache memory.
-fn kv_page_bytes(config: &qwen35::Config, page_size: usize) -> usize {
-    let attention_layers = config
-        .layer_types
-        .iter()
-        .filter(|t| **t == qwen35::config::LayerType::Full)
-        .count();
-    attention_layers * 2 * config.num_key_value_heads * config.head_dim * page_size * 2
 }

@@ -1,25 +1,13 @@
-//! gdn-server: an OpenAI-compatible HTTP front end (vLLM's routes, fields,
-//! streaming and errors) over the gdn engine's request API.
+//! gdn-server: the composition root of the OpenAI-compatible server. The
+//! command line ([`cli`]), the embedded demo checkpoint ([`demo`]), the
+//! executor for `--device` ([`executor`]) and its memory sizing
+//! ([`memory`]), composed with gdn-http's serving ([`launch`]).
 
-pub mod app;
-pub mod chat;
 pub mod cli;
-pub mod completions;
 pub mod demo;
-pub mod detok;
-pub mod error;
-pub mod generate;
-pub mod model;
-pub mod openai;
-pub mod outparse;
-pub mod preamble;
-pub mod pyjson;
-pub mod responses;
-pub mod routes;
-pub mod serve;
-pub mod split_encode;
-pub mod sse;
-pub mod startup;
-pub mod template;
-pub mod timeline;
-pub mod validate;
+pub mod executor;
+pub mod launch;
+pub mod logging;
+pub mod memory;
+
+pub use launch::{prepare, run, LaunchError, Prepared};

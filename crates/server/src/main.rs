@@ -1,16 +1,14 @@
 //! gdn-server: serve a Qwen3.5 checkpoint (or the embedded demo) over an
 //! OpenAI-compatible HTTP API.
 
-mod executor;
-
 use clap::Parser;
 use gdn_server::cli::Args;
-use gdn_server::serve::{init_logging, run_main};
+use gdn_server::{executor, logging};
 
 fn main() {
     // Before the runtime starts: start-up times count from here.
-    gdn_server::startup::mark_process_start();
-    init_logging();
+    gdn_http::startup::mark_process_start();
+    logging::init_logging();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -21,7 +19,7 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if let Err(e) = runtime.block_on(run_main(Args::parse(), executor::pick)) {
+    if let Err(e) = runtime.block_on(gdn_server::run(Args::parse(), executor::pick)) {
         eprintln!("gdn-server: {e}");
         std::process::exit(1);
     }

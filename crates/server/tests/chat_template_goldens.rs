@@ -8,8 +8,8 @@
 
 use std::path::Path;
 
-use gdn_server::model::ModelFiles;
-use gdn_server::template::{decode_tool_call_arguments, RenderInput, TemplateError};
+use gdn_http::model::ModelFiles;
+use gdn_http::text::template::{decode_tool_call_arguments, RenderInput, TemplateError};
 use minijinja::value::Value;
 use serde_json::Value as Json;
 

@@ -23,8 +23,6 @@
 
 #[path = "../../qwen35/tests/common/mod.rs"]
 mod common;
-#[path = "../src/executor.rs"]
-mod executor;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -36,9 +34,11 @@ use clap::Parser;
 use common::drive::{run, Request};
 use common::{Fixture, MODELS};
 use engine::{EngineState, Executor};
-use gdn_server::app::{router, AppState};
+use gdn_http::api::AppState;
+use gdn_http::http::router;
 use gdn_server::cli::Args;
-use gdn_server::serve::{prepare, Prepared};
+use gdn_server::executor;
+use gdn_server::{prepare, Prepared};
 use http_body_util::BodyExt;
 use qwen35::engine_exec::{CpuExecutor, CpuSizing, GpuExecutor, GpuSizing, PagePool};
 use qwen35::gpu::{GpuModel, GpuOptions};

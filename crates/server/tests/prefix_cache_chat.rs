@@ -20,9 +20,6 @@
 //! turn: the test also checks that every turn after the first is served at
 //! least up to the previous prompt's final `<|im_start|>assistant\n`.
 
-#[path = "../src/executor.rs"]
-mod executor;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,9 +28,11 @@ use axum::http::{Request as HttpRequest, StatusCode};
 use clap::Parser;
 use engine::scheduler::MARKER_COVERS_END;
 use engine::EngineState;
-use gdn_server::app::{router, AppState};
+use gdn_http::api::AppState;
+use gdn_http::http::router;
 use gdn_server::cli::Args;
-use gdn_server::serve::{prepare, Prepared};
+use gdn_server::executor;
+use gdn_server::{prepare, Prepared};
 use http_body_util::BodyExt;
 use serde_json::{json, Value as Json};
 use tower::ServiceExt;

@@ -1,0 +1,77 @@
+//! The route table and what wraps it: the request-id middleware, the 404
+//! and 405 fallbacks.
+
+use axum::extract::{Request, State};
+use axum::http::HeaderMap;
+use axum::middleware;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+
+use super::extract::{answer, read_body};
+use super::request_id::with_request_id;
+use crate::api::state::{AppState, SharedState};
+use crate::api::{chat, completions, info, tokenize};
+use crate::openai::ApiError;
+
+pub fn router(state: SharedState) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(text_completions))
+        .route("/v1/models", get(info::models))
+        .route("/health", get(info::health))
+        .route("/metrics", get(info::metrics))
+        .route("/tokenize", post(tokenize_route))
+        .route("/detokenize", post(detokenize_route))
+        .route("/openapi.json", get(info::openapi))
+        .fallback(not_found)
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed().into_response() })
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            with_request_id,
+        ))
+        .with_state(state)
+}
+
+async fn chat_completions(State(state): State<SharedState>, req: Request) -> Response {
+    answer(state, req, chat::run).await
+}
+
+async fn text_completions(State(state): State<SharedState>, req: Request) -> Response {
+    answer(state, req, completions::run).await
+}
+
+async fn tokenize_route(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Response {
+    with_body(&state, &headers, body, tokenize::tokenize).await
+}
+
+async fn detokenize_route(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Response {
+    with_body(&state, &headers, body, tokenize::detokenize).await
+}
+
+/// Reads the body (415/413) and answers from it; an error is counted under
+/// its reason and becomes its response.
+async fn with_body(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: axum::body::Body,
+    answer: fn(&AppState, &[u8]) -> Result<Response, ApiError>,
+) -> Response {
+    let answered = match read_body(state, headers, body).await {
+        Ok(bytes) => answer(state, &bytes),
+        Err(e) => Err(e),
+    };
+    answered.unwrap_or_else(|e| state.reject(e))
+}
+
+async fn not_found(state: State<SharedState>, req: Request) -> Response {
+    state.reject(ApiError::not_found_route(req.uri().path()))
+}

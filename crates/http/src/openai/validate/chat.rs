@@ -1,0 +1,226 @@
+//! Chat requests: messages, roles, content parts, tool-call arguments,
+//! logprobs flags, tools and tool_choice, template flags.
+
+use super::{validate_generation, SamplingDefaults, ValidChat, ValidationError, MAX_TOP_LOGPROBS};
+use crate::openai::request::{GenerationRequest, MessageContent, ToolChoice};
+
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+const TOOL_CHOICE_INSTEAD: &str =
+    "Use tool_choice 'auto' (or leave it out): the model then calls the given tools when it chooses to.";
+
+pub fn validate_chat(
+    req: &GenerationRequest,
+    defaults: &SamplingDefaults,
+    vocab_size: usize,
+) -> Result<ValidChat, ValidationError> {
+    let messages = req
+        .messages
+        .as_ref()
+        .ok_or(ValidationError::MissingField { field: "messages" })?;
+    if messages.is_empty() {
+        return Err(ValidationError::EmptyMessages);
+    }
+    for (index, m) in messages.iter().enumerate() {
+        if !ROLES.contains(&m.role.as_str()) {
+            return Err(ValidationError::BadRole {
+                index,
+                role: m.role.clone(),
+            });
+        }
+        match &m.content {
+            Some(MessageContent::Parts(parts)) => {
+                for (part, p) in parts.iter().enumerate() {
+                    if p.kind != "text" || p.text.is_none() {
+                        return Err(ValidationError::BadContentPart {
+                            index,
+                            part,
+                            kind: p.kind.clone(),
+                        });
+                    }
+                }
+            }
+            Some(MessageContent::Text(_)) => {}
+            // An assistant turn may carry only tool calls.
+            None if m.role == "assistant" => {}
+            None => {
+                return Err(ValidationError::MissingContent {
+                    index,
+                    role: m.role.clone(),
+                })
+            }
+        }
+        for call in m.tool_calls.iter().flatten() {
+            let args = &call.function.arguments;
+            let ok = match args {
+                serde_json::Value::String(s) => {
+                    matches!(
+                        serde_json::from_str::<serde_json::Value>(s),
+                        Ok(serde_json::Value::Object(_))
+                    )
+                }
+                serde_json::Value::Object(_) => true,
+                _ => false,
+            };
+            if !ok {
+                return Err(ValidationError::BadToolCallArguments {
+                    index,
+                    reason: format!(
+                        "arguments of '{}' must be a JSON object (as text)",
+                        call.function.name
+                    ),
+                });
+            }
+        }
+    }
+    let logprobs = match &req.logprobs {
+        None | Some(serde_json::Value::Null) => false,
+        Some(serde_json::Value::Bool(b)) => *b,
+        Some(other) => {
+            return Err(ValidationError::LogprobsType {
+                value: other.to_string(),
+            })
+        }
+    };
+    let top = match req.top_logprobs {
+        Some(k) if !(0..=MAX_TOP_LOGPROBS).contains(&k) => {
+            return Err(ValidationError::OutOfRange {
+                field: "top_logprobs",
+                range: "in [0, 20]",
+                value: k.to_string(),
+            })
+        }
+        Some(k) if k > 0 && !logprobs => return Err(ValidationError::TopLogprobsWithoutLogprobs),
+        Some(k) => k as u32,
+        None => 0,
+    };
+    let max_tokens = req.max_completion_tokens.or(req.max_tokens);
+    let generation = validate_generation(
+        req,
+        logprobs.then_some(top),
+        max_tokens,
+        defaults,
+        vocab_size,
+    )?;
+    let tools_given = match &req.tools {
+        Some(tools) if tools.is_empty() => return Err(ValidationError::EmptyTools),
+        Some(tools) => {
+            if let Some((index, t)) = tools.iter().enumerate().find(|(_, t)| t.kind != "function") {
+                return Err(ValidationError::BadToolType {
+                    index,
+                    kind: t.kind.clone(),
+                });
+            }
+            true
+        }
+        None => false,
+    };
+    let tools_enabled = match &req.tool_choice {
+        None => tools_given,
+        Some(ToolChoice::Mode(m)) if m == "none" => false,
+        Some(ToolChoice::Mode(m)) if m == "auto" => {
+            if !tools_given {
+                return Err(ValidationError::ToolChoiceWithoutTools);
+            }
+            true
+        }
+        Some(ToolChoice::Mode(m)) if m == "required" => {
+            return Err(ValidationError::NeedsConstrainedDecoding {
+                field: "tool_choice",
+                value: "'required'".into(),
+                instead: TOOL_CHOICE_INSTEAD,
+            })
+        }
+        Some(ToolChoice::Mode(m)) => {
+            return Err(ValidationError::UnknownToolChoice {
+                value: format!("'{m}'"),
+            })
+        }
+        Some(ToolChoice::Named(named)) => {
+            return Err(ValidationError::NeedsConstrainedDecoding {
+                field: "tool_choice",
+                value: format!("a named function ('{}')", named.function.name),
+                instead: TOOL_CHOICE_INSTEAD,
+            })
+        }
+    };
+    let add_generation_prompt = req.add_generation_prompt.unwrap_or(true);
+    let continue_final_message = req.continue_final_message.unwrap_or(false);
+    if add_generation_prompt && continue_final_message && req.add_generation_prompt.is_some() {
+        return Err(ValidationError::ConflictingFlags {
+            a: "add_generation_prompt",
+            b: "continue_final_message",
+        });
+    }
+    Ok(ValidChat {
+        generation,
+        tools_enabled,
+        // continue_final_message implies no generation prompt.
+        add_generation_prompt: add_generation_prompt && !continue_final_message,
+        continue_final_message,
+        include_reasoning: req.include_reasoning.unwrap_or(true),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::openai::request::GenerationRequest;
+
+    fn refusal(extra: &str) -> (String, Option<String>, &'static str) {
+        let json = format!(
+            r#"{{"messages": [{{"role": "user", "content": "hi"}}], "tools": [{{"type": "function", "function": {{"name": "f", "parameters": {{}}}}}}], {extra}}}"#
+        );
+        let req: GenerationRequest = serde_json::from_str(&json).unwrap();
+        let e = validate_chat(&req, &SamplingDefaults::default(), 1000).unwrap_err();
+        (e.to_string(), e.param(), e.code())
+    }
+
+    #[test]
+    fn what_needs_constrained_decoding_is_refused_saying_so() {
+        for (extra, field, value, instead) in [
+            (
+                r#""tool_choice": {"type": "function", "function": {"name": "f"}}"#,
+                "tool_choice",
+                "a named function ('f')",
+                "tool_choice 'auto'",
+            ),
+            (
+                r#""tool_choice": "required""#,
+                "tool_choice",
+                "'required'",
+                "tool_choice 'auto'",
+            ),
+            (
+                r#""response_format": {"type": "json_object"}"#,
+                "response_format.type",
+                "json_object",
+                "in the prompt",
+            ),
+            (
+                r#""response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}"#,
+                "response_format.type",
+                "json_schema",
+                "in the prompt",
+            ),
+        ] {
+            let (message, param, code) = refusal(extra);
+            assert!(
+                message.starts_with(&format!(
+                    "{field}={value} needs constrained (guided) decoding"
+                )),
+                "{message}"
+            );
+            assert!(message.contains("does not have"), "{message}");
+            assert!(message.contains(instead), "{message}");
+            assert_eq!(param.as_deref(), Some(field));
+            assert_eq!(code, "unsupported_value");
+        }
+        // What needs no constraint is accepted.
+        let req: GenerationRequest = serde_json::from_str(
+            r#"{"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "text"}}"#,
+        )
+        .unwrap();
+        assert!(validate_chat(&req, &SamplingDefaults::default(), 1000).is_ok());
+    }
+}

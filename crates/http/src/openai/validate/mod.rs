@@ -1,0 +1,499 @@
+//! Raw request -> validated values. One error variant per rule, each naming
+//! the field, the limit and the value, so the client learns what to change.
+//! Ranges follow vLLM's `SamplingParams._verify_args` and OpenAI's limits.
+
+use engine::SamplingParams;
+
+use super::request::{GenerationRequest, StopField};
+
+mod chat;
+mod error;
+pub use chat::validate_chat;
+pub use error::ValidationError;
+
+/// Most top logprobs a request may ask for (vLLM's default max_logprobs).
+pub const MAX_TOP_LOGPROBS: i64 = 20;
+/// Most choices per request.
+pub const MAX_N: i64 = 128;
+/// Most stop strings per request.
+pub const MAX_STOP_STRINGS: usize = 16;
+
+/// Server-side sampling defaults (generation_config.json), used where the
+/// client leaves a field out.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SamplingDefaults {
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub max_tokens: Option<usize>,
+}
+
+/// What both endpoints validate the same way.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidGeneration {
+    pub sampling: SamplingParams,
+    /// The client's limit; `None`: the server default if any, capped by
+    /// the rest of the context (`max_model_len - prompt_len`).
+    pub max_tokens: Option<usize>,
+    /// generation_config.json's `max_new_tokens`.
+    pub default_max_tokens: Option<usize>,
+    pub min_tokens: usize,
+    pub stop_strings: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub include_stop_str_in_output: bool,
+    pub ignore_eos: bool,
+    pub skip_special_tokens: bool,
+    pub n: usize,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub continuous_usage: bool,
+    /// vLLM's `return_token_ids`: `prompt_token_ids` and per choice
+    /// `token_ids` (the deltas when streaming).
+    pub return_token_ids: bool,
+}
+
+/// A chat request after validation (messages are rendered separately).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidChat {
+    pub generation: ValidGeneration,
+    pub tools_enabled: bool,
+    pub add_generation_prompt: bool,
+    pub continue_final_message: bool,
+    pub include_reasoning: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidCompletion {
+    pub generation: ValidGeneration,
+    pub echo: bool,
+    pub add_special_tokens: bool,
+}
+
+fn finite(field: &'static str, v: f64) -> Result<f64, ValidationError> {
+    if v.is_finite() {
+        Ok(v)
+    } else {
+        Err(ValidationError::NotFinite { field })
+    }
+}
+
+fn in_range(
+    field: &'static str,
+    v: f64,
+    range: &'static str,
+    ok: impl Fn(f64) -> bool,
+) -> Result<f32, ValidationError> {
+    let v = finite(field, v)?;
+    if ok(v) {
+        Ok(v as f32)
+    } else {
+        Err(ValidationError::OutOfRange {
+            field,
+            range,
+            value: v.to_string(),
+        })
+    }
+}
+
+fn positive_count(
+    field: &'static str,
+    v: i64,
+    range: &'static str,
+    max: i64,
+) -> Result<usize, ValidationError> {
+    if v < 1 || v > max {
+        return Err(ValidationError::OutOfRange {
+            field,
+            range,
+            value: v.to_string(),
+        });
+    }
+    Ok(v as usize)
+}
+
+/// Client token ids (`stop_token_ids`, the `prompt` of /v1/completions, the
+/// `tokens` of /detokenize): each must be a vocabulary id; `field` names the
+/// request field in the error.
+pub fn token_ids(
+    field: &'static str,
+    ids: &[i64],
+    vocab_size: usize,
+) -> Result<Vec<u32>, ValidationError> {
+    ids.iter()
+        .map(|&id| {
+            if id < 0 || id as u64 >= vocab_size as u64 {
+                Err(ValidationError::TokenOutOfVocab {
+                    field,
+                    value: id,
+                    vocab_size,
+                })
+            } else {
+                Ok(id as u32)
+            }
+        })
+        .collect()
+}
+
+/// Validates the fields both endpoints share. `top_logprobs`: how many
+/// alternatives the endpoint-specific `logprobs` fields asked for.
+pub fn validate_generation(
+    req: &GenerationRequest,
+    top_logprobs: Option<u32>,
+    max_tokens: Option<i64>,
+    defaults: &SamplingDefaults,
+    vocab_size: usize,
+) -> Result<ValidGeneration, ValidationError> {
+    let temperature = req.temperature.or(defaults.temperature).unwrap_or(1.0);
+    let temperature = in_range("temperature", temperature, "in [0, 2]", |t| {
+        (0.0..=2.0).contains(&t)
+    })?;
+    let top_p = req.top_p.or(defaults.top_p).unwrap_or(1.0);
+    let top_p = in_range("top_p", top_p, "in (0, 1]", |p| p > 0.0 && p <= 1.0)?;
+    let top_k = req.top_k.or(defaults.top_k).unwrap_or(0);
+    if top_k < -1 {
+        return Err(ValidationError::OutOfRange {
+            field: "top_k",
+            range: "-1 or 0 (off) or at least 1",
+            value: top_k.to_string(),
+        });
+    }
+    let top_k = u32::try_from(top_k.max(0)).map_err(|_| ValidationError::OutOfRange {
+        field: "top_k",
+        range: "at most 4294967295",
+        value: top_k.to_string(),
+    })?;
+    let min_p = req.min_p.or(defaults.min_p).unwrap_or(0.0);
+    let min_p = in_range("min_p", min_p, "in [0, 1]", |p| (0.0..=1.0).contains(&p))?;
+    let repetition = req
+        .repetition_penalty
+        .or(defaults.repetition_penalty)
+        .unwrap_or(1.0);
+    let repetition_penalty = in_range("repetition_penalty", repetition, "in (0, 2]", |r| {
+        r > 0.0 && r <= 2.0
+    })?;
+    let presence_penalty = in_range(
+        "presence_penalty",
+        req.presence_penalty.unwrap_or(0.0),
+        "in [-2, 2]",
+        |p| (-2.0..=2.0).contains(&p),
+    )?;
+    let frequency_penalty = in_range(
+        "frequency_penalty",
+        req.frequency_penalty.unwrap_or(0.0),
+        "in [-2, 2]",
+        |p| (-2.0..=2.0).contains(&p),
+    )?;
+    if let Some(bias) = &req.logit_bias {
+        if !bias.is_empty() {
+            return Err(ValidationError::Unsupported {
+                field: "logit_bias",
+                value: "a non-empty mapping".into(),
+            });
+        }
+    }
+    let n = positive_count("n", req.n.unwrap_or(1), "in [1, 128]", MAX_N)?;
+    if let Some(best_of) = req.best_of {
+        if best_of != n as i64 {
+            return Err(ValidationError::Unsupported {
+                field: "best_of",
+                value: best_of.to_string(),
+            });
+        }
+    }
+    let max_tokens = match max_tokens {
+        Some(m) => Some(positive_count("max_tokens", m, "at least 1", i64::MAX)?),
+        None => None,
+    };
+    let min_tokens = match req.min_tokens.unwrap_or(0) {
+        m if m < 0 => {
+            return Err(ValidationError::OutOfRange {
+                field: "min_tokens",
+                range: "at least 0",
+                value: m.to_string(),
+            })
+        }
+        m => m as usize,
+    };
+    if let Some(max) = max_tokens {
+        if min_tokens > max {
+            return Err(ValidationError::MinTokensOverMax {
+                min_tokens,
+                max_tokens: max,
+            });
+        }
+    }
+    let stop_strings = match &req.stop {
+        None => Vec::new(),
+        Some(StopField::One(s)) => vec![s.clone()],
+        Some(StopField::Many(v)) => v.clone(),
+    };
+    if stop_strings.len() > MAX_STOP_STRINGS {
+        return Err(ValidationError::TooManyStops {
+            max: MAX_STOP_STRINGS,
+            got: stop_strings.len(),
+        });
+    }
+    if let Some(index) = stop_strings.iter().position(|s| s.is_empty()) {
+        return Err(ValidationError::EmptyStop { index });
+    }
+    let stop_token_ids = token_ids(
+        "stop_token_ids",
+        req.stop_token_ids.as_deref().unwrap_or(&[]),
+        vocab_size,
+    )?;
+    let stream = req.stream.unwrap_or(false);
+    let (include_usage, continuous_usage) = match &req.stream_options {
+        Some(_) if !stream => return Err(ValidationError::StreamOptionsWithoutStream),
+        Some(o) => (
+            o.include_usage.unwrap_or(false),
+            o.continuous_usage_stats.unwrap_or(false),
+        ),
+        None => (false, false),
+    };
+    if let Some(k) = req.prompt_logprobs {
+        return Err(ValidationError::Unsupported {
+            field: "prompt_logprobs",
+            value: k.to_string(),
+        });
+    }
+    if let Some(format) = &req.response_format {
+        if format.kind != "text" {
+            return Err(ValidationError::NeedsConstrainedDecoding {
+                field: "response_format.type",
+                value: format.kind.clone(),
+                instead: "Ask for the format in the prompt instead (the output is then not guaranteed to follow it).",
+            });
+        }
+    }
+    let seed = req.seed.map(|s| s as u64);
+    Ok(ValidGeneration {
+        sampling: SamplingParams {
+            temperature,
+            top_p,
+            top_k,
+            min_p,
+            repetition_penalty,
+            presence_penalty,
+            frequency_penalty,
+            seed,
+            logprobs: top_logprobs,
+        },
+        max_tokens,
+        default_max_tokens: defaults.max_tokens,
+        min_tokens,
+        stop_strings,
+        stop_token_ids,
+        include_stop_str_in_output: req.include_stop_str_in_output.unwrap_or(false),
+        ignore_eos: req.ignore_eos.unwrap_or(false),
+        skip_special_tokens: req.skip_special_tokens.unwrap_or(true),
+        n,
+        stream,
+        include_usage,
+        continuous_usage,
+        return_token_ids: req.return_token_ids.unwrap_or(false),
+    })
+}
+
+pub fn validate_completion(
+    req: &GenerationRequest,
+    defaults: &SamplingDefaults,
+    vocab_size: usize,
+) -> Result<ValidCompletion, ValidationError> {
+    if req.prompt.is_none() {
+        return Err(ValidationError::MissingField { field: "prompt" });
+    }
+    let top = match &req.logprobs {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::Number(k)) => match k.as_i64() {
+            Some(k) if (0..=MAX_TOP_LOGPROBS).contains(&k) => Some(k as u32),
+            _ => {
+                return Err(ValidationError::OutOfRange {
+                    field: "logprobs",
+                    range: "an integer in [0, 20]",
+                    value: k.to_string(),
+                })
+            }
+        },
+        Some(other) => {
+            return Err(ValidationError::OutOfRange {
+                field: "logprobs",
+                range: "an integer in [0, 20]",
+                value: other.to_string(),
+            })
+        }
+    };
+    if let Some(suffix) = &req.suffix {
+        return Err(ValidationError::Unsupported {
+            field: "suffix",
+            value: format!("{suffix:?}"),
+        });
+    }
+    let generation = validate_generation(req, top, req.max_tokens, defaults, vocab_size)?;
+    Ok(ValidCompletion {
+        generation,
+        echo: req.echo.unwrap_or(false),
+        add_special_tokens: req.add_special_tokens.unwrap_or(true),
+    })
+}
+
+/// Resolves `max_tokens` against the context once the prompt length is
+/// known: unset means the server default capped by the rest of the context
+/// (or the rest of the context); a client value too large is an error with
+/// vLLM's message.
+pub fn resolve_max_tokens(
+    v: &ValidGeneration,
+    prompt_tokens: usize,
+    max_model_len: usize,
+) -> Result<usize, ValidationError> {
+    let room = check_context(prompt_tokens, max_model_len)?;
+    match (v.max_tokens, v.default_max_tokens) {
+        (Some(m), _) if m > room => Err(ValidationError::MaxTokensTooLarge {
+            max_tokens: m,
+            prompt_tokens,
+            max_model_len,
+        }),
+        (Some(m), _) => Ok(m),
+        (None, Some(default)) => Ok(default.min(room)),
+        (None, None) => Ok(room),
+    }
+}
+
+/// Room left for output, or why there is none.
+fn check_context(prompt_tokens: usize, max_model_len: usize) -> Result<usize, ValidationError> {
+    if prompt_tokens == 0 {
+        return Err(ValidationError::EmptyPrompt);
+    }
+    if prompt_tokens >= max_model_len {
+        return Err(ValidationError::PromptTooLong {
+            prompt_tokens,
+            max_model_len,
+        });
+    }
+    Ok(max_model_len - prompt_tokens)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(json: &str) -> GenerationRequest {
+        serde_json::from_str(json).unwrap()
+    }
+
+    fn chat(json: &str) -> Result<ValidChat, ValidationError> {
+        validate_chat(&req(json), &SamplingDefaults::default(), 1000)
+    }
+
+    const MSG: &str = r#""messages": [{"role": "user", "content": "hi"}]"#;
+
+    #[test]
+    fn ranges_name_field_limit_and_value() {
+        let e = chat(&format!(r#"{{{MSG}, "temperature": 2.5}}"#)).unwrap_err();
+        assert_eq!(
+            e,
+            ValidationError::OutOfRange {
+                field: "temperature",
+                range: "in [0, 2]",
+                value: "2.5".into()
+            }
+        );
+        assert_eq!(e.param().as_deref(), Some("temperature"));
+        assert!(e.to_string().contains("2.5"), "{e}");
+        let e = chat(&format!(r#"{{{MSG}, "top_p": 0}}"#)).unwrap_err();
+        assert!(matches!(
+            e,
+            ValidationError::OutOfRange { field: "top_p", .. }
+        ));
+        let e = chat(&format!(r#"{{{MSG}, "n": 0}}"#)).unwrap_err();
+        assert!(matches!(e, ValidationError::OutOfRange { field: "n", .. }));
+        let e = chat(&format!(r#"{{{MSG}, "stop_token_ids": [1000]}}"#)).unwrap_err();
+        assert!(matches!(
+            e,
+            ValidationError::TokenOutOfVocab { value: 1000, .. }
+        ));
+        let e = chat(&format!(r#"{{{MSG}, "top_logprobs": 3}}"#)).unwrap_err();
+        assert_eq!(e, ValidationError::TopLogprobsWithoutLogprobs);
+        let e = chat(&format!(
+            r#"{{{MSG}, "stream_options": {{"include_usage": true}}}}"#
+        ))
+        .unwrap_err();
+        assert_eq!(e, ValidationError::StreamOptionsWithoutStream);
+    }
+
+    #[test]
+    fn messages_rules() {
+        assert_eq!(
+            chat(r#"{"messages": []}"#).unwrap_err(),
+            ValidationError::EmptyMessages
+        );
+        let e = chat(r#"{"messages": [{"role": "wizard", "content": "x"}]}"#).unwrap_err();
+        assert_eq!(e.param().as_deref(), Some("messages[0].role"));
+        let e = chat(r#"{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}"#)
+            .unwrap_err();
+        assert!(matches!(
+            e,
+            ValidationError::BadContentPart {
+                index: 0,
+                part: 0,
+                ..
+            }
+        ));
+        let e = chat(
+            r#"{"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}]}"#,
+        )
+        .unwrap_err();
+        assert!(matches!(
+            e,
+            ValidationError::BadToolCallArguments { index: 0, .. }
+        ));
+    }
+
+    #[test]
+    fn defaults_and_precedence() {
+        let defaults = SamplingDefaults {
+            temperature: Some(0.6),
+            top_k: Some(20),
+            ..Default::default()
+        };
+        let v = validate_chat(
+            &req(&format!(
+                r#"{{{MSG}, "max_tokens": 5, "max_completion_tokens": 7, "top_k": -1}}"#
+            )),
+            &defaults,
+            1000,
+        )
+        .unwrap();
+        assert_eq!(v.generation.max_tokens, Some(7));
+        assert_eq!(v.generation.sampling.temperature, 0.6);
+        assert_eq!(v.generation.sampling.top_k, 0);
+        assert!(v.add_generation_prompt);
+    }
+
+    #[test]
+    fn max_tokens_against_context() {
+        let mut v = chat(&format!("{{{MSG}}}")).unwrap().generation;
+        assert_eq!(resolve_max_tokens(&v, 10, 64), Ok(54));
+        v.default_max_tokens = Some(100);
+        assert_eq!(
+            resolve_max_tokens(&v, 10, 64),
+            Ok(54),
+            "a server default is capped, not refused"
+        );
+        v.default_max_tokens = Some(20);
+        assert_eq!(resolve_max_tokens(&v, 10, 64), Ok(20));
+        v.max_tokens = Some(54);
+        assert_eq!(resolve_max_tokens(&v, 10, 64), Ok(54));
+        v.max_tokens = Some(55);
+        let e = resolve_max_tokens(&v, 10, 64).unwrap_err();
+        assert!(e.to_string().contains("55 > 64 - 10"), "{e}");
+        assert_eq!(
+            resolve_max_tokens(&v, 64, 64),
+            Err(ValidationError::PromptTooLong {
+                prompt_tokens: 64,
+                max_model_len: 64
+            })
+        );
+    }
+}

@@ -1,0 +1,33 @@
+//! Why serving could not start, or ended on its own.
+
+use engine::EngineStartError;
+
+use crate::model::ModelError;
+
+/// An error of any source (what an executor factory or picker returns).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("--max-model-len {asked} is above the model's max_position_embeddings ({model}, its config.json): positions beyond it are not what the model was trained on")]
+    MaxModelLenAboveModel { asked: usize, model: usize },
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// The executor picker refused (its own message).
+    #[error("{0}")]
+    Executor(BoxError),
+    #[error(transparent)]
+    EngineStart(#[from] EngineStartError),
+    #[error("registering server metrics: {0}")]
+    ServerMetrics(prometheus::Error),
+    #[error("registering start-up metrics: {0}")]
+    StartupMetrics(prometheus::Error),
+    #[error("binding {addr}: {error}")]
+    Bind { addr: String, error: std::io::Error },
+    #[error("server error: {0}")]
+    Server(std::io::Error),
+    /// The engine stopped on its own (the model failed to load, the
+    /// executor lost its device, the engine thread panicked): the reason.
+    #[error("the engine stopped: {0}")]
+    EngineStopped(String),
+}
