@@ -7,13 +7,14 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use thiserror::Error;
 use tokio::sync::{mpsc as tokio_mpsc, watch};
 
 use crate::executor::Executor;
 use crate::metrics::Metrics;
 use crate::prefix_cache::{PrefixCacheConfig, PrefixCacheStats};
-use crate::request::{EngineState, Event, GenerateRequest, RequestId, SubmitError};
-use crate::worker;
+use crate::request::{EngineState, Event, GenerateRequest, InvalidParam, RequestId, SubmitError};
+use crate::worker::{self, LoadError};
 
 /// How long an overloaded client is told to wait before retrying. A fixed
 /// second: short enough for the `openai` client (it honours Retry-After up
@@ -65,46 +66,51 @@ impl EngineConfig {
         }
     }
 
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), ConfigError> {
         if self.max_num_seqs == 0 {
-            return Err("max_num_seqs must be at least 1".into());
+            return Err(ConfigError::NoSeqs);
         }
         if self.max_num_batched_tokens < self.max_num_seqs {
             // Decodes come first and take one token each: a budget below the
             // running count would leave some decode without a turn.
-            return Err(format!(
-                "max_num_batched_tokens ({}) must be >= max_num_seqs ({})",
-                self.max_num_batched_tokens, self.max_num_seqs
-            ));
+            return Err(ConfigError::BudgetBelowSeqs {
+                max_num_batched_tokens: self.max_num_batched_tokens,
+                max_num_seqs: self.max_num_seqs,
+            });
         }
         if self.max_model_len < 2 {
-            return Err("max_model_len must be at least 2".into());
+            return Err(ConfigError::ModelLenTooShort);
         }
         Ok(())
     }
 }
 
-#[derive(Debug)]
+/// A configuration value out of range (the message names it).
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum ConfigError {
+    #[error("max_num_seqs must be at least 1")]
+    NoSeqs,
+    #[error("max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs ({max_num_seqs})")]
+    BudgetBelowSeqs {
+        max_num_batched_tokens: usize,
+        max_num_seqs: usize,
+    },
+    #[error("max_model_len must be at least 2")]
+    ModelLenTooShort,
+}
+
+#[derive(Debug, Error)]
 pub enum EngineStartError {
-    /// A configuration value out of range (the text names it).
-    Config(String),
+    /// A configuration value out of range (the error names it).
+    #[error("invalid engine configuration: {0}")]
+    Config(ConfigError),
     /// The metrics could not be registered (e.g. a second engine in one registry).
+    #[error("registering engine metrics: {0}")]
     Metrics(prometheus::Error),
     /// The engine thread could not be spawned.
+    #[error("spawning the engine thread: {0}")]
     Spawn(std::io::Error),
 }
-
-impl std::fmt::Display for EngineStartError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            EngineStartError::Config(m) => write!(f, "invalid engine configuration: {m}"),
-            EngineStartError::Metrics(e) => write!(f, "registering engine metrics: {e}"),
-            EngineStartError::Spawn(e) => write!(f, "spawning the engine thread: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for EngineStartError {}
 
 /// Snapshot for tests and `/metrics`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -205,7 +211,10 @@ impl Engine {
         let thread_shared = shared.clone();
         std::thread::Builder::new()
             .name("gdn-engine".into())
-            .spawn(move || worker::run(thread_shared, make_executor, inbox, metrics))
+            .spawn(move || {
+                let make_executor = move || make_executor().map_err(LoadError::Factory);
+                worker::run(thread_shared, make_executor, inbox, metrics)
+            })
             .map_err(EngineStartError::Spawn)?;
         Ok(EngineHandle { shared, commands })
     }
@@ -260,8 +269,9 @@ impl EngineHandle {
                 request.prompt.len()
             )));
         }
-        request.sampling.check().map_err(SubmitError::Invalid)?;
-        request.stop.check().map_err(SubmitError::Invalid)?;
+        let invalid = |e: InvalidParam| SubmitError::Invalid(e.to_string());
+        request.sampling.check().map_err(invalid)?;
+        request.stop.check().map_err(invalid)?;
         let max_model_len = self
             .shared
             .max_model_len

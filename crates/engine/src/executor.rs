@@ -3,6 +3,8 @@
 //! tokens run in a step; an executor only runs the rows it is given on the
 //! device buffers those ids address, and samples where asked.
 
+use thiserror::Error;
+
 use crate::request::SamplingParams;
 use crate::timeline::StepPhases;
 
@@ -116,30 +118,33 @@ pub struct SampledToken {
     pub top_logprobs: Vec<(u32, f32)>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Error)]
 pub enum ExecError {
     /// The executor refused the step before touching any state (a bug in the
     /// engine or an unsupported shape); the rows' states are unchanged.
+    #[error("step refused: {0}")]
     Refused(String),
     /// The device failed while running the step: the states of the step's
     /// slots are undefined (the engine fails or recomputes those requests),
     /// other slots are intact.
+    #[error("step failed: {0}")]
     StepFailed(String),
     /// The executor is unusable (lost device): the engine stops.
+    #[error("executor lost: {0}")]
     Fatal(String),
 }
 
-impl std::fmt::Display for ExecError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl ExecError {
+    /// A stable label for the kind of failure (a metric label, a log
+    /// field): `"refused"`, `"step_failed"` or `"fatal"`.
+    pub fn kind(&self) -> &'static str {
         match self {
-            ExecError::Refused(m) => write!(f, "step refused: {m}"),
-            ExecError::StepFailed(m) => write!(f, "step failed: {m}"),
-            ExecError::Fatal(m) => write!(f, "executor lost: {m}"),
+            ExecError::Refused(_) => "refused",
+            ExecError::StepFailed(_) => "step_failed",
+            ExecError::Fatal(_) => "fatal",
         }
     }
 }
-
-impl std::error::Error for ExecError {}
 
 /// A model runtime driven by the engine. It lives on the engine thread (it
 /// is created there by a factory, so it need not be `Send`).
@@ -214,4 +219,34 @@ pub trait Executor {
 
 #[path = "executor_pieces.rs"]
 mod pieces;
-pub use pieces::{check_row_snapshots, in_row_order, split_rows, Pass};
+pub use pieces::{check_row_snapshots, in_row_order, split_rows, Pass, RowSnapshotError};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_are_stable_labels_and_messages_name_the_kind() {
+        let cases = [
+            (
+                ExecError::Refused("bad row".into()),
+                "refused",
+                "step refused: bad row",
+            ),
+            (
+                ExecError::StepFailed("xid".into()),
+                "step_failed",
+                "step failed: xid",
+            ),
+            (
+                ExecError::Fatal("gone".into()),
+                "fatal",
+                "executor lost: gone",
+            ),
+        ];
+        for (error, kind, message) in cases {
+            assert_eq!(error.kind(), kind);
+            assert_eq!(error.to_string(), message);
+        }
+    }
+}

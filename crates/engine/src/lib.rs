@@ -31,15 +31,15 @@ pub mod timeline;
 mod worker;
 
 pub use engine::{
-    Engine, EngineConfig, EngineHandle, EngineStartError, EngineStats, RequestStream,
+    ConfigError, Engine, EngineConfig, EngineHandle, EngineStartError, EngineStats, RequestStream,
 };
 pub use executor::{
     check_row_snapshots, in_row_order, split_rows, CacheGeometry, ExecError, Executor, PageId,
-    RowSnapshot, SampleSeed, SampleSpec, SampledToken, SlotId, SnapshotGeometry, SnapshotId,
-    StepRow,
+    RowSnapshot, RowSnapshotError, SampleSeed, SampleSpec, SampledToken, SlotId, SnapshotGeometry,
+    SnapshotId, StepRow,
 };
 pub use request::{
-    EngineState, Event, FinishReason, GenerateRequest, RequestId, SamplingParams, StopParams,
-    SubmitError, TokenEvent, Usage,
+    EngineState, Event, FinishReason, GenerateRequest, InvalidParam, RequestId, SamplingParams,
+    StopParams, SubmitError, TokenEvent, Usage,
 };
 pub use timeline::{EngineTimeline, StepMark, StepPhases};

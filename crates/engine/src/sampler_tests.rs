@@ -539,7 +539,7 @@ fn ranges_are_checked_with_the_field_named() {
         ),
     ];
     for (field, params) in cases {
-        let err = params.check().expect_err(field);
+        let err = params.check().expect_err(field).to_string();
         assert!(err.starts_with(field), "{err}");
     }
 }

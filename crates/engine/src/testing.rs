@@ -361,7 +361,7 @@ impl FakeExecutor {
 
     /// The contract checks that need no state change.
     fn check_rows(&self, rows: &[StepRow<'_>]) -> Result<(), String> {
-        check_row_snapshots(rows, self.row_snapshots, self.snapshots.len())?;
+        check_row_snapshots::<String>(rows, self.row_snapshots, self.snapshots.len())?;
         let ps = self.geometry.page_size;
         let mut slots = HashSet::new();
         // Pages a row writes (from the one holding its `start`): its own.
