@@ -5,6 +5,8 @@
 //!   [`Executor`] (the model runtime) and owns it; [`EngineHandle::submit`]
 //!   validates and queues a [`GenerateRequest`] and returns its
 //!   [`RequestStream`] of [`Event`]s. Dropping the stream aborts the request.
+//!   The handle (`engine.rs`) and the engine thread (`worker.rs`) share
+//!   only `protocol.rs`: the commands and the state both sides read.
 //! - [`scheduler`]: one forward per step under a token budget; decodes,
 //!   then chunked prefills in progress, then FCFS admission; preemption by
 //!   recompute when KV pages run out.
@@ -18,10 +20,12 @@
 //!   request's time to first token goes, step by step.
 
 pub mod allocator;
+mod config;
 mod engine;
 pub mod executor;
 pub mod metrics;
 pub mod prefix_cache;
+mod protocol;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
@@ -30,14 +34,14 @@ pub mod testing;
 pub mod timeline;
 mod worker;
 
-pub use engine::{
-    ConfigError, Engine, EngineConfig, EngineHandle, EngineStartError, EngineStats, RequestStream,
-};
+pub use config::{ConfigError, EngineConfig};
+pub use engine::{Engine, EngineHandle, EngineStartError, RequestStream};
 pub use executor::{
     check_row_snapshots, in_row_order, split_rows, CacheGeometry, ExecError, Executor, PageId,
     RowSnapshot, RowSnapshotError, SampleSeed, SampleSpec, SampledToken, SlotId, SnapshotGeometry,
     SnapshotId, StepRow,
 };
+pub use protocol::EngineStats;
 pub use request::{
     EngineState, Event, FinishReason, GenerateRequest, InvalidParam, RequestId, SamplingParams,
     StopParams, SubmitError, TokenEvent, Usage,

@@ -13,10 +13,10 @@ use std::time::Instant;
 use thiserror::Error;
 use tokio::sync::mpsc as tokio_mpsc;
 
-use crate::engine::{Command, EngineStats, Shared, Submission};
 use crate::executor::{CacheGeometry, ExecError, Executor};
 use crate::metrics::Metrics;
 use crate::prefix_cache::{CacheOp, PrefixCacheConfig, PrefixCacheStats};
+use crate::protocol::{Command, EngineStats, Shared, Submission};
 use crate::request::{EngineState, Event, FinishReason, RequestId, TokenEvent, Usage};
 use crate::scheduler::{Outcome, Plan, Scheduler, SchedulerConfig};
 use crate::timeline::{Pending, StepMark};
