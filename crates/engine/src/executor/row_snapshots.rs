@@ -13,7 +13,9 @@
 
 use thiserror::Error;
 
-use super::{ExecError, RowSnapshot, SlotId, StepRow};
+use super::error::ExecError;
+use super::geometry::SlotId;
+use super::rows::{RowSnapshot, StepRow};
 
 /// One forward of a step whose rows carry snapshots.
 #[derive(Debug)]
@@ -181,7 +183,8 @@ pub fn in_row_order<T>(passes: &[Pass<'_>], per_pass: Vec<Vec<T>>) -> Vec<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::executor::{PageId, SampleSeed, SampleSpec, SnapshotId};
+    use crate::executor::geometry::{PageId, SnapshotId};
+    use crate::executor::rows::{SampleSeed, SampleSpec};
     use crate::request::SamplingParams;
 
     fn check(rows: &[StepRow<'_>], max: usize, pool: usize) -> Result<(), RowSnapshotError> {
