@@ -6,6 +6,7 @@
 //! above the bound.
 
 use super::*;
+use crate::executor::SampleSeed;
 use crate::request::SamplingParams;
 
 /// Chi-square 0.1 % critical values by degrees of freedom (standard tables).
