@@ -38,8 +38,8 @@
 //! publishes the state after its last computed token too. A waiting
 //! sequence that shares a prefix beyond its hit (with the cached KV or a
 //! running sequence) sets a branch point where the sharing ends, or waits
-//! for a running sequence's pending snapshot it can use
-//! (`scheduler_points.rs`). Running sequences short of
+//! for a running sequence's pending snapshot it can use (the policy:
+//! [`crate::prefix_cache`]'s `points.rs`). Running sequences short of
 //! pages evict the cache before anyone is preempted; admission evicts it
 //! too.
 //!
@@ -50,7 +50,7 @@ use std::collections::{HashMap, VecDeque};
 
 use crate::allocator::{Allocator, SeqCache};
 use crate::executor::{CacheGeometry, RowSnapshot, SampleSeed, SampleSpec, SampledToken, StepRow};
-use crate::prefix_cache::{CacheOp, Hit, PrefixCache, PrefixCacheConfig, PrefixCacheStats};
+use crate::prefix_cache::{Branch, CacheOp, Hit, PrefixCache, PrefixCacheConfig, PrefixCacheStats};
 use crate::request::{FinishReason, RequestId, SamplingParams, StopParams};
 
 /// The limits the scheduler enforces (already capped by the executor's geometry).
@@ -445,7 +445,7 @@ impl Scheduler {
             // A running sequence will publish a deeper snapshot this one
             // can use: wait for it, and let the sequences behind it in.
             let new_point = match branch {
-                Branch::Wait => {
+                Branch::Wait | Branch::Carry { .. } => {
                     plan.waiting_for_snapshot.push(id);
                     next += 1;
                     continue;
@@ -649,8 +649,7 @@ fn finish_reason(seq: &Sequence, token: u32, config: &SchedulerConfig) -> Option
 
 #[path = "scheduler_points.rs"]
 mod points;
-use points::Branch;
-pub use points::{snapshot_points, MARKER_COVERS_END};
+pub use crate::prefix_cache::{snapshot_points, MARKER_COVERS_END};
 
 #[cfg(test)]
 #[path = "scheduler_tests.rs"]
