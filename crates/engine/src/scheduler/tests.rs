@@ -5,7 +5,9 @@
 use std::collections::{HashMap, HashSet};
 
 use super::*;
-use crate::prefix_cache::PrefixCacheConfig;
+use crate::executor::{CacheGeometry, SampledToken};
+use crate::prefix_cache::{CacheOp, PrefixCacheConfig};
+use crate::request::{FinishReason, RequestId, SamplingParams, StopParams};
 
 const EOS: u32 = 0;
 

@@ -4,9 +4,11 @@
 //! reservations given back after a failed one. Where the points lie is the
 //! prefix cache's policy ([`crate::prefix_cache`]'s `points.rs`).
 
-use super::{Plan, RequestId, Scheduled, Scheduler};
+use super::plan::{Plan, Scheduled};
+use super::state::Scheduler;
 use crate::executor::RowSnapshot;
 use crate::prefix_cache::{branch_point, Branch, Reservation, Sharer};
+use crate::request::RequestId;
 
 impl Scheduler {
     /// The branch decision for waiting `id` with a hit at `hit` and the
