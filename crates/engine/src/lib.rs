@@ -29,8 +29,6 @@ mod protocol;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
-#[cfg(feature = "testing")]
-pub mod testing;
 pub mod timeline;
 mod worker;
 

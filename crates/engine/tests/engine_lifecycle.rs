@@ -6,8 +6,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use engine::testing::{collect, FakeControl, FakeExecutor, FakeFailure};
 use engine::{Engine, EngineState, Event, SamplingParams, SubmitError};
+use engine_testkit::{collect, FakeControl, FakeExecutor, FakeFailure};
 
 const WAIT: Duration = Duration::from_secs(10);
 
