@@ -16,9 +16,9 @@ pub struct PrefixCacheConfig {
     /// repeat hits on its first repeat (the last token must be recomputed
     /// for its logits). Off in the server by default: the prefill then
     /// ends one token early and the last token waits for the next step,
-    /// which under load is a full step (H200, 96 distinct prompts at c = 32:
-    /// TTFT p50 313 -> 463 ms); without it repeats still hit from the
-    /// second repeat on, through a branch point.
+    /// which under load is a full step of TTFT (docs/prefix-caching.md,
+    /// "Where snapshots are taken, and why"); without it repeats still hit
+    /// from the second repeat on, through a branch point.
     pub snapshot_before_last_token: bool,
     /// Take snapshots inside a step when the executor can
     /// ([`crate::Executor::max_row_snapshots`]): a prefill chunk runs

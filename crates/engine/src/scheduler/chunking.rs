@@ -11,9 +11,9 @@ impl Scheduler {
     /// cap-sized ones and a short tail, then the chunk is fitted to what is
     /// left of this step's `budget`. Why: a short chunk deep into a long
     /// prompt has few query rows over many keys, which the attention kernel
-    /// spreads badly; on the H200 an 8,416-token prompt under the default
-    /// 8,192 budget cost 407 ms + 66 ms for its 224-token tail, against
-    /// 426 ms in one piece (docs/benchmarks.md, TTFT breakdown).
+    /// spreads badly: the tail of a prompt just over the budget costs
+    /// several times what its tokens cost inside a larger chunk
+    /// (docs/benchmarks.md, "Where TTFT goes at c = 1").
     pub(super) fn chunk_cap(&self, remaining: usize, budget: usize) -> usize {
         let mut cap = self.config.max_num_batched_tokens;
         if self.config.long_prefill_token_threshold > 0 {
