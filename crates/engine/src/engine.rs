@@ -3,172 +3,36 @@
 //! thread ([`crate::worker`]); this side validates, queues and reads
 //! shared snapshots, and never blocks.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc as tokio_mpsc, watch};
+use thiserror::Error;
+use tokio::sync::mpsc as tokio_mpsc;
 
+use crate::config::{ConfigError, EngineConfig};
 use crate::executor::Executor;
 use crate::metrics::Metrics;
-use crate::prefix_cache::{PrefixCacheConfig, PrefixCacheStats};
-use crate::request::{EngineState, Event, GenerateRequest, RequestId, SubmitError};
-use crate::worker;
+use crate::protocol::{Command, EngineStats, Shared, Submission};
+use crate::request::{EngineState, Event, GenerateRequest, InvalidParam, RequestId, SubmitError};
+use crate::worker::{self, LoadError};
 
 /// How long an overloaded client is told to wait before retrying. A fixed
 /// second: short enough for the `openai` client (it honours Retry-After up
 /// to 60 s), long enough not to hammer a full queue.
 const OVERLOADED_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EngineConfig {
-    /// Token budget per step (vLLM's default 8192).
-    pub max_num_batched_tokens: usize,
-    /// Running requests at most (also capped by the executor's slots).
-    pub max_num_seqs: usize,
-    /// Longest prompt + output (also capped by the executor).
-    pub max_model_len: usize,
-    /// Waiting requests at most before `SubmitError::Overloaded`.
-    pub max_num_queued_reqs: usize,
-    /// Prompt tokens of the waiting requests at most before
-    /// `SubmitError::TooManyQueuedTokens` (`usize::MAX`: no limit). An
-    /// empty queue takes any prompt: the limit bounds the backlog, it does
-    /// not refuse a long prompt outright.
-    pub max_num_queued_tokens: usize,
-    /// The model's EOS ids (generation_config / config).
-    pub eos_token_ids: Vec<u32>,
-    /// Cap per prefill chunk so one long prompt leaves room in a step for
-    /// others (0: the budget only).
-    pub long_prefill_token_threshold: usize,
-    /// The prefix cache (off by default here; the server decides). Its
-    /// snapshot budget is also capped by the executor's snapshot pool; an
-    /// executor without one runs without a cache.
-    pub prefix_cache: PrefixCacheConfig,
-    /// The request timeline ([`crate::timeline`]): stamps per request up
-    /// to its first token, handed out with it. Off by default.
-    pub request_timeline: bool,
-}
-
-impl EngineConfig {
-    /// vLLM's defaults where it has one; lengths are then capped by the executor.
-    pub fn new(eos_token_ids: Vec<u32>) -> Self {
-        EngineConfig {
-            max_num_batched_tokens: 8192,
-            max_num_seqs: 256,
-            max_model_len: usize::MAX,
-            max_num_queued_reqs: 1024,
-            max_num_queued_tokens: usize::MAX,
-            eos_token_ids,
-            long_prefill_token_threshold: 0,
-            prefix_cache: PrefixCacheConfig::default(),
-            request_timeline: false,
-        }
-    }
-
-    fn check(&self) -> Result<(), String> {
-        if self.max_num_seqs == 0 {
-            return Err("max_num_seqs must be at least 1".into());
-        }
-        if self.max_num_batched_tokens < self.max_num_seqs {
-            // Decodes come first and take one token each: a budget below the
-            // running count would leave some decode without a turn.
-            return Err(format!(
-                "max_num_batched_tokens ({}) must be >= max_num_seqs ({})",
-                self.max_num_batched_tokens, self.max_num_seqs
-            ));
-        }
-        if self.max_model_len < 2 {
-            return Err("max_model_len must be at least 2".into());
-        }
-        Ok(())
-    }
-}
-
-#[derive(Debug)]
+#[derive(Debug, Error)]
 pub enum EngineStartError {
-    /// A configuration value out of range (the text names it).
-    Config(String),
+    /// A configuration value out of range (the error names it).
+    #[error("invalid engine configuration: {0}")]
+    Config(ConfigError),
     /// The metrics could not be registered (e.g. a second engine in one registry).
+    #[error("registering engine metrics: {0}")]
     Metrics(prometheus::Error),
     /// The engine thread could not be spawned.
+    #[error("spawning the engine thread: {0}")]
     Spawn(std::io::Error),
-}
-
-impl std::fmt::Display for EngineStartError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            EngineStartError::Config(m) => write!(f, "invalid engine configuration: {m}"),
-            EngineStartError::Metrics(e) => write!(f, "registering engine metrics: {e}"),
-            EngineStartError::Spawn(e) => write!(f, "spawning the engine thread: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for EngineStartError {}
-
-/// Snapshot for tests and `/metrics`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct EngineStats {
-    pub running: usize,
-    pub waiting: usize,
-    pub slots_used: usize,
-    pub slots_total: usize,
-    /// Pages held by requests (vLLM's `kv_cache_usage_perc` counts these).
-    pub pages_used: usize,
-    /// Pages held by the prefix cache alone (given back on demand).
-    pub pages_cached: usize,
-    pub pages_total: usize,
-    pub preemptions: u64,
-    pub steps: u64,
-    pub aborted: u64,
-    /// The prefix cache's counts and holdings (`None`: no cache).
-    pub prefix_cache: Option<PrefixCacheStats>,
-    /// Bytes of one snapshot (the executor's).
-    pub snapshot_bytes: usize,
-}
-
-/// A request handed to the engine thread.
-pub(crate) struct Submission {
-    pub id: RequestId,
-    pub request: GenerateRequest,
-    pub events: tokio_mpsc::UnboundedSender<Event>,
-    pub arrival: Instant,
-}
-
-pub(crate) enum Command {
-    Submit(Box<Submission>),
-    /// Finish what is running and waiting until the instant, then abort the rest and stop.
-    Shutdown(Instant),
-    /// The prefix cache's snapshot markers from now on.
-    SetSnapshotMarkers(Vec<Vec<u32>>),
-}
-
-/// What both sides see.
-pub(crate) struct Shared {
-    pub config: EngineConfig,
-    pub state: Mutex<EngineState>,
-    /// In force once loaded.
-    pub max_model_len: Mutex<Option<usize>>,
-    /// The executor's, once loaded (prompt ids must be below it).
-    pub vocab_size: Mutex<Option<usize>>,
-    pub stats: Mutex<EngineStats>,
-    /// Submitted and not yet admitted for the first time (or gone).
-    pub queued: AtomicUsize,
-    /// The prompt tokens of those requests.
-    pub queued_tokens: AtomicUsize,
-    next_id: AtomicU64,
-    /// True once the engine thread has stopped.
-    pub stopped: watch::Sender<bool>,
-}
-
-impl Shared {
-    pub fn set_state(&self, state: EngineState) {
-        *self.state.lock().unwrap() = state;
-    }
-
-    pub fn state(&self) -> EngineState {
-        self.state.lock().unwrap().clone()
-    }
 }
 
 /// Namespace for [`Engine::start`].
@@ -189,23 +53,15 @@ impl Engine {
     {
         config.check().map_err(EngineStartError::Config)?;
         let metrics = Metrics::register(registry).map_err(EngineStartError::Metrics)?;
-        let (stopped, _) = watch::channel(false);
-        let shared = Arc::new(Shared {
-            config,
-            state: Mutex::new(EngineState::Loading),
-            max_model_len: Mutex::new(None),
-            vocab_size: Mutex::new(None),
-            stats: Mutex::new(EngineStats::default()),
-            queued: AtomicUsize::new(0),
-            queued_tokens: AtomicUsize::new(0),
-            next_id: AtomicU64::new(0),
-            stopped,
-        });
+        let shared = Arc::new(Shared::new(config));
         let (commands, inbox) = mpsc::channel();
         let thread_shared = shared.clone();
         std::thread::Builder::new()
             .name("gdn-engine".into())
-            .spawn(move || worker::run(thread_shared, make_executor, inbox, metrics))
+            .spawn(move || {
+                let make_executor = move || make_executor().map_err(LoadError::Factory);
+                worker::run(thread_shared, make_executor, inbox, metrics)
+            })
             .map_err(EngineStartError::Spawn)?;
         Ok(EngineHandle { shared, commands })
     }
@@ -260,8 +116,9 @@ impl EngineHandle {
                 request.prompt.len()
             )));
         }
-        request.sampling.check().map_err(SubmitError::Invalid)?;
-        request.stop.check().map_err(SubmitError::Invalid)?;
+        let invalid = |e: InvalidParam| SubmitError::Invalid(e.to_string());
+        request.sampling.check().map_err(invalid)?;
+        request.stop.check().map_err(invalid)?;
         let max_model_len = self
             .shared
             .max_model_len
@@ -306,7 +163,7 @@ impl EngineHandle {
                 limit: token_limit,
             });
         }
-        let id = RequestId(self.shared.next_id.fetch_add(1, Ordering::Relaxed));
+        let id = self.shared.next_id();
         let (events, receiver) = tokio_mpsc::unbounded_channel();
         let submission = Submission {
             id,

@@ -21,8 +21,8 @@ const ITL_BUCKETS: &[f64] = &[
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
     40.0, 80.0,
 ];
-/// Step times: a decode step on the H200 is milliseconds, a long prefill
-/// chunk on the CPU seconds.
+/// Step times: a GPU decode step is milliseconds, a long prefill chunk on
+/// the CPU seconds.
 const STEP_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0, 2.0, 4.0,
     8.0, 16.0,

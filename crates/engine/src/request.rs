@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use thiserror::Error;
+
 /// Engine-assigned request identity (unique for the engine's lifetime).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RequestId(pub u64);
@@ -56,36 +58,30 @@ pub const MAX_LOGPROBS: u32 = 20;
 
 impl SamplingParams {
     /// vLLM's `SamplingParams._verify_args` ranges; the error names the field.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), InvalidParam> {
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return Err(format!(
-                "temperature must be finite and >= 0, got {}",
-                self.temperature
-            ));
+            return Err(InvalidParam::Temperature(self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
+            return Err(InvalidParam::TopP(self.top_p));
         }
         if !(self.min_p >= 0.0 && self.min_p <= 1.0) {
-            return Err(format!("min_p must be in [0, 1], got {}", self.min_p));
+            return Err(InvalidParam::MinP(self.min_p));
         }
         if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
-            return Err(format!(
-                "repetition_penalty must be finite and > 0, got {}",
-                self.repetition_penalty
-            ));
+            return Err(InvalidParam::RepetitionPenalty(self.repetition_penalty));
         }
         for (name, value) in [
             ("presence_penalty", self.presence_penalty),
             ("frequency_penalty", self.frequency_penalty),
         ] {
             if !(-2.0..=2.0).contains(&value) {
-                return Err(format!("{name} must be in [-2, 2], got {value}"));
+                return Err(InvalidParam::Penalty { name, value });
             }
         }
         if let Some(k) = self.logprobs {
             if k > MAX_LOGPROBS {
-                return Err(format!("logprobs must be at most {MAX_LOGPROBS}, got {k}"));
+                return Err(InvalidParam::Logprobs(k));
             }
         }
         Ok(())
@@ -107,21 +103,44 @@ pub struct StopParams {
 
 impl StopParams {
     /// `max_tokens` >= 1 and `min_tokens` <= `max_tokens` (vLLM's ranges).
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), InvalidParam> {
         if self.max_tokens < 1 {
-            return Err(format!(
-                "max_tokens must be at least 1, got {}",
-                self.max_tokens
-            ));
+            return Err(InvalidParam::MaxTokens(self.max_tokens));
         }
         if self.min_tokens > self.max_tokens {
-            return Err(format!(
-                "min_tokens must be less than or equal to max_tokens={}, got {}",
-                self.max_tokens, self.min_tokens
-            ));
+            return Err(InvalidParam::MinTokens {
+                min_tokens: self.min_tokens,
+                max_tokens: self.max_tokens,
+            });
         }
         Ok(())
     }
+}
+
+/// A sampling or stop parameter outside its range: the message starts with
+/// the field's name and gives the value.
+#[derive(Clone, Debug, PartialEq, Error)]
+pub enum InvalidParam {
+    #[error("temperature must be finite and >= 0, got {0}")]
+    Temperature(f32),
+    #[error("top_p must be in (0, 1], got {0}")]
+    TopP(f32),
+    #[error("min_p must be in [0, 1], got {0}")]
+    MinP(f32),
+    #[error("repetition_penalty must be finite and > 0, got {0}")]
+    RepetitionPenalty(f32),
+    /// `presence_penalty` or `frequency_penalty` (`name`).
+    #[error("{name} must be in [-2, 2], got {value}")]
+    Penalty { name: &'static str, value: f32 },
+    #[error("logprobs must be at most {max}, got {0}", max = MAX_LOGPROBS)]
+    Logprobs(u32),
+    #[error("max_tokens must be at least 1, got {0}")]
+    MaxTokens(usize),
+    #[error("min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}")]
+    MinTokens {
+        min_tokens: usize,
+        max_tokens: usize,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]

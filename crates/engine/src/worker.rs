@@ -10,12 +10,13 @@ use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
+use thiserror::Error;
 use tokio::sync::mpsc as tokio_mpsc;
 
-use crate::engine::{Command, EngineStats, Shared, Submission};
 use crate::executor::{CacheGeometry, ExecError, Executor};
 use crate::metrics::Metrics;
 use crate::prefix_cache::{CacheOp, PrefixCacheConfig, PrefixCacheStats};
+use crate::protocol::{Command, EngineStats, Shared, Submission};
 use crate::request::{EngineState, Event, FinishReason, RequestId, TokenEvent, Usage};
 use crate::scheduler::{Outcome, Plan, Scheduler, SchedulerConfig};
 use crate::timeline::{Pending, StepMark};
@@ -49,12 +50,42 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-fn check_geometry(g: &CacheGeometry) -> Result<(), String> {
+/// Why the executor could not be loaded (the engine is then `Dead`).
+#[derive(Debug, Error)]
+pub(crate) enum LoadError {
+    /// The factory's own error (the runtime's message).
+    #[error("{0}")]
+    Factory(String),
+    #[error("executor factory panicked: {0}")]
+    FactoryPanicked(String),
+    #[error("executor geometry has an empty pool: {0:?}")]
+    EmptyPool(CacheGeometry),
+    #[error("executor max_model_len {0} < 2")]
+    ModelLenTooShort(usize),
+}
+
+/// Why the engine thread stops serving (every request then fails).
+#[derive(Debug, Error)]
+enum Stop {
+    #[error("executor panicked: {0}")]
+    ExecutorPanicked(String),
+    /// [`ExecError::Fatal`]'s message.
+    #[error("executor lost: {0}")]
+    ExecutorLost(String),
+    #[error("scheduler planned an empty step with requests pending")]
+    EmptyPlan,
+    /// A snapshot that failed is in the tree but holds nothing usable: the
+    /// cache cannot be trusted any more.
+    #[error("taking prefix-cache snapshots: {0}")]
+    Snapshots(ExecError),
+}
+
+fn check_geometry(g: &CacheGeometry) -> Result<(), LoadError> {
     if g.num_slots == 0 || g.num_pages == 0 || g.page_size == 0 || g.vocab_size == 0 {
-        return Err(format!("executor geometry has an empty pool: {g:?}"));
+        return Err(LoadError::EmptyPool(*g));
     }
     if g.max_model_len < 2 {
-        return Err(format!("executor max_model_len {} < 2", g.max_model_len));
+        return Err(LoadError::ModelLenTooShort(g.max_model_len));
     }
     Ok(())
 }
@@ -65,10 +96,10 @@ pub(crate) fn run<F>(
     inbox: mpsc::Receiver<Command>,
     metrics: Metrics,
 ) where
-    F: FnOnce() -> Result<Box<dyn Executor>, String>,
+    F: FnOnce() -> Result<Box<dyn Executor>, LoadError>,
 {
     let made = catch_unwind(AssertUnwindSafe(make_executor))
-        .unwrap_or_else(|p| Err(format!("executor factory panicked: {}", panic_text(&*p))));
+        .unwrap_or_else(|p| Err(LoadError::FactoryPanicked(panic_text(&*p))));
     let executor = made.and_then(|e| check_geometry(&e.geometry()).map(|()| e));
     let executor = match executor {
         Ok(mut executor) => {
@@ -218,8 +249,8 @@ impl Worker {
             let outcome = catch_unwind(AssertUnwindSafe(|| self.step()));
             match outcome {
                 Ok(Ok(())) => {}
-                Ok(Err(fatal)) => {
-                    self.die(fatal);
+                Ok(Err(stop)) => {
+                    self.die(stop.to_string());
                     return;
                 }
                 Err(payload) => {
@@ -327,7 +358,7 @@ impl Worker {
     }
 
     /// Plans and runs one step. `Err`: the engine cannot go on.
-    fn step(&mut self) -> Result<(), String> {
+    fn step(&mut self) -> Result<(), Stop> {
         let timed = self.shared.config.request_timeline;
         let planned = timed.then(Instant::now);
         let plan = self.scheduler.schedule();
@@ -353,7 +384,7 @@ impl Worker {
         if plan.rows.is_empty() {
             // Nothing fits (cannot happen with a non-empty scheduler and a
             // lone sequence always fitting); do not spin without a step.
-            return Err("scheduler planned an empty step with requests pending".into());
+            return Err(Stop::EmptyPlan);
         }
         let banned: Vec<Vec<u32>> = plan
             .rows
@@ -381,7 +412,7 @@ impl Worker {
             .tokens_per_step
             .observe(plan.num_tokens() as f64);
         let sampled = match result {
-            Err(payload) => return Err(format!("executor panicked: {}", panic_text(&*payload))),
+            Err(payload) => return Err(Stop::ExecutorPanicked(panic_text(&*payload))),
             Ok(Err(error)) => return self.step_error(&plan, error),
             Ok(Ok(sampled)) if sampled.len() != expected => {
                 let why = format!(
@@ -399,9 +430,7 @@ impl Worker {
         // the next plan).
         let ops = self.scheduler.take_cache_ops();
         if let Err(error) = self.run_cache_ops(&ops) {
-            // A snapshot that failed is in the tree but holds nothing
-            // usable: the cache cannot be trusted any more.
-            return Err(format!("taking prefix-cache snapshots: {error}"));
+            return Err(Stop::Snapshots(error));
         }
         // Resources of finished requests are already free: publish first so
         // a client that sees its terminal event sees them released.
@@ -466,9 +495,9 @@ impl Worker {
 
     /// A failed step (or a failed restore before it): Fatal stops the
     /// engine, anything else fails the step's requests.
-    fn step_error(&mut self, plan: &Plan, error: ExecError) -> Result<(), String> {
+    fn step_error(&mut self, plan: &Plan, error: ExecError) -> Result<(), Stop> {
         if let ExecError::Fatal(why) = error {
-            return Err(format!("executor lost: {why}"));
+            return Err(Stop::ExecutorLost(why));
         }
         self.fail_step(plan, &error.to_string());
         Ok(())

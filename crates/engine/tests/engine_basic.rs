@@ -1,7 +1,7 @@
 mod common;
 
 use common::*;
-use engine::testing::collect;
+use engine_testkit::collect;
 
 #[tokio::test]
 async fn concurrent_requests_get_their_reference_tokens() {

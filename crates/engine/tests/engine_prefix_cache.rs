@@ -8,11 +8,11 @@ mod common;
 
 use common::*;
 use engine::prefix_cache::PrefixCacheConfig;
-use engine::testing::{collect, FakeControl, FakeExecutor};
 use engine::{
     EngineConfig, Event, Executor, GenerateRequest, PageId, SampleSeed, SampleSpec, SamplingParams,
     SlotId, SnapshotId, StepRow, SubmitError, Usage,
 };
+use engine_testkit::{collect, FakeControl, FakeExecutor};
 
 const PAGE: usize = 8;
 /// The "end of preamble" marker of these tests (chat: `<|im_start|>assistant\n`).
@@ -410,7 +410,7 @@ async fn a_tiny_snapshot_budget_evicts_the_least_recently_used(in_step: bool) {
     );
     assert_eq!(
         metric(&s, "gdn:prefix_cache_snapshot_bytes"),
-        (stats.snapshots * engine::testing::FAKE_SNAPSHOT_BYTES) as f64
+        (stats.snapshots * engine_testkit::FAKE_SNAPSHOT_BYTES) as f64
     );
     assert_no_violation(&s);
 }
@@ -548,7 +548,7 @@ fn chat_prompt(system: &[u32], question: &[u32]) -> GenerateRequest {
 
 /// The prefill rows of the only request run so far (it ran alone): rows
 /// starting before its prompt's end.
-fn prefill_rows(s: &Started, prompt_len: usize) -> Vec<engine::testing::RowRecord> {
+fn prefill_rows(s: &Started, prompt_len: usize) -> Vec<engine_testkit::RowRecord> {
     s.control
         .steps()
         .into_iter()
@@ -612,8 +612,7 @@ async fn a_failed_step_publishes_none_of_its_snapshots() {
     let s = start_with_snapshots(cached(true, 64, 4, true, 2), geometry(4, 64, PAGE), 2);
     let system = body(9, 29);
     let a = chat_prompt(&system, &body(42, 9));
-    s.control
-        .fail_next(engine::testing::FakeFailure::StepFailed);
+    s.control.fail_next(engine_testkit::FakeFailure::StepFailed);
     let (tokens, end) = collect(s.handle.submit(a.clone()).expect("accepted")).await;
     assert!(
         tokens.is_empty() && matches!(end, Event::Failed(_)),

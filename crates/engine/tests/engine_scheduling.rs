@@ -6,8 +6,8 @@ mod common;
 use std::collections::HashMap;
 
 use common::*;
-use engine::testing::collect;
 use engine::{FinishReason, SamplingParams};
+use engine_testkit::collect;
 
 #[tokio::test]
 async fn budget_respected_fcfs_and_batching_does_not_change_tokens() {

@@ -9,11 +9,11 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Fixture, MODELS};
-use engine::testing::finished_tokens;
 use engine::{
     Engine, EngineConfig, EngineHandle, EngineStats, Executor, GenerateRequest, SamplingParams,
     StopParams,
 };
+use engine_testkit::finished_tokens;
 use qwen35::engine_exec::{CpuExecutor, CpuSizing};
 use qwen35::{CpuModel, Weights};
 

@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use common::drive::{run, Request};
 use common::{Fixture, MODELS};
-use engine::testing::finished_tokens;
 use engine::{
     Engine, EngineConfig, EngineHandle, Executor, GenerateRequest, SamplingParams, StopParams,
 };
+use engine_testkit::finished_tokens;
 use qwen35::engine_exec::{GpuExecutor, GpuSizing, PagePool};
 use qwen35::gpu::{GpuModel, GpuOptions};
 use qwen35::Weights;

@@ -1,10 +1,10 @@
-//! gdn-server over the engine's fake executor (engine::testing): the real
+//! gdn-server over the engine's fake executor (engine_testkit): the real
 //! HTTP stack, tokenizer and template, with a model that needs no weights.
 //! For developing and testing the HTTP layer only; not shipped.
 
 use clap::Parser;
-use engine::testing::{FakeControl, FakeExecutor};
 use engine::CacheGeometry;
+use engine_testkit::{FakeControl, FakeExecutor};
 use gdn_http::serve::{ExecutorFactory, ExecutorSpec};
 use gdn_server::cli::Args;
 use gdn_server::executor::ExecutorError;

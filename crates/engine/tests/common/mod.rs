@@ -3,11 +3,11 @@
 
 use std::time::{Duration, Instant};
 
-use engine::testing::{FakeControl, FakeExecutor};
 use engine::{
     CacheGeometry, Engine, EngineConfig, EngineHandle, EngineStats, Event, FinishReason,
     GenerateRequest, SamplingParams, StopParams,
 };
+use engine_testkit::{FakeControl, FakeExecutor};
 
 pub const VOCAB: usize = 64;
 pub const EOS: u32 = 0;
@@ -73,7 +73,7 @@ pub fn prompt(tag: u32, len: usize) -> Vec<u32> {
 
 /// The slot of the request whose prompt starts with `tag + 1`, from the
 /// first row that starts it.
-pub fn slot_of(steps: &[Vec<engine::testing::RowRecord>], tag: u32) -> Option<engine::SlotId> {
+pub fn slot_of(steps: &[Vec<engine_testkit::RowRecord>], tag: u32) -> Option<engine::SlotId> {
     steps
         .iter()
         .flatten()
@@ -160,7 +160,7 @@ pub fn wait_released(handle: &EngineHandle) -> EngineStats {
 
 /// The fake model run alone, outside the engine.
 pub fn reference_tokens(request: &GenerateRequest, eos: &[u32]) -> Vec<u32> {
-    engine::testing::lone_run(request, eos, VOCAB)
+    engine_testkit::lone_run(request, eos, VOCAB)
 }
 
 /// [`start`] with a fake that has a pool of `num_snapshots` snapshots

@@ -11,7 +11,11 @@
 //! order in separate forwards, so a later piece reads the KV an earlier one
 //! wrote, as a next step's chunk would.
 
-use super::{RowSnapshot, SlotId, StepRow};
+use thiserror::Error;
+
+use super::error::ExecError;
+use super::geometry::SlotId;
+use super::rows::{RowSnapshot, StepRow};
 
 /// One forward of a step whose rows carry snapshots.
 #[derive(Debug)]
@@ -26,40 +30,96 @@ pub struct Pass<'a> {
     pub snapshots_after: Vec<(SlotId, RowSnapshot)>,
 }
 
+/// Why a step's [`StepRow::snapshots`] are refused ([`check_row_snapshots`]).
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum RowSnapshotError {
+    /// Row `row` carries more snapshots than the executor takes in a row.
+    #[error("row {row} carries {count} snapshots, at most {max} taken")]
+    TooMany {
+        row: usize,
+        count: usize,
+        max: usize,
+    },
+    /// Row `row` has a snapshot at `at`, not after its previous one or not
+    /// strictly inside its positions `start..end`.
+    #[error("row {row}: snapshot at {at} not ascending strictly inside {start}..{end}")]
+    NotInside {
+        row: usize,
+        at: usize,
+        start: usize,
+        end: usize,
+    },
+    /// Row `row` names a snapshot id beyond the executor's pool of `pool`.
+    #[error("row {row}: snapshot {snapshot} beyond the pool of {pool}")]
+    BeyondPool {
+        row: usize,
+        snapshot: usize,
+        pool: usize,
+    },
+    /// One snapshot id named twice in the step.
+    #[error("snapshot {snapshot} named twice in one step")]
+    NamedTwice { snapshot: usize },
+}
+
+/// A refused snapshot list refuses the step (states untouched).
+impl From<RowSnapshotError> for ExecError {
+    fn from(error: RowSnapshotError) -> Self {
+        ExecError::Refused(error.to_string())
+    }
+}
+
+/// The message alone, for an executor that wraps it itself (as in
+/// `.map_err(ExecError::Refused)`).
+impl From<RowSnapshotError> for String {
+    fn from(error: RowSnapshotError) -> Self {
+        error.to_string()
+    }
+}
+
 /// Checks the rows' snapshots: at most `max_per_row` per row, ascending
 /// and strictly inside the row, each snapshot below `num_snapshots` and
-/// named once in the step. `Err`: why (the step must be refused).
-pub fn check_row_snapshots(
+/// named once in the step. `Err`: why (the step must be refused), as any
+/// error type a [`RowSnapshotError`] converts into (an [`ExecError`], so
+/// that an executor can `?` it; or its message).
+pub fn check_row_snapshots<E: From<RowSnapshotError>>(
     rows: &[StepRow<'_>],
     max_per_row: usize,
     num_snapshots: usize,
-) -> Result<(), String> {
+) -> Result<(), E> {
     let mut named = vec![false; num_snapshots];
     for (i, row) in rows.iter().enumerate() {
         if row.snapshots.len() > max_per_row {
-            return Err(format!(
-                "row {i} carries {} snapshots, at most {max_per_row} taken",
-                row.snapshots.len()
-            ));
+            return Err(RowSnapshotError::TooMany {
+                row: i,
+                count: row.snapshots.len(),
+                max: max_per_row,
+            }
+            .into());
         }
         let end = row.start + row.tokens.len();
         let mut after = row.start;
         for s in row.snapshots {
             if s.at <= after || s.at >= end {
-                return Err(format!(
-                    "row {i}: snapshot at {} not ascending strictly inside {}..{end}",
-                    s.at, row.start
-                ));
+                return Err(RowSnapshotError::NotInside {
+                    row: i,
+                    at: s.at,
+                    start: row.start,
+                    end,
+                }
+                .into());
             }
             after = s.at;
             let k = s.snapshot.0 as usize;
             if k >= num_snapshots {
-                return Err(format!(
-                    "row {i}: snapshot {k} beyond the pool of {num_snapshots}"
-                ));
+                return Err(RowSnapshotError::BeyondPool {
+                    row: i,
+                    snapshot: k,
+                    pool: num_snapshots,
+                }
+                .into());
             }
             if std::mem::replace(&mut named[k], true) {
-                return Err(format!("snapshot {k} named twice in one step"));
+                return Err(RowSnapshotError::NamedTwice { snapshot: k }.into());
             }
         }
     }
@@ -123,8 +183,13 @@ pub fn in_row_order<T>(passes: &[Pass<'_>], per_pass: Vec<Vec<T>>) -> Vec<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::executor::{PageId, SampleSeed, SampleSpec, SnapshotId};
+    use crate::executor::geometry::{PageId, SnapshotId};
+    use crate::executor::rows::{SampleSeed, SampleSpec};
     use crate::request::SamplingParams;
+
+    fn check(rows: &[StepRow<'_>], max: usize, pool: usize) -> Result<(), RowSnapshotError> {
+        check_row_snapshots(rows, max, pool)
+    }
 
     #[test]
     fn rows_are_cut_at_their_points_and_sample_once_in_row_order() {
@@ -178,13 +243,23 @@ mod tests {
                 snapshots: &one,
             },
         ];
-        assert_eq!(check_row_snapshots(&rows, 2, 3), Ok(()));
-        assert!(check_row_snapshots(&rows, 1, 3)
-            .unwrap_err()
-            .contains("at most 1"));
-        assert!(check_row_snapshots(&rows, 2, 2)
-            .unwrap_err()
-            .contains("beyond the pool"));
+        assert_eq!(check(&rows, 2, 3), Ok(()));
+        assert_eq!(
+            check(&rows, 1, 3),
+            Err(RowSnapshotError::TooMany {
+                row: 0,
+                count: 2,
+                max: 1
+            })
+        );
+        assert_eq!(
+            check(&rows, 2, 2),
+            Err(RowSnapshotError::BeyondPool {
+                row: 2,
+                snapshot: 2,
+                pool: 2
+            })
+        );
         let passes = split_rows(&rows);
         let shape: Vec<Vec<(usize, usize, usize, bool)>> = passes
             .iter()
@@ -244,11 +319,16 @@ mod tests {
             vec![at(7, 0), at(6, 1)],
             vec![at(6, 0), at(6, 1)],
         ] {
-            let err = check_row_snapshots(&[row(&bad)], 4, 4).unwrap_err();
-            assert!(err.contains("strictly inside"), "{bad:?}: {err}");
+            let err = check(&[row(&bad)], 4, 4).unwrap_err();
+            assert!(
+                matches!(err, RowSnapshotError::NotInside { row: 0, .. }),
+                "{bad:?}: {err}"
+            );
         }
         let twice = [at(6, 1), at(8, 1)];
-        let err = check_row_snapshots(&[row(&twice)], 4, 4).unwrap_err();
-        assert!(err.contains("named twice"), "{err}");
+        assert_eq!(
+            check(&[row(&twice)], 4, 4),
+            Err(RowSnapshotError::NamedTwice { snapshot: 1 })
+        );
     }
 }

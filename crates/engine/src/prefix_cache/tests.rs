@@ -1,5 +1,6 @@
 use super::*;
-use crate::executor::CacheGeometry;
+use crate::allocator::Allocator;
+use crate::executor::{CacheGeometry, SnapshotId};
 
 const PS: usize = 4;
 

@@ -31,9 +31,18 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use super::{CacheOp, NoSnapshot, PrefixCache, ROOT};
+use super::trie::{CacheOp, PrefixCache, ROOT};
 use crate::allocator::Allocator;
 use crate::executor::SnapshotId;
+
+/// Why [`PrefixCache::free_snapshot`] gave no id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum NoSnapshot {
+    /// Every id is reserved, or the pool is empty.
+    NoId,
+    /// Every snapshot held saves more than the new one would.
+    WorthLess,
+}
 
 /// What page eviction can remove: a tail (by node and snapshot), or a leaf
 /// node with its tails.
@@ -48,7 +57,7 @@ type Rank = Reverse<(bool, u32, u64, Unit)>;
 
 /// The class of a value: its bit length (0 for 0), so values within a
 /// factor of two compare equal.
-pub(crate) fn value_class(value: usize) -> u32 {
+pub(super) fn value_class(value: usize) -> u32 {
     usize::BITS - value.leading_zeros()
 }
 
@@ -61,7 +70,7 @@ impl PrefixCache {
 
     /// The prefill tokens a hit on tail `t` of node `n` saves over the next
     /// shallower snapshot on its path (see the module doc).
-    pub(crate) fn saved_tokens(&self, n: usize, t: usize) -> usize {
+    pub(super) fn saved_tokens(&self, n: usize, t: usize) -> usize {
         let ps = self.page_size;
         let node = self.node(n);
         let own = &node.tails[t].tokens;
@@ -91,7 +100,7 @@ impl PrefixCache {
     /// The tokens a new snapshot after `tokens` would save: the
     /// [`Self::saved_tokens`] it would have once inserted (over the deepest
     /// existing snapshot on its path that prefixes it).
-    pub(crate) fn saved_by_new(&self, tokens: &[u32]) -> usize {
+    pub(super) fn saved_by_new(&self, tokens: &[u32]) -> usize {
         let ps = self.page_size;
         let mut below = 0;
         let (mut at, mut depth) = (Some(ROOT), 0);
@@ -119,7 +128,7 @@ impl PrefixCache {
     /// is not churned by the
     /// requests' own small points (last-but-one, end of generation), which
     /// would otherwise displace a shared prefix's branch snapshot.
-    pub(crate) fn free_snapshot(
+    pub(super) fn free_snapshot(
         &mut self,
         worth: usize,
         alloc: &mut Allocator,

@@ -1,255 +1,22 @@
-//! A fake executor that checks what the engine asks of it (feature
-//! `testing`; for tests only).
-//!
-//! It keeps, per slot, the tokens the slot's state has absorbed and, per
-//! page position, a fingerprint of the prefix whose KV it holds, and refuses
-//! a step (recording a violation) when the engine breaks the executor
-//! contract: a slot twice in a step, a row whose `start` is not what the
-//! slot holds, pages that do not cover the row, a page written by two rows
-//! or read by one row while another writes it, an earlier position whose KV
-//! is not the sequence's own prefix (a page overwritten while still in use,
-//! a wrong shared page, a wrong prefix-cache copy), a sampling history that
-//! is not the slot's. It also has a snapshot pool (prefix cache): a
-//! snapshot keeps a slot's history, a restore puts it back, so restoring
-//! the wrong snapshot or at the wrong position is refused at the next row.
-//! It takes snapshots inside a row (the in-step snapshot, any number per
-//! row unless [`FakeExecutor::with_row_snapshots`] says otherwise): the
-//! snapshot keeps the history up to the point, so one published at the
-//! wrong point, or before its step ran, is refused when restored and used.
-//! Its "model" turns the history into logits by hashing; the real sampler
-//! then draws with the row's `SampleSeed`. The output is thus a pure
-//! function of (history, seed, draw): a preempted and recomputed request,
-//! or one resumed from the prefix cache, must produce the same tokens as
-//! one run alone.
-//!
-//! A [`FakeControl`] shared with the test records every step, injects
-//! failures, adds delay, and can gate steps one by one. [`collect`] reads a
-//! request's stream to its end (for any executor's tests).
+//! The fake executor: it keeps, per slot, the tokens the slot's state has
+//! absorbed and, per page position, a fingerprint of the prefix whose KV
+//! it holds, and refuses a step that breaks the executor contract (the
+//! crate doc lists the checks).
 
-use std::collections::{HashSet, VecDeque};
-use std::sync::{Arc, Condvar, Mutex};
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use crate::engine::RequestStream;
-use crate::executor::{
-    check_row_snapshots, CacheGeometry, ExecError, Executor, PageId, SampleSeed, SampleSpec,
-    SampledToken, SlotId, SnapshotGeometry, SnapshotId, StepRow,
+use engine::sampler;
+use engine::{
+    check_row_snapshots, CacheGeometry, ExecError, Executor, PageId, SampledToken, SlotId,
+    SnapshotGeometry, SnapshotId, StepPhases, StepRow,
 };
-use crate::request::{Event, GenerateRequest};
-use crate::sampler;
-use crate::timeline::StepPhases;
 
-/// A request's tokens and its terminal event (`Finished` or `Failed`),
-/// checking that nothing follows the terminal event.
-pub async fn collect(mut stream: RequestStream) -> (Vec<u32>, Event) {
-    let mut tokens = Vec::new();
-    loop {
-        match stream
-            .next()
-            .await
-            .expect("a terminal event before the end")
-        {
-            Event::Token(t) => tokens.push(t.token),
-            terminal => {
-                assert!(
-                    stream.next().await.is_none(),
-                    "events after the terminal one"
-                );
-                return (tokens, terminal);
-            }
-        }
-    }
-}
+use crate::control::{FakeControl, FakeFailure, RowRecord};
+use crate::model::fake_logits;
 
-/// The tokens of each stream, in order, each request having finished
-/// (panics on a failed one).
-pub async fn finished_tokens(streams: Vec<RequestStream>) -> Vec<Vec<u32>> {
-    let mut all = Vec::with_capacity(streams.len());
-    for stream in streams {
-        let (tokens, end) = collect(stream).await;
-        assert!(
-            matches!(end, Event::Finished { .. }),
-            "request failed: {end:?}"
-        );
-        all.push(tokens);
-    }
-    all
-}
-
-/// One row as the fake saw it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RowRecord {
-    pub slot: SlotId,
-    pub start: usize,
-    pub tokens: Vec<u32>,
-    pub pages: Vec<PageId>,
-    pub sample: bool,
-    /// The positions of the snapshots taken inside the row.
-    pub snapshots: Vec<usize>,
-}
-
-/// What the next step does instead of running.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FakeFailure {
-    Refused,
-    StepFailed,
-    Fatal,
-    Panic,
-}
-
-#[derive(Default)]
-struct ControlState {
-    steps: Vec<Vec<RowRecord>>,
-    violations: Vec<String>,
-    failures: VecDeque<FakeFailure>,
-    /// `Some(n)`: n more steps may start, then each waits for a release.
-    permits: Option<u64>,
-    /// A step is waiting for a permit.
-    blocked: bool,
-    delay: Duration,
-}
-
-/// The test's side of a [`FakeExecutor`]: cheap to clone.
-#[derive(Clone, Default)]
-pub struct FakeControl(Arc<(Mutex<ControlState>, Condvar)>);
-
-impl FakeControl {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, ControlState> {
-        self.0 .0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Every step's rows so far, in order.
-    pub fn steps(&self) -> Vec<Vec<RowRecord>> {
-        self.lock().steps.clone()
-    }
-
-    pub fn num_steps(&self) -> usize {
-        self.lock().steps.len()
-    }
-
-    /// Contract breaches seen so far (empty when the engine behaved).
-    pub fn violations(&self) -> Vec<String> {
-        self.lock().violations.clone()
-    }
-
-    /// The next step (after those already queued) fails this way.
-    pub fn fail_next(&self, failure: FakeFailure) {
-        self.lock().failures.push_back(failure);
-    }
-
-    /// Each step sleeps this long (to let a test act while one is running).
-    pub fn set_delay(&self, delay: Duration) {
-        self.lock().delay = delay;
-    }
-
-    /// From now on steps wait for [`Self::release`] (`hold` itself grants none).
-    pub fn hold(&self) {
-        self.lock().permits = Some(0);
-    }
-
-    /// Lets `n` more held steps run.
-    pub fn release(&self, n: u64) {
-        let mut state = self.lock();
-        if let Some(permits) = state.permits.as_mut() {
-            *permits += n;
-        }
-        self.0 .1.notify_all();
-    }
-
-    /// Steps run freely again.
-    pub fn run_free(&self) {
-        self.lock().permits = None;
-        self.0 .1.notify_all();
-    }
-
-    /// Waits (polling) until a held step is waiting for a permit; false on timeout.
-    pub fn wait_blocked(&self, timeout: Duration) -> bool {
-        let until = std::time::Instant::now() + timeout;
-        while std::time::Instant::now() < until {
-            if self.lock().blocked {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        false
-    }
-
-    /// Waits (polling) until at least `n` steps were recorded; false on timeout.
-    pub fn wait_steps(&self, n: usize, timeout: Duration) -> bool {
-        let until = std::time::Instant::now() + timeout;
-        while std::time::Instant::now() < until {
-            if self.num_steps() >= n {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        self.num_steps() >= n
-    }
-}
-
-/// The fake model's logits after `history`: a hash of the whole history,
-/// spread over the vocabulary (values in [-4, 4)).
-pub fn fake_logits(history: &[u32], vocab_size: usize) -> Vec<f32> {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &t in history {
-        h = (h ^ t as u64).wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    (0..vocab_size as u64)
-        .map(|i| {
-            let mut z = h ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^= z >> 31;
-            (z >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
-        })
-        .collect()
-}
-
-/// The tokens the fake model gives `request` run alone, one token at a
-/// time, outside the engine (no batching, chunking or preemption): what the
-/// engine must reproduce. Stops as the engine does (EOS unless
-/// `ignore_eos`, stop ids, `max_tokens`; EOS and stop ids banned below
-/// `min_tokens`); a seed must be set.
-pub fn lone_run(request: &GenerateRequest, eos: &[u32], vocab_size: usize) -> Vec<u32> {
-    let seed = request
-        .sampling
-        .seed
-        .expect("lone_run needs a seeded request");
-    let stop = &request.stop;
-    let mut history = request.prompt.clone();
-    let mut out = Vec::new();
-    while out.len() < stop.max_tokens {
-        let mut banned = Vec::new();
-        if out.len() < stop.min_tokens {
-            banned.extend_from_slice(&stop.stop_token_ids);
-            if !stop.ignore_eos {
-                banned.extend_from_slice(eos);
-            }
-        }
-        let spec = SampleSpec {
-            params: &request.sampling,
-            history: &history,
-            prompt_len: request.prompt.len(),
-            seed: SampleSeed {
-                seed,
-                draw: out.len() as u64,
-            },
-            banned: &banned,
-        };
-        let token = sampler::sample(&fake_logits(&history, vocab_size), &spec).token;
-        history.push(token);
-        out.push(token);
-        if (!stop.ignore_eos && eos.contains(&token)) || stop.stop_token_ids.contains(&token) {
-            break;
-        }
-    }
-    out
-}
-
+/// An executor that checks every row against the contract and runs a
+/// hash for a model (see the crate doc).
 pub struct FakeExecutor {
     geometry: CacheGeometry,
     control: FakeControl,
@@ -321,7 +88,7 @@ impl FakeExecutor {
         self
     }
 
-    /// A factory for [`crate::Engine::start`].
+    /// A factory for [`engine::Engine::start`].
     pub fn factory(
         geometry: CacheGeometry,
         control: FakeControl,
@@ -361,7 +128,7 @@ impl FakeExecutor {
 
     /// The contract checks that need no state change.
     fn check_rows(&self, rows: &[StepRow<'_>]) -> Result<(), String> {
-        check_row_snapshots(rows, self.row_snapshots, self.snapshots.len())?;
+        check_row_snapshots::<String>(rows, self.row_snapshots, self.snapshots.len())?;
         let ps = self.geometry.page_size;
         let mut slots = HashSet::new();
         // Pages a row writes (from the one holding its `start`): its own.

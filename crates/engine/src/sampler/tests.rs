@@ -6,6 +6,7 @@
 //! above the bound.
 
 use super::*;
+use crate::executor::SampleSeed;
 use crate::request::SamplingParams;
 
 /// Chi-square 0.1 % critical values by degrees of freedom (standard tables).
@@ -539,7 +540,7 @@ fn ranges_are_checked_with_the_field_named() {
         ),
     ];
     for (field, params) in cases {
-        let err = params.check().expect_err(field);
+        let err = params.check().expect_err(field).to_string();
         assert!(err.starts_with(field), "{err}");
     }
 }

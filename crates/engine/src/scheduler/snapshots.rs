@@ -1,61 +1,22 @@
-//! Where the scheduler publishes states to the prefix cache: the points a
-//! prompt carries from the start ([`snapshot_points`]), and branch points
-//! found at admission ([`Scheduler::branch`]).
-//!
-//! **Branch points.** A shared prefix without a snapshot point of its own
-//! (a system prompt sent through raw completions, documents that share a
-//! preamble) would never be served: every sharer's KV match runs past the
-//! last snapshot and the state there does not exist. So when a waiting
-//! sequence shares at least a page of tokens beyond its hit, either with
-//! the cached KV or with a running sequence's tokens, the point where the
-//! sharing ends becomes a snapshot point: the next sharers resume there.
-//! The point is exact to the token, not rounded down to a page: the
-//! kernels can end a chunk at any token, and the sharers diverge exactly
-//! there; a page-aligned point would make every hit recompute up to a page
-//! of shared tokens to save one page copy per hit and one tail page held.
-//!
-//! Who takes it: the earliest admitted running sequence that shares the
-//! prefix and has not computed past it (its prefill stops there, its row
-//! of the step being planned shortened if it went past, or taking the
-//! snapshot inside the row; nothing is computed twice) and the newcomer
-//! waits; else the newcomer itself (the others passed the point already). A newcomer that finds a running
-//! sequence's point still ahead (a branch, marker or last-but-one point it
-//! shares, at least a page beyond its own hit) waits for it rather than
-//! taking a second snapshot of the same prefix: requests of one group that
-//! arrive together are served by one snapshot. Waiting ends: the point is
-//! ahead of a running sequence, which either reaches it or leaves the
-//! running set. Meanwhile the sequences behind the waiter may be admitted
-//! (it is passed over for the step, keeping its place in the queue): a
-//! group's pending snapshot does not hold up the other groups' requests.
-//!
-//! A snapshot is published only after a committed step, copied from the
-//! slot of the sequence standing at the point (after the step, or inside
-//! it into an id reserved at planning: the in-step snapshot) into the pool
-//! (never a running slot), and resumed by copy: a published snapshot is
-//! never written. With the in-step snapshot a running sharer's planned row
-//! that runs past a new branch point takes the snapshot inside the row
-//! instead of being cut there.
+//! The prefix cache's points on the scheduler's sequences and rows: the
+//! branch decision applied, in-step snapshots reserved for a planned row
+//! (or the row cut at a point), states published after a committed step,
+//! reservations given back after a failed one. Where the points lie is the
+//! prefix cache's policy ([`crate::prefix_cache`]'s `points.rs`).
 
-use super::{Plan, RequestId, Scheduler};
+use super::plan::{Plan, Scheduled};
+use super::state::Scheduler;
 use crate::executor::RowSnapshot;
-use crate::prefix_cache::{common_prefix, PrefixCacheConfig, Reservation};
-
-/// What admission does about the prefix a waiting sequence shares beyond
-/// its hit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Branch {
-    /// Nothing worth a snapshot.
-    None,
-    /// A running sequence will publish a snapshot this one can use.
-    Wait,
-    /// This sequence's prefill stops at the point and publishes there.
-    Own(usize),
-}
+use crate::prefix_cache::{branch_point, Branch, Reservation, Sharer};
+use crate::request::RequestId;
 
 impl Scheduler {
     /// The branch decision for waiting `id` with a hit at `hit` and the
-    /// cached KV matching its tokens up to `kv_matched` (see the module
-    /// doc). May add the point to a running sequence.
+    /// cached KV matching its tokens up to `kv_matched`
+    /// ([`crate::prefix_cache`]'s `points.rs`), applied: a running sequence
+    /// chosen to carry the point gets it, its row of this step (if planned
+    /// past the point) taking the snapshot inside the step or stopping
+    /// there.
     pub(super) fn branch(
         &mut self,
         id: RequestId,
@@ -65,46 +26,34 @@ impl Scheduler {
         budget: &mut usize,
     ) -> Branch {
         let seq = &self.seqs[&id];
-        // The last prompt token is always computed (its logits sample).
-        let limit = seq.tokens.len() - 1;
-        let worth = |q: usize| q <= limit && q >= hit + self.alloc.page_size();
-        let mut deepest = kv_matched.min(limit);
-        // (running sequence, tokens shared with it, computed before this step).
-        let mut shares = Vec::with_capacity(self.running.len());
-        for &r in &self.running {
-            let other = &self.seqs[&r];
-            let shared = common_prefix(&seq.tokens, &other.tokens).min(limit);
-            let pending = other
-                .points
-                .iter()
-                .any(|&q| q > other.computed && q <= shared && worth(q));
-            if pending {
-                return Branch::Wait;
+        let running = self.running.iter().map(|r| {
+            let other = &self.seqs[r];
+            Sharer {
+                tokens: &other.tokens,
+                points: &other.points,
+                computed: other.computed,
             }
-            shares.push((r, shared, other.computed));
-            deepest = deepest.max(shared);
-        }
-        if !worth(deepest) {
-            return Branch::None;
-        }
-        let carrier = shares
-            .iter()
-            .find(|&&(_, shared, computed)| shared >= deepest && computed < deepest);
-        let Some(&(r, _, _)) = carrier else {
-            return Branch::Own(deepest);
-        };
-        // Its row of this step, if planned past the point, takes the
-        // snapshot inside the step, or else stops there.
-        if let Some(at) = plan.rows.iter().position(|row| row.id == r) {
-            if plan.rows[at].start + plan.rows[at].len > deepest {
-                self.point_in_row(&mut plan.rows[at], deepest, budget);
+        });
+        let decision = branch_point(
+            &seq.tokens,
+            hit,
+            kv_matched,
+            self.alloc.page_size(),
+            running,
+        );
+        if let Branch::Carry { running, at } = decision {
+            let r = self.running[running];
+            if let Some(i) = plan.rows.iter().position(|row| row.id == r) {
+                if plan.rows[i].start + plan.rows[i].len > at {
+                    self.point_in_row(&mut plan.rows[i], at, budget);
+                }
+            }
+            self.add_point(r, at);
+            if let Some(prefix) = self.cache.as_mut() {
+                prefix.note_branch_point();
             }
         }
-        self.add_point(r, deepest);
-        if let Some(prefix) = self.cache.as_mut() {
-            prefix.note_branch_point();
-        }
-        Branch::Wait
+        decision
     }
 
     /// Reserves a snapshot for each point inside the chunk of `len` tokens
@@ -164,7 +113,7 @@ impl Scheduler {
     /// snapshot inside the step when it has room for one more and one can
     /// be reserved; else it stops at `q` (its later reservations given
     /// back, the tokens past `q` back in the step's budget).
-    fn point_in_row(&mut self, row: &mut super::Scheduled, q: usize, budget: &mut usize) {
+    fn point_in_row(&mut self, row: &mut Scheduled, q: usize, budget: &mut usize) {
         debug_assert!(row.start < q && q < row.start + row.len);
         if row.snapshots.iter().any(|s| s.at == q) {
             return;
@@ -268,45 +217,4 @@ impl Scheduler {
             &mut self.cache_ops,
         );
     }
-}
-
-/// A marker point this close to the prompt's end makes the last-but-one
-/// point redundant: a repeat resumes there and recomputes a few tokens
-/// (chat: `<think>\n` after `<|im_start|>assistant\n`), which costs less
-/// than another snapshot and another prefill chunk.
-pub const MARKER_COVERS_END: usize = 16;
-
-/// Where a prompt's state is published: after the last occurrence of each
-/// marker; after its last-but-one token when the config asks (an exact
-/// repeat must still compute the last prompt token, whose logits give the
-/// first output token, so a snapshot at the very end could never serve it)
-/// unless a marker point lies within [`MARKER_COVERS_END`] tokens before it; every
-/// `snapshot_interval` tokens. Ascending, each at most once, all within the
-/// prompt, none at 0.
-pub fn snapshot_points(prompt: &[u32], config: &PrefixCacheConfig) -> Vec<usize> {
-    let mut points = vec![];
-    for marker in config.snapshot_after.iter().filter(|m| !m.is_empty()) {
-        if let Some(at) = prompt.windows(marker.len()).rposition(|w| w == &marker[..]) {
-            points.push(at + marker.len());
-        }
-    }
-    let last_but_one = prompt.len() - 1;
-    if config.snapshot_before_last_token
-        && !points
-            .iter()
-            .any(|&q| q + MARKER_COVERS_END >= last_but_one)
-    {
-        points.push(last_but_one);
-    }
-    if config.snapshot_interval > 0 {
-        points.extend(
-            (1..)
-                .map(|k| k * config.snapshot_interval)
-                .take_while(|&q| q < prompt.len()),
-        );
-    }
-    points.retain(|&q| q > 0 && q < prompt.len());
-    points.sort_unstable();
-    points.dedup();
-    points
 }

@@ -4,11 +4,14 @@
 //! and a full sort for top-k/top-p) on random rows with ties, NaN and -inf.
 //! Tokens and top lists must be identical, and the logprob too when asked.
 //! Both draw by the same race ([`race_key`], [`race_uniform`],
-//! [`race_score`]); the race's distribution is tested in `sampler_tests`.
+//! [`race_score`]); the race's distribution is tested in `sampler/tests.rs`.
 
 use std::collections::HashMap;
 
+use super::race::splitmix64;
+use super::truncation::by_prob_desc;
 use super::*;
+use crate::executor::SampleSeed;
 use crate::request::SamplingParams;
 
 mod reference {

@@ -1,0 +1,153 @@
+//! FCFS admission of waiting sequences into what is left of the step: a
+//! state slot, pages for the granted chunk (one free page kept per running
+//! sequence), a prefix-cache hit when one fits, and the branch decision
+//! (a sequence that waits for a running one's snapshot is passed over for
+//! the step).
+
+use super::plan::{Plan, Scheduled};
+use super::state::Scheduler;
+use crate::allocator::SeqCache;
+use crate::prefix_cache::{Branch, CacheOp, Hit};
+use crate::request::RequestId;
+
+impl Scheduler {
+    /// FCFS admission of waiting sequences into the remaining budget. A
+    /// sequence that waits for a running one's pending snapshot is passed
+    /// over for this step only (it cannot start before that snapshot is
+    /// published after a step, and the queue would otherwise idle behind
+    /// it); it keeps its place, and anything that does not fit still stops
+    /// admission, so nobody overtakes a sequence that waits for resources.
+    pub(super) fn admit(&mut self, plan: &mut Plan, budget: &mut usize) {
+        let mut next = 0;
+        while *budget > 0 && self.running.len() < self.config.max_num_seqs {
+            let Some(&id) = self.waiting.get(next) else {
+                break;
+            };
+            // Pages ran out in this step: admitting now would only make the
+            // next preemption victim (vLLM v1 skips admission likewise).
+            if !plan.preempted.is_empty() {
+                break;
+            }
+            let seq = &self.seqs[&id];
+            let (hit, kv_matched) = match self.cache.as_mut() {
+                Some(prefix) => prefix.lookup(&seq.tokens, seq.tokens.len() - 1),
+                None => (None, 0),
+            };
+            let branch = match self.cache {
+                Some(_) => {
+                    let at = hit.as_ref().map_or(0, |h| h.position);
+                    self.branch(id, at, kv_matched, plan, budget)
+                }
+                None => Branch::None,
+            };
+            // A running sequence will publish a deeper snapshot this one
+            // can use: wait for it, and let the sequences behind it in.
+            let new_point = match branch {
+                Branch::Wait | Branch::Carry { .. } => {
+                    plan.waiting_for_snapshot.push(id);
+                    next += 1;
+                    continue;
+                }
+                Branch::None => None,
+                Branch::Own(q) => self.add_point(id, q).then_some(q),
+            };
+            // Leave one free page per running sequence for its growth in the
+            // next steps, or the newcomer would be preempted at once (and
+            // its prefill thrown away) as soon as an older one needs a page.
+            let reserve = self.running.len();
+            // A hit keeps its own pages from eviction (and needs one more
+            // for the tail copy): when that does not fit, start from 0.
+            if self.alloc.slots_free() == 0 {
+                break;
+            }
+            let candidates = match hit {
+                Some(hit) => vec![Some(hit), None],
+                None => vec![None],
+            };
+            let mut admitted = None;
+            for hit in candidates {
+                if let Some(fit) = self.fit(id, hit, reserve, *budget) {
+                    admitted = Some(fit);
+                    break;
+                }
+            }
+            let Some((hit, cache, len)) = admitted else {
+                if let Some(q) = new_point {
+                    self.remove_point(id, q);
+                }
+                break;
+            };
+            if new_point.is_some() {
+                if let Some(prefix) = self.cache.as_mut() {
+                    prefix.note_branch_point();
+                }
+            }
+            let start = hit.as_ref().map_or(0, |h| h.position);
+            if let Some(hit) = &hit {
+                if let Some(from) = hit.tail_page {
+                    let to = cache.pages[hit.pages.len()];
+                    self.cache_ops.push(CacheOp::CopyPage { from, to });
+                }
+                self.cache_ops.push(CacheOp::Restore {
+                    snapshot: hit.snapshot,
+                    slot: cache.slot,
+                });
+            }
+            self.waiting.remove(next);
+            let seq = self.seqs.get_mut(&id).expect("waiting sequence");
+            seq.cache = Some(cache);
+            seq.computed = start;
+            if !seq.admitted_once {
+                seq.admitted_once = true;
+                seq.cached_tokens = start;
+                plan.first_admitted.push(id);
+                let (queried, limit) = (seq.tokens.len(), seq.tokens.len() - 1);
+                if let Some(prefix) = self.cache.as_mut() {
+                    prefix.record(queried, start, kv_matched, limit);
+                }
+            }
+            self.running.push(id);
+            let (len, snapshots) = self.reserve_row_snapshots(id, start, len);
+            let seq = &self.seqs[&id];
+            plan.rows.push(Scheduled {
+                id,
+                start,
+                len,
+                sample: start + len == seq.tokens.len(),
+                snapshots,
+            });
+            *budget -= len;
+        }
+    }
+
+    /// Pages and a slot for waiting `id` to start at `hit` (or at 0): the
+    /// cache gives pages back first. `None` (nothing taken): no slot, or
+    /// not one token fits.
+    fn fit(
+        &mut self,
+        id: RequestId,
+        hit: Option<Hit>,
+        reserve: usize,
+        budget: usize,
+    ) -> Option<(Option<Hit>, SeqCache, usize)> {
+        let seq = &self.seqs[&id];
+        let start = hit.as_ref().map_or(0, |h| h.position);
+        let shared = hit.as_ref().map_or(&[][..], |h| &h.pages[..]);
+        let want = self.cap_to_point(id, start, self.chunk_cap(seq.tokens.len() - start, budget));
+        let fresh = self.alloc.pages_for(start + want) - shared.len();
+        if let Some(prefix) = self.cache.as_mut() {
+            if fresh + reserve > self.alloc.pages_free() {
+                let keep = hit.as_ref().map(|h| h.snapshot);
+                prefix.evict_pages(fresh + reserve, &mut self.alloc, &mut self.cache_ops, keep);
+            }
+        }
+        let spare_pages = self.alloc.pages_free().saturating_sub(reserve);
+        let room = (shared.len() + spare_pages) * self.alloc.page_size();
+        let len = want.min(room.saturating_sub(start));
+        if len == 0 {
+            return None;
+        }
+        let cache = self.alloc.open_shared(shared, start + len)?;
+        Some((hit, cache, len))
+    }
+}

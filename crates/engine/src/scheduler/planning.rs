@@ -1,0 +1,98 @@
+//! Planning a step: decodes first, then prefills in progress, then
+//! admission, under the token budget; and the plan's rows as the executor
+//! gets them.
+
+use super::plan::{Plan, Scheduled};
+use super::state::Scheduler;
+use crate::executor::{SampleSeed, SampleSpec, StepRow};
+use crate::request::RequestId;
+
+impl Scheduler {
+    /// Plans the next step (empty when there is nothing to run).
+    pub fn schedule(&mut self) -> Plan {
+        let mut plan = Plan::default();
+        let mut budget = self.config.max_num_batched_tokens;
+        for decodes in [true, false] {
+            let mut i = 0;
+            while i < self.running.len() && budget > 0 {
+                let id = self.running[i];
+                let seq = &self.seqs[&id];
+                let remaining = seq.tokens.len() - seq.computed;
+                if (remaining == 1) != decodes {
+                    i += 1;
+                    continue;
+                }
+                let want = if decodes {
+                    1
+                } else {
+                    let want = self.chunk_cap(remaining, budget);
+                    self.cap_to_point(id, seq.computed, want)
+                };
+                let Some(len) = self.grant_pages(id, want, &mut plan, &mut budget) else {
+                    // The latest admitted waits for pages: it is the last
+                    // running sequence, so this phase is done.
+                    break;
+                };
+                let start = self.seqs[&id].computed;
+                let (len, snapshots) = self.reserve_row_snapshots(id, start, len);
+                let seq = &self.seqs[&id];
+                plan.rows.push(Scheduled {
+                    id,
+                    start,
+                    len,
+                    sample: start + len == seq.tokens.len(),
+                    snapshots,
+                });
+                budget -= len;
+                i += 1;
+            }
+        }
+        self.admit(&mut plan, &mut budget);
+        // Drops of snapshots evicted while planning go with the restores,
+        // in the order they were decided.
+        plan.cache_ops = std::mem::take(&mut self.cache_ops);
+        plan
+    }
+
+    /// EOS (unless `ignore_eos`) and stop ids while `min_tokens` is not reached.
+    pub fn banned(&self, id: RequestId) -> Vec<u32> {
+        let seq = &self.seqs[&id];
+        if seq.output_len() >= seq.stop.min_tokens {
+            return Vec::new();
+        }
+        let mut banned = seq.stop.stop_token_ids.clone();
+        if !seq.stop.ignore_eos {
+            banned.extend_from_slice(&self.config.eos_token_ids);
+        }
+        banned
+    }
+
+    /// The executor rows of `plan`; `banned[i]` is [`Self::banned`] of row i.
+    pub fn step_rows<'a>(&'a self, plan: &'a Plan, banned: &'a [Vec<u32>]) -> Vec<StepRow<'a>> {
+        plan.rows
+            .iter()
+            .zip(banned)
+            .map(|(row, banned)| {
+                let seq = &self.seqs[&row.id];
+                let cache = seq.cache.as_ref().expect("scheduled sequence has a cache");
+                StepRow {
+                    slot: cache.slot,
+                    start: row.start,
+                    tokens: &seq.tokens[row.start..row.start + row.len],
+                    pages: &cache.pages,
+                    sample: row.sample.then_some(SampleSpec {
+                        params: &seq.sampling,
+                        history: &seq.tokens,
+                        prompt_len: seq.prompt_len,
+                        seed: SampleSeed {
+                            seed: seq.seed,
+                            draw: seq.output_len() as u64,
+                        },
+                        banned,
+                    }),
+                    snapshots: &row.snapshots,
+                }
+            })
+            .collect()
+    }
+}
