@@ -2,8 +2,10 @@
 # The kernels crate's build.rs must refuse a tampered or missing bundle, with
 # the artifact and both hashes in the message and advice that does not
 # re-lock; refuse a working tree whose sources differ from the lock (cargo
-# must notice the edit); never block on a FIFO; and accept the real bundle,
-# also named by a path relative to the workspace root.
+# must notice the edit; with GDN_VERIFY_EVERY_BUILD=1 also one that kept the
+# file's old timestamp, as `cp -p`, `rsync -a` and `tar x` do); never block
+# on a FIFO; and accept the real bundle, also named by a path relative to the
+# workspace root.
 # Usage: checks/build_rs_fails_closed.sh   (after `gdn-gen build`; honours GDN_BUNDLE_DIR)
 set -uo pipefail
 repo=$(git rev-parse --show-toplevel); cd "$repo"
@@ -17,7 +19,9 @@ passed=0; failed=0
 pass() { passed=$((passed+1)); echo "PASS $1"; }
 fail() { failed=$((failed+1)); echo "FAIL $1"; [ -z "${2:-}" ] || echo "$2" | tail -5; }
 build() { # bundle-dir: build gdn-kernels against it; a blocked build.rs is killed after 300 s
-  GDN_BUNDLE_DIR="$1" timeout -k 10 "${BUILD_TIMEOUT:-300}" cargo build -q -p gdn-kernels 2>&1
+  # $every_build (set for one call) becomes GDN_VERIFY_EVERY_BUILD.
+  GDN_BUNDLE_DIR="$1" GDN_VERIFY_EVERY_BUILD="${every_build:-}" \
+    timeout -k 10 "${BUILD_TIMEOUT:-300}" cargo build -q -p gdn-kernels 2>&1
 }
 expect_refusal() { # name bundle-dir pattern... ; a pattern starting with ! must be absent
   local name=$1 dir=$2; shift 2
@@ -74,6 +78,19 @@ printf '\n// edited after the bundle was built\n' >> "$edited"
 expect_refusal "source $edited edited after the build" "$bundle" "$edited" "sha256" "git checkout"
 cp "$work/source-backup" "$edited"
 expect_acceptance "real bundle accepted again once the source is restored" "$bundle"
+
+# The same edit with the file's timestamp kept: cargo sees no newer file;
+# with GDN_VERIFY_EVERY_BUILD=1 build.rs runs anyway and refuses it. The
+# variable is set for the build before the edit too, so that its change is
+# not what reruns build.rs.
+every_build=1 expect_acceptance "real bundle accepted with GDN_VERIFY_EVERY_BUILD=1" "$bundle"
+touch -r "$edited" "$work/mtime"
+printf '\n// edited, timestamp kept\n' >> "$edited"
+touch -r "$work/mtime" "$edited"
+every_build=1 expect_refusal "source $edited edited with its timestamp kept, GDN_VERIFY_EVERY_BUILD=1" \
+  "$bundle" "$edited" "sha256" "git checkout"
+cp "$work/source-backup" "$edited"
+expect_acceptance "real bundle accepted once more" "$bundle"
 
 echo "build.rs fail-closed: $passed passed, $failed failed"
 [ $failed -eq 0 ]

@@ -32,6 +32,12 @@ echo "$out"
 grep -q "up to date" <<<"$out"
 echo "warm rebuild: $(( ($(date +%s%N) - start) / 1000000 )) ms"
 
+step "the bundle and our sources against the lock, by content (timestamps play no part)"
+# cargo reruns build.rs only on newer files: a source or bundle file
+# replaced with its old timestamp kept is caught here (README, "Use the
+# kernels from Rust").
+target/release/gdn-gen check
+
 step "clippy"
 cargo clippy --all-targets -- -D warnings
 

@@ -6,18 +6,19 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use gdn_lock::{
-    to_canonical_json, ArtifactKind, Digests, Lock, Manifest, ManifestArtifact, Sha256Hex,
-    ToolchainIdentity, MANIFEST_FILE, SCHEMA_VERSION,
+    to_canonical_json, ArtifactKind, InputRole, Links, Lock, Manifest, ManifestArtifact, Sha256Hex,
+    MANIFEST_FILE, SCHEMA_VERSION,
 };
 
 use crate::dsl::{self, DslEnv};
 use crate::error::{GenError, Result};
 use crate::fetch::ensure_input;
+use crate::files;
 use crate::plan::Plan;
 use crate::stage;
 use crate::toolkit::{self, Toolkit};
 use crate::unit_key::{unit_keys, KeyInputs};
-use crate::unit_reuse::{self, Reuse};
+use crate::unit_reuse::{self, built_like, locked_digests, Reuse};
 use crate::units::compile_all;
 
 /// The toolkit and DSL environment a plan runs with.
@@ -29,9 +30,15 @@ pub struct Env {
 impl Env {
     /// Extracts or finds the toolkit and unpacks the DSL wheels of the plan.
     pub fn prepare(plan: &Plan) -> Result<Env> {
+        let wheels: Vec<&gdn_lock::LockedInput> =
+            plan.inputs_with(&[InputRole::Toolchain]).collect();
+        let dsl_inputs = plan
+            .inputs_with(&[InputRole::DslRuntime, InputRole::DslKernelSource])
+            .cloned()
+            .collect();
         Ok(Env {
-            tk: toolkit::resolve(plan)?,
-            dsl: dsl::prepare(plan)?,
+            tk: toolkit::resolve(&plan.args, &plan.variant.nvcc_version, &wheels)?,
+            dsl: dsl::prepare(&plan.args, &plan.table, plan.python.as_ref(), dsl_inputs)?,
         })
     }
 }
@@ -61,26 +68,6 @@ impl Assembled {
         }
         out
     }
-}
-
-/// Whether host code built with `toolchain` is comparable with the lock's
-/// (same host compiler and toolkit).
-pub fn built_like(toolchain: &ToolchainIdentity, lock: &Lock) -> bool {
-    toolchain.host_compiler == lock.host_artifacts.host_compiler
-        && toolchain.toolkit == lock.host_artifacts.toolkit
-}
-
-/// The lock's hashes of bundle file `path` (device code, DSL outputs, and
-/// host code when `host_like_lock`).
-pub fn locked_digests<'a>(lock: &'a Lock, path: &str, host_like_lock: bool) -> Option<&'a Digests> {
-    lock.device_artifacts
-        .get(path)
-        .or_else(|| lock.dsl_artifacts.get(path))
-        .or_else(|| {
-            host_like_lock
-                .then(|| lock.host_artifacts.artifacts.get(path))
-                .flatten()
-        })
 }
 
 /// Stamp beside the bundle: the content key of the last successful build.
@@ -132,8 +119,12 @@ pub fn assemble(
     };
     let keys = unit_keys(&key_inputs, |path| {
         let staged = stage_dir.join(stage::staged_source(path));
-        std::fs::read_to_string(&staged)
-            .map_err(|e| GenError::io("read a staged source", &staged, e))
+        files::read_text(
+            "read a staged source",
+            &staged,
+            Links::Refuse,
+            gdn_lock::MAX_SOURCE_BYTES,
+        )
     })?;
     if let Some(reuse) = reuse {
         let taken = unit_reuse::seed(table, &keys, unit_cache, reuse, tk)?;
@@ -147,23 +138,24 @@ pub fn assemble(
     }
     let outputs = compile_all(table, &stage_dir, unit_cache, tk, dsl, &keys, args.jobs)?;
 
-    // (bundle path, file to copy, kind, producing unit)
-    let mut files: Vec<(String, PathBuf, ArtifactKind, Option<usize>)> = vec![];
+    // (bundle path, file to copy, kind, producing unit). Links are followed
+    // only into a toolkit root (Nix merges its toolkit from links).
+    let mut copies: Vec<(String, PathBuf, ArtifactKind, Option<usize>)> = vec![];
     for (i, o) in outputs.iter().enumerate() {
-        files.extend(
+        copies.extend(
             o.files()
                 .into_iter()
                 .map(|(rel, file, kind)| (rel, file, kind, Some(i))),
         );
     }
-    files.push((
+    copies.push((
         format!("include/{}", gdn_lock::file_name(&table.abi_header)),
         plan.repo.join(&table.abi_header),
         ArtifactKind::Header,
         None,
     ));
     for lib in &table.toolkit_libraries {
-        files.push((
+        copies.push((
             format!("lib/{lib}"),
             tk.library(lib)?,
             ArtifactKind::HostLibrary,
@@ -171,7 +163,7 @@ pub fn assemble(
         ));
     }
     if let (Some(cfg), Some(env), true) = (&table.dsl, dsl, table.has_dsl_units()) {
-        files.push((
+        copies.push((
             format!("lib/{}", gdn_lock::file_name(&cfg.runtime_library)),
             env.site.join(&cfg.runtime_library),
             ArtifactKind::DslLibrary,
@@ -181,17 +173,21 @@ pub fn assemble(
     let step = "assemble the bundle";
     let mut artifacts = BTreeMap::new();
     let mut from_unit = BTreeMap::new();
-    for (rel, src, kind, unit) in &files {
+    for (rel, src, kind, unit) in &copies {
         let to = dest.join(rel);
         let parent = to.parent().expect("artifact paths have a parent");
         std::fs::create_dir_all(parent).map_err(|e| GenError::io(step, parent, e))?;
-        let bytes = std::fs::read(src).map_err(|e| GenError::io(step, src, e))?;
-        write_file(&to, &bytes)?;
+        let links = match kind {
+            ArtifactKind::HostLibrary | ArtifactKind::Header => Links::Follow,
+            _ => Links::Refuse,
+        };
+        let digests = files::copy(step, src, &to, links)?;
+        fixed_permissions(&to)?;
         artifacts.insert(
             rel.clone(),
             ManifestArtifact {
                 kind: *kind,
-                digests: Digests::of_bytes(&bytes),
+                digests,
             },
         );
         if let Some(i) = unit {
@@ -217,26 +213,26 @@ pub fn assemble(
         artifacts,
         dsl: dsl.map(|d| d.identity.clone()),
     };
-    write_file(
-        &dest.join(MANIFEST_FILE),
-        to_canonical_json(&manifest).as_bytes(),
-    )?;
+    let manifest_path = dest.join(MANIFEST_FILE);
+    std::fs::write(&manifest_path, to_canonical_json(&manifest))
+        .map_err(|e| GenError::io("write the bundle", &manifest_path, e))?;
+    fixed_permissions(&manifest_path)?;
     Ok(Assembled {
         manifest,
         from_unit,
     })
 }
 
-/// Files in a bundle are written with fixed permissions (umask-independent).
-fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    let step = "write the bundle";
-    std::fs::write(path, bytes).map_err(|e| GenError::io(step, path, e))?;
+/// Files in a bundle have fixed permissions (umask-independent).
+fn fixed_permissions(path: &Path) -> Result<()> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
-            .map_err(|e| GenError::io(step, path, e))?;
+            .map_err(|e| GenError::io("write the bundle", path, e))?;
     }
+    #[cfg(not(unix))]
+    let _ = path;
     Ok(())
 }
 

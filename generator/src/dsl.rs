@@ -8,12 +8,12 @@ use std::process::Command;
 
 use gdn_lock::{ArtifactTable, DslIdentity, InputRole, LockedInput, Sha256Hex};
 
+use crate::archive::extract_zip;
 use crate::cli::BuildArgs;
 use crate::error::{GenError, Result};
 use crate::fetch::ensure_input;
-use crate::plan::Plan;
+use crate::files;
 use crate::process::{hermetic, run};
-use crate::toolkit::extract_zip;
 
 /// The interpreter that runs the export, as found by [`probe_python`].
 #[derive(Debug, Clone)]
@@ -92,17 +92,19 @@ pub fn probe_python(args: &BuildArgs, table: &ArtifactTable) -> Result<Option<Py
     Ok(Some(Python { exe, version, abi }))
 }
 
-/// Unpacks the plan's DSL inputs into a private site directory (once per
-/// content key). `None` when the plan has no DSL export.
-pub fn prepare(plan: &Plan) -> Result<Option<DslEnv>> {
-    let (Some(cfg), Some(py)) = (&plan.table.dsl, &plan.python) else {
+/// Unpacks the DSL inputs of a build (its `dsl-runtime` and
+/// `dsl-kernel-source` inputs, in lock order) into a private site directory
+/// (once per content key). `None` without a DSL export (no interpreter).
+pub fn prepare(
+    args: &BuildArgs,
+    table: &ArtifactTable,
+    python: Option<&Python>,
+    inputs: Vec<LockedInput>,
+) -> Result<Option<DslEnv>> {
+    let (Some(cfg), Some(py)) = (&table.dsl, python) else {
         return Ok(None);
     };
     let step = "prepare the CuTe DSL environment";
-    let inputs: Vec<LockedInput> = plan
-        .inputs_with(&[InputRole::DslRuntime, InputRole::DslKernelSource])
-        .cloned()
-        .collect();
     let kernel_sources = inputs
         .iter()
         .filter(|i| i.role == InputRole::DslKernelSource)
@@ -124,13 +126,12 @@ pub fn prepare(plan: &Plan) -> Result<Option<DslEnv>> {
         .to_string()
         .as_bytes(),
     );
-    let args = &plan.args;
     let site = args.cache.join("dsl-site").join(&key.as_str()[..16]);
     // `.complete` holds the file name of the wheel the runtime library came
     // from (the manifest says so); empty or absent: unpack again.
     let complete = site.join(".complete");
-    let runtime_wheel = match std::fs::read_to_string(&complete) {
-        Ok(wheel) if !wheel.is_empty() => wheel,
+    let runtime_wheel = match files::read_marker(step, &complete)? {
+        Some(wheel) if !wheel.is_empty() => wheel,
         _ => {
             let wheel = unpack(args, cfg, &inputs, &site, &py.abi)?;
             std::fs::write(&complete, &wheel).map_err(|e| GenError::io(step, &complete, e))?;

@@ -2,25 +2,28 @@
 //! program or cache entry it was about, and where there is something to do,
 //! says what.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub type Result<T> = std::result::Result<T, GenError>;
 
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum GenError {
     /// Reading, writing, creating, listing or moving a file or directory.
+    #[error("{step}: {}: {source}", path.display())]
     Io {
         step: String,
         path: PathBuf,
         source: std::io::Error,
     },
-    /// The table, the lock or a bundle failed one of gdn-lock's checks.
+    /// The table, the lock or a bundle failed one of gdn-lock's checks, or a
+    /// file was not the regular file it must be (gdn-lock's checked reads).
+    #[error("{step}: {source}")]
     Document {
         step: String,
         source: gdn_lock::Error,
     },
     /// A program gdn-gen ran could not start or failed.
+    #[error("{step} failed ({outcome}):\n  {command}\n{tail}")]
     Process {
         step: String,
         command: String,
@@ -30,6 +33,7 @@ pub enum GenError {
         tail: String,
     },
     /// A pinned input (wheel) that cannot be used as it is.
+    #[error("input {filename}{}: {problem}; {remedy}", in_parentheses(path))]
     Input {
         filename: String,
         path: Option<PathBuf>,
@@ -38,10 +42,24 @@ pub enum GenError {
     },
     /// Bytes gdn-gen built that are not the lock's, after every cached unit
     /// involved was compiled again (so the cache is not the cause).
+    #[error(
+        "the built bundle does not match the lock: {detail}\n(no bundle was written; every \
+         unit involved was compiled afresh, so the unit cache is not the cause; the extracted \
+         toolkit and DSL wheels under {cache}/toolkit and {cache}/dsl-site are reused: delete them to \
+         rule them out; `cargo run --release -p gdn-gen -- verify` lists every difference)",
+        cache = cache.display()
+    )]
     BuiltBundleDiffers { detail: String, cache: PathBuf },
     /// The command line, the table or the lock ask for something that
     /// cannot be done; `problem` says what and what to do instead.
+    #[error("{step}: {problem}")]
     Refused { step: String, problem: String },
+}
+
+fn in_parentheses(path: &Option<PathBuf>) -> String {
+    path.as_ref()
+        .map(|p| format!(" ({})", p.display()))
+        .unwrap_or_default()
 }
 
 impl GenError {
@@ -64,54 +82,6 @@ impl GenError {
         GenError::Refused {
             step: step.into(),
             problem: problem.into(),
-        }
-    }
-}
-
-impl fmt::Display for GenError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            GenError::Io { step, path, source } => {
-                write!(f, "{step}: {}: {source}", path.display())
-            }
-            GenError::Document { step, source } => write!(f, "{step}: {source}"),
-            GenError::Process {
-                step,
-                command,
-                outcome,
-                tail,
-            } => write!(f, "{step} failed ({outcome}):\n  {command}\n{tail}"),
-            GenError::Input {
-                filename,
-                path,
-                problem,
-                remedy,
-            } => {
-                write!(f, "input {filename}")?;
-                if let Some(p) = path {
-                    write!(f, " ({})", p.display())?;
-                }
-                write!(f, ": {problem}; {remedy}")
-            }
-            GenError::BuiltBundleDiffers { detail, cache } => write!(
-                f,
-                "the built bundle does not match the lock: {detail}\n(no bundle was written; every \
-                 unit involved was compiled afresh, so the unit cache is not the cause; the extracted \
-                 toolkit and DSL wheels under {0}/toolkit and {0}/dsl-site are reused: delete them to \
-                 rule them out; `cargo run --release -p gdn-gen -- verify` lists every difference)",
-                cache.display()
-            ),
-            GenError::Refused { step, problem } => write!(f, "{step}: {problem}"),
-        }
-    }
-}
-
-impl std::error::Error for GenError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            GenError::Io { source, .. } => Some(source),
-            GenError::Document { source, .. } => Some(source),
-            _ => None,
         }
     }
 }

@@ -6,14 +6,18 @@
 //! stage, compile through the unit cache, assemble, install). Progress goes
 //! to stderr; errors are [`error::GenError`]s naming the step and the file.
 
+mod archive;
 mod bundle;
 mod cli;
 mod commands;
 mod dsl;
 mod error;
 mod fetch;
+mod files;
+mod pin;
 mod plan;
 mod process;
+mod repo;
 mod stage;
 mod toolkit;
 mod unit_key;

@@ -5,12 +5,15 @@
 
 use std::path::{Path, PathBuf};
 
-use gdn_lock::{ArtifactTable, InputRole, Lock, LockedInput, TABLE_FILE};
+use gdn_lock::{ArtifactTable, InputRole, Lock, LockedInput};
 
 use crate::cli::BuildArgs;
 use crate::dsl::{self, Python};
 use crate::error::{GenError, Result};
-use crate::units::steps_for;
+use crate::pin::pin_inputs;
+use crate::repo::load_locked;
+use crate::toolkit;
+use crate::units::{steps_for, Program};
 
 /// What the plan is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,7 +86,7 @@ impl Plan {
     pub fn resolve(args: &BuildArgs, purpose: Purpose) -> Result<Plan> {
         let args = absolute_cache(args)?;
         let (repo, table, lock) = match purpose {
-            Purpose::Lock => crate::commands::lock::pin_inputs(&args)?,
+            Purpose::Lock => pin_inputs(&args)?,
             Purpose::Build | Purpose::Verify => load_locked(&args.lock)?,
         };
         let variant = variant_of(&args, &lock)?;
@@ -105,7 +108,7 @@ impl Plan {
         let python = dsl::probe_python(&args, &table)?;
         let inputs = lock
             .used_inputs(
-                args.toolkit_root.is_none(),
+                toolkit::kind(&args),
                 python.as_ref().map(|p| p.abi.as_str()),
             )
             .into_iter()
@@ -209,8 +212,8 @@ impl Plan {
                 Path::new("<unit-cache>"),
             ) {
                 let program = match step.program {
-                    crate::units::Program::Nvcc => "nvcc",
-                    crate::units::Program::Python => "<python>",
+                    Program::Nvcc => "nvcc",
+                    Program::Python => "<python>",
                 };
                 println!("  {program} {}", step.args.join(" "));
             }
@@ -221,30 +224,6 @@ impl Plan {
         );
         Ok(())
     }
-}
-
-/// The repository root: the lock's directory.
-pub(crate) fn repo_root(lock_path: &Path) -> Result<PathBuf> {
-    let abs = std::fs::canonicalize(lock_path).map_err(|e| {
-        GenError::refused(
-            "find the repository",
-            format!(
-                "lock {}: {e}; run from the repository root or pass --lock",
-                lock_path.display()
-            ),
-        )
-    })?;
-    Ok(abs.parent().expect("a file has a parent").to_path_buf())
-}
-
-/// Table, lock, and a check that our sources are the ones the lock pins.
-fn load_locked(lock_path: &Path) -> Result<(PathBuf, ArtifactTable, Lock)> {
-    let repo = repo_root(lock_path)?;
-    let (table, lock) = gdn_lock::load_table_and_lock(&repo.join(TABLE_FILE), lock_path)
-        .map_err(|e| GenError::document("read the table and the lock", e))?;
-    gdn_lock::check_sources_match_lock(&repo, &table, &lock)
-        .map_err(|e| GenError::document("check our sources against the lock", e))?;
-    Ok((repo, table, lock))
 }
 
 /// Compiles run in the staging directory, so every path handed to them must be absolute.

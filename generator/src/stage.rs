@@ -6,11 +6,12 @@
 use std::path::Path;
 use std::process::Command;
 
-use gdn_lock::ArtifactTable;
+use gdn_lock::{ArtifactTable, Links};
 
+use crate::archive::extract_zip;
 use crate::error::{GenError, Result};
+use crate::files;
 use crate::process::run;
-use crate::toolkit::extract_zip;
 
 /// Staged path of one of our sources (by repository path).
 pub fn staged_source(repo_path: &str) -> String {
@@ -45,8 +46,7 @@ pub fn prepare(table: &ArtifactTable, repo: &Path, kernel_wheel: &Path, dir: &Pa
                 format!("two sources stage to the same name {staged}"),
             ));
         }
-        std::fs::copy(repo.join(src), dir.join(&staged))
-            .map_err(|e| GenError::io(step, &repo.join(src), e))?;
+        files::copy(step, &repo.join(src), &dir.join(&staged), Links::Follow)?;
     }
     Ok(())
 }

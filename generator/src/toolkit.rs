@@ -1,15 +1,15 @@
 //! The CUDA toolkit: the pinned PyPI wheels extracted into the cache, or an
 //! existing toolkit root (Nix, NVIDIA's installer) of the same nvcc version.
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
-use gdn_lock::{InputRole, Sha256Hex, ToolchainIdentity};
+use gdn_lock::{LockedInput, Sha256Hex, ToolchainIdentity, ToolkitKind};
 
+use crate::archive::extract_zip;
+use crate::cli::BuildArgs;
 use crate::error::{GenError, Result};
 use crate::fetch::ensure_input;
-use crate::plan::Plan;
 use crate::process::run;
 
 pub struct Toolkit {
@@ -41,15 +41,22 @@ impl Toolkit {
     }
 }
 
-/// The plan's toolkit: `--toolkit-root` or the pinned wheels, with the nvcc
-/// of the plan's variant (the exact version, `V13.0.88`, or for an
-/// unrecorded variant a release pattern ending in `.x`, `V12.8.x`).
-pub fn resolve(plan: &Plan) -> Result<Toolkit> {
-    let args = &plan.args;
-    let expected_nvcc = plan.variant.nvcc_version.as_str();
-    let (root, kind) = match &args.toolkit_root {
-        Some(root) => (root.clone(), "external-root"),
-        None => (extract_pinned_wheels(plan)?, "pypi-wheels"),
+/// Which toolkit a build with `args` uses: `--toolkit-root`, or the pinned wheels.
+pub fn kind(args: &BuildArgs) -> ToolkitKind {
+    match args.toolkit_root {
+        Some(_) => ToolkitKind::ExternalRoot,
+        None => ToolkitKind::PypiWheels,
+    }
+}
+
+/// The toolkit: `--toolkit-root` or the pinned `wheels` (the plan's
+/// toolchain inputs), with the nvcc `expected_nvcc` (the exact version,
+/// `V13.0.88`, or for an unrecorded variant a release pattern ending in
+/// `.x`, `V12.8.x`).
+pub fn resolve(args: &BuildArgs, expected_nvcc: &str, wheels: &[&LockedInput]) -> Result<Toolkit> {
+    let root = match &args.toolkit_root {
+        Some(root) => root.clone(),
+        None => extract_pinned_wheels(args, wheels)?,
     };
     let step = "check the toolkit";
     let nvcc = root.join("bin/nvcc");
@@ -89,7 +96,7 @@ pub fn resolve(plan: &Plan) -> Result<Toolkit> {
         identity: ToolchainIdentity {
             nvcc_version,
             nvcc_build,
-            toolkit: kind.to_string(),
+            toolkit: kind(args),
             host_compiler,
         },
     })
@@ -123,10 +130,8 @@ pub fn parse_nvcc_version(text: &str) -> Result<(String, String)> {
     }
 }
 
-/// Extracts the plan's toolchain wheels into a directory named by their hashes, once.
-fn extract_pinned_wheels(plan: &Plan) -> Result<PathBuf> {
-    let args = &plan.args;
-    let wheels: Vec<_> = plan.inputs_with(&[InputRole::Toolchain]).collect();
+/// Extracts the toolchain wheels into a directory named by their hashes, once.
+fn extract_pinned_wheels(args: &BuildArgs, wheels: &[&LockedInput]) -> Result<PathBuf> {
     let key = Sha256Hex::of_bytes(
         wheels
             .iter()
@@ -137,80 +142,18 @@ fn extract_pinned_wheels(plan: &Plan) -> Result<PathBuf> {
     );
     let dir = args.cache.join("toolkit").join(&key.as_str()[..16]);
     let root = dir.join("nvidia/cu13");
-    if dir.join(".complete").exists() {
+    let done = dir.join(".complete");
+    if done.exists() {
         return Ok(root);
     }
     let _ = std::fs::remove_dir_all(&dir);
-    for wheel in &wheels {
+    for wheel in wheels {
         let path = ensure_input(wheel, &args.cache, args.inputs_dir.as_deref(), args.offline)?;
         eprintln!("gdn-gen: extracting {}", wheel.filename);
         extract_zip(&path, &dir, |_| true)?;
     }
-    let done = dir.join(".complete");
     std::fs::write(&done, b"").map_err(|e| GenError::io("extract the toolkit", &done, e))?;
     Ok(root)
-}
-
-/// Extracts the members of a zip (wheel) accepted by `keep`, refusing any
-/// member whose name would land outside `dest`; keeps the executable bit.
-pub fn extract_zip(zip_path: &Path, dest: &Path, keep: impl Fn(&str) -> bool) -> Result<usize> {
-    let err = |e: &dyn std::fmt::Display| GenError::Input {
-        filename: zip_path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        path: Some(zip_path.to_owned()),
-        problem: format!("cannot be extracted: {e}"),
-        remedy: "remove it from the cache so it is fetched again".into(),
-    };
-    let file = std::fs::File::open(zip_path).map_err(|e| err(&e))?;
-    let mut archive = zip::ZipArchive::new(file).map_err(|e| err(&e))?;
-    let mut count = 0;
-    for i in 0..archive.len() {
-        let mut entry = archive.by_index(i).map_err(|e| err(&e))?;
-        if entry.is_dir() || !keep(entry.name()) {
-            continue;
-        }
-        let rel = entry
-            .enclosed_name()
-            .ok_or_else(|| err(&format!("member {:?} escapes the archive", entry.name())))?;
-        let out = dest.join(rel);
-        std::fs::create_dir_all(out.parent().expect("member has a parent")).map_err(|e| err(&e))?;
-        let mut bytes = Vec::with_capacity(entry.size() as usize);
-        entry.read_to_end(&mut bytes).map_err(|e| err(&e))?;
-        std::fs::write(&out, &bytes).map_err(|e| err(&e))?;
-        #[cfg(unix)]
-        if entry.unix_mode().is_some_and(|m| m & 0o111 != 0) {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o755))
-                .map_err(|e| err(&e))?;
-        }
-        count += 1;
-    }
-    Ok(count)
-}
-
-/// The bytes of member `name` of the zip at `zip_path`, `None` if it has none.
-pub fn zip_member(zip_path: &Path, name: &str) -> Result<Option<Vec<u8>>> {
-    let err = |e: &dyn std::fmt::Display| GenError::Input {
-        filename: zip_path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        path: Some(zip_path.to_owned()),
-        problem: format!("cannot read its member {name}: {e}"),
-        remedy: "remove it from the cache so it is fetched again".into(),
-    };
-    let file = std::fs::File::open(zip_path).map_err(|e| err(&e))?;
-    let mut archive = zip::ZipArchive::new(file).map_err(|e| err(&e))?;
-    let mut entry = match archive.by_name(name) {
-        Ok(entry) => entry,
-        Err(zip::result::ZipError::FileNotFound) => return Ok(None),
-        Err(e) => return Err(err(&e)),
-    };
-    let mut bytes = Vec::with_capacity(entry.size() as usize);
-    entry.read_to_end(&mut bytes).map_err(|e| err(&e))?;
-    Ok(Some(bytes))
 }
 
 #[cfg(test)]
@@ -239,23 +182,5 @@ mod tests {
     #[test]
     fn unparsable_version_is_an_error() {
         assert!(parse_nvcc_version("clang version 17").is_err());
-    }
-
-    #[test]
-    fn zip_members_outside_dest_are_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let zpath = dir.path().join("evil.zip");
-        {
-            let mut w = zip::ZipWriter::new(std::fs::File::create(&zpath).unwrap());
-            w.start_file("../escape.txt", zip::write::SimpleFileOptions::default())
-                .unwrap();
-            std::io::Write::write_all(&mut w, b"x").unwrap();
-            w.finish().unwrap();
-        }
-        let err = extract_zip(&zpath, &dir.path().join("out"), |_| true)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("escapes"), "{err}");
-        assert!(!dir.path().join("escape.txt").exists());
     }
 }

@@ -2,9 +2,9 @@
 //! something it reads changed, and only then.
 //!
 //! Why narrow keys: the key used to hash every source of ours, so an edit of
-//! one kernel file recompiled every unit, FlashInfer's three included
-//! (minutes alone on the two-core machine, tens of minutes beside other
-//! builds). A unit reads:
+//! one kernel file recompiled every unit, FlashInfer's three included, the
+//! slowest by far (docs/reproducibility.md, "Cost on 2 cores"). A unit
+//! reads:
 //! - its description in the table (flags, targets, include directories);
 //! - its source and, transitively, the sources of ours that it includes by a
 //!   quoted name (all of them are staged side by side in `src/`);

@@ -3,8 +3,9 @@
 //! `lock` compiles into a fresh unit cache so that what an earlier build
 //! left behind (a corrupt or stale entry) is never recorded. That made every
 //! relock a cold build: an edit of one kernel file cost the three FlashInfer
-//! units too (9 minutes on CI's two cores, 20 beside other builds). A unit is
-//! now taken from the shared cache into the fresh one when both hold:
+//! units too (docs/reproducibility.md, "What a relock recompiles", has the
+//! figures). A unit is now taken from the shared cache into the fresh one
+//! when both hold:
 //! - its entry is complete under the unit's current key (unit_key.rs: the
 //!   same description, sources it reads, kernel source and toolchain), and
 //! - every file it puts in the bundle has, in the current lock, the same
@@ -18,12 +19,32 @@
 
 use std::path::Path;
 
-use gdn_lock::{ArtifactTable, Digests, Lock, Sha256Hex};
+use gdn_lock::{ArtifactTable, Digests, Links, Lock, Sha256Hex, ToolchainIdentity};
 
-use crate::bundle::{built_like, locked_digests};
 use crate::error::{GenError, Result};
+use crate::files;
 use crate::toolkit::Toolkit;
 use crate::units::{entry_dir, UnitOutputs};
+
+/// Whether host code built with `toolchain` is comparable with the lock's
+/// (same host compiler and toolkit).
+pub fn built_like(toolchain: &ToolchainIdentity, lock: &Lock) -> bool {
+    toolchain.host_compiler == lock.host_artifacts.host_compiler
+        && toolchain.toolkit == lock.host_artifacts.toolkit
+}
+
+/// The lock's hashes of bundle file `path` (device code, DSL outputs, and
+/// host code when `host_like_lock`).
+pub fn locked_digests<'a>(lock: &'a Lock, path: &str, host_like_lock: bool) -> Option<&'a Digests> {
+    lock.device_artifacts
+        .get(path)
+        .or_else(|| lock.dsl_artifacts.get(path))
+        .or_else(|| {
+            host_like_lock
+                .then(|| lock.host_artifacts.artifacts.get(path))
+                .flatten()
+        })
+}
 
 /// Where `lock` may take units from, and the lock that vouches for them.
 pub struct Reuse<'a> {
@@ -57,7 +78,7 @@ pub fn seed(
         let vouched = entry.files().iter().all(|(path, file, _)| {
             match (
                 locked_digests(lock, path, host_like_lock),
-                Digests::of_file(file),
+                Digests::of_file_with(file, Links::Refuse),
             ) {
                 (Some(l), Ok(d)) => l == &d,
                 _ => false,
@@ -81,8 +102,9 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
         let kind = entry.file_type().map_err(|e| GenError::io(step, &src, e))?;
         if kind.is_dir() {
             copy_dir(&src, &dst)?;
-        } else if kind.is_file() {
-            std::fs::copy(&src, &dst).map_err(|e| GenError::io(step, &src, e))?;
+        } else {
+            // Anything but a regular file is refused there, naming it.
+            files::copy(step, &src, &dst, Links::Refuse)?;
         }
     }
     Ok(())

@@ -5,10 +5,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use gdn_lock::{ArtifactKind, ArtifactTable, Sha256Hex, Unit, UnitOutput};
+use gdn_lock::{ArtifactKind, ArtifactTable, Links, Sha256Hex, Unit, UnitOutput};
 
 use crate::dsl::{self, DslEnv};
 use crate::error::{GenError, Result};
+use crate::files;
 use crate::process::{hermetic, run};
 use crate::stage::staged_source;
 use crate::toolkit::Toolkit;
@@ -245,8 +246,12 @@ pub fn compile_all(
             .map_err(|e| GenError::io("stage the DSL headers", &headers, e))?;
         for o in outputs.iter().filter(|o| o.unit.dsl.is_some()) {
             for v in o.unit.dsl_variants() {
-                std::fs::copy(o.dsl_file(v, "h"), headers.join(format!("{v}.h")))
-                    .map_err(|e| GenError::io("stage the DSL headers", &o.dsl_file(v, "h"), e))?;
+                files::copy(
+                    "stage the DSL headers",
+                    &o.dsl_file(v, "h"),
+                    &headers.join(format!("{v}.h")),
+                    Links::Refuse,
+                )?;
             }
         }
     }
@@ -290,9 +295,7 @@ fn collect_kept_cubin(o: &UnitOutputs) -> Result<()> {
         .filter(|p| p.extension().is_some_and(|x| x == "cubin"))
         .collect();
     match cubins.as_slice() {
-        [one] => std::fs::copy(one, &dest)
-            .map(|_| ())
-            .map_err(|e| GenError::io(&step, one, e)),
+        [one] => files::copy(&step, one, &dest, Links::Refuse).map(|_| ()),
         _ => Err(GenError::refused(
             step,
             format!(
@@ -306,16 +309,21 @@ fn collect_kept_cubin(o: &UnitOutputs) -> Result<()> {
 
 /// Memory the compiles may use at once: 80% of MemAvailable.
 fn memory_budget_mib() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemAvailable:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map(|kb| kb / 1024 * 8 / 10)
-        .unwrap_or(8192)
+    files::read_text(
+        "read the available memory",
+        Path::new("/proc/meminfo"),
+        Links::Follow,
+        1 << 20,
+    )
+    .ok()
+    .and_then(|s| {
+        s.lines()
+            .find(|l| l.starts_with("MemAvailable:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<u64>().ok())
+    })
+    .map(|kb| kb / 1024 * 8 / 10)
+    .unwrap_or(8192)
 }
 
 /// Runs steps in waves: each wave holds at most `jobs` steps whose declared

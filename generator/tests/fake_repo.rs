@@ -87,8 +87,8 @@ impl FakeRepo {
         self.dir.path().join("cache")
     }
 
-    /// Runs gdn-gen `command` with the fake toolkit; (success, stderr).
-    fn gen(&self, command: &str) -> (bool, String) {
+    /// gdn-gen `command` with the fake toolkit, the cache and the bundle.
+    fn command(&self, command: &str) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gdn-gen"));
         cmd.current_dir(self.repo()).arg(command);
         if command == "check" {
@@ -103,9 +103,41 @@ impl FakeRepo {
                 .arg("--out")
                 .arg(self.bundle());
         }
-        let out = cmd.output().unwrap();
+        cmd
+    }
+
+    /// Runs gdn-gen `command` with the fake toolkit; (success, stderr).
+    fn gen(&self, command: &str) -> (bool, String) {
+        let out = self.command(command).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         (out.status.success(), stderr)
+    }
+
+    /// [`FakeRepo::gen`], failing the test if gdn-gen has not finished
+    /// within `secs` (a reader blocked on a FIFO never does); the process is
+    /// killed then.
+    fn gen_within(&self, command: &str, secs: u64) -> (bool, String) {
+        let mut child = self
+            .command(command)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                panic!("gdn-gen {command} did not finish within {secs} s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        (status.success(), stderr)
     }
 
     fn gen_ok(&self, command: &str) -> String {
@@ -151,6 +183,11 @@ impl FakeRepo {
         std::fs::write(&p, b).unwrap();
         p
     }
+}
+
+#[cfg(unix)]
+fn mkfifo(path: &Path) {
+    assert!(Command::new("mkfifo").arg(path).status().unwrap().success());
 }
 
 fn script(path: &Path, text: &str) {
@@ -291,30 +328,8 @@ fn check_refuses_a_fifo_in_the_bundle_without_blocking_and_advises_no_relock() {
     let r = locked_repo();
     let rel = "cubin/k.sm_90a.cubin";
     std::fs::remove_file(r.bundle().join(rel)).unwrap();
-    assert!(Command::new("mkfifo")
-        .arg(r.bundle().join(rel))
-        .status()
-        .unwrap()
-        .success());
-    let (tx, rx) = std::sync::mpsc::channel();
-    let bundle = r.bundle();
-    let cwd = r.repo();
-    std::thread::spawn(move || {
-        let out = Command::new(env!("CARGO_BIN_EXE_gdn-gen"))
-            .current_dir(cwd)
-            .arg("check")
-            .arg("--bundle")
-            .arg(bundle)
-            .output()
-            .unwrap();
-        let _ = tx.send((
-            out.status.success(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        ));
-    });
-    let (ok, err) = rx
-        .recv_timeout(std::time::Duration::from_secs(30))
-        .expect("gdn-gen check blocked on a FIFO for 30 s");
+    mkfifo(&r.bundle().join(rel));
+    let (ok, err) = r.gen_within("check", 30);
     assert!(!ok);
     assert!(
         err.contains(rel) && err.contains("not a regular file"),
@@ -457,4 +472,75 @@ fn a_compiler_that_gives_other_bytes_fails_the_build_after_one_recompile_and_wri
         "{err}"
     );
     assert!(!r.bundle().exists(), "no bundle may be installed");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_or_a_link_in_the_unit_cache_is_named_not_read() {
+    let r = locked_repo();
+    let cubin = r.unit_cache_entry("k").join("k.sm_80.cubin");
+    std::fs::remove_file(&cubin).unwrap();
+    mkfifo(&cubin);
+    std::fs::remove_dir_all(r.bundle()).unwrap();
+    let (ok, err) = r.gen_within("build", 30);
+    assert!(!ok);
+    assert!(
+        err.contains(&format!(
+            "{} is a FIFO, not a regular file",
+            cubin.display()
+        )),
+        "{err}"
+    );
+    // A link, even to the right bytes: the cache holds only what gdn-gen
+    // wrote, so someone else put it there.
+    std::fs::remove_file(&cubin).unwrap();
+    let elsewhere = r.dir.path().join("elsewhere.cubin");
+    std::fs::write(&elsewhere, r.expected_cubin("k", "sm_80")).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &cubin).unwrap();
+    let (ok, err) = r.gen_within("build", 30);
+    assert!(!ok);
+    assert!(
+        err.contains(&format!(
+            "{} is a symbolic link, not a regular file",
+            cubin.display()
+        )),
+        "{err}"
+    );
+    assert!(!r.bundle().exists(), "no bundle may be installed");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_as_the_stamp_is_named_not_read() {
+    let r = locked_repo();
+    let stamp = r.dir.path().join("out/bundle.stamp");
+    std::fs::remove_file(&stamp).unwrap();
+    mkfifo(&stamp);
+    let (ok, err) = r.gen_within("build", 30);
+    assert!(!ok);
+    assert!(
+        err.contains("read the stamp") && err.contains("is a FIFO, not a regular file"),
+        "{err}"
+    );
+}
+
+#[test]
+fn check_refuses_a_huge_sparse_cubin_by_its_size_unread() {
+    let r = locked_repo();
+    let rel = "cubin/k.sm_90a.cubin";
+    let size = r.expected_cubin("k", "sm_90a").len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(r.bundle().join(rel))
+        .unwrap()
+        .set_len(1 << 40)
+        .unwrap();
+    let (ok, err) = r.gen_within("check", 30);
+    assert!(!ok);
+    assert!(
+        err.contains(&format!(
+            "artifact {rel} size: expected {size}, found 1099511627776"
+        )),
+        "{err}"
+    );
 }

@@ -1,11 +1,12 @@
 use std::fmt;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
+use crate::fsread::Links;
 
 /// A lowercase hex SHA-256, validated on parse.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -21,18 +22,23 @@ impl Sha256Hex {
     }
 }
 
+/// A string that is not a lowercase hex sha256.
+#[derive(Debug, thiserror::Error)]
+#[error("{value:?} is not a lowercase hex sha256 (64 characters)")]
+pub struct InvalidSha256 {
+    pub value: String,
+}
+
 impl TryFrom<String> for Sha256Hex {
-    type Error = String;
-    fn try_from(s: String) -> std::result::Result<Self, String> {
+    type Error = InvalidSha256;
+    fn try_from(s: String) -> std::result::Result<Self, InvalidSha256> {
         if s.len() == 64
             && s.bytes()
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
         {
             Ok(Sha256Hex(s))
         } else {
-            Err(format!(
-                "{s:?} is not a lowercase hex sha256 (64 characters)"
-            ))
+            Err(InvalidSha256 { value: s })
         }
     }
 }
@@ -67,32 +73,28 @@ impl Digests {
         }
     }
 
-    /// Streams the file once through both hashers.
+    /// Streams the file once through both hashers (following a symbolic
+    /// link to a regular file).
     pub fn of_file(path: &Path) -> Result<Self> {
-        let io = |source| Error::Io {
+        Self::of_file_with(path, Links::Follow)
+    }
+
+    /// [`Digests::of_file`], with links followed or refused.
+    pub fn of_file_with(path: &Path, links: Links) -> Result<Self> {
+        let (file, _) = crate::fsread::open_regular_file(path, links)?;
+        Self::of_reader(file).map_err(|source| Error::Io {
             path: path.to_owned(),
             action: "read",
             source,
-        };
-        let (mut file, _) = crate::fsread::open_regular_file(path)?;
-        let mut sha = Sha256::new();
-        let mut b3 = blake3::Hasher::new();
-        let mut size = 0u64;
-        let mut buf = vec![0u8; 1 << 16];
-        loop {
-            let n = file.read(&mut buf).map_err(io)?;
-            if n == 0 {
-                break;
-            }
-            sha.update(&buf[..n]);
-            b3.update(&buf[..n]);
-            size += n as u64;
-        }
-        Ok(Digests {
-            size,
-            sha256: Sha256Hex(hex(&sha.finalize())),
-            blake3: b3.finalize().to_hex().to_string(),
         })
+    }
+
+    /// Streams `reader` to its end through both hashers, a bounded buffer
+    /// at a time.
+    pub fn of_reader(mut reader: impl Read) -> std::io::Result<Self> {
+        let mut hasher = DigestWriter::default();
+        std::io::copy(&mut reader, &mut hasher)?;
+        Ok(hasher.finish())
     }
 
     /// Compares field by field so the error says which property differs.
@@ -121,6 +123,41 @@ impl Digests {
                 remedy,
             ));
         }
+        Ok(())
+    }
+}
+
+/// Size and both hashes of bytes fed in pieces (as `std::io::Write`, so
+/// `std::io::copy` can stream a file through it while writing it elsewhere).
+#[derive(Default)]
+pub struct DigestWriter {
+    sha256: Sha256,
+    blake3: blake3::Hasher,
+    size: u64,
+}
+
+impl DigestWriter {
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.sha256.update(bytes);
+        self.blake3.update(bytes);
+        self.size += bytes.len() as u64;
+    }
+
+    pub fn finish(self) -> Digests {
+        Digests {
+            size: self.size,
+            sha256: Sha256Hex(hex(&self.sha256.finalize())),
+            blake3: self.blake3.finalize().to_hex().to_string(),
+        }
+    }
+}
+
+impl Write for DigestWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.update(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
 }

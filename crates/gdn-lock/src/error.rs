@@ -1,53 +1,82 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use crate::fsread::FileKind;
+use crate::table::TableRule;
+
 pub type Result<T> = std::result::Result<T, Error>;
 
 /// Every failure names the file or artifact, what was expected and what was
 /// found, and says what to run to fix it.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum Error {
+    #[error("cannot {action} {}: {source}", path.display())]
     Io {
         path: PathBuf,
         action: &'static str,
         source: std::io::Error,
     },
-    Parse {
-        path: PathBuf,
-        message: String,
-    },
+    #[error("{} is not valid: {message}", path.display())]
+    Parse { path: PathBuf, message: String },
+    /// The artifact table breaks a rule serde cannot express.
+    #[error("{} is not valid: {rule}", path.display())]
+    InvalidTable { path: PathBuf, rule: TableRule },
+    #[error("{} is {actual} bytes, over the {limit}-byte limit for {what}", path.display())]
     TooLarge {
         path: PathBuf,
+        /// `this document`, `a bundle artifact`, `a source`.
+        what: &'static str,
         limit: u64,
         actual: u64,
     },
+    #[error(
+        "{}: schema_version {actual} is not supported (expected {expected}); \
+         use a gdn-gen that matches this checkout",
+        path.display()
+    )]
     SchemaVersion {
         path: PathBuf,
         expected: u32,
         actual: u32,
     },
+    #[error("{what}: expected {expected}, found {actual}; {remedy}")]
     Mismatch {
         what: String,
         expected: String,
         actual: String,
         remedy: &'static str,
     },
-    Missing {
-        what: String,
-        remedy: &'static str,
-    },
-    Unexpected {
-        what: String,
-        remedy: &'static str,
-    },
-    UnsafePath {
-        path: String,
-        reason: &'static str,
-    },
-    /// A FIFO, socket, device or directory where a regular file must be.
+    #[error("{what} is missing; {remedy}")]
+    Missing { what: String, remedy: &'static str },
+    #[error("{what} is not expected here; {remedy}")]
+    Unexpected { what: String, remedy: &'static str },
+    #[error("refusing artifact path {path:?}: {reason}")]
+    UnsafePath { path: String, reason: &'static str },
+    /// A FIFO, socket, device, directory or (where links are refused) a
+    /// symbolic link where a regular file must be; `None`: the file was
+    /// replaced between the check and the open.
+    #[error("{} is {}, not a regular file; refusing to read it", path.display(), found_kind(found))]
     NotRegularFile {
         path: PathBuf,
+        found: Option<FileKind>,
     },
+    /// A file that changed size while it was being read.
+    #[error(
+        "{} changed while it was being read ({expected} bytes when opened, {actual} read); {REMEDY_REBUILD}",
+        path.display()
+    )]
+    ChangedWhileRead {
+        path: PathBuf,
+        expected: u64,
+        actual: u64,
+    },
+}
+
+fn found_kind(found: &Option<FileKind>) -> String {
+    match found {
+        Some(kind) => kind.to_string(),
+        None => "something else than when it was checked (replaced while being opened)".into(),
+    }
 }
 
 impl Error {
@@ -80,69 +109,3 @@ pub const REMEDY_BYTES_DIFFER: &str =
 pub const REMEDY_LOCK_EDITED: &str =
     "the lock disagrees with the artifact table it was written for (edited by hand?); \
      restore gdn-bundle.lock.json from version control";
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Error::Io {
-                path,
-                action,
-                source,
-            } => {
-                write!(f, "cannot {action} {}: {source}", path.display())
-            }
-            Error::Parse { path, message } => {
-                write!(f, "{} is not valid: {message}", path.display())
-            }
-            Error::TooLarge {
-                path,
-                limit,
-                actual,
-            } => write!(
-                f,
-                "{} is {actual} bytes, over the {limit}-byte limit for this document",
-                path.display()
-            ),
-            Error::SchemaVersion {
-                path,
-                expected,
-                actual,
-            } => write!(
-                f,
-                "{}: schema_version {actual} is not supported (expected {expected}); \
-                 use a gdn-gen that matches this checkout",
-                path.display()
-            ),
-            Error::Mismatch {
-                what,
-                expected,
-                actual,
-                remedy,
-            } => {
-                write!(f, "{what}: expected {expected}, found {actual}; {remedy}")
-            }
-            Error::Missing { what, remedy } => write!(f, "{what} is missing; {remedy}"),
-            Error::Unexpected { what, remedy } => {
-                write!(f, "{what} is not expected here; {remedy}")
-            }
-            Error::UnsafePath { path, reason } => {
-                write!(f, "refusing artifact path {path:?}: {reason}")
-            }
-            Error::NotRegularFile { path } => write!(
-                f,
-                "{} is not a regular file (a FIFO, socket, device or directory, or replaced \
-                 while being opened); refusing to read it",
-                path.display()
-            ),
-        }
-    }
-}
-
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Error::Io { source, .. } => Some(source),
-            _ => None,
-        }
-    }
-}

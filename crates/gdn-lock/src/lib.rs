@@ -10,8 +10,9 @@
 //!   what a particular bundle holds.
 //!
 //! This crate does no network or process I/O; it reads files only to hash and
-//! verify them.
+//! verify them (and lends gdn-gen its checked reads: [`open_regular_file`]).
 
+mod bundle_files;
 mod digest;
 mod error;
 mod fsread;
@@ -21,17 +22,20 @@ mod manifest;
 mod table;
 mod verify;
 
-pub use digest::{Digests, Sha256Hex};
+pub use bundle_files::{check_relative_path, hash_source, MAX_ARTIFACT_BYTES, MAX_SOURCE_BYTES};
+pub use digest::{DigestWriter, Digests, InvalidSha256, Sha256Hex};
 pub use error::{Error, Result};
+pub use fsread::{open_regular_file, read_regular_file, FileKind, Links};
 pub use lock::{DslRuntimePin, HostArtifacts, Lock, LockedInput, VariantStatus};
-pub use manifest::{ArtifactKind, DslIdentity, Manifest, ManifestArtifact, ToolchainIdentity};
+pub use manifest::{
+    ArtifactKind, DslIdentity, Manifest, ManifestArtifact, ToolchainIdentity, ToolkitKind,
+};
 pub use table::{
     file_name, ArtifactTable, Compiler, DslConfig, DslUnit, Geometry, InputRole, InputSpec,
-    Specialization, Unit, UnitOutput,
+    Specialization, TableRule, Unit, UnitOutput,
 };
 pub use verify::{
-    check_lock_matches_table, check_relative_path, check_sources_match_lock, verify_bundle,
-    HostPolicy, VerifiedBundle,
+    check_lock_matches_table, check_sources_match_lock, verify_bundle, HostPolicy, VerifiedBundle,
 };
 
 /// Schema version of all three documents. A reader refuses any other value.
@@ -80,7 +84,7 @@ pub(crate) fn parse_versioned<T: serde::de::DeserializeOwned>(
 /// FIFO or device would block or never end) or over [`MAX_DOCUMENT_BYTES`]
 /// (a corrupt or hostile file should not make us allocate without bound).
 pub(crate) fn read_capped(path: &std::path::Path) -> Result<Vec<u8>> {
-    fsread::read_regular_file(path, MAX_DOCUMENT_BYTES)
+    fsread::read_regular_file(path, MAX_DOCUMENT_BYTES, "this document", Links::Follow)
 }
 
 /// Parses one of our documents. Any object naming a key twice is refused

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::digest::{Digests, Sha256Hex};
 use crate::error::{Error, Result, REMEDY_LOCK_EDITED};
+use crate::manifest::ToolkitKind;
 use crate::read_versioned;
 use crate::table::InputRole;
 
@@ -84,7 +85,7 @@ impl LockedInput {
 #[serde(deny_unknown_fields)]
 pub struct HostArtifacts {
     pub host_compiler: String,
-    pub toolkit: String,
+    pub toolkit: ToolkitKind,
     pub artifacts: BTreeMap<String, Digests>,
 }
 
@@ -110,12 +111,12 @@ impl Lock {
     /// `dsl_python` (`major.minor` of the interpreter that ran the export)
     /// when there is one. The one place this is decided: gdn-gen's plan and
     /// manifest and every bundle check ask here.
-    pub fn used_inputs(&self, pinned_toolkit: bool, dsl_python: Option<&str>) -> Vec<&LockedInput> {
+    pub fn used_inputs(&self, toolkit: ToolkitKind, dsl_python: Option<&str>) -> Vec<&LockedInput> {
         self.inputs
             .iter()
             .filter(|i| match i.role {
                 InputRole::KernelSource => true,
-                InputRole::Toolchain => pinned_toolkit,
+                InputRole::Toolchain => toolkit == ToolkitKind::PypiWheels,
                 InputRole::DslKernelSource | InputRole::DslRuntime => {
                     dsl_python.is_some_and(|p| i.used_with_python(p))
                 }
@@ -154,7 +155,7 @@ mod tests {
     #[test]
     fn used_inputs_follow_the_toolkit_and_the_interpreter() {
         let lock = lock();
-        let all = names(lock.used_inputs(true, Some("3.11")));
+        let all = names(lock.used_inputs(ToolkitKind::PypiWheels, Some("3.11")));
         // The pinned toolkit: every toolchain wheel; Python 3.11: the cp311
         // wheels and no cp312 one; the kernel sources always.
         for i in &lock.inputs {
@@ -166,17 +167,17 @@ mod tests {
         }
         assert!(all.iter().any(|f| f.contains("cp311")));
         assert!(!all.iter().any(|f| f.contains("cp312")));
-        let py312 = names(lock.used_inputs(true, Some("3.12")));
+        let py312 = names(lock.used_inputs(ToolkitKind::PypiWheels, Some("3.12")));
         assert!(
             py312.iter().any(|f| f.contains("cp312")) && !py312.iter().any(|f| f.contains("cp311"))
         );
         // An existing toolkit root: no toolchain wheel. No DSL export: no DSL input.
-        let bare = lock.used_inputs(false, None);
+        let bare = lock.used_inputs(ToolkitKind::ExternalRoot, None);
         assert!(
             bare.iter().all(|i| i.role == InputRole::KernelSource),
             "{:?}",
             names(bare)
         );
-        assert_eq!(lock.used_inputs(false, None).len(), 1);
+        assert_eq!(lock.used_inputs(ToolkitKind::ExternalRoot, None).len(), 1);
     }
 }

@@ -45,11 +45,32 @@ pub struct ToolchainIdentity {
     pub nvcc_version: String,
     /// The `Build ...` line of `nvcc --version`.
     pub nvcc_build: String,
-    /// `pypi-wheels` or `external-root` (the path itself is not recorded: it
-    /// would make the manifest depend on where the toolkit lives).
-    pub toolkit: String,
+    /// Where the toolkit came from (its path is not recorded: it would make
+    /// the manifest depend on where the toolkit lives).
+    pub toolkit: ToolkitKind,
     /// First line of `c++ --version` (the host compiler nvcc used).
     pub host_compiler: String,
+}
+
+/// Where a bundle's toolkit came from. A closed set: a manifest naming any
+/// other kind was not written by gdn-gen and is refused when it is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ToolkitKind {
+    /// The pinned PyPI wheels: its libraries are the lock's bytes.
+    PypiWheels,
+    /// `gdn-gen --toolkit-root` (Nix, NVIDIA's installer) of the pinned nvcc
+    /// version: nothing pins its libraries' bytes.
+    ExternalRoot,
+}
+
+impl std::fmt::Display for ToolkitKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ToolkitKind::PypiWheels => "pypi-wheels",
+            ToolkitKind::ExternalRoot => "external-root",
+        })
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -221,6 +221,43 @@ impl Unit {
     }
 }
 
+/// A structural rule of the table that serde cannot express, broken.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TableRule {
+    #[error("unit name {0:?} appears twice")]
+    DuplicateUnit(String),
+    #[error("unit {0:?} has no targets")]
+    NoTargets(String),
+    #[error("unit name {0:?} must be [A-Za-z0-9_]")]
+    UnitName(String),
+    #[error("host-object unit {0:?} may have at most one target")]
+    HostObjectTargets(String),
+    #[error(
+        "unit {0:?}: `compiler: cute-dsl`, `output: dsl-objects` and a `dsl` section go together"
+    )]
+    DslTogether(String),
+    #[error("DSL unit {0:?} needs exactly one target")]
+    DslTargets(String),
+    #[error("DSL unit {0:?} needs the table's `dsl` section")]
+    DslSection(String),
+    #[error("DSL unit {0:?} has no variants")]
+    DslNoVariants(String),
+    #[error("DSL unit {unit:?}: variant {variant:?} must be [a-z0-9_] and unique in the table")]
+    DslVariant { unit: String, variant: String },
+    #[error("unit {unit:?}: target {target:?} is not of the form sm_XY")]
+    Target { unit: String, target: String },
+    #[error("exactly one input must have role kernel-source")]
+    KernelSourceCount,
+    #[error("with a `dsl` section, at least one input must have role dsl-kernel-source")]
+    NoDslKernelSource,
+    #[error("input {input} is for Python {python}, which is not among dsl.pythons {pythons:?}")]
+    InputPython {
+        input: String,
+        python: String,
+        pythons: Vec<String>,
+    },
+}
+
 impl ArtifactTable {
     pub fn load(path: &Path) -> Result<Self> {
         Ok(Self::load_with_sha256(path)?.0)
@@ -231,66 +268,57 @@ impl ArtifactTable {
     pub fn load_with_sha256(path: &Path) -> Result<(Self, Sha256Hex)> {
         let bytes = read_capped(path)?;
         let table: ArtifactTable = parse_versioned(path, &bytes)?;
-        table.validate().map_err(|message| Error::Parse {
+        table.validate().map_err(|rule| Error::InvalidTable {
             path: path.to_owned(),
-            message,
+            rule,
         })?;
         Ok((table, Sha256Hex::of_bytes(&bytes)))
     }
 
     /// Structural rules that serde cannot express.
-    pub fn validate(&self) -> std::result::Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), TableRule> {
         let mut names = BTreeMap::new();
         let mut dsl_variants = BTreeMap::new();
         for unit in &self.units {
             if names.insert(unit.name.as_str(), ()).is_some() {
-                return Err(format!("unit name {:?} appears twice", unit.name));
+                return Err(TableRule::DuplicateUnit(unit.name.clone()));
             }
             if unit.targets.is_empty() && unit.output == UnitOutput::Cubin {
-                return Err(format!("unit {:?} has no targets", unit.name));
+                return Err(TableRule::NoTargets(unit.name.clone()));
             }
             if !unit
                 .name
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'_')
             {
-                return Err(format!("unit name {:?} must be [A-Za-z0-9_]", unit.name));
+                return Err(TableRule::UnitName(unit.name.clone()));
             }
             if unit.output == UnitOutput::HostObject && unit.targets.len() > 1 {
-                return Err(format!(
-                    "host-object unit {:?} may have at most one target",
-                    unit.name
-                ));
+                return Err(TableRule::HostObjectTargets(unit.name.clone()));
             }
             let is_dsl = unit.compiler == Compiler::CuteDsl;
             if is_dsl != (unit.output == UnitOutput::DslObjects) || is_dsl != unit.dsl.is_some() {
-                return Err(format!(
-                    "unit {:?}: `compiler: cute-dsl`, `output: dsl-objects` and a `dsl` section go together",
-                    unit.name
-                ));
+                return Err(TableRule::DslTogether(unit.name.clone()));
             }
             if let Some(d) = &unit.dsl {
                 if unit.targets.len() != 1 {
-                    return Err(format!("DSL unit {:?} needs exactly one target", unit.name));
+                    return Err(TableRule::DslTargets(unit.name.clone()));
                 }
                 if self.dsl.is_none() {
-                    return Err(format!(
-                        "DSL unit {:?} needs the table's `dsl` section",
-                        unit.name
-                    ));
+                    return Err(TableRule::DslSection(unit.name.clone()));
                 }
                 if d.variants.is_empty() {
-                    return Err(format!("DSL unit {:?} has no variants", unit.name));
+                    return Err(TableRule::DslNoVariants(unit.name.clone()));
                 }
                 for v in &d.variants {
                     let ok = !v.is_empty()
                         && v.bytes()
                             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
                     if !ok || dsl_variants.insert(v.as_str(), ()).is_some() {
-                        return Err(format!(
-                            "DSL unit {:?}: variant {v:?} must be [a-z0-9_] and unique in the table",
-                            unit.name
-                        ));
+                        return Err(TableRule::DslVariant {
+                            unit: unit.name.clone(),
+                            variant: v.clone(),
+                        });
                     }
                 }
             }
@@ -300,10 +328,10 @@ impl ArtifactTable {
                     .map(|r| r.strip_suffix('a').unwrap_or(r))
                     .unwrap_or("");
                 if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err(format!(
-                        "unit {:?}: target {t:?} is not of the form sm_XY",
-                        unit.name
-                    ));
+                    return Err(TableRule::Target {
+                        unit: unit.name.clone(),
+                        target: t.clone(),
+                    });
                 }
             }
         }
@@ -314,7 +342,7 @@ impl ArtifactTable {
             .count()
             != 1
         {
-            return Err("exactly one input must have role kernel-source".into());
+            return Err(TableRule::KernelSourceCount);
         }
         if let Some(dsl) = &self.dsl {
             let sources = self
@@ -323,18 +351,16 @@ impl ArtifactTable {
                 .filter(|i| i.role == InputRole::DslKernelSource)
                 .count();
             if sources == 0 {
-                return Err(
-                    "with a `dsl` section, at least one input must have role dsl-kernel-source"
-                        .into(),
-                );
+                return Err(TableRule::NoDslKernelSource);
             }
             for i in &self.inputs {
                 if let Some(p) = &i.python {
                     if !dsl.pythons.contains(p) {
-                        return Err(format!(
-                            "input {} is for Python {p}, which is not among dsl.pythons {:?}",
-                            i.filename, dsl.pythons
-                        ));
+                        return Err(TableRule::InputPython {
+                            input: i.filename.clone(),
+                            python: p.clone(),
+                            pythons: dsl.pythons.clone(),
+                        });
                     }
                 }
             }
@@ -418,7 +444,7 @@ mod tests {
             let mut t = table();
             let i = cubin_unit(&t);
             t.units[i].targets = vec![bad.to_string()];
-            let err = t.validate().unwrap_err();
+            let err = t.validate().unwrap_err().to_string();
             assert!(err.contains(bad), "{bad}: {err}");
         }
         let mut t = table();
@@ -450,6 +476,7 @@ mod tests {
         assert!(none
             .validate()
             .unwrap_err()
+            .to_string()
             .contains("at least one input must have role dsl-kernel-source"));
     }
 
@@ -462,6 +489,10 @@ mod tests {
             .position(|u| u.output == UnitOutput::HostObject)
             .unwrap();
         t.units[i].targets = vec!["sm_90a".into(), "sm_100a".into()];
-        assert!(t.validate().unwrap_err().contains("at most one target"));
+        assert!(t
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("at most one target"));
     }
 }

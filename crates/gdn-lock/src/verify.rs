@@ -2,8 +2,9 @@
 //! the kernels crate's build.rs (fail closed) and by `gdn-gen check`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
+use crate::bundle_files::{check_relative_path, hash_source, list_files, read_inside};
 use crate::digest::{Digests, Sha256Hex};
 use crate::error::{Error, Result, REMEDY_BYTES_DIFFER, REMEDY_LOCK_EDITED, REMEDY_REBUILD};
 use crate::lock::Lock;
@@ -36,112 +37,6 @@ pub enum HostPolicy {
     /// toolkit kind is the lock's. For builders that compiled the bundle
     /// themselves from the pinned sources (gdn-gen, Nix).
     AllowForeignHostCompiler,
-}
-
-/// Rejects absolute paths, `..`, `.`, empty components and backslashes, so a
-/// manifest cannot name a file outside the bundle.
-pub fn check_relative_path(path: &str) -> Result<()> {
-    let unsafe_path = |reason| {
-        Err(Error::UnsafePath {
-            path: path.to_owned(),
-            reason,
-        })
-    };
-    if path.is_empty() {
-        return unsafe_path("empty path");
-    }
-    if path.starts_with('/') {
-        return unsafe_path("absolute path");
-    }
-    if path.contains('\\') || path.contains('\0') {
-        return unsafe_path("backslash or NUL in path");
-    }
-    if path.split('/').any(|c| c.is_empty()) {
-        return unsafe_path("empty path component");
-    }
-    for c in Path::new(path).components() {
-        match c {
-            Component::Normal(_) => {}
-            Component::ParentDir => return unsafe_path("path escapes the bundle with `..`"),
-            Component::RootDir | Component::Prefix(_) => return unsafe_path("absolute path"),
-            Component::CurDir => return unsafe_path("`.` component"),
-        }
-    }
-    Ok(())
-}
-
-/// Reads the file at `root/rel` once, after checking that no component on
-/// the way is a symbolic link (a link could point out of the bundle), and
-/// that the opened file is the regular file the path names.
-fn read_inside(root: &Path, rel: &str) -> Result<Vec<u8>> {
-    check_relative_path(rel)?;
-    let mut cur = root.to_path_buf();
-    for part in rel.split('/') {
-        cur.push(part);
-        let meta = std::fs::symlink_metadata(&cur).map_err(|source| Error::Io {
-            path: cur.clone(),
-            action: "stat",
-            source,
-        })?;
-        if meta.file_type().is_symlink() {
-            return Err(Error::UnsafePath {
-                path: rel.to_owned(),
-                reason: "a component is a symbolic link; bundles hold only regular files",
-            });
-        }
-    }
-    // The type is checked before opening: a FIFO would block the open.
-    let (mut file, len) = crate::fsread::open_regular_file(&cur)?;
-    let mut bytes = Vec::with_capacity(len as usize);
-    std::io::Read::read_to_end(&mut file, &mut bytes).map_err(|source| Error::Io {
-        path: cur.clone(),
-        action: "read",
-        source,
-    })?;
-    Ok(bytes)
-}
-
-/// Lists every file under `root` (bundle-relative, `/`-separated).
-fn list_files(root: &Path) -> Result<BTreeSet<String>> {
-    fn walk(root: &Path, dir: &Path, out: &mut BTreeSet<String>) -> Result<()> {
-        let rd = std::fs::read_dir(dir).map_err(|source| Error::Io {
-            path: dir.to_owned(),
-            action: "list",
-            source,
-        })?;
-        for entry in rd {
-            let entry = entry.map_err(|source| Error::Io {
-                path: dir.to_owned(),
-                action: "list",
-                source,
-            })?;
-            let path = entry.path();
-            let ft = entry.file_type().map_err(|source| Error::Io {
-                path: path.clone(),
-                action: "stat",
-                source,
-            })?;
-            let rel = path
-                .strip_prefix(root)
-                .expect("walk stays under root")
-                .to_string_lossy()
-                .replace('\\', "/");
-            if ft.is_symlink() {
-                return Err(Error::UnsafePath {
-                    path: rel,
-                    reason: "a symbolic link in the bundle; bundles hold only regular files",
-                });
-            } else if ft.is_dir() {
-                walk(root, &path, out)?;
-            } else {
-                out.insert(rel);
-            }
-        }
-        Ok(())
-    }
-    let mut out = BTreeSet::new();
-    walk(root, root, &mut out)?;
-    Ok(out)
 }
 
 fn expect_same<T: PartialEq + std::fmt::Debug>(what: &str, expected: &T, actual: &T) -> Result<()> {
@@ -214,7 +109,7 @@ pub fn check_sources_match_lock(repo: &Path, table: &ArtifactTable, lock: &Lock)
             what: format!("lock entry for source {path}"),
             remedy: REMEDY_LOCK_EDITED,
         })?;
-        let actual = Digests::of_file(&repo.join(path))
+        let actual = hash_source(&repo.join(path))
             .map_err(|e| Error::Missing {
                 what: format!("source {path} ({e})"),
                 remedy: REMEDY_SOURCE,
@@ -237,7 +132,7 @@ pub fn verify_bundle(
     root: &Path,
     table: &ArtifactTable,
     lock: &Lock,
-    host: HostPolicy,
+    policy: HostPolicy,
 ) -> Result<VerifiedBundle> {
     let manifest_path = root.join(MANIFEST_FILE);
     if std::fs::symlink_metadata(&manifest_path)
@@ -277,8 +172,7 @@ pub fn verify_bundle(
         (false, _) => None,
     };
     let mut expected_inputs = BTreeMap::new();
-    let pinned_toolkit = manifest.toolchain.toolkit == "pypi-wheels";
-    for input in lock.used_inputs(pinned_toolkit, dsl_python) {
+    for input in lock.used_inputs(manifest.toolchain.toolkit, dsl_python) {
         expected_inputs.insert(input.filename.clone(), input.sha256.clone());
     }
     for (path, sha) in &lock.sources {
@@ -347,11 +241,24 @@ pub fn verify_bundle(
             remedy: REMEDY_REBUILD,
         });
     }
+    // Sizes come first: the lock's against the manifest's, then the
+    // manifest's against the file's, so nothing is read that is not the
+    // expected size.
+    let host = HostPins::of(lock, &manifest);
     let mut files = BTreeMap::new();
     let mut actual = BTreeMap::new();
     for (path, art) in &manifest.artifacts {
-        let bytes = read_inside(root, path)?;
-        let digests = Digests::of_bytes(&bytes);
+        if let Some((what, locked)) = lock_pin(lock, &manifest, host, path, art.kind) {
+            if locked.size != art.digests.size {
+                return Err(Error::mismatch(
+                    format!("{what} size"),
+                    locked.size,
+                    format!("{} (the manifest's)", art.digests.size),
+                    REMEDY_BYTES_DIFFER,
+                ));
+            }
+        }
+        let (bytes, digests) = read_inside(root, path, art.digests.size)?;
         art.digests
             .expect_eq(&format!("artifact {path}"), &digests, REMEDY_REBUILD)?;
         actual.insert(path.clone(), digests);
@@ -478,16 +385,21 @@ pub fn verify_bundle(
 
     // 7. Host code. Byte-identical to the lock when built by the lock's host
     //    compiler and toolkit. Otherwise only under AllowForeignHostCompiler,
-    //    and even then a toolkit library copied from a toolkit of the lock's
-    //    kind (the pinned wheels) must be the lock's bytes.
-    let same_compiler = manifest.toolchain.host_compiler == lock.host_artifacts.host_compiler;
-    let same_toolkit = manifest.toolchain.toolkit == lock.host_artifacts.toolkit;
-    let host_matches_lock = same_compiler && same_toolkit;
+    //    and even then a toolkit library from the lock's toolkit (the pinned
+    //    wheels) must be the lock's bytes.
+    //
+    //    Under the opt-in, a library from an external toolkit
+    //    (`--toolkit-root`) is accepted as the manifest lists it: no lock
+    //    pins that toolkit's bytes. Refusing that combination would refuse
+    //    every Nix build (nixpkgs' toolkit and compiler), and would not make
+    //    the opt-in safe: it already links host objects whose code nothing
+    //    pins into the same binary. The opt-in trusts the host code of
+    //    whoever built the bundle; device code stays pinned. A toolkit kind
+    //    gdn-gen never writes is refused when the manifest is read
+    //    (ToolkitKind), so only those two kinds reach this point.
     for (path, locked) in &lock.host_artifacts.artifacts {
         let kind = manifest.artifacts.get(path).map(|a| a.kind);
-        let must_match =
-            host_matches_lock || (same_toolkit && kind == Some(ArtifactKind::HostLibrary));
-        if must_match {
+        if host.matches_lock || kind.is_some_and(|k| host.pinned(k)) {
             let got = actual.get(path).ok_or_else(|| Error::Missing {
                 what: format!("host artifact {path}"),
                 remedy: REMEDY_REBUILD,
@@ -499,7 +411,7 @@ pub fn verify_bundle(
             )?;
         }
     }
-    if !host_matches_lock && host == HostPolicy::Locked {
+    if !host.matches_lock && policy == HostPolicy::Locked {
         return Err(Error::mismatch(
             "host compiler / toolkit of the bundle's host objects",
             format!("{:?} / {} (the lock's)", lock.host_artifacts.host_compiler, lock.host_artifacts.toolkit),
@@ -514,7 +426,7 @@ pub fn verify_bundle(
         root: root.to_path_buf(),
         manifest,
         files,
-        host_matches_lock,
+        host_matches_lock: host.matches_lock,
     })
 }
 
@@ -544,13 +456,64 @@ fn check_dsl_runtime(
     )?;
     entry(manifest, path, ArtifactKind::DslLibrary)?;
     pin.digests.expect_eq(
-        &format!(
-            "DSL runtime {path} (against the lock's pin for the Python {} wheel set)",
-            dsl.python_abi
-        ),
+        &dsl_runtime_what(path, &dsl.python_abi),
         &actual[path],
         REMEDY_BYTES_DIFFER,
     )
+}
+
+/// Which host code of a bundle the lock pins.
+#[derive(Clone, Copy)]
+struct HostPins {
+    /// Same host compiler and toolkit as the lock's: every host artifact.
+    matches_lock: bool,
+    /// Same toolkit as the lock's: its libraries, whatever the compiler.
+    same_toolkit: bool,
+}
+
+impl HostPins {
+    fn of(lock: &Lock, manifest: &Manifest) -> HostPins {
+        let same_toolkit = manifest.toolchain.toolkit == lock.host_artifacts.toolkit;
+        HostPins {
+            matches_lock: same_toolkit
+                && manifest.toolchain.host_compiler == lock.host_artifacts.host_compiler,
+            same_toolkit,
+        }
+    }
+
+    /// Whether the lock's bytes bind a host artifact of `kind`.
+    fn pinned(self, kind: ArtifactKind) -> bool {
+        self.matches_lock || (self.same_toolkit && kind == ArtifactKind::HostLibrary)
+    }
+}
+
+/// The lock's digests of bundle file `path` where the lock pins them for
+/// this bundle, with the name the comparison gives it.
+fn lock_pin<'l>(
+    lock: &'l Lock,
+    manifest: &Manifest,
+    host: HostPins,
+    path: &str,
+    kind: ArtifactKind,
+) -> Option<(String, &'l Digests)> {
+    if let Some(d) = lock.device_artifacts.get(path) {
+        return Some((format!("device artifact {path} (against the lock)"), d));
+    }
+    if let Some(d) = lock.dsl_artifacts.get(path) {
+        return Some((format!("DSL artifact {path} (against the lock)"), d));
+    }
+    if kind == ArtifactKind::DslLibrary {
+        let abi = &manifest.dsl.as_ref()?.python_abi;
+        let pin = lock.dsl_runtime_for(abi).ok()?;
+        return Some((dsl_runtime_what(path, abi), &pin.digests));
+    }
+    let d = lock.host_artifacts.artifacts.get(path)?;
+    host.pinned(kind)
+        .then(|| (format!("host artifact {path} (against the lock)"), d))
+}
+
+fn dsl_runtime_what(path: &str, python_abi: &str) -> String {
+    format!("DSL runtime {path} (against the lock's pin for the Python {python_abi} wheel set)")
 }
 
 /// Every bundle-relative path the table produces (the manifest aside).
@@ -591,32 +554,4 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
         return None;
     }
     haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::check_relative_path;
-
-    #[test]
-    fn only_plain_relative_paths_are_accepted() {
-        for ok in [
-            "manifest.json",
-            "cubin/a.sm_90a.cubin",
-            "lib/libcudart_static.a",
-        ] {
-            assert!(check_relative_path(ok).is_ok(), "{ok}");
-        }
-        for (bad, why) in [
-            ("", "empty"),
-            ("/etc/passwd", "absolute"),
-            ("../x", "escapes"),
-            ("cubin/../../x", "escapes"),
-            ("./x", "`.`"),
-            ("cubin//x", "empty path component"),
-            ("cubin\\x", "backslash"),
-        ] {
-            let err = check_relative_path(bad).unwrap_err().to_string();
-            assert!(err.contains(why), "{bad:?}: {err}");
-        }
-    }
 }

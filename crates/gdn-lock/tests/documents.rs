@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use gdn_lock::{
     check_sources_match_lock, to_canonical_json, ArtifactKind, ArtifactTable, Digests, DslIdentity,
-    Lock, Manifest, ManifestArtifact, Sha256Hex, ToolchainIdentity, LOCK_FILE, SCHEMA_VERSION,
-    TABLE_FILE,
+    Lock, Manifest, ManifestArtifact, Sha256Hex, ToolchainIdentity, ToolkitKind, LOCK_FILE,
+    SCHEMA_VERSION, TABLE_FILE,
 };
 
 fn repo() -> PathBuf {
@@ -115,7 +115,7 @@ fn small_manifest() -> Manifest {
         toolchain: ToolchainIdentity {
             nvcc_version: "V13.0.88".into(),
             nvcc_build: "Build x".into(),
-            toolkit: "pypi-wheels".into(),
+            toolkit: ToolkitKind::PypiWheels,
             host_compiler: "g++".into(),
         },
         inputs: [("a.whl".to_string(), Sha256Hex::of_bytes(b"a"))].into(),
@@ -250,6 +250,33 @@ fn sources_are_checked_against_the_lock() {
         .unwrap_err()
         .to_string();
     assert!(err.contains(edited), "{err}");
+}
+
+#[test]
+fn a_huge_source_is_refused_by_its_size_not_hashed_to_its_end() {
+    let (table, lock) =
+        gdn_lock::load_table_and_lock(&repo().join(TABLE_FILE), &repo().join(LOCK_FILE)).unwrap();
+    let copy = repo_copy();
+    let edited = "crates/gdn-kernels/cuda/gdn_abi.cpp";
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(copy.path().join(edited))
+        .unwrap()
+        .set_len(1 << 40)
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let e = check_sources_match_lock(copy.path(), &table, &lock).map_err(|e| e.to_string());
+        let _ = tx.send(e);
+    });
+    let err = rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("hashing a 1 TiB source ran for 20 s")
+        .expect_err("a 1 TiB source is not the locked one");
+    assert!(
+        err.contains(edited) && err.contains("1099511627776 bytes, over the"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 
 use gdn_lock::{
     check_lock_matches_table, to_canonical_json, verify_bundle, ArtifactTable, Digests, Error,
-    HostPolicy, Lock, Manifest, Sha256Hex, UnitOutput, LOCK_FILE, MANIFEST_FILE, TABLE_FILE,
+    HostPolicy, InputRole, Lock, Manifest, Sha256Hex, ToolkitKind, UnitOutput, LOCK_FILE,
+    MANIFEST_FILE, TABLE_FILE,
 };
 
 const GVA: &str = "cubin/flashinfer_sm90_gva.sm_90a.cubin";
@@ -76,7 +77,9 @@ fn rehash(dir: &Path, rel: &str) {
 
 fn refused(dir: &Path) -> String {
     let (t, l) = table_and_lock();
+    // Mapped first: a wrongly accepted bundle's Debug holds every byte of it.
     let err = verify_bundle(dir, &t, &l, HostPolicy::Locked)
+        .map(|_| ())
         .expect_err("a tampered bundle must be refused");
     err.to_string()
 }
@@ -495,4 +498,113 @@ fn a_lock_missing_a_wheel_sets_runtime_pin_is_refused_naming_the_pinned_ones() {
     );
     let e = l.dsl_runtime_for(&abi).unwrap_err().to_string();
     assert!(e.contains(&abi) && e.contains("it pins"), "{e}");
+}
+
+/// A sparse file of 1 TiB in place of `rel`: no disk, no memory, unless read.
+fn sparse_tebibyte(dir: &Path, rel: &str) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join(rel))
+        .unwrap()
+        .set_len(1 << 40)
+        .unwrap();
+}
+
+#[test]
+fn a_huge_file_is_refused_by_its_size_before_it_is_read() {
+    let locked = table_and_lock().1.device_artifacts[GVA].size;
+    // The manifest as built: the file's size against the manifest's.
+    let d = copy();
+    sparse_tebibyte(d.path(), GVA);
+    let root = d.path().to_path_buf();
+    let e = within_20s(move || refused(&root));
+    assert!(
+        e.contains(&format!(
+            "artifact {GVA} size: expected {locked}, found 1099511627776"
+        )),
+        "{e}"
+    );
+    // A manifest made to agree: the manifest's size against the lock's.
+    let d = copy();
+    sparse_tebibyte(d.path(), GVA);
+    let mut m = manifest(d.path());
+    m.artifacts.get_mut(GVA).unwrap().digests.size = 1 << 40;
+    save(d.path(), &m);
+    let root = d.path().to_path_buf();
+    let e = within_20s(move || refused(&root));
+    assert!(
+        e.contains(&format!(
+            "device artifact {GVA} (against the lock) size: expected {locked}, found 1099511627776"
+        )),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_huge_host_object_nothing_pins_is_refused_unread_too() {
+    // Another host compiler's object is not pinned by the lock: the manifest
+    // may claim any size, and a bundle file over the limit is refused.
+    let (t, l) = table_and_lock();
+    let d = foreign_host("obj/gdn_abi.o");
+    sparse_tebibyte(d.path(), "obj/gdn_abi.o");
+    let mut m = manifest(d.path());
+    m.artifacts.get_mut("obj/gdn_abi.o").unwrap().digests.size = 1 << 40;
+    save(d.path(), &m);
+    let root = d.path().to_path_buf();
+    let e = within_20s(move || {
+        verify_bundle(&root, &t, &l, HostPolicy::AllowForeignHostCompiler)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+    });
+    assert!(
+        e.contains("obj/gdn_abi.o") && e.contains("1099511627776 bytes, over the"),
+        "{e}"
+    );
+}
+
+/// The copy's manifest with `toolchain.toolkit` set to `kind` and the
+/// toolchain wheels left out of its inputs (a bundle built without them).
+fn claim_toolkit(dir: &Path, kind: &str) {
+    let (_, l) = table_and_lock();
+    let p = dir.join(MANIFEST_FILE);
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    m["toolchain"]["toolkit"] = kind.into();
+    let inputs = m["inputs"].as_object_mut().unwrap();
+    for i in l.inputs.iter().filter(|i| i.role == InputRole::Toolchain) {
+        inputs
+            .remove(&i.filename)
+            .expect("the real bundle used the wheels");
+    }
+    std::fs::write(&p, serde_json::to_string_pretty(&m).unwrap()).unwrap();
+}
+
+#[test]
+fn a_toolkit_kind_gdn_gen_never_writes_cannot_unpin_cudart() {
+    let (t, l) = table_and_lock();
+    assert_eq!(l.host_artifacts.toolkit, ToolkitKind::PypiWheels);
+    // Another host compiler, a cudart that is not the wheels', and a
+    // toolkit kind that no gdn-gen writes: refused, even with the opt-in.
+    let d = foreign_host("lib/libcudart_static.a");
+    claim_toolkit(d.path(), "local");
+    let e = verify_bundle(d.path(), &t, &l, HostPolicy::AllowForeignHostCompiler)
+        .map(|_| ())
+        .expect_err("a modified cudart passed under a `local` toolkit")
+        .to_string();
+    assert!(
+        e.contains(MANIFEST_FILE) && e.contains("unknown variant `local`"),
+        "{e}"
+    );
+    // An external toolkit (`--toolkit-root`, as Nix builds): nothing pins
+    // its cudart, so it is accepted under the opt-in only, as the README
+    // says.
+    let d = foreign_host("lib/libcudart_static.a");
+    claim_toolkit(d.path(), "external-root");
+    let e = verify_bundle(d.path(), &t, &l, HostPolicy::Locked)
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("external-root") && e.contains("Other"), "{e}");
+    let v = verify_bundle(d.path(), &t, &l, HostPolicy::AllowForeignHostCompiler).unwrap();
+    assert_eq!(v.manifest.toolchain.toolkit, ToolkitKind::ExternalRoot);
 }

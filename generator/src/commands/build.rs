@@ -8,6 +8,7 @@ use gdn_lock::{verify_bundle, HostPolicy, VerifiedBundle};
 use crate::bundle::{assemble, build_key, install, stamp_path, temp_sibling, Env};
 use crate::cli::BuildArgs;
 use crate::error::{GenError, Result};
+use crate::files;
 use crate::plan::{Plan, Purpose};
 
 const UNRECORDED_BANNER: &str = "\
@@ -38,7 +39,7 @@ pub fn build(args: &BuildArgs) -> Result<PathBuf> {
     }
     let key = build_key(&plan, &plan.lock, &env);
     let stamp = stamp_path(out);
-    if std::fs::read_to_string(&stamp).ok().as_deref() == Some(key.as_str())
+    if files::read_marker("read the stamp", &stamp)?.as_deref() == Some(key.as_str())
         && check(&plan, out).is_ok()
     {
         eprintln!("gdn-gen: bundle at {} is up to date", out.display());

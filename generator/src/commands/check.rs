@@ -1,17 +1,13 @@
 //! `gdn-gen check`: verify an existing bundle against the lock (no build).
 
-use gdn_lock::{verify_bundle, HostPolicy, TABLE_FILE};
+use gdn_lock::{verify_bundle, HostPolicy};
 
 use crate::cli::CheckArgs;
 use crate::error::{GenError, Result};
-use crate::plan::repo_root;
+use crate::repo::load_locked;
 
 pub fn check(args: &CheckArgs) -> Result<()> {
-    let repo = repo_root(&args.lock)?;
-    let (table, lock) = gdn_lock::load_table_and_lock(&repo.join(TABLE_FILE), &args.lock)
-        .map_err(|e| GenError::document("read the table and the lock", e))?;
-    gdn_lock::check_sources_match_lock(&repo, &table, &lock)
-        .map_err(|e| GenError::document("check our sources against the lock", e))?;
+    let (_, table, lock) = load_locked(&args.lock)?;
     let policy = if args.allow_foreign_host_compiler {
         HostPolicy::AllowForeignHostCompiler
     } else {

@@ -7,6 +7,7 @@ use crate::bundle::{assemble, temp_sibling, Env};
 use crate::cli::BuildArgs;
 use crate::error::{GenError, Result};
 use crate::plan::{Plan, Purpose};
+use crate::unit_reuse::built_like;
 
 pub fn verify(args: &BuildArgs) -> Result<()> {
     let plan = Plan::resolve(args, Purpose::Verify)?;
@@ -52,9 +53,7 @@ pub fn verify(args: &BuildArgs) -> Result<()> {
             compare(&path, &pin.digests);
         }
     }
-    let host_same = manifest.toolchain.host_compiler == lock.host_artifacts.host_compiler
-        && manifest.toolchain.toolkit == lock.host_artifacts.toolkit;
-    if host_same {
+    if built_like(&manifest.toolchain, lock) {
         eprintln!("gdn-gen: host artifacts (same host compiler and toolkit as the lock):");
         for (path, locked) in &lock.host_artifacts.artifacts {
             compare(path, locked);
