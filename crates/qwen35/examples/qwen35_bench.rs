@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use cudarc::driver::CudaSlice;
 use engine::{PageId, SlotId};
-use gdn_kernels::Gemm;
+use gdn_kernels::{Gemm, GemmShape};
 use half::bf16;
 use qwen35::gpu::{GpuModel, GpuOptions, LogitsTo};
 use qwen35::{Config, LayerType, RowLogits};
@@ -119,11 +119,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a: CudaSlice<bf16> = stream.alloc_zeros(n * n)?;
     let w: CudaSlice<bf16> = stream.alloc_zeros(n * n)?;
     let mut y: CudaSlice<bf16> = stream.alloc_zeros(n * n)?;
-    gemm.linear(&a, &w, &mut y, n, n, n)?;
+    gemm.linear(&a, &w, &mut y, GemmShape::new(n, n, n))?;
     stream.synchronize()?;
     let t0 = Instant::now();
     for _ in 0..10 {
-        gemm.linear(&a, &w, &mut y, n, n, n)?;
+        gemm.linear(&a, &w, &mut y, GemmShape::new(n, n, n))?;
     }
     stream.synchronize()?;
     let gemm_rate = 10.0 * 2.0 * (n as f64).powi(3) / t0.elapsed().as_secs_f64();

@@ -95,7 +95,7 @@ async fn served(handle: &EngineHandle, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn served_greedy_tokens_equal_the_executor_alone_up_to_near_ties() {
-    if gdn_kernels::testing::gpu_stream().is_none() {
+    if gdn_kernels_testkit::gpu_stream().is_none() {
         return;
     }
     for name in MODELS {

@@ -29,7 +29,7 @@ const PAGES_PER_SLOT: usize = 16;
 
 fn stream() -> Option<Arc<CudaStream>> {
     // Graph capture needs a created stream (not the legacy default one).
-    gdn_kernels::testing::gpu_stream().map(|s| s.context().new_stream().unwrap())
+    gdn_kernels_testkit::gpu_stream().map(|s| s.context().new_stream().unwrap())
 }
 
 fn executor(f: &Fixture, s: &Arc<CudaStream>, slots: usize, pages: PagePool) -> GpuExecutor {

@@ -45,7 +45,7 @@ fn gpu_model(f: &Fixture, stream: &Arc<CudaStream>, backend: BackendRequest) -> 
 }
 
 fn stream() -> Option<Arc<CudaStream>> {
-    gdn_kernels::testing::gpu_stream()
+    gdn_kernels_testkit::gpu_stream()
 }
 
 /// Runs each chunk list as consecutive steps of one fresh sequence; returns

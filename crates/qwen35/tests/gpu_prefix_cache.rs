@@ -52,7 +52,7 @@ const NEAR_TIE: f32 = 0.05;
 const POOL: usize = 12;
 
 fn stream() -> Option<Arc<CudaStream>> {
-    gdn_kernels::testing::gpu_stream().map(|s| s.context().new_stream().unwrap())
+    gdn_kernels_testkit::gpu_stream().map(|s| s.context().new_stream().unwrap())
 }
 
 fn executor(

@@ -19,7 +19,7 @@ const PAGE: usize = 16;
 const PAGES_PER_SLOT: usize = 16;
 
 fn stream() -> Option<Arc<CudaStream>> {
-    gdn_kernels::testing::gpu_stream().map(|s| s.context().new_stream().unwrap())
+    gdn_kernels_testkit::gpu_stream().map(|s| s.context().new_stream().unwrap())
 }
 
 /// The executor offers the snapshot budget the memory the KV pages and the

@@ -23,7 +23,7 @@ use qwen35::RowLogits;
 const PAGE: usize = 16;
 
 fn stream() -> Option<Arc<CudaStream>> {
-    gdn_kernels::testing::gpu_stream()
+    gdn_kernels_testkit::gpu_stream()
 }
 
 fn gpu_model(f: &Fixture, s: &Arc<CudaStream>) -> GpuModel {

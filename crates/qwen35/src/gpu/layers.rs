@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use gdn_kernels::{DeltaNetInputs, DeviceBatch, GdnPrefill, ModelOps, PrefillBuffers};
+use gdn_kernels::{DeltaNetInputs, DeviceBatch, GdnPrefill, GemmShape, ModelOps, PrefillBuffers};
 use half::bf16;
 
 use super::step::Batches;
@@ -26,8 +26,12 @@ impl GpuModel {
         let (s, dn, c) = (&self.stream, self.dn, &self.config);
         let (t, h, d) = (batch.num_tokens(), c.hidden_size, gdn_kernels::HEAD_DIM);
         let mut proj = scratch::<bf16>(s, t * dn.proj_width())?;
-        self.gemm
-            .linear(x, &layer.in_proj, &mut proj, t, dn.proj_width(), h)?;
+        self.gemm.linear(
+            x,
+            &layer.in_proj,
+            &mut proj,
+            GemmShape::new(t, dn.proj_width(), h),
+        )?;
         let scale = (d as f32).powf(-0.5);
         let mut gated = scratch::<bf16>(s, t * dn.v_heads * d)?;
         if batches.parts.is_none()
@@ -53,8 +57,12 @@ impl GpuModel {
         let out_proj = &self.layers[li].deltanet().out_proj;
         let (s, h) = (&self.stream, self.config.hidden_size);
         let mut out = scratch::<bf16>(s, t * h)?;
-        self.gemm
-            .linear(&gated, out_proj, &mut out, t, h, dn.v_heads * d)?;
+        self.gemm.linear(
+            &gated,
+            out_proj,
+            &mut out,
+            GemmShape::new(t, h, dn.v_heads * d),
+        )?;
         Ok(out)
     }
 
@@ -153,7 +161,8 @@ impl GpuModel {
         let (t, h) = (batch.num_tokens(), c.hidden_size);
         let width = a.q_heads * a.head_dim;
         let mut proj = scratch::<bf16>(s, t * a.proj_width())?;
-        self.gemm.linear(x, qkv, &mut proj, t, a.proj_width(), h)?;
+        self.gemm
+            .linear(x, qkv, &mut proj, GemmShape::new(t, a.proj_width(), h))?;
         let mut q = scratch::<bf16>(s, t * width)?;
         let (keys, values) = (&mut cache.keys[*index], &mut cache.values[*index]);
         self.ops.attention_prep(
@@ -172,7 +181,8 @@ impl GpuModel {
         self.ops
             .attention(batch, a, &q, keys, values, &proj, &mut attn_out)?;
         let mut out = scratch::<bf16>(s, t * h)?;
-        self.gemm.linear(&attn_out, o_proj, &mut out, t, h, width)?;
+        self.gemm
+            .linear(&attn_out, o_proj, &mut out, GemmShape::new(t, h, width))?;
         Ok(out)
     }
 }

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaSlice};
 use gdn_kernels::{
     AttentionShape, Backend, BackendRequest, DeltaNetShape, DeltaNetWeights, GdnGeometry,
-    GdnPrefill, Gemm, ModelOps,
+    GdnPrefill, Gemm, GemmShape, ModelOps,
 };
 use half::bf16;
 
@@ -556,10 +556,16 @@ impl GpuModel {
                 eps,
             )?;
             let mut act = scratch::<bf16>(&s, t * inter)?;
-            self.gemm
-                .gate_up_swiglu(&self.ops, &normed, &layer.gate_up, &mut act, t, inter, h)?;
+            self.gemm.gate_up_swiglu(
+                &self.ops,
+                &normed,
+                &layer.gate_up,
+                &mut act,
+                GemmShape::new(t, inter, h),
+            )?;
             let mut out = scratch::<bf16>(&s, t * h)?;
-            self.gemm.linear(&act, &layer.down, &mut out, t, h, inter)?;
+            self.gemm
+                .linear(&act, &layer.down, &mut out, GemmShape::new(t, h, inter))?;
             delta = Some(out);
         }
         self.ops.add_rmsnorm(
@@ -582,8 +588,12 @@ impl GpuModel {
             }
         };
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        self.gemm
-            .linear(&rows.slice(lo * h..hi * h), head, logits, hi - lo, vocab, h)?;
+        self.gemm.linear(
+            &rows.slice(lo * h..hi * h),
+            head,
+            logits,
+            GemmShape::new(hi - lo, vocab, h),
+        )?;
         Ok(())
     }
 }

@@ -260,7 +260,7 @@ mod tests {
 
     #[test]
     fn uploads_through_small_staging_buffers_equal_the_f32_path() {
-        let Some(stream) = gdn_kernels::testing::gpu_stream() else {
+        let Some(stream) = gdn_kernels_testkit::gpu_stream() else {
             return;
         };
         let big = MIN_PIECE + 5;
