@@ -11,8 +11,8 @@
 //!
 //! Decode steps run at a context of `CONTEXT` tokens per sequence. Logits stay
 //! on the device (`LogitsTo::DeviceOnly`): sampling is not part of the forward.
-//! Slots and pages are handed out by the tests' stand-in for the engine's
-//! allocator (tests/common/alloc.rs).
+//! Slots and pages are handed out by the test kit's stand-in for the
+//! engine's allocator (`qwen35_testkit::alloc`).
 //! Arguments (optional) pick parts: `prefill`, `decode`, `mixed` (default:
 //! all), and `--decode-batches 1,16,64`, `--prefill-lens 1024,8192` (the
 //! prompt lengths to time; the server's TTFT breakdown passes the lengths
@@ -31,10 +31,7 @@ use gdn_kernels::{Gemm, GemmShape};
 use half::bf16;
 use qwen35::gpu::{GpuModel, GpuOptions, LogitsTo};
 use qwen35::{Config, LayerType, RowLogits};
-
-#[path = "../tests/common/alloc.rs"]
-mod alloc;
-use alloc::Seqs;
+use qwen35_testkit::alloc::{SeqId, Seqs};
 
 const CONTEXT: usize = 1024;
 const PAGE: usize = 64;
@@ -241,7 +238,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             let mut seqs = Seqs::new(batch, pages, PAGE);
             let ids: Vec<_> = (0..batch).map(|_| seqs.add()).collect();
-            let mut forward = |step: &[(alloc::SeqId, &[u32])]| {
+            let mut forward = |step: &[(SeqId, &[u32])]| {
                 seqs.step_to(
                     &mut model,
                     &mut cache,
@@ -308,7 +305,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let prompt: Vec<u32> = (0..CONTEXT as u32)
             .map(|t| (t * 31) % 200_000 + 10)
             .collect();
-        let mut forward = |seqs: &mut Seqs, step: &[(alloc::SeqId, &[u32])]| {
+        let mut forward = |seqs: &mut Seqs, step: &[(SeqId, &[u32])]| {
             seqs.step_to(
                 &mut model,
                 &mut cache,

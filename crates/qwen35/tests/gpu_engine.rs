@@ -8,12 +8,8 @@
 //! regret limit); from there on the two continuations are different texts
 //! and are not compared.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::drive::{run, Request};
-use common::{Fixture, MODELS};
 use engine::testing::finished_tokens;
 use engine::{
     Engine, EngineConfig, EngineHandle, Executor, GenerateRequest, SamplingParams, StopParams,
@@ -21,6 +17,8 @@ use engine::{
 use qwen35::engine_exec::{GpuExecutor, GpuSizing, PagePool};
 use qwen35::gpu::{GpuModel, GpuOptions};
 use qwen35::Weights;
+use qwen35_testkit::drive::{run, Request};
+use qwen35_testkit::{Fixture, MODELS};
 
 const PAGE: usize = 16;
 const OUT: usize = 40;

@@ -27,12 +27,9 @@
 //! marker point is prefilled in one step with the in-step snapshot (three
 //! without), serving the same tokens and `cached_tokens` both ways.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Fixture, MODELS};
 use cudarc::driver::CudaStream;
 use engine::prefix_cache::PrefixCacheConfig;
 use engine::{
@@ -42,6 +39,7 @@ use engine::{
 };
 use qwen35::engine_exec::{CpuExecutor, CpuSizing, GpuExecutor, GpuSizing, PagePool};
 use qwen35::gpu::{GpuModel, GpuOptions};
+use qwen35_testkit::{Fixture, MODELS};
 
 const PAGE: usize = 16;
 const OUT: usize = 24;

@@ -17,8 +17,6 @@
 //! cases with the CPU sampler's answers for `checks/sampling_emulation`,
 //! which runs the kernel's source on the CPU (no GPU needed).
 
-mod common;
-
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
@@ -548,7 +546,7 @@ fn the_executor_samples_on_the_device_what_the_cpu_sampler_draws_from_host_logit
         return;
     };
     let s = s.context().new_stream().unwrap();
-    let f = common::Fixture::load(common::MODELS[0]);
+    let f = qwen35_testkit::Fixture::load(qwen35_testkit::MODELS[0]);
     let load = || {
         GpuModel::load(
             f.config.clone(),

@@ -13,7 +13,7 @@ use cudarc::driver::{CudaGraph, CudaSlice};
 use engine::{PageId, SlotId};
 use gdn_kernels::{DeviceBatch, Padding};
 
-use crate::error::{Error, Result};
+use crate::error::{DeviceError, RunError};
 use crate::gpu::step::{layout_of, Batches, LogitsPlan, Row, RowLogits};
 use crate::gpu::{scratch, GpuCache, GpuModel};
 
@@ -85,21 +85,21 @@ impl GpuModel {
         max_context: usize,
         padding_slot: SlotId,
         padding_page: PageId,
-    ) -> Result<Vec<(usize, std::time::Duration)>> {
+    ) -> Result<Vec<(usize, std::time::Duration)>, RunError> {
         if cache.model_id != self.id {
-            return Err(Error::InvalidInput(
+            return Err(RunError::InvalidInput(
                 "this cache was made by another model".into(),
             ));
         }
         if self.stream.cu_stream().is_null() {
-            return Err(Error::InvalidInput(
+            return Err(RunError::InvalidInput(
                 "CUDA graphs need a created stream, not the legacy default stream".into(),
             ));
         }
         if padding_slot.0 as usize >= cache.num_slots()
             || padding_page.0 as usize >= cache.num_pages()
         {
-            return Err(Error::InvalidInput(format!(
+            return Err(RunError::InvalidInput(format!(
                 "padding slot {} / page {} outside the cache ({} slots, {} pages)",
                 padding_slot.0,
                 padding_page.0,
@@ -108,7 +108,7 @@ impl GpuModel {
             )));
         }
         if let Some(&b) = buckets.iter().find(|&&b| b == 0 || b > 65_535) {
-            return Err(Error::InvalidInput(format!(
+            return Err(RunError::InvalidInput(format!(
                 "decode graph batch size {b} is not in 1..=65535"
             )));
         }
@@ -162,7 +162,7 @@ impl GpuModel {
         batch: DeviceBatch,
         bucket: usize,
         logits: &mut CudaSlice<f32>,
-    ) -> Result<DecodeGraph> {
+    ) -> Result<DecodeGraph, RunError> {
         let s = self.stream.clone();
         let batches = Batches {
             full: batch,
@@ -175,7 +175,7 @@ impl GpuModel {
         // End the capture whatever happened, so the stream is usable again.
         let graph = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
         captured?;
-        let graph = graph?.ok_or_else(|| Error::Gpu("stream capture produced no graph".into()))?;
+        let graph = graph?.ok_or(DeviceError::NoGraph)?;
         // A first launch (padding rows only) so the first real step does
         // not pay the graph's upload.
         graph.launch()?;
@@ -194,7 +194,7 @@ impl GpuModel {
         rows: &[Row],
         order: &[usize],
         key: GraphKey,
-    ) -> Result<()> {
+    ) -> Result<(), RunError> {
         let graphs = cache.graphs.as_mut().expect("replay needs graphs");
         let (bucket, width) = key;
         let layout = padded_layout(rows, order, bucket, width, cache.page_size, graphs.padding);

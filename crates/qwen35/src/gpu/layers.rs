@@ -11,7 +11,7 @@ use half::bf16;
 
 use super::step::Batches;
 use super::{scratch, GpuCache, GpuModel, Mixer};
-use crate::error::Result;
+use crate::error::RunError;
 
 impl GpuModel {
     pub(super) fn deltanet(
@@ -20,7 +20,7 @@ impl GpuModel {
         batches: &Batches,
         cache: &mut GpuCache,
         x: &CudaSlice<bf16>,
-    ) -> Result<CudaSlice<bf16>> {
+    ) -> Result<CudaSlice<bf16>, RunError> {
         let batch = &batches.full;
         let layer = self.layers[li].deltanet();
         let (s, dn, c) = (&self.stream, self.dn, &self.config);
@@ -79,7 +79,7 @@ impl GpuModel {
         cache: &mut GpuCache,
         proj: &CudaSlice<bf16>,
         gated: &mut CudaSlice<bf16>,
-    ) -> Result<()> {
+    ) -> Result<(), RunError> {
         let batch = &batches.full;
         let layer = self.layers[li].deltanet();
         let (s, dn, c) = (&self.stream, self.dn, &self.config);
@@ -116,7 +116,7 @@ impl GpuModel {
                 // recurrent step, the rest the prefill op, each on its own
                 // copy of its rows (the ops take whole buffers).
                 let td = dec.num_tokens();
-                let part = |range: std::ops::Range<usize>| -> Result<DeltaNetInputs> {
+                let part = |range: std::ops::Range<usize>| -> Result<DeltaNetInputs, RunError> {
                     Ok(DeltaNetInputs {
                         q: copy_rows(s, &inputs.q, range.clone(), dn.qk_heads * d)?,
                         k: copy_rows(s, &inputs.k, range.clone(), dn.qk_heads * d)?,
@@ -146,7 +146,7 @@ impl GpuModel {
         batch: &DeviceBatch,
         cache: &mut GpuCache,
         x: &CudaSlice<bf16>,
-    ) -> Result<CudaSlice<bf16>> {
+    ) -> Result<CudaSlice<bf16>, RunError> {
         let Mixer::Attention {
             qkv,
             q_norm,
@@ -193,7 +193,7 @@ fn copy_rows<T: cudarc::driver::DeviceRepr>(
     src: &CudaSlice<T>,
     range: std::ops::Range<usize>,
     width: usize,
-) -> Result<CudaSlice<T>> {
+) -> Result<CudaSlice<T>, RunError> {
     let mut out = scratch::<T>(s, range.len() * width)?;
     s.memcpy_dtod(&src.slice(range.start * width..range.end * width), &mut out)?;
     Ok(out)
@@ -210,7 +210,7 @@ fn prefill_core(
     (state, per): (&mut CudaSlice<f32>, usize),
     core: &mut CudaSlice<bf16>,
     scale: f32,
-) -> Result<()> {
+) -> Result<(), RunError> {
     let s = ops.stream();
     let mut initial = scratch::<f32>(s, batch.num_seqs() * per)?;
     ops.move_state(batch, state, &mut initial, per, true)?;

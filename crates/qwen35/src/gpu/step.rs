@@ -7,10 +7,10 @@ use cudarc::driver::CudaSlice;
 use engine::{PageId, SlotId};
 use gdn_kernels::{BatchLayout, DeviceBatch};
 
-use crate::error::Error;
+use crate::error::{DeviceError, RunError};
 use crate::gpu::GpuCache;
 use crate::gpu::GpuModel;
-pub use crate::RowLogits;
+pub use crate::row_logits::RowLogits;
 
 /// One sequence's part of a step: `tokens` at positions `start..`, state in
 /// `slot`, KV in `pages` (position order, covering at least
@@ -27,30 +27,21 @@ pub struct Row<'a> {
 }
 
 /// Why a step did not run, or did not finish.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum StepError {
     /// Refused before any device work: every slot and page is unchanged.
+    #[error("step refused: {0}")]
     Refused(String),
     /// Failed once device work was queued: the states of the step's slots
     /// (and the KV positions it writes) are undefined, other slots intact.
-    Failed(Error),
+    #[error("step failed: {0}")]
+    Failed(#[from] RunError),
 }
-
-impl std::fmt::Display for StepError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            StepError::Refused(m) => write!(f, "step refused: {m}"),
-            StepError::Failed(e) => write!(f, "step failed: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for StepError {}
 
 // Every error past the checks is a failure of queued device work.
-impl From<Error> for StepError {
-    fn from(e: Error) -> Self {
-        StepError::Failed(e)
+impl From<DeviceError> for StepError {
+    fn from(e: DeviceError) -> Self {
+        StepError::Failed(e.into())
     }
 }
 
@@ -169,10 +160,12 @@ pub(crate) struct Bounds {
     pub padding: Option<gdn_kernels::Padding>,
 }
 
-/// Checks `rows` (nothing on the device) and plans the batch.
-pub(crate) fn plan(rows: &[Row], b: Bounds) -> Result<Plan, String> {
+/// Checks `rows` (nothing on the device) and plans the batch; a row it
+/// cannot run is a [`StepError::Refused`].
+pub(crate) fn plan(rows: &[Row], b: Bounds) -> Result<Plan, StepError> {
+    let refuse = |why: String| Err(StepError::Refused(why));
     if rows.is_empty() {
-        return Err("empty step".into());
+        return refuse("empty step".into());
     }
     let vocab = b.vocab;
     let padding = b.padding;
@@ -184,24 +177,24 @@ pub(crate) fn plan(rows: &[Row], b: Bounds) -> Result<Plan, String> {
     for (i, r) in rows.iter().enumerate() {
         let s = r.slot.0 as usize;
         if r.tokens.is_empty() {
-            return Err(format!("row {i} brings no tokens"));
+            return refuse(format!("row {i} brings no tokens"));
         }
         if let Some(&bad) = r.tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(format!("row {i}: token id {bad} >= vocab_size {vocab}"));
+            return refuse(format!("row {i}: token id {bad} >= vocab_size {vocab}"));
         }
         if s >= b.num_slots || padding.is_some_and(|p| p.slot == s as i32) {
-            return Err(format!("row {i}: slot {s} is not a slot of this cache"));
+            return refuse(format!("row {i}: slot {s} is not a slot of this cache"));
         }
         if std::mem::replace(&mut slots[s], true) {
-            return Err(format!("slot {s} appears twice in one step"));
+            return refuse(format!("slot {s} appears twice in one step"));
         }
         let end = r.start + r.tokens.len();
         if end > i32::MAX as usize {
-            return Err(format!("row {i}: position {end} exceeds i32"));
+            return refuse(format!("row {i}: position {end} exceeds i32"));
         }
         let used = end.div_ceil(b.page_size);
         if r.pages.len() < used {
-            return Err(format!(
+            return refuse(format!(
                 "row {i} reaches position {} but has {} pages of {}",
                 end - 1,
                 r.pages.len(),
@@ -211,13 +204,13 @@ pub(crate) fn plan(rows: &[Row], b: Bounds) -> Result<Plan, String> {
         for (k, p) in r.pages[..used].iter().enumerate() {
             let pi = p.0 as usize;
             if pi >= b.num_pages || padding.is_some_and(|x| x.page == pi as i32) {
-                return Err(format!("row {i}: page {pi} is not a page of this cache"));
+                return refuse(format!("row {i}: page {pi} is not a page of this cache"));
             }
             // Pages wholly before `start` are only read (shared prefix-cache
             // pages may appear in several rows); a written page is the row's.
             let writes = k >= r.start / b.page_size;
             if writes && std::mem::replace(&mut pages[pi], true) {
-                return Err(format!("page {pi} is given twice in one step"));
+                return refuse(format!("page {pi} is given twice in one step"));
             }
         }
         max_pages = max_pages.max(used);
@@ -227,7 +220,7 @@ pub(crate) fn plan(rows: &[Row], b: Bounds) -> Result<Plan, String> {
             .iter()
             .find(|p| pages[p.0 as usize])
         {
-            return Err(format!(
+            return refuse(format!(
                 "row {i} reads page {} while the step writes it",
                 p.0
             ));
@@ -391,7 +384,7 @@ impl GpuModel {
             page_size: cache.page_size,
             padding: cache.graphs.as_ref().map(|g| g.padding),
         };
-        let plan = plan(rows, bounds).map_err(StepError::Refused)?;
+        let plan = plan(rows, bounds)?;
         for r in rows.iter().filter(|r| r.start == 0) {
             cache.zero_slot(r.slot)?;
         }
@@ -508,6 +501,15 @@ mod tests {
         assert_eq!(order, vec![3, 1, 2, 0]);
     }
 
+    /// The reason of a refused plan.
+    fn refusal(planned: Result<Plan, StepError>) -> String {
+        match planned {
+            Err(StepError::Refused(why)) => why,
+            Err(e) => panic!("a refusal, got {e}"),
+            Ok(_) => panic!("a refusal, got a plan"),
+        }
+    }
+
     fn bounds() -> Bounds {
         Bounds {
             vocab: 50,
@@ -552,7 +554,7 @@ mod tests {
             },
         ];
         // Row 3 reuses page 2 of row 1: refused.
-        let err = plan(&rows, bounds()).err().unwrap();
+        let err = refusal(plan(&rows, bounds()));
         assert!(err.contains("page 2 is given twice"), "{err}");
         let p3 = [PageId(9)];
         let rows = [
@@ -600,7 +602,7 @@ mod tests {
     #[test]
     fn bad_rows_are_refused_with_the_reason() {
         let p = [PageId(0), PageId(1)];
-        let err = |rows: &[Row], b: Bounds| plan(rows, b).err().unwrap();
+        let err = |rows: &[Row], b: Bounds| refusal(plan(rows, b));
         assert!(err(&[], bounds()).contains("empty step"));
         assert!(err(&[row(0, &[], &p, RowLogits::Last)], bounds()).contains("no tokens"));
         assert!(err(&[row(0, &[50], &p, RowLogits::Last)], bounds()).contains("token id 50"));
