@@ -4,6 +4,8 @@
 //!   work of setting the model up. Each names the file, tensor or field.
 //! - [`RunError`]: a forward, a step, a cache operation or a tokenizer call
 //!   on a loaded model.
+//! - [`StepError`]: a GPU step refused before any device work, or failed
+//!   after it (a [`RunError`]).
 //! - [`DeviceError`]: their common cause on the GPU: a `gdn_kernels` op
 //!   (its [`gdn_kernels::GdnError`] says which op and how) or a CUDA driver
 //!   call.
@@ -132,6 +134,37 @@ impl From<GdnError> for RunError {
 impl From<DriverError> for RunError {
     fn from(e: DriverError) -> Self {
         RunError::Device(e.into())
+    }
+}
+
+/// Why a step did not run, or did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// Refused before any device work: every slot and page is unchanged.
+    #[error("step refused: {0}")]
+    Refused(String),
+    /// Failed once device work was queued: the states of the step's slots
+    /// (and the KV positions it writes) are undefined, other slots intact.
+    #[error("step failed: {0}")]
+    Failed(#[from] RunError),
+}
+
+// Every error past the checks is a failure of queued device work.
+impl From<DeviceError> for StepError {
+    fn from(e: DeviceError) -> Self {
+        StepError::Failed(e.into())
+    }
+}
+
+impl From<gdn_kernels::GdnError> for StepError {
+    fn from(e: gdn_kernels::GdnError) -> Self {
+        StepError::Failed(e.into())
+    }
+}
+
+impl From<cudarc::driver::DriverError> for StepError {
+    fn from(e: cudarc::driver::DriverError) -> Self {
+        StepError::Failed(e.into())
     }
 }
 

@@ -16,7 +16,7 @@ use engine::{
     SnapshotGeometry, SnapshotId, StepPhases, StepRow,
 };
 
-use super::{check_rows, check_starts};
+use super::checks::{check_rows, check_starts};
 use crate::config::Config;
 use crate::cpu::{CpuModel, CpuState};
 use crate::error::{LoadError, RunError};

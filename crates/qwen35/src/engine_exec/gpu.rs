@@ -19,7 +19,7 @@ use engine::{
 };
 use gdn_kernels::{DeviceSampler, RowSampling, TokenAdjustment};
 
-use super::{check_rows, check_starts};
+use super::checks::{check_rows, check_starts};
 use crate::config::Config;
 use crate::error::{LoadError, RunError};
 use crate::gpu::{GpuCache, GpuModel, GpuOptions, Row, StepError};

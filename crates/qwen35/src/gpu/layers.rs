@@ -9,7 +9,7 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use gdn_kernels::{DeltaNetInputs, DeviceBatch, GdnPrefill, GemmShape, ModelOps, PrefillBuffers};
 use half::bf16;
 
-use super::step::Batches;
+use super::plan::Batches;
 use super::{scratch, GpuCache, GpuModel, Mixer};
 use crate::error::RunError;
 

@@ -8,9 +8,11 @@
 //! for padded batch sizes ([`GpuModel::capture_decode_graphs`]).
 
 mod cache;
+mod capture;
 mod graphs;
 mod layers;
 mod load;
+mod plan;
 mod step;
 mod timing;
 mod upload;
@@ -30,13 +32,16 @@ use cudarc::driver::sys;
 /// without depending on cudarc themselves.
 pub use cudarc::driver::CudaStream;
 use load::{Checkpoint, Random, WeightSource};
-use step::{Batches, LogitsPlan};
-pub use step::{HostLogits, LogitsTo, Row, RowLogits, StepError};
+pub use plan::Row;
+use plan::{Batches, LogitsPlan};
+pub use step::{HostLogits, LogitsTo};
 pub use timing::ForwardTiming;
 use timing::StepClock;
 
 use crate::config::{Config, LayerType};
+pub use crate::error::StepError;
 use crate::error::{DeviceError, LoadError, RunError};
+pub use crate::row_logits::RowLogits;
 use crate::timing::PhaseTimes;
 use crate::weights::Weights;
 
