@@ -274,8 +274,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let dt = t0.elapsed().as_secs_f64() / steps as f64;
             note(&mut peak);
             let roofline = weight_bytes_read as f64 / copy_bw;
-            // The full floor (issue #12): a step must also read every
-            // sequence's KV and read and write its recurrent and conv state.
+            // The full floor (the decode goal of docs/performance.md): a
+            // step must also read every sequence's KV and read and write
+            // its recurrent and conv state.
             let (slot_bytes, page_bytes) = model.slot_and_page_bytes(PAGE);
             let per_seq = CONTEXT * page_bytes / PAGE + 2 * slot_bytes;
             let floor = (weight_bytes_read + batch * per_seq) as f64 / copy_bw;

@@ -490,8 +490,8 @@ async fn eight_sharers_and_a_tiny_budget_on_the_cpu_executor() {
     eight_sharers_and_tiny_budget(Device::Cpu).await;
 }
 
-/// Issue #11's "8 concurrent sharers of one prefix" and "eviction under a
-/// tiny budget" against the runtime. Eight sharers of the first system
+/// The prefix cache's "8 concurrent sharers of one prefix" and "eviction
+/// under a tiny budget" cases (docs/prefix-caching.md) against the runtime. Eight sharers of the first system
 /// prompt queued together on a cold cache (4 run at once): the first stops
 /// at 45 for a branch snapshot, the other seven wait for it and resume
 /// there. Then, with a pool of 2 snapshots, sharers of both system prompts

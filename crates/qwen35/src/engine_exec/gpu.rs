@@ -30,8 +30,9 @@ use crate::weights::Weights;
 /// Snapshot points one row may carry inside a step. A step whose rows
 /// carry up to k of them runs k + 1 forwards (the later ones over the rows
 /// with points left only), and every forward reads the weights once more
-/// (~3 ms on the 4B): a chat prompt has two (preamble and marker), the
-/// last-token point and a branch point make four; more end the chunk.
+/// (a decode step's weight reads: its memory floor in docs/performance.md):
+/// a chat prompt has two (preamble and marker), the last-token point and a
+/// branch point make four; more end the chunk.
 pub const MAX_ROW_SNAPSHOTS: usize = 4;
 
 /// How many KV pages the executor allocates.
@@ -268,8 +269,8 @@ impl GpuExecutor {
         })?;
         let weights = phases.time("safetensors_open", || Weights::open(dir))?;
         let model = GpuModel::load(config, &weights, stream, options)?;
-        // Unmapping the checkpoint takes ~10 ms per mapped GB (measured
-        // here: 12 ms for 1.5 GB) and nothing waits for it.
+        // Unmapping the checkpoint takes time in proportion to its size
+        // and nothing waits for it: it happens on a thread of its own.
         if let Err(e) = std::thread::Builder::new()
             .name("gdn-unmap".into())
             .spawn(move || drop(weights))

@@ -69,9 +69,11 @@ impl GpuModel {
     /// The DeltaNet mixer between its projections for prefill and mixed
     /// steps, and for decode steps where the fused op does not pay: conv and
     /// gates over every token, then the recurrent step for decode rows and
-    /// the GDN prefill op for the others, then the gated norm. (Without the
-    /// decode arm a decode batch ran through the GDN prefill op and per-row
-    /// state copies: batch 16 took 5.75 instead of ~4.3 ms a step on the H200.)
+    /// the GDN prefill op for the others, then the gated norm. Decode rows
+    /// must take the recurrent step: through the GDN prefill op and per-row
+    /// state copies a decode step is far slower (ncu of such a step:
+    /// docs/results/h200-2026-12-01-s2/
+    /// `ncu-decode-b16-integrated-before-decode-fix.txt`).
     fn deltanet_unfused(
         &mut self,
         li: usize,

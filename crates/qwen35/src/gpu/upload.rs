@@ -4,7 +4,8 @@
 //! to bf16). The path this replaces widened every tensor to an f32 vector,
 //! narrowed it again into a bf16 vector and copied that synchronously from
 //! pageable memory: three passes and two fresh allocations per weight, most
-//! of the 4B's 25 s cold start.
+//! of the 4B's cold start then (the serving cold start now: "Serving" in
+//! docs/performance.md).
 
 use std::sync::Arc;
 
