@@ -25,6 +25,7 @@ pub(super) const OP: Op = Op::GdnPrefill;
 /// Threads per block of `gdn_portable_prefill_bf16` (GDN_PORTABLE_BLOCK_THREADS).
 const PORTABLE_BLOCK_THREADS: u32 = 512;
 const PORTABLE_KERNEL: &str = "gdn_portable_prefill_bf16";
+
 /// The sizes of one validated call.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct CallShape {
@@ -51,6 +52,7 @@ pub(super) struct DevicePointers {
     pub output: u64,
 }
 
+/// The kernel a call runs on.
 pub(super) enum Kernel {
     FlashInfer(FlashInferKernel),
     Portable(PortableKernel),
