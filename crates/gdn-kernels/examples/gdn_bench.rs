@@ -10,8 +10,8 @@
 //! (with labels, only the shapes whose label contains one of them, e.g.
 //! `1x1024`).
 
-use gdn_kernels::testing::{gpu_stream, Problem};
 use gdn_kernels::{BackendRequest, GdnGeometry, GdnPrefill};
+use gdn_kernels_testkit::{gpu_stream, Problem};
 
 /// (label, Hqk, Hv, sequence lengths)
 const SHAPES: &[(&str, usize, usize, &[usize])] = &[

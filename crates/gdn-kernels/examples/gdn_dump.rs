@@ -7,8 +7,8 @@
 use std::io::Write;
 use std::path::Path;
 
-use gdn_kernels::testing::{gpu_stream, Problem};
 use gdn_kernels::{BackendRequest, GdnGeometry, GdnPrefill};
+use gdn_kernels_testkit::{gpu_stream, Problem};
 
 fn write_f32(path: &Path, v: &[f32]) -> std::io::Result<()> {
     let mut f = std::fs::File::create(path)?;

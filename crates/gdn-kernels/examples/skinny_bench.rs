@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream, ValidAsZeroBits};
-use gdn_kernels::testing::gpu_stream;
-use gdn_kernels::{Gemm, GemmOutput, ModelOps, SkinnyConfig};
+use gdn_kernels::{Gemm, GemmOutput, GemmShape, ModelOps, SkinnyConfig};
+use gdn_kernels_testkit::gpu_stream;
 use half::bf16;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -76,9 +76,10 @@ fn time_graph(
 }
 
 /// Device-to-device copy bandwidth measured as `qwen35_bench` does (its
-/// decode floor uses it, 4.27 TB/s read + write on the H200): 5 plain
-/// copies of 4 GiB on the stream, timed with events. Not in a graph: the
-/// harness's graph of 1 GiB memcpy nodes gave only 2.77 TB/s there.
+/// decode floor uses it): 5 plain copies of 4 GiB on the stream, timed with
+/// events. Not in a graph: the harness's graph of 1 GiB memcpy nodes
+/// measured well below the plain copies `qwen35_bench` times (its `copy`
+/// line in docs/results/h200-2026-12-01/`skinny_harness-d98e9bf.jsonl`).
 fn copy_bandwidth(stream: &Arc<CudaStream>) -> Res<()> {
     let src = stream.alloc_zeros::<u8>(COPY_BYTES)?;
     let mut dst = stream.alloc_zeros::<u8>(COPY_BYTES)?;
@@ -112,8 +113,8 @@ fn call<O: GemmOutput>(
     config: Option<SkinnyConfig>,
 ) -> Res<()> {
     match config {
-        Some(c) => gemm.linear_skinny(x, w, y, m, n, k, c)?,
-        None => gemm.linear_cublas(x, w, y, m, n, k)?,
+        Some(c) => gemm.linear_skinny(x, w, y, GemmShape::new(m, n, k), c)?,
+        None => gemm.linear_cublas(x, w, y, GemmShape::new(m, n, k))?,
     }
     Ok(())
 }

@@ -36,10 +36,12 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use half::bf16;
 
 use crate::batch::DeviceBatch;
-use crate::error::{op_error, GdnError};
-use crate::ffi;
+use crate::error::{invalid, During, GdnError, Ineligible, Op};
+use crate::ffi::attention::{self as ffi, ATTENTION};
 
-const OP: &str = "attention";
+const OP: Op = Op::Attention;
+/// The backend name of FlashInfer's FA3 attention in errors.
+const FA3: &str = "flashinfer_attention_sm90";
 
 /// The kernel that runs one batch's attention.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,30 +77,26 @@ pub(crate) fn probe(
     request: AttentionRequest,
 ) -> Result<Option<Fa3>, GdnError> {
     let ctx = stream.context();
-    let cc = ctx.compute_capability()?;
+    let cc = ctx.compute_capability().during(OP)?;
     let sm90 = cc == (9, 0);
     match (request, sm90) {
         (AttentionRequest::Ours, _) | (AttentionRequest::Auto, false) => return Ok(None),
         (AttentionRequest::FlashInferSm90, false) => {
-            return Err(GdnError::Unsupported {
-                backend: "flashinfer_attention_sm90",
-                reason: format!(
+            return Err(Ineligible::new(
+                FA3,
+                format!(
                     "compute capability {}.{}: the bundle ships FlashInfer's FA3 attention for sm_90a only",
                     cc.0, cc.1
                 ),
-            })
+            )
+            .into_error(OP))
         }
         _ => {}
     }
-    // SAFETY: no arguments; returns the launcher's compiled-in constant.
-    let actual = unsafe { ffi::gdn_attention_abi_version() };
-    if actual != ffi::GDN_ATTENTION_ABI_VERSION {
-        return Err(GdnError::AbiMismatch {
-            expected: ffi::GDN_ATTENTION_ABI_VERSION,
-            actual,
-        });
-    }
-    let sm_count = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+    ATTENTION.check_abi(OP)?;
+    let sm_count = ctx
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .during(OP)?;
     Ok(Some(Fa3 { sm_count }))
 }
 
@@ -127,14 +125,14 @@ fn rule(
     head_dim: usize,
     total_q: usize,
     num_seqs: usize,
-) -> Result<AttentionKernel, String> {
+) -> Result<AttentionKernel, Ineligible> {
     let refusal = fa3_refusal(head_dim, total_q, num_seqs);
     match request {
         AttentionRequest::Ours => Ok(AttentionKernel::Ours),
         AttentionRequest::FlashInferSm90 => match refusal {
             None if fa3_available => Ok(AttentionKernel::FlashInferSm90),
-            None => Err("FA3 was not set up for these ops".into()),
-            Some(why) => Err(why),
+            None => Err(Ineligible::new(FA3, "FA3 was not set up for these ops")),
+            Some(why) => Err(Ineligible::new(FA3, why)),
         },
         AttentionRequest::Auto => {
             let prefill_shaped = total_q > num_seqs;
@@ -160,7 +158,7 @@ pub(crate) fn choose(
         batch.num_tokens,
         batch.num_seqs,
     )
-    .map_err(|why| op_error(OP, format!("FlashInfer FA3 attention requested: {why}")))
+    .map_err(|why| why.into_error(OP))
 }
 
 /// Enqueues FA3 over the batch: `out = softmax(q k^T * scale) v`, ungated,
@@ -180,16 +178,25 @@ pub(crate) fn launch(
 ) -> Result<(), GdnError> {
     let qo_indptr: Vec<i32> = batch.host_cu_seqlens.iter().map(|&x| x as i32).collect();
     let kv_len = &batch.host_kv_lens;
-    let int = |x: usize| i32::try_from(x).map_err(|_| op_error(OP, format!("{x} exceeds i32")));
-    let (num_seqs, hq, hkv) = (int(batch.num_seqs)?, int(q_heads)?, int(kv_heads)?);
-    let (page_size, max_blocks) = (int(batch.page_size)?, int(batch.max_blocks)?);
+    let int = |what: &'static str, x: usize| {
+        i32::try_from(x).map_err(|_| invalid(OP, what, format!("{x} exceeds i32")))
+    };
+    let (num_seqs, hq, hkv) = (
+        int("batch", batch.num_seqs)?,
+        int("q_heads", q_heads)?,
+        int("kv_heads", kv_heads)?,
+    );
+    let (page_size, max_blocks) = (
+        int("batch.page_size", batch.page_size)?,
+        int("batch.max_blocks", batch.max_blocks)?,
+    );
     // SAFETY: pure function of its arguments.
     let bytes = unsafe {
         ffi::gdn_attention_sm90_workspace_bytes(batch.num_tokens as i64, num_seqs, hq, fa3.sm_count)
     } as usize;
     // SAFETY: the launcher's copy of the schedule writes it on the stream
     // before the kernel reads it; freed on the stream after the kernel.
-    let mut workspace = unsafe { stream.alloc::<u8>(bytes.max(1))? };
+    let mut workspace = unsafe { stream.alloc::<u8>(bytes.max(1)) }.during(OP)?;
     let (qp, _q) = q.device_ptr(stream);
     let (kp, _k) = k_cache.device_ptr(stream);
     let (vp, _v) = v_cache.device_ptr(stream);
@@ -217,24 +224,14 @@ pub(crate) fn launch(
         sm_scale: scale,
         stream: stream.cu_stream() as *mut c_void,
     };
-    stream.context().bind_to_thread()?;
+    stream.context().bind_to_thread().during(OP)?;
     // SAFETY: device pointers are live allocations of this context whose
     // lengths the caller checked against the batch (q and out [T, Hq, 256],
     // pools covering every page of the block table, which `DeviceBatch`
     // checked covers each sequence's keys); out and q are distinct Rust
     // borrows; the host arrays hold N + 1 and N entries and outlive the call
     // (the launcher copies what it needs before returning).
-    let status = unsafe { ffi::gdn_attention_sm90(&args) };
-    if status != ffi::GDN_OK {
-        return Err(op_error(
-            OP,
-            format!(
-                "FlashInfer FA3 launcher failed with status {status}: {}",
-                ffi::attention_last_error()
-            ),
-        ));
-    }
-    Ok(())
+    ATTENTION.check(OP, unsafe { ffi::gdn_attention_sm90(&args) })
 }
 
 #[cfg(test)]
@@ -261,12 +258,15 @@ mod tests {
     fn forcing_a_kernel_it_cannot_run_is_an_error() {
         let force = |avail, d, t, n| rule(AttentionRequest::FlashInferSm90, avail, d, t, n);
         assert_eq!(force(true, 256, 4, 4), Ok(AttentionKernel::FlashInferSm90));
-        assert!(force(true, 64, 100, 1).unwrap_err().contains("head dim 64"));
+        let e = force(true, 64, 100, 1).unwrap_err();
+        assert_eq!(e.backend, FA3);
+        assert!(e.reason.contains("head dim 64"), "{e}");
         assert!(force(false, 256, 100, 1)
             .unwrap_err()
+            .reason
             .contains("not set up"));
         let e = force(true, 256, 4096 * 128, 2).unwrap_err();
-        assert!(e.contains("4097 query tiles"), "{e}");
+        assert!(e.reason.contains("4097 query tiles"), "{e}");
         let ours = rule(AttentionRequest::Ours, true, 256, 8192, 1);
         assert_eq!(ours, Ok(AttentionKernel::Ours));
     }

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 
-use crate::error::{op_error, GdnError};
+use crate::error::{invalid, During, GdnError, Op};
 
-const OP: &str = "batch";
+const OP: Op = Op::Batch;
 
 /// Host description of one step's batch. Sequence `s` contributes tokens
 /// `cu_seqlens[s]..cu_seqlens[s + 1]`, at absolute positions
@@ -98,8 +98,9 @@ fn host_tables(layout: &BatchLayout) -> Result<HostTables, GdnError> {
     let l = layout;
     let n = l.slots.len();
     if n == 0 || l.cu_seqlens.len() != n + 1 || l.start_positions.len() != n {
-        return Err(op_error(
+        return Err(invalid(
             OP,
+            "layout",
             format!(
                 "{} slots, {} offsets, {} start positions: need N >= 1, N + 1, N",
                 n,
@@ -109,8 +110,9 @@ fn host_tables(layout: &BatchLayout) -> Result<HostTables, GdnError> {
         ));
     }
     if l.cu_seqlens[0] != 0 || l.page_size == 0 || l.block_table.len() != n * l.max_blocks {
-        return Err(op_error(
+        return Err(invalid(
                 OP,
+                "layout",
                 format!(
                     "offsets must start at 0 (got {}), page size > 0 (got {}), block table [N, {}] (got {} entries)",
                     l.cu_seqlens[0], l.page_size, l.max_blocks, l.block_table.len()
@@ -130,8 +132,9 @@ fn host_tables(layout: &BatchLayout) -> Result<HostTables, GdnError> {
         .map(|(_, x)| x)
         .find(|&&x| !seen_slots.insert(x))
     {
-        return Err(op_error(
+        return Err(invalid(
             OP,
+            "layout",
             format!("slot {dup} is given to two sequences"),
         ));
     }
@@ -149,15 +152,17 @@ fn host_tables(layout: &BatchLayout) -> Result<HostTables, GdnError> {
     for s in 0..n {
         let (a, b) = (l.cu_seqlens[s], l.cu_seqlens[s + 1]);
         if b <= a {
-            return Err(op_error(
+            return Err(invalid(
                 OP,
+                "layout",
                 format!("sequence {s} has no tokens ({a}..{b})"),
             ));
         }
         let p0 = l.start_positions[s];
         if p0 < 0 || l.slots[s] < 0 {
-            return Err(op_error(
+            return Err(invalid(
                 OP,
+                "layout",
                 format!("sequence {s}: negative position or slot"),
             ));
         }
@@ -169,8 +174,9 @@ fn host_tables(layout: &BatchLayout) -> Result<HostTables, GdnError> {
                 || l.max_blocks == 0
                 || l.block_table[s * l.max_blocks] != pad.page
             {
-                return Err(op_error(
+                return Err(invalid(
                     OP,
+                    "layout",
                     format!(
                         "padding row {s} must be one token at position 0 on padding page {}",
                         pad.page
@@ -180,15 +186,17 @@ fn host_tables(layout: &BatchLayout) -> Result<HostTables, GdnError> {
         } else if let Some(pad) = l.padding {
             let pages = &l.block_table[s * l.max_blocks..(s + 1) * l.max_blocks];
             if pages.contains(&pad.page) {
-                return Err(op_error(
+                return Err(invalid(
                     OP,
+                    "layout",
                     format!("sequence {s} uses the padding page {}", pad.page),
                 ));
             }
         }
         if pages_needed > l.max_blocks {
-            return Err(op_error(
+            return Err(invalid(
                 OP,
+                "layout",
                 format!(
                     "sequence {s} reaches position {last}, beyond its {} pages of {}",
                     l.max_blocks, l.page_size
@@ -207,8 +215,9 @@ fn host_tables(layout: &BatchLayout) -> Result<HostTables, GdnError> {
                     twice_in_row || written_pages.contains(&p)
                 };
                 if clash {
-                    return Err(op_error(
+                    return Err(invalid(
                         OP,
+                        "layout",
                         format!(
                             "page {p} is given to two sequences (or twice to one) and one of them writes it"
                         ),
@@ -216,8 +225,9 @@ fn host_tables(layout: &BatchLayout) -> Result<HostTables, GdnError> {
                 }
             }
             if p < 0 {
-                return Err(op_error(
+                return Err(invalid(
                     OP,
+                    "layout",
                     format!("sequence {s} has no page for a position it uses"),
                 ));
             }
@@ -234,8 +244,9 @@ fn host_tables(layout: &BatchLayout) -> Result<HostTables, GdnError> {
     }
     let t = tok_seq.len();
     if l.tokens.len() != t || l.tokens.iter().any(|&x| x > i32::MAX as u32) {
-        return Err(op_error(
+        return Err(invalid(
             OP,
+            "layout",
             format!(
                 "{} token ids for {t} tokens (or an id beyond i32)",
                 l.tokens.len()
@@ -265,7 +276,7 @@ impl DeviceBatch {
     pub fn upload(stream: &Arc<CudaStream>, layout: &BatchLayout) -> Result<Self, GdnError> {
         let l = layout;
         let h = host_tables(layout)?;
-        let upload = |v: &[i32]| stream.clone_htod(v);
+        let upload = |v: &[i32]| stream.clone_htod(v).during(OP);
         Ok(DeviceBatch {
             num_tokens: h.tok_seq.len(),
             num_seqs: l.slots.len(),
@@ -334,17 +345,24 @@ impl DeviceBatch {
             && max_position <= self.max_position
             && h.max_token <= self.max_token;
         if !same_shape || !within {
-            return Err(op_error(
+            return Err(invalid(
                 OP,
+                "layout",
                 format!("update does not fit the batch (same shape: {same_shape}, within bounds: {within})"),
             ));
         }
-        stream.memcpy_htod(&h.tokens, &mut self.tokens)?;
+        stream.memcpy_htod(&h.tokens, &mut self.tokens).during(OP)?;
         self.host_kv_lens = kv_lens(l);
-        stream.memcpy_htod(&l.slots, &mut self.seq_slot)?;
-        stream.memcpy_htod(&h.positions, &mut self.positions)?;
+        stream
+            .memcpy_htod(&l.slots, &mut self.seq_slot)
+            .during(OP)?;
+        stream
+            .memcpy_htod(&h.positions, &mut self.positions)
+            .during(OP)?;
         if !l.block_table.is_empty() {
-            stream.memcpy_htod(&l.block_table, &mut self.block_table)?;
+            stream
+                .memcpy_htod(&l.block_table, &mut self.block_table)
+                .during(OP)?;
         }
         Ok(())
     }

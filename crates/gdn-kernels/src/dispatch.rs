@@ -1,6 +1,7 @@
 //! Which backend runs a GDN prefill, and why.
 //!
-//! Rule for `Auto` (from the H200 benchmark in docs/benchmarks.md): on a
+//! Rule for `Auto` (from the GDN prefill benchmark, docs/performance.md and
+//! docs/results/h200-2026-11-29-s2/): on a
 //! compute capability 9.0 GPU, for head dim 128 and `Hv = r * Hqk` with `r`
 //! among the ratios the bundle was built and validated for, the CuTe DSL
 //! SM90 kernel runs, switching per call to the context-parallel DSL pipeline
@@ -19,8 +20,8 @@ use std::str::FromStr;
 
 use crate::bundle_embed::{CUBINS, FLASHINFER_GVA_RATIOS};
 use crate::dsl::{self, DslFamily};
-use crate::oracle::GdnGeometry;
-use crate::HEAD_DIM;
+use crate::error::Ineligible;
+use crate::oracle::{GdnGeometry, HEAD_DIM};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendRequest {
@@ -35,9 +36,17 @@ pub enum BackendRequest {
     CuteDslSm120,
 }
 
+/// A backend name [`BackendRequest`] does not know.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown GDN backend {0:?}; expected auto, flashinfer, flashinfer-vsplit, portable, \
+     cute-dsl-sm90, cute-dsl-sm90-cp, cute-dsl-sm100 or cute-dsl-sm120"
+)]
+pub struct UnknownBackend(pub String);
+
 impl FromStr for BackendRequest {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownBackend;
+    fn from_str(s: &str) -> Result<Self, UnknownBackend> {
         match s {
             "auto" => Ok(BackendRequest::Auto),
             "flashinfer" => Ok(BackendRequest::FlashInfer),
@@ -47,10 +56,7 @@ impl FromStr for BackendRequest {
             "cute-dsl-sm90-cp" => Ok(BackendRequest::CuteDslSm90Cp),
             "cute-dsl-sm100" => Ok(BackendRequest::CuteDslSm100),
             "cute-dsl-sm120" => Ok(BackendRequest::CuteDslSm120),
-            other => Err(format!(
-                "unknown GDN backend {other:?}; expected auto, flashinfer, flashinfer-vsplit, \
-                 portable, cute-dsl-sm90, cute-dsl-sm90-cp, cute-dsl-sm100 or cute-dsl-sm120"
-            )),
+            other => Err(UnknownBackend(other.to_string())),
         }
     }
 }
@@ -89,17 +95,24 @@ impl Backend {
     }
 }
 
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl Backend {
+    /// The name [`BackendRequest`] parses.
+    pub fn name(self) -> &'static str {
+        match self {
             Backend::FlashInfer => "flashinfer",
             Backend::FlashInferVsplit => "flashinfer-vsplit",
             Backend::Portable => "portable",
-            Backend::CuteDslSm90 => "cute-dsl-sm90",
-            Backend::CuteDslSm90Cp => "cute-dsl-sm90-cp",
-            Backend::CuteDslSm100 => "cute-dsl-sm100",
-            Backend::CuteDslSm120 => "cute-dsl-sm120",
-        })
+            dsl => dsl
+                .dsl_family()
+                .expect("the rest are DSL backends")
+                .backend_name(),
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -118,14 +131,14 @@ pub struct DispatchDecision {
 /// (`resolved`) and the context-parallel one: CP when the non-CP kernel's
 /// parallelism, one CTA per (sequence, value head), fills less than half the
 /// GPU (FlashInfer's own `should_use_cp` threshold for HBM parts) and the
-/// longest sequence exceeds 2048 tokens. From the H200 benchmark of commit
-/// b6bd937 (docs/benchmarks.md, ms, non-CP / CP): 4B 1x2048 0.104 / 0.112
-/// (non-CP: short), 1x8192 0.370 / 0.243, 1x65536 2.90 / 1.53 (CP), 4x2048
-/// 0.106 / 0.226, 8x8192 0.805 / 1.54 (non-CP: 128-256 CTAs already fill 132
-/// SMs), 27B 1x8192 0.373 / 0.370 (CP by the rule, a tie). The C++ FlashInfer
-/// kernel was slower than the DSL non-CP one on every shape but 8x8192
-/// (0.798 vs 0.805), so `Auto` does not pick it where the DSL kernels are
-/// eligible.
+/// longest sequence exceeds 2048 tokens. In the benchmark behind it
+/// (`gdn-bench-b6bd937.jsonl` and `gdn-bench-07b2cf0.jsonl` in
+/// docs/results/h200-2026-11-29-s2/) CP won clearly on single long
+/// sequences (4B 1x8192, 1x65536), lost on short ones (1x2048) and on
+/// batches whose CTAs already fill the SMs (4x2048, 8x8192), and tied on
+/// the 27B's 1x8192, which the rule sends to CP. The C++ FlashInfer kernel
+/// was no faster than the DSL non-CP one on any shape (8x8192 within
+/// noise), so `Auto` does not pick it where the DSL kernels are eligible.
 pub fn prefer_context_parallel(
     num_seqs: usize,
     num_v_heads: usize,
@@ -139,30 +152,37 @@ pub fn prefer_context_parallel(
 pub fn flashinfer_eligibility(
     compute_capability: (i32, i32),
     g: &GdnGeometry,
-) -> Result<(), String> {
+) -> Result<(), Ineligible> {
+    flashinfer_refusal(compute_capability, g).map_or(Ok(()), |why| {
+        Err(Ineligible::new(Backend::FlashInfer.name(), why))
+    })
+}
+
+/// Why the FlashInfer kernel cannot run this GPU and geometry (`None`: it can).
+fn flashinfer_refusal(compute_capability: (i32, i32), g: &GdnGeometry) -> Option<String> {
     if compute_capability != (9, 0) {
-        return Err(format!(
+        return Some(format!(
             "the FlashInfer kernel is built for sm_90a only; this GPU is sm_{}{}",
             compute_capability.0, compute_capability.1
         ));
     }
     if g.head_dim != HEAD_DIM {
-        return Err(format!(
+        return Some(format!(
             "head dim {} (the bundle supports {HEAD_DIM})",
             g.head_dim
         ));
     }
     if g.num_qk_heads == 0 || g.num_v_heads % g.num_qk_heads != 0 {
-        return Err(format!(
+        return Some(format!(
             "Hv={} is not a multiple of Hqk={}",
             g.num_v_heads, g.num_qk_heads
         ));
     }
     let ratio = (g.num_v_heads / g.num_qk_heads) as u32;
     if !FLASHINFER_GVA_RATIOS.contains(&ratio) {
-        return Err(format!("GVA ratio {ratio} is not among the bundle's validated ratios {FLASHINFER_GVA_RATIOS:?}"));
+        return Some(format!("GVA ratio {ratio} is not among the bundle's validated ratios {FLASHINFER_GVA_RATIOS:?}"));
     }
-    Ok(())
+    None
 }
 
 /// Resolves a request; `Err` names the backend and the reason it cannot run.
@@ -172,7 +192,7 @@ pub fn resolve(
     compute_capability: (i32, i32),
     sm_count: i32,
     g: &GdnGeometry,
-) -> Result<DispatchDecision, (&'static str, String)> {
+) -> Result<DispatchDecision, Ineligible> {
     let dsl = match request {
         BackendRequest::CuteDslSm90 => Some(Backend::CuteDslSm90),
         BackendRequest::CuteDslSm90Cp => Some(Backend::CuteDslSm90Cp),
@@ -182,13 +202,7 @@ pub fn resolve(
     };
     if let Some(backend) = dsl {
         let family = backend.dsl_family().expect("a DSL backend");
-        let name = match backend {
-            Backend::CuteDslSm90 => "cute-dsl-sm90",
-            Backend::CuteDslSm90Cp => "cute-dsl-sm90-cp",
-            Backend::CuteDslSm100 => "cute-dsl-sm100",
-            _ => "cute-dsl-sm120",
-        };
-        dsl::eligibility(family, compute_capability, sm_count, g).map_err(|why| (name, why))?;
+        dsl::eligibility(family, compute_capability, sm_count, g)?;
         return Ok(DispatchDecision {
             requested: request,
             resolved: backend,
@@ -211,7 +225,10 @@ pub fn resolve(
             resolved: Backend::CuteDslSm90,
             reason: match &cp {
                 Ok(()) => "SM90: CuTe DSL kernel, context-parallel per call when sequences x value heads < SMs/2 and a sequence exceeds 2048 tokens".to_string(),
-                Err(why) => format!("SM90: CuTe DSL kernel (no context-parallel: {why})"),
+                Err(why) => format!(
+                    "SM90: CuTe DSL kernel (no context-parallel: {})",
+                    why.reason
+                ),
             },
             context_parallel_per_call: cp.is_ok(),
         });
@@ -221,18 +238,25 @@ pub fn resolve(
             Backend::FlashInfer,
             "eligible for the FlashInfer SM90 kernel".to_string(),
         ),
-        (BackendRequest::Auto, Err(why)) => (Backend::Portable, format!("fallback: {why}")),
+        (BackendRequest::Auto, Err(why)) => {
+            (Backend::Portable, format!("fallback: {}", why.reason))
+        }
         (BackendRequest::FlashInfer, Ok(())) => (Backend::FlashInfer, "requested".to_string()),
-        (BackendRequest::FlashInfer, Err(why)) => return Err(("flashinfer", why)),
+        (BackendRequest::FlashInfer, Err(why)) => return Err(why),
         (BackendRequest::FlashInferVsplit, Ok(())) => {
             (Backend::FlashInferVsplit, "requested".to_string())
         }
-        (BackendRequest::FlashInferVsplit, Err(why)) => return Err(("flashinfer-vsplit", why)),
+        (BackendRequest::FlashInferVsplit, Err(why)) => {
+            return Err(Ineligible {
+                backend: Backend::FlashInferVsplit.name(),
+                ..why
+            })
+        }
         (BackendRequest::Portable, _) => (Backend::Portable, "requested".to_string()),
         (_, _) => unreachable!("DSL requests are resolved above"),
     };
     if resolved == Backend::Portable {
-        portable_cubin(compute_capability).map_err(|why| ("portable", why))?;
+        portable_cubin(compute_capability)?;
     }
     Ok(DispatchDecision {
         requested: request,
@@ -243,8 +267,11 @@ pub fn resolve(
 }
 
 /// The portable GDN cubin for a GPU (see [`cubin_for`]).
-pub fn portable_cubin(compute_capability: (i32, i32)) -> Result<(u32, &'static [u8]), String> {
-    cubin_for(PORTABLE_UNIT, compute_capability)
+pub fn portable_cubin(compute_capability: (i32, i32)) -> Result<(u32, &'static [u8]), Ineligible> {
+    cubin_for(PORTABLE_UNIT, compute_capability).map_err(|why| Ineligible {
+        backend: Backend::Portable.name(),
+        ..why
+    })
 }
 
 pub(crate) const PORTABLE_UNIT: &str = "gdn_portable";
@@ -253,10 +280,11 @@ pub(crate) const PORTABLE_UNIT: &str = "gdn_portable";
 /// version not newer than the GPU (cubins run on later minors of their
 /// major). No PTX is shipped, so an architecture without a cubin is refused,
 /// not JIT-compiled.
+/// The refusal names the unit as the backend.
 pub(crate) fn cubin_for(
-    unit: &str,
+    unit: &'static str,
     compute_capability: (i32, i32),
-) -> Result<(u32, &'static [u8]), String> {
+) -> Result<(u32, &'static [u8]), Ineligible> {
     let (major, minor) = (compute_capability.0 as u32, compute_capability.1 as u32);
     let of_unit = || CUBINS.iter().filter(move |(u, _, _)| *u == unit);
     of_unit()
@@ -265,9 +293,12 @@ pub(crate) fn cubin_for(
         .map(|(_, sm, bytes)| (*sm, *bytes))
         .ok_or_else(|| {
             let have: Vec<String> = of_unit().map(|(_, sm, _)| format!("sm_{sm}")).collect();
-            format!(
-                "no {unit} cubin for sm_{major}{minor} (the bundle has {}); PTX JIT is not used",
-                have.join(", ")
+            Ineligible::new(
+                unit,
+                format!(
+                    "no {unit} cubin for sm_{major}{minor} (the bundle has {}); PTX JIT is not used",
+                    have.join(", ")
+                ),
             )
         })
 }
@@ -349,16 +380,16 @@ mod tests {
             (BackendRequest::FlashInfer, "flashinfer"),
             (BackendRequest::FlashInferVsplit, "flashinfer-vsplit"),
         ] {
-            let (backend, why) = resolve(request, (8, 9), 128, &QWEN35_4B).unwrap_err();
-            assert_eq!(backend, name);
-            assert!(why.contains("sm_89"), "{why}");
+            let why = resolve(request, (8, 9), 128, &QWEN35_4B).unwrap_err();
+            assert_eq!(why.backend, name);
+            assert!(why.reason.contains("sm_89"), "{why}");
             let g = GdnGeometry {
                 head_dim: 64,
                 ..QWEN35_4B
             };
             assert!(resolve(request, (9, 0), 132, &g)
                 .unwrap_err()
-                .1
+                .reason
                 .contains("head dim 64"));
         }
     }
@@ -385,7 +416,11 @@ mod tests {
         assert_eq!(portable_cubin((9, 0)).unwrap().0, 90);
         assert_eq!(portable_cubin((12, 1)).unwrap().0, 120);
         let err = portable_cubin((7, 5)).unwrap_err();
-        assert!(err.contains("sm_75") && err.contains("sm_80"), "{err}");
+        assert_eq!(err.backend, "portable");
+        assert!(
+            err.reason.contains("sm_75") && err.reason.contains("sm_80"),
+            "{err}"
+        );
         // Every embedded cubin is an ELF image, not PTX text.
         for (unit, sm, bytes) in CUBINS {
             assert_eq!(&bytes[..4], b"\x7fELF", "{unit} sm_{sm}");
@@ -410,24 +445,20 @@ mod tests {
         ] {
             let d = resolve(request, (9, 0), 132, &QWEN35_4B).unwrap();
             assert_eq!(d.resolved, backend);
-            let (name, why) = resolve(request, (12, 0), 170, &QWEN35_4B).unwrap_err();
-            assert!(
-                name.starts_with("cute-dsl-sm90") && why.contains("sm_120"),
-                "{why}"
-            );
+            let why = resolve(request, (12, 0), 170, &QWEN35_4B).unwrap_err();
+            assert_eq!(why.backend, backend.name());
+            assert!(why.reason.contains("sm_120"), "{why}");
         }
         // On the H200 (sm_90, 132 SMs) both Blackwell families are refused.
-        let (name, why) =
-            resolve(BackendRequest::CuteDslSm100, (9, 0), 132, &QWEN35_4B).unwrap_err();
-        assert_eq!(name, "cute-dsl-sm100");
-        assert!(why.contains("sm_100a"), "{why}");
-        let (name, why) =
-            resolve(BackendRequest::CuteDslSm120, (9, 0), 132, &QWEN35_4B).unwrap_err();
-        assert_eq!(name, "cute-dsl-sm120");
-        assert!(why.contains("sm_120a"), "{why}");
+        let why = resolve(BackendRequest::CuteDslSm100, (9, 0), 132, &QWEN35_4B).unwrap_err();
+        assert_eq!(why.backend, "cute-dsl-sm100");
+        assert!(why.reason.contains("sm_100a"), "{why}");
+        let why = resolve(BackendRequest::CuteDslSm120, (9, 0), 132, &QWEN35_4B).unwrap_err();
+        assert_eq!(why.backend, "cute-dsl-sm120");
+        assert!(why.reason.contains("sm_120a"), "{why}");
         // A B200-class sm_100 part with another SM count is refused too.
-        let (_, why) = resolve(BackendRequest::CuteDslSm100, (10, 0), 160, &QWEN35_4B).unwrap_err();
-        assert!(why.contains("148"), "{why}");
+        let why = resolve(BackendRequest::CuteDslSm100, (10, 0), 160, &QWEN35_4B).unwrap_err();
+        assert!(why.reason.contains("148"), "{why}");
         assert_eq!(
             resolve(BackendRequest::CuteDslSm100, (10, 0), 148, &QWEN35_4B)
                 .unwrap()
@@ -459,9 +490,23 @@ mod tests {
         ] {
             assert_eq!(name.parse::<BackendRequest>().unwrap(), request);
         }
-        assert!("triton"
-            .parse::<BackendRequest>()
-            .unwrap_err()
-            .contains("triton"));
+        let e = "triton".parse::<BackendRequest>().unwrap_err();
+        assert_eq!(e, UnknownBackend("triton".into()));
+        assert!(e.to_string().contains("\"triton\"; expected auto"), "{e}");
+        // Every backend parses from its own name.
+        for backend in [
+            Backend::FlashInfer,
+            Backend::FlashInferVsplit,
+            Backend::Portable,
+            Backend::CuteDslSm90,
+            Backend::CuteDslSm90Cp,
+            Backend::CuteDslSm100,
+            Backend::CuteDslSm120,
+        ] {
+            assert!(
+                backend.name().parse::<BackendRequest>().is_ok(),
+                "{backend}"
+            );
+        }
     }
 }

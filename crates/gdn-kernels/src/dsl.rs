@@ -5,8 +5,8 @@
 //! nothing here names a generated symbol.
 
 use crate::bundle_embed::DSL_FAMILIES;
-use crate::oracle::GdnGeometry;
-use crate::HEAD_DIM;
+use crate::error::Ineligible;
+use crate::oracle::{GdnGeometry, HEAD_DIM};
 
 /// A DSL kernel family, as `gdn_dsl_kernel` in `gdn_dsl_abi.h` numbers it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +25,16 @@ impl DslFamily {
             DslFamily::Sm90Cp => "sm90_cp",
             DslFamily::Sm100 => "sm100",
             DslFamily::Sm120 => "sm120",
+        }
+    }
+
+    /// The backend's name (`BackendRequest` parses it, `Backend` prints it).
+    pub(crate) fn backend_name(self) -> &'static str {
+        match self {
+            DslFamily::Sm90 => "cute-dsl-sm90",
+            DslFamily::Sm90Cp => "cute-dsl-sm90-cp",
+            DslFamily::Sm100 => "cute-dsl-sm100",
+            DslFamily::Sm120 => "cute-dsl-sm120",
         }
     }
 
@@ -63,16 +73,28 @@ pub(crate) fn eligibility(
     compute_capability: (i32, i32),
     sm_count: i32,
     g: &GdnGeometry,
-) -> Result<(), String> {
+) -> Result<(), Ineligible> {
+    refusal(family, compute_capability, sm_count, g).map_or(Ok(()), |why| {
+        Err(Ineligible::new(family.backend_name(), why))
+    })
+}
+
+/// Why `family` cannot run on this GPU with this geometry (`None`: it can).
+fn refusal(
+    family: DslFamily,
+    compute_capability: (i32, i32),
+    sm_count: i32,
+    g: &GdnGeometry,
+) -> Option<String> {
     let Some(info) = info(family) else {
-        return Err(format!(
+        return Some(format!(
             "the bundle has no CuTe DSL {} kernels",
             family.table_name()
         ));
     };
     let want = family.compute_capability();
     if compute_capability != want {
-        return Err(format!(
+        return Some(format!(
             "the CuTe DSL {} kernels are {} code and run only on sm_{}{}; this GPU is sm_{}{}",
             family.table_name(),
             info.target,
@@ -83,26 +105,26 @@ pub(crate) fn eligibility(
         ));
     }
     if g.head_dim != HEAD_DIM {
-        return Err(format!(
+        return Some(format!(
             "head dim {} (the DSL kernels support {HEAD_DIM})",
             g.head_dim
         ));
     }
     if g.num_qk_heads == 0 || g.num_v_heads % g.num_qk_heads != 0 {
-        return Err(format!(
+        return Some(format!(
             "Hv={} is not a multiple of Hqk={}",
             g.num_v_heads, g.num_qk_heads
         ));
     }
     let ratio = g.num_v_heads / g.num_qk_heads;
     if !QWEN35_RATIOS.contains(&ratio) {
-        return Err(format!(
+        return Some(format!(
             "GVA ratio {ratio} is not among the exported Qwen3.5 ratios {QWEN35_RATIOS:?}"
         ));
     }
     if let Some(baked) = info.sm_count {
         if sm_count != baked as i32 {
-            return Err(format!(
+            return Some(format!(
                 "the CuTe DSL {} kernels bake in {baked} SMs (persistent scheduler); this GPU has {sm_count}",
                 family.table_name()
             ));
@@ -114,7 +136,7 @@ pub(crate) fn eligibility(
             .iter()
             .any(|h| h[0] as usize == g.num_qk_heads && h[1] as usize == g.num_v_heads)
     {
-        return Err(format!(
+        return Some(format!(
             "the CuTe DSL {} kernels bake in head counts {:?} ([Hqk, Hv]); asked for [{}, {}]",
             family.table_name(),
             info.baked_heads,
@@ -125,12 +147,12 @@ pub(crate) fn eligibility(
     // FlashInfer picks the simt_row4 fixup for <= 8 state heads; only the
     // row-8 and hmma fixups are exported.
     if family == DslFamily::Sm90Cp && g.num_v_heads <= 8 {
-        return Err(format!(
+        return Some(format!(
             "Hv={} needs the CP simt_row4 fixup, which is not exported",
             g.num_v_heads
         ));
     }
-    Ok(())
+    None
 }
 
 // ---- FlashInfer host policy, ported from
@@ -303,19 +325,27 @@ mod tests {
     #[test]
     fn sm100_and_sm120_are_refused_on_other_arches_and_sm100_on_other_sm_counts() {
         for cc in [(9, 0), (8, 9), (12, 0), (10, 3)] {
-            let why = eligibility(DslFamily::Sm100, cc, 148, &g(16, 32)).unwrap_err();
+            let why = eligibility(DslFamily::Sm100, cc, 148, &g(16, 32))
+                .unwrap_err()
+                .reason;
             assert!(
                 why.contains("sm_100a") && why.contains("only on sm_100"),
                 "{why}"
             );
         }
         for cc in [(9, 0), (10, 0), (12, 1)] {
-            let why = eligibility(DslFamily::Sm120, cc, 170, &g(16, 32)).unwrap_err();
+            let why = eligibility(DslFamily::Sm120, cc, 170, &g(16, 32))
+                .unwrap_err()
+                .reason;
             assert!(why.contains("sm_120a"), "{why}");
         }
-        let why = eligibility(DslFamily::Sm100, (10, 0), 132, &g(16, 32)).unwrap_err();
+        let why = eligibility(DslFamily::Sm100, (10, 0), 132, &g(16, 32))
+            .unwrap_err()
+            .reason;
         assert!(why.contains("148 SMs") && why.contains("132"), "{why}");
-        let why = eligibility(DslFamily::Sm100, (10, 0), 148, &g(8, 16)).unwrap_err();
+        let why = eligibility(DslFamily::Sm100, (10, 0), 148, &g(8, 16))
+            .unwrap_err()
+            .reason;
         assert!(why.contains("[8, 16]"), "{why}");
         assert!(eligibility(DslFamily::Sm100, (10, 0), 148, &g(16, 48)).is_ok());
         assert!(eligibility(DslFamily::Sm120, (12, 0), 170, &g(16, 16)).is_ok());
@@ -329,18 +359,22 @@ mod tests {
             }
             assert!(eligibility(f, (9, 0), 132, &g(16, 64))
                 .unwrap_err()
+                .reason
                 .contains("ratio 4"));
             assert!(eligibility(f, (8, 0), 108, &g(16, 32))
                 .unwrap_err()
+                .reason
                 .contains("sm_80"));
             let mut odd = g(16, 32);
             odd.head_dim = 64;
             assert!(eligibility(f, (9, 0), 132, &odd)
                 .unwrap_err()
+                .reason
                 .contains("head dim 64"));
         }
         assert!(eligibility(DslFamily::Sm90Cp, (9, 0), 132, &g(4, 8))
             .unwrap_err()
+            .reason
             .contains("simt_row4"));
         assert!(eligibility(DslFamily::Sm90, (9, 0), 132, &g(4, 8)).is_ok());
     }

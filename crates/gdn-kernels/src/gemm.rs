@@ -14,30 +14,16 @@ use std::sync::Arc;
 use cudarc::cublas::result::gemm_ex;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use half::bf16;
 
-use crate::error::{op_error, GdnError};
+use crate::error::{invalid, During, ErrorKind, GdnError, Op};
+use crate::linear::{check_lengths, GemmOutput, GemmShape};
 use crate::model_ops::ModelOps;
 use crate::skinny::{SkinnyConfig, SkinnyLinear};
 use crate::swiglu::{swiglu_route, SwigluGemm, SwigluRequest, SwigluRoute};
 
-const OP: &str = "linear";
-
-/// Output element types of [`Gemm::linear`].
-pub trait GemmOutput: DeviceRepr {
-    const CUDA_TYPE: cudaDataType;
-    /// fp32 (else bf16): picks the skinny kernel's output variant.
-    const IS_F32: bool;
-}
-impl GemmOutput for bf16 {
-    const CUDA_TYPE: cudaDataType = cudaDataType::CUDA_R_16BF;
-    const IS_F32: bool = false;
-}
-impl GemmOutput for f32 {
-    const CUDA_TYPE: cudaDataType = cudaDataType::CUDA_R_32F;
-    const IS_F32: bool = true;
-}
+const OP: Op = Op::Linear;
 
 /// One entry of the routing rule: calls of exactly this `(n, k)` with
 /// `min_m <= m <= max_m` rows run on the skinny kernels with `config`.
@@ -68,37 +54,34 @@ const fn rule(
     }
 }
 
-/// Which calls leave cuBLAS for the skinny kernels, measured on the H200
-/// (`checks/gpu/skinny_harness.cu` at d98e9bf, 2026-12-01, the same kernels
-/// and method as `examples/skinny_bench.rs`: CUDA graphs of back-to-back
-/// calls over weight copies larger than L2, median of 5; cuBLAS's time
-/// includes its split-K reduce kernels). Qwen3.5-4B shapes only; anything
-/// else stays on cuBLAS. One configuration per shape for m <= 8 (the r1
-/// kernels do the same work for every m up to 8, so m = 3, 5..7 run as
-/// measured at 4 and 8) and one for 9..16 where it won at m = 16 (r2: the
-/// same work for every m in 9..16). Kept where skinny won at every measured
-/// m of the range; times below are cuBLAS -> skinny in us at m = 1 / 8
-/// (or 16).
+/// Which calls leave cuBLAS for the skinny kernels: a (shape, row range)
+/// is listed, with the configuration that was fastest there, only where the
+/// skinny kernels beat cuBLAS at every measured m of the range (cuBLAS's
+/// time including its split-K reduce kernels). Qwen3.5-4B shapes only;
+/// anything else stays on cuBLAS. One configuration per shape for m <= 8
+/// (the r1 kernels do the same work for every m up to 8, so m = 3, 5..7 run
+/// as measured at 4 and 8) and one for 9..16 where it won at m = 16 (r2: the
+/// same work for every m in 9..16). Measured with
+/// `checks/gpu/skinny_harness.cu` at d98e9bf (the kernels and method of
+/// `examples/skinny_bench.rs`: CUDA graphs of back-to-back calls over weight
+/// copies larger than L2, median of 5): per-shape times in
+/// docs/results/h200-2026-12-01/`skinny_harness-d98e9bf.jsonl`, the
+/// per-step sums in docs/performance.md ("Kernels inside the forward").
 pub const SKINNY_RULES: &[SkinnyRule] = &[
-    // DeltaNet in_proj 2560 -> 12352: 18.51 -> 17.20 / 18.75 -> 17.38
-    // (3419 -> 3679 GB/s at m = 1); m = 16: 18.94 -> 17.88.
+    // DeltaNet in_proj 2560 -> 12352: skinny at m <= 8 and at 9..16.
     rule(12352, 2560, 1, 8, 2, 8),
     rule(12352, 2560, 9, 16, 2, 4),
-    // DeltaNet out_proj and attention o_proj 4096 -> 2560: 9.79 -> 7.34 /
-    // 9.53 -> 7.74 (2144 -> 2861 GB/s at m = 1); m = 16: 9.78 -> 9.29.
+    // DeltaNet out_proj and attention o_proj 4096 -> 2560: both ranges.
     rule(2560, 4096, 1, 8, 8, 4),
     rule(2560, 4096, 9, 16, 8, 4),
-    // Attention qkv 2560 -> 10240: 15.29 -> 14.63 / 15.29 -> 14.79 (m = 16:
-    // cuBLAS 15.32 vs 15.71, stays on cuBLAS).
+    // Attention qkv 2560 -> 10240: m <= 8 (at m = 16 cuBLAS is faster).
     rule(10240, 2560, 1, 8, 4, 2),
-    // MLP gate_up 2560 -> 18432: 25.06 -> 24.70 / 25.43 -> 25.07, 1.4-1.9%
-    // at each of m = 1, 2, 4, 8 (m = 16: cuBLAS 25.75 vs 26.35, stays).
+    // MLP gate_up 2560 -> 18432: m <= 8, by a small margin at each of
+    // m = 1, 2, 4, 8 (at m = 16 cuBLAS is faster).
     rule(18432, 2560, 1, 8, 8, 4),
-    // MLP down 9216 -> 2560: 16.12 -> 13.66 / 16.61 -> 14.51 (2929 -> 3455
-    // GB/s at m = 1; m = 16: cuBLAS 16.66 vs 16.88, stays).
+    // MLP down 9216 -> 2560: m <= 8 (at m = 16 cuBLAS is faster).
     rule(2560, 9216, 1, 8, 8, 4),
-    // lm_head 2560 -> 248320 (fp32 out): 313.1 -> 295.1 / 316.3 -> 299.3
-    // (4064 -> 4312 GB/s at m = 1); m = 16: 320.7 -> 308.5.
+    // lm_head 2560 -> 248320 (fp32 out): both ranges.
     rule(248320, 2560, 1, 8, 1, 2),
     rule(248320, 2560, 9, 16, 2, 4),
 ];
@@ -110,44 +93,13 @@ pub enum LinearRoute {
     Skinny(SkinnyConfig),
 }
 
-/// The route of `(m, n, k)` under `rules` (first match wins; none: cuBLAS).
-pub fn route_in(rules: &[SkinnyRule], m: usize, n: usize, k: usize) -> LinearRoute {
+/// The route of `shape` under `rules` (first match wins; none: cuBLAS).
+pub fn route_in(rules: &[SkinnyRule], shape: GemmShape) -> LinearRoute {
+    let GemmShape { m, n, k } = shape;
     rules
         .iter()
         .find(|r| r.n == n && r.k == k && (r.min_m..=r.max_m).contains(&m))
         .map_or(LinearRoute::Cublas, |r| LinearRoute::Skinny(r.config))
-}
-
-/// The lengths every linear call needs: x at least `m * k`, w exactly
-/// `n * k`, y at least `m * n` elements.
-pub(crate) fn check_lengths(
-    op: &'static str,
-    x: usize,
-    w: usize,
-    y: usize,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<(), GdnError> {
-    let short = |what: &str, have: usize, want: usize| {
-        op_error(
-            op,
-            format!("{what} has {have} elements, needs {want} (m={m}, n={n}, k={k})"),
-        )
-    };
-    if x < m * k {
-        return Err(short("x", x, m * k));
-    }
-    if y < m * n {
-        return Err(short("y", y, m * n));
-    }
-    if w != n * k {
-        return Err(op_error(
-            op,
-            format!("w has {w} elements, is not [{n}, {k}]"),
-        ));
-    }
-    Ok(())
 }
 
 /// A cuBLAS handle on one stream, the skinny kernels where the bundle has
@@ -162,7 +114,15 @@ pub struct Gemm {
 
 impl Gemm {
     pub fn new(stream: Arc<CudaStream>) -> Result<Self, GdnError> {
-        let blas = CudaBlas::new(stream.clone()).map_err(|e| GdnError::Blas(format!("{e:?}")))?;
+        let blas = CudaBlas::new(stream.clone()).map_err(|source| {
+            GdnError::new(
+                OP,
+                ErrorKind::Blas {
+                    call: "handle creation".into(),
+                    source,
+                },
+            )
+        })?;
         // No skinny cubin for this GPU: every call stays on cuBLAS.
         let skinny = match SkinnyLinear::new(stream.clone()) {
             Ok(s) => Some(s),
@@ -188,61 +148,61 @@ impl Gemm {
         self.swiglu_request = request;
     }
 
-    /// Where [`Gemm::gate_up_swiglu`] sends `m` rows of these operands.
+    /// Where [`Gemm::gate_up_swiglu`] sends these operands (`shape.n` is
+    /// the output width, see there).
     pub fn swiglu_route(
         &self,
         x: &CudaSlice<bf16>,
         w: &CudaSlice<bf16>,
         out: &CudaSlice<bf16>,
-        m: usize,
-        inter: usize,
-        k: usize,
+        shape: GemmShape,
     ) -> Result<SwigluRoute, GdnError> {
         let refused = {
             let s = &self.stream;
             let (xp, _xg) = x.device_ptr(s);
             let (wp, _wg) = w.device_ptr(s);
             let (op, _og) = out.device_ptr(s);
-            SwigluGemm::unsupported(xp, wp, op, m, inter, k)
+            SwigluGemm::unsupported(xp, wp, op, shape)
         };
         swiglu_route(
             self.swiglu_request,
             self.swiglu.is_some(),
             refused.as_deref(),
-            m,
+            shape.m,
         )
     }
 
-    /// The MLP's input projection: `out[m, inter] = silu(x·W_gateᵀ) *
-    /// (x·W_upᵀ)` with `w = [W_gate; W_up]` (`[2 * inter, k]`), x `[m, k]`
-    /// (may be longer) and out exactly `[m, inter]`. Fused into one GEMM
-    /// where [`crate::swiglu`]'s rule says so, else [`Gemm::linear`] into a
+    /// The MLP's input projection: `out[m, n] = silu(x·W_gateᵀ) *
+    /// (x·W_upᵀ)` with `w = [W_gate; W_up]` (`[2n, k]`: `shape.n` is the
+    /// intermediate size, the output width), x `[m, k]` (may be longer)
+    /// and out exactly `[m, n]`. Fused into one GEMM where
+    /// [`crate::swiglu`]'s rule says so, else [`Gemm::linear`] into a
     /// scratch buffer and `ops`' `silu_mul`. Returns the route taken.
-    #[allow(clippy::too_many_arguments)]
     pub fn gate_up_swiglu(
         &self,
         ops: &ModelOps,
         x: &CudaSlice<bf16>,
         w: &CudaSlice<bf16>,
         out: &mut CudaSlice<bf16>,
-        m: usize,
-        inter: usize,
-        k: usize,
+        shape: GemmShape,
     ) -> Result<SwigluRoute, GdnError> {
-        crate::swiglu::check_lengths(x.len(), w.len(), out.len(), m, inter, k)?;
+        let GemmShape { m, n: inter, k } = shape;
+        crate::swiglu::check_lengths(x.len(), w.len(), out.len(), shape)?;
         if out.len() != m * inter {
-            return Err(op_error(
-                "swiglu_gemm",
-                format!("out has {} elements, is not [{m}, {inter}]", out.len()),
+            return Err(invalid(
+                Op::SwigluGemm,
+                "out",
+                format!("has {} elements, is not [{m}, {inter}]", out.len()),
             ));
         }
-        let route = self.swiglu_route(x, w, out, m, inter, k)?;
+        let route = self.swiglu_route(x, w, out, shape)?;
         match (route, &self.swiglu) {
-            (SwigluRoute::Fused, Some(fused)) => fused.run(x, w, out, m, inter, k)?,
+            (SwigluRoute::Fused, Some(fused)) => fused.run(x, w, out, shape)?,
             _ => {
                 // SAFETY: written in full by the GEMM before silu_mul reads it.
-                let mut gate_up = unsafe { self.stream.alloc::<bf16>(m * 2 * inter) }?;
-                self.linear(x, w, &mut gate_up, m, 2 * inter, k)?;
+                let mut gate_up =
+                    unsafe { self.stream.alloc::<bf16>(m * 2 * inter) }.during(Op::SwigluGemm)?;
+                self.linear(x, w, &mut gate_up, GemmShape::new(m, 2 * inter, k))?;
                 ops.silu_mul(&gate_up, out, inter)?;
             }
         }
@@ -254,10 +214,10 @@ impl Gemm {
         self.skinny.as_ref()
     }
 
-    /// Where [`Gemm::linear`] sends `(m, n, k)` by [`SKINNY_RULES`] (before
+    /// Where [`Gemm::linear`] sends `shape` by [`SKINNY_RULES`] (before
     /// the operand checks: misaligned operands still go to cuBLAS).
-    pub fn route(m: usize, n: usize, k: usize) -> LinearRoute {
-        route_in(SKINNY_RULES, m, n, k)
+    pub fn route(shape: GemmShape) -> LinearRoute {
+        route_in(SKINNY_RULES, shape)
     }
 
     /// `y[m, n] = x[m, k] · w[n, k]ᵀ` with every matrix dense row-major.
@@ -269,9 +229,7 @@ impl Gemm {
         x: &X,
         w: &W,
         y: &mut Y,
-        m: usize,
-        n: usize,
-        k: usize,
+        shape: GemmShape,
     ) -> Result<(), GdnError>
     where
         X: DevicePtr<bf16>,
@@ -279,31 +237,28 @@ impl Gemm {
         Y: DevicePtrMut<O>,
         O: GemmOutput,
     {
-        if let (LinearRoute::Skinny(config), Some(skinny)) = (Self::route(m, n, k), &self.skinny) {
+        if let (LinearRoute::Skinny(config), Some(skinny)) = (Self::route(shape), &self.skinny) {
             let fits = {
                 let (xp, _xg) = x.device_ptr(&self.stream);
                 let (wp, _wg) = w.device_ptr(&self.stream);
-                SkinnyLinear::unsupported(xp, wp, m, n, k).is_none()
+                SkinnyLinear::unsupported(xp, wp, shape).is_none()
             };
             if fits {
-                return skinny.linear(x, w, y, m, n, k, config);
+                return skinny.linear(x, w, y, shape, config);
             }
         }
-        self.linear_cublas(x, w, y, m, n, k)
+        self.linear_cublas(x, w, y, shape)
     }
 
     /// [`Gemm::linear`] on the skinny kernels with `config`, whatever the
     /// rule says (an error where the bundle has no skinny cubin for this
     /// GPU or the operands do not suit them).
-    #[allow(clippy::too_many_arguments)]
     pub fn linear_skinny<X, W, Y, O>(
         &self,
         x: &X,
         w: &W,
         y: &mut Y,
-        m: usize,
-        n: usize,
-        k: usize,
+        shape: GemmShape,
         config: SkinnyConfig,
     ) -> Result<(), GdnError>
     where
@@ -312,11 +267,16 @@ impl Gemm {
         Y: DevicePtrMut<O>,
         O: GemmOutput,
     {
-        let skinny = self.skinny.as_ref().ok_or_else(|| GdnError::Unsupported {
-            backend: "skinny_linear",
-            reason: "the bundle has no skinny_linear cubin for this GPU".into(),
+        let skinny = self.skinny.as_ref().ok_or_else(|| {
+            GdnError::new(
+                Op::SkinnyLinear,
+                ErrorKind::Unsupported {
+                    backend: "skinny_linear",
+                    reason: "the bundle has no skinny_linear cubin for this GPU".into(),
+                },
+            )
         })?;
-        skinny.linear(x, w, y, m, n, k, config)
+        skinny.linear(x, w, y, shape, config)
     }
 
     /// [`Gemm::linear`] on cuBLAS, whatever the rule says.
@@ -325,9 +285,7 @@ impl Gemm {
         x: &X,
         w: &W,
         y: &mut Y,
-        m: usize,
-        n: usize,
-        k: usize,
+        shape: GemmShape,
     ) -> Result<(), GdnError>
     where
         X: DevicePtr<bf16>,
@@ -335,14 +293,16 @@ impl Gemm {
         Y: DevicePtrMut<O>,
         O: GemmOutput,
     {
-        if m == 0 {
+        if shape.m == 0 {
             return Ok(());
         }
-        check_lengths(OP, x.len(), w.len(), y.len(), m, n, k)?;
-        let dims: Vec<i32> = [m, n, k]
+        check_lengths(OP, x.len(), w.len(), y.len(), shape)?;
+        let dims: Vec<i32> = [shape.m, shape.n, shape.k]
             .iter()
             .map(|&d| {
-                i32::try_from(d).map_err(|_| op_error(OP, format!("dimension {d} exceeds i32")))
+                i32::try_from(d).map_err(|_| {
+                    invalid(OP, "shape", format!("dimension {d} exceeds i32 ({shape})"))
+                })
             })
             .collect::<Result<_, _>>()?;
         let (alpha, beta) = (1.0f32, 0.0f32);
@@ -378,7 +338,15 @@ impl Gemm {
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
-        .map_err(|e| GdnError::Blas(format!("{e:?} (m={m}, n={n}, k={k})")))
+        .map_err(|source| {
+            GdnError::new(
+                OP,
+                ErrorKind::Blas {
+                    call: format!("gemm_ex ({shape})"),
+                    source,
+                },
+            )
+        })
     }
 }
 
@@ -402,7 +370,7 @@ mod tests {
         // must have each configuration the table names.
         for (n, k) in QWEN35_4B_SHAPES {
             for m in 1..=8 {
-                let LinearRoute::Skinny(c) = Gemm::route(m, n, k) else {
+                let LinearRoute::Skinny(c) = Gemm::route(GemmShape::new(m, n, k)) else {
                     panic!("m={m} n={n} k={k} on cuBLAS");
                 };
                 c.check(m).unwrap();
@@ -410,7 +378,7 @@ mod tests {
             // Prefill-sized calls always stay on cuBLAS.
             for m in [17, 64, 1024] {
                 assert_eq!(
-                    Gemm::route(m, n, k),
+                    Gemm::route(GemmShape::new(m, n, k)),
                     LinearRoute::Cublas,
                     "m={m} n={n} k={k}"
                 );
@@ -426,7 +394,7 @@ mod tests {
             (2560, 9216, false),
         ] {
             for m in 9..=16 {
-                let r = Gemm::route(m, n, k);
+                let r = Gemm::route(GemmShape::new(m, n, k));
                 assert_eq!(r != LinearRoute::Cublas, skinny, "m={m} n={n} k={k}: {r:?}");
                 if let LinearRoute::Skinny(c) = r {
                     c.check(m).unwrap();
@@ -434,7 +402,10 @@ mod tests {
             }
         }
         // Other shapes (another model's) stay on cuBLAS.
-        assert_eq!(Gemm::route(1, 5120, 5120), LinearRoute::Cublas);
+        assert_eq!(
+            Gemm::route(GemmShape::new(1, 5120, 5120)),
+            LinearRoute::Cublas
+        );
         // The ranges of one shape do not overlap (first match would hide one).
         for (i, a) in SKINNY_RULES.iter().enumerate() {
             for b in &SKINNY_RULES[i + 1..] {
@@ -470,31 +441,29 @@ mod tests {
                 config: b,
             },
         ];
-        assert_eq!(route_in(&rules, 1, 2560, 9216), LinearRoute::Skinny(a));
-        assert_eq!(route_in(&rules, 4, 2560, 9216), LinearRoute::Skinny(a));
-        assert_eq!(route_in(&rules, 5, 2560, 9216), LinearRoute::Skinny(b));
-        assert_eq!(route_in(&rules, 9, 2560, 9216), LinearRoute::Cublas);
-        assert_eq!(route_in(&rules, 1, 2560, 4096), LinearRoute::Cublas);
-        assert_eq!(route_in(&rules, 1, 9216, 2560), LinearRoute::Cublas);
-    }
-
-    #[test]
-    fn lengths_are_checked_with_the_shape_in_the_message() {
-        assert!(check_lengths(OP, 64, 128, 32, 2, 16, 8).is_ok());
-        let e = check_lengths(OP, 15, 128, 32, 2, 16, 8)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("x has 15") && e.contains("m=2, n=16, k=8"),
-            "{e}"
+        assert_eq!(
+            route_in(&rules, GemmShape::new(1, 2560, 9216)),
+            LinearRoute::Skinny(a)
         );
-        let e = check_lengths(OP, 16, 128, 31, 2, 16, 8)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("y has 31"), "{e}");
-        let e = check_lengths(OP, 16, 136, 32, 2, 16, 8)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("is not [16, 8]"), "{e}");
+        assert_eq!(
+            route_in(&rules, GemmShape::new(4, 2560, 9216)),
+            LinearRoute::Skinny(a)
+        );
+        assert_eq!(
+            route_in(&rules, GemmShape::new(5, 2560, 9216)),
+            LinearRoute::Skinny(b)
+        );
+        assert_eq!(
+            route_in(&rules, GemmShape::new(9, 2560, 9216)),
+            LinearRoute::Cublas
+        );
+        assert_eq!(
+            route_in(&rules, GemmShape::new(1, 2560, 4096)),
+            LinearRoute::Cublas
+        );
+        assert_eq!(
+            route_in(&rules, GemmShape::new(1, 9216, 2560)),
+            LinearRoute::Cublas
+        );
     }
 }

@@ -9,7 +9,9 @@
 //! This crate is the only place that knows the bundle: generated symbols, the
 //! C ABI of the FlashInfer launcher, cubin names and the state layout the
 //! kernels use. Callers see [`GdnPrefill`], a semantic op over typed cudarc
-//! buffers, and [`Backend`], the dispatch decision it made.
+//! buffers, and [`Backend`], the dispatch decision it made. Every op fails
+//! with a [`GdnError`]: the [`Op`] that failed and the [`ErrorKind`], with
+//! the CUDA or cuBLAS error underneath as its source.
 //!
 //! Layouts (packed varlen batch of `N` sequences, `T` tokens in all, head dim 128):
 //! - `q`, `k`: bf16 `[T, Hqk, 128]`, already L2-normalised by the caller
@@ -26,15 +28,13 @@ mod dsl;
 mod error;
 mod ffi;
 mod gemm;
+mod linear;
 mod model_ops;
 pub mod oracle;
 mod prefill;
 mod sampling;
 mod skinny;
 mod swiglu;
-/// Test helpers, only with the `testing` feature (dev-dependencies enable it).
-#[cfg(feature = "testing")]
-pub mod testing;
 
 mod bundle_embed {
     include!(concat!(env!("OUT_DIR"), "/bundle_embed.rs"));
@@ -42,22 +42,22 @@ mod bundle_embed {
 
 pub use attention_select::{AttentionKernel, AttentionRequest};
 pub use batch::{BatchLayout, DeviceBatch, Padding};
-pub use dispatch::{prefer_context_parallel, Backend, BackendRequest, DispatchDecision};
+pub use dispatch::{
+    prefer_context_parallel, Backend, BackendRequest, DispatchDecision, UnknownBackend,
+};
 pub use dsl::flashinfer_would_use_cp;
-pub use error::GdnError;
-pub use gemm::{route_in, Gemm, GemmOutput, LinearRoute, SkinnyRule, SKINNY_RULES};
+pub use error::{ErrorKind, GdnError, Ineligible, Op};
+pub use gemm::{route_in, Gemm, LinearRoute, SkinnyRule, SKINNY_RULES};
+pub use linear::{GemmOutput, GemmShape};
 pub use model_ops::{AttentionShape, DeltaNetInputs, DeltaNetShape, DeltaNetWeights, ModelOps};
-pub use oracle::GdnGeometry;
+pub use oracle::{GdnGeometry, HEAD_DIM};
 pub use prefill::{GdnPrefill, PrefillBuffers};
 pub use sampling::{DeviceSampler, RowSampling, SampledRow, TokenAdjustment, MAX_TOP_LOGPROBS};
 pub use skinny::{SkinnyConfig, SkinnyLinear, SKINNY_MAX_ROWS};
 pub use swiglu::{swiglu_route, SwigluGemm, SwigluRequest, SwigluRoute, SWIGLU_FUSED_MIN_ROWS};
 
-/// Head dimension every backend supports.
-pub const HEAD_DIM: usize = 128;
-
 /// The C ABI version these bindings speak; checked against the linked launcher.
-pub const ABI_VERSION: u32 = ffi::GDN_ABI_VERSION;
+pub const ABI_VERSION: u32 = ffi::prefill::GDN_ABI_VERSION;
 
 /// `path=sha256` of the locked FlashInfer cubins linked into this build.
 pub fn flashinfer_cubin_identity() -> &'static str {

@@ -21,6 +21,13 @@
 //! strength. The state layout is `[N, Hv, D(v), D(k)]` with k contiguous, as in
 //! FlashInfer.
 
+use crate::error::{invalid, GdnError, Op};
+
+const OP: Op = Op::GdnReference;
+
+/// Head dimension every backend supports.
+pub const HEAD_DIM: usize = 128;
+
 /// Shapes of one packed varlen GDN problem.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GdnGeometry {
@@ -58,13 +65,19 @@ pub struct ReferenceOutputs {
     pub final_state: Vec<f32>,
 }
 
-fn checked_product(name: &str, dims: &[usize]) -> Result<usize, String> {
+fn checked_product(name: &'static str, dims: &[usize]) -> Result<usize, GdnError> {
     dims.iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-        .ok_or_else(|| format!("{name}: element count overflows usize (dims {dims:?})"))
+        .ok_or_else(|| {
+            invalid(
+                OP,
+                name,
+                format!("element count overflows usize (dims {dims:?})"),
+            )
+        })
 }
 
-fn check_len(name: &str, actual: usize, dims: &[(&str, usize)]) -> Result<usize, String> {
+fn check_len(name: &'static str, actual: usize, dims: &[(&str, usize)]) -> Result<usize, GdnError> {
     let sizes: Vec<usize> = dims.iter().map(|&(_, d)| d).collect();
     let expected = checked_product(name, &sizes)?;
     if actual != expected {
@@ -73,49 +86,67 @@ fn check_len(name: &str, actual: usize, dims: &[(&str, usize)]) -> Result<usize,
             .map(|(label, d)| format!("{label}={d}"))
             .collect::<Vec<_>>()
             .join(", ");
-        return Err(format!(
-            "{name}: expected {expected} elements ([{shape}]), got {actual}"
+        return Err(invalid(
+            OP,
+            name,
+            format!("expected {expected} elements ([{shape}]), got {actual}"),
         ));
     }
     Ok(expected)
 }
 
-fn validate_geometry(g: &GdnGeometry) -> Result<usize, String> {
-    if g.head_dim == 0 {
-        return Err("geometry.head_dim: expected > 0, got 0".to_string());
-    }
-    if g.num_qk_heads == 0 {
-        return Err("geometry.num_qk_heads: expected > 0, got 0".to_string());
-    }
-    if g.num_v_heads == 0 {
-        return Err("geometry.num_v_heads: expected > 0, got 0".to_string());
+fn validate_geometry(g: &GdnGeometry) -> Result<usize, GdnError> {
+    for (arg, value) in [
+        ("geometry.head_dim", g.head_dim),
+        ("geometry.num_qk_heads", g.num_qk_heads),
+        ("geometry.num_v_heads", g.num_v_heads),
+    ] {
+        if value == 0 {
+            return Err(invalid(OP, arg, "expected > 0, got 0"));
+        }
     }
     // Written without `%` / `is_multiple_of` (stable only from 1.87; MSRV 1.85).
     let ratio = g.num_v_heads / g.num_qk_heads;
     if ratio == 0 || ratio * g.num_qk_heads != g.num_v_heads {
-        return Err(format!(
-            "geometry.num_v_heads: expected a positive multiple of num_qk_heads={}, got {}",
-            g.num_qk_heads, g.num_v_heads
+        return Err(invalid(
+            OP,
+            "geometry.num_v_heads",
+            format!(
+                "expected a positive multiple of num_qk_heads={}, got {}",
+                g.num_qk_heads, g.num_v_heads
+            ),
         ));
     }
     Ok(ratio)
 }
 
-fn validate_cu_seqlens(cu: &[usize]) -> Result<(), String> {
+fn validate_cu_seqlens(cu: &[usize]) -> Result<(), GdnError> {
+    const ARG: &str = "cu_seqlens";
     if cu.is_empty() {
-        return Err("cu_seqlens: expected at least 1 element ([N+1]), got 0".to_string());
+        return Err(invalid(
+            OP,
+            ARG,
+            "expected at least 1 element ([N+1]), got 0",
+        ));
     }
     if cu[0] != 0 {
-        return Err(format!("cu_seqlens[0]: expected 0, got {}", cu[0]));
+        return Err(invalid(
+            OP,
+            ARG,
+            format!("entry 0: expected 0, got {}", cu[0]),
+        ));
     }
     for (i, w) in cu.windows(2).enumerate() {
         if w[1] < w[0] {
-            return Err(format!(
-                "cu_seqlens[{}]: expected non-decreasing (>= cu_seqlens[{}]={}), got {}",
-                i + 1,
-                i,
-                w[0],
-                w[1]
+            return Err(invalid(
+                OP,
+                ARG,
+                format!(
+                    "entry {}: expected non-decreasing (>= entry {i} = {}), got {}",
+                    i + 1,
+                    w[0],
+                    w[1]
+                ),
             ));
         }
     }
@@ -126,10 +157,11 @@ fn validate_cu_seqlens(cu: &[usize]) -> Result<(), String> {
 ///
 /// # Errors
 ///
-/// Returns `Err` naming the offending argument, the expected and the actual
-/// value when the geometry is invalid, `cu_seqlens` is malformed, or a length
-/// does not match the geometry and `cu_seqlens`.
-pub fn gated_delta_rule_reference(inputs: &ReferenceInputs) -> Result<ReferenceOutputs, String> {
+/// An [`crate::ErrorKind::InvalidArgument`] of [`Op::GdnReference`] naming
+/// the offending argument, the expected and the actual value when the
+/// geometry is invalid, `cu_seqlens` is malformed, or a length does not match
+/// the geometry and `cu_seqlens`.
+pub fn gated_delta_rule_reference(inputs: &ReferenceInputs) -> Result<ReferenceOutputs, GdnError> {
     let g = inputs.geometry;
     let ratio = validate_geometry(&g)?;
     validate_cu_seqlens(inputs.cu_seqlens)?;
@@ -574,7 +606,7 @@ mod tests {
     fn err_of(inputs: &ReferenceInputs) -> String {
         match gated_delta_rule_reference(inputs) {
             Ok(_) => panic!("expected an error"),
-            Err(e) => e,
+            Err(e) => e.to_string(),
         }
     }
 
@@ -588,64 +620,79 @@ mod tests {
         i.q = &p.q[..383];
         assert_eq!(
             err_of(&i),
-            "q: expected 384 elements ([T=3, Hqk=1, D=128]), got 383"
+            "gdn_reference: q: expected 384 elements ([T=3, Hqk=1, D=128]), got 383"
         );
 
         let mut i = p.inputs(&cu, None, 1.0);
         i.k = &p.v;
         assert_eq!(
             err_of(&i),
-            "k: expected 384 elements ([T=3, Hqk=1, D=128]), got 768"
+            "gdn_reference: k: expected 384 elements ([T=3, Hqk=1, D=128]), got 768"
         );
 
         let mut i = p.inputs(&cu, None, 1.0);
         i.v = &p.q;
         assert_eq!(
             err_of(&i),
-            "v: expected 768 elements ([T=3, Hv=2, D=128]), got 384"
+            "gdn_reference: v: expected 768 elements ([T=3, Hv=2, D=128]), got 384"
         );
 
         let mut i = p.inputs(&cu, None, 1.0);
         i.alpha = &p.alpha[..5];
         assert_eq!(
             err_of(&i),
-            "alpha: expected 6 elements ([T=3, Hv=2]), got 5"
+            "gdn_reference: alpha: expected 6 elements ([T=3, Hv=2]), got 5"
         );
 
         let mut i = p.inputs(&cu, None, 1.0);
         i.beta = &p.alpha[..0];
-        assert_eq!(err_of(&i), "beta: expected 6 elements ([T=3, Hv=2]), got 0");
+        assert_eq!(
+            err_of(&i),
+            "gdn_reference: beta: expected 6 elements ([T=3, Hv=2]), got 0"
+        );
 
         let bad_state = vec![0.0f32; 2 * 128 * 128 - 1];
         let i = p.inputs(&cu, Some(&bad_state), 1.0);
         assert_eq!(
             err_of(&i),
-            "initial_state: expected 32768 elements ([N=1, Hv=2, D(v)=128, D(k)=128]), got 32767"
+            "gdn_reference: initial_state: expected 32768 elements ([N=1, Hv=2, D(v)=128, D(k)=128]), got 32767"
         );
 
         // cu_seqlens whose last entry disagrees with the data length.
         let i = p.inputs(&[0, 2], None, 1.0);
         assert_eq!(
             err_of(&i),
-            "q: expected 256 elements ([T=2, Hqk=1, D=128]), got 384"
+            "gdn_reference: q: expected 256 elements ([T=2, Hqk=1, D=128]), got 384"
         );
 
         let i = p.inputs(&[], None, 1.0);
-        assert!(err_of(&i).starts_with("cu_seqlens:"));
+        assert!(err_of(&i).starts_with("gdn_reference: cu_seqlens: expected at least 1"));
         let i = p.inputs(&[1, 3], None, 1.0);
-        assert_eq!(err_of(&i), "cu_seqlens[0]: expected 0, got 1");
+        assert_eq!(
+            err_of(&i),
+            "gdn_reference: cu_seqlens: entry 0: expected 0, got 1"
+        );
         let i = p.inputs(&[0, 2, 1, 3], None, 1.0);
-        assert!(err_of(&i).starts_with("cu_seqlens[2]: expected non-decreasing"));
+        assert_eq!(
+            err_of(&i),
+            "gdn_reference: cu_seqlens: entry 2: expected non-decreasing (>= entry 1 = 2), got 1"
+        );
 
         for (hqk, hv) in [(2, 3), (2, 1), (0, 2), (1, 0)] {
             let mut i = p.inputs(&cu, None, 1.0);
             i.geometry = geo(hqk, hv, 128);
             let e = err_of(&i);
-            assert!(e.starts_with("geometry.num_"), "Hqk={hqk} Hv={hv}: {e}");
+            assert!(
+                e.starts_with("gdn_reference: geometry.num_"),
+                "Hqk={hqk} Hv={hv}: {e}"
+            );
         }
         let mut i = p.inputs(&cu, None, 1.0);
         i.geometry = geo(1, 2, 0);
-        assert_eq!(err_of(&i), "geometry.head_dim: expected > 0, got 0");
+        assert_eq!(
+            err_of(&i),
+            "gdn_reference: geometry.head_dim: expected > 0, got 0"
+        );
 
         // The valid inputs themselves pass.
         assert!(gated_delta_rule_reference(&p.inputs(&cu, None, 1.0)).is_ok());

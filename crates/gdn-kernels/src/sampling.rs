@@ -17,10 +17,10 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use crate::dispatch::cubin_for;
-use crate::error::{op_error, GdnError};
+use crate::error::{invalid, During, GdnError, Op};
 
 const UNIT: &str = "sampling";
-const OP: &str = "sample_rows";
+const OP: Op = Op::SampleRows;
 /// Threads per row (`kThreads` in sampling.cu).
 const THREADS: u32 = 1024;
 /// The most top logprobs a row may ask for (`kMaxTop`).
@@ -123,13 +123,12 @@ pub struct DeviceSampler {
 impl DeviceSampler {
     pub fn new(stream: Arc<CudaStream>) -> Result<Self, GdnError> {
         let ctx = stream.context().clone();
-        let cc = ctx.compute_capability()?;
-        let (_, cubin) = cubin_for(UNIT, cc).map_err(|reason| GdnError::Unsupported {
-            backend: UNIT,
-            reason,
-        })?;
-        let module = ctx.load_module(Ptx::from_binary(cubin.to_vec()))?;
-        let sample = module.load_function("sample_rows")?;
+        let cc = ctx.compute_capability().during(OP)?;
+        let (_, cubin) = cubin_for(UNIT, cc).map_err(|why| why.into_error(OP))?;
+        let module = ctx
+            .load_module(Ptx::from_binary(cubin.to_vec()))
+            .during(OP)?;
+        let sample = module.load_function("sample_rows").during(OP)?;
         Ok(DeviceSampler {
             stream,
             sample,
@@ -157,15 +156,16 @@ impl DeviceSampler {
         }
         let (params, adjustments) = flatten(logits.len(), vocab, rows)?;
         let s = &self.stream;
-        let params_dev = s.clone_htod(&params)?;
+        let params_dev = s.clone_htod(&params).during(OP)?;
         // A kernel argument must point somewhere even with no adjustments.
         let mut adj_dev = if adjustments.is_empty() {
-            s.clone_htod(&[AdjustmentC::default()])?
+            s.clone_htod(&[AdjustmentC::default()])
         } else {
-            s.clone_htod(&adjustments)?
-        };
+            s.clone_htod(&adjustments)
+        }
+        .during(OP)?;
         let words = rows.len() * OUT_WORDS;
-        let mut out = s.alloc_zeros::<u32>(words)?;
+        let mut out = s.alloc_zeros::<u32>(words).during(OP)?;
         let v = vocab as i64;
         let mut b = s.launch_builder(&self.sample);
         b.arg(&mut *logits)
@@ -181,12 +181,13 @@ impl DeviceSampler {
         // SAFETY: matches sample_rows(logits, vocab, params, adj, out);
         // every logits row, adjustment range and token id was checked by
         // `flatten`; one block per row, `OUT_WORDS` words of `out` each.
-        unsafe { b.launch(cfg) }?;
+        unsafe { b.launch(cfg) }.during(OP)?;
         if self.pinned.as_ref().is_none_or(|p| p.len() < words) {
             // SAFETY: written by the copy below before it is read.
             self.pinned = Some(unsafe {
                 s.context()
-                    .alloc_pinned_with_flags::<u32>(words.next_power_of_two(), 0)?
+                    .alloc_pinned_with_flags::<u32>(words.next_power_of_two(), 0)
+                    .during(OP)?
             });
         }
         let pinned = self.pinned.as_mut().expect("allocated above");
@@ -194,9 +195,9 @@ impl DeviceSampler {
         // the pinned buffer may be longer than `out` (CUDA_ERROR_INVALID_VALUE
         // on the H200 before this). Through a plain slice cudarc does not
         // wait, and pinned memory makes the copy truly asynchronous: wait.
-        let host = &mut pinned.as_mut_slice()?[..words];
-        s.memcpy_dtoh(&out, host)?;
-        s.synchronize()?;
+        let host = &mut pinned.as_mut_slice().during(OP)?[..words];
+        s.memcpy_dtoh(&out, host).during(OP)?;
+        s.synchronize().during(OP)?;
         Ok(rows
             .iter()
             .zip(host.chunks_exact(OUT_WORDS))
@@ -225,15 +226,20 @@ fn flatten(
     vocab: usize,
     rows: &[RowSampling<'_>],
 ) -> Result<(Vec<RowParamsC>, Vec<AdjustmentC>), GdnError> {
-    let err = |i: usize, m: String| Err(op_error(OP, format!("row {i}: {m}")));
+    let err = |i: usize, m: String| Err(invalid(OP, "rows", format!("row {i}: {m}")));
     if vocab == 0 || vocab > i32::MAX as usize || len % vocab != 0 {
-        return Err(op_error(
+        return Err(invalid(
             OP,
-            format!("logits of {len} floats are not rows of vocab {vocab} (1..=2^31-1)"),
+            "logits",
+            format!("{len} floats are not rows of vocab {vocab} (1..=2^31-1)"),
         ));
     }
     if rows.len() > i32::MAX as usize {
-        return Err(op_error(OP, format!("{} rows exceed the grid", rows.len())));
+        return Err(invalid(
+            OP,
+            "rows",
+            format!("{} exceed the grid", rows.len()),
+        ));
     }
     let num_rows = len / vocab;
     let mut used = vec![false; num_rows];

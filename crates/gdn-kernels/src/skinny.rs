@@ -17,11 +17,11 @@ use cudarc::nvrtc::Ptx;
 use half::bf16;
 
 use crate::dispatch::cubin_for;
-use crate::error::{op_error, GdnError};
-use crate::gemm::GemmOutput;
+use crate::error::{invalid, During, GdnError, Op};
+use crate::linear::{check_lengths, GemmOutput, GemmShape};
 
 const UNIT: &str = "skinny_linear";
-const OP: &str = "skinny_linear";
+const OP: Op = Op::SkinnyLinear;
 /// Most rows of x one call takes (two 8-row blocks of the kernel).
 pub const SKINNY_MAX_ROWS: usize = 16;
 /// Output columns per block (`kTileCols`).
@@ -73,14 +73,16 @@ impl SkinnyConfig {
     /// Whether the kernels have this configuration for `m` rows.
     pub fn check(&self, m: usize) -> Result<(), GdnError> {
         if !(1..=MAX_WARPS).contains(&self.warps) {
-            return Err(op_error(
+            return Err(invalid(
                 OP,
+                "config",
                 format!("{} warps per block (1..={MAX_WARPS})", self.warps),
             ));
         }
         if ![2, 4, 8].contains(&self.k_unroll) || (m > 8 && self.k_unroll == 8) {
-            return Err(op_error(
+            return Err(invalid(
                 OP,
+                "config",
                 format!(
                     "k_unroll {} for m = {m} (2, 4 or 8; 8 only for m <= 8)",
                     self.k_unroll
@@ -127,16 +129,16 @@ pub struct SkinnyLinear {
 impl SkinnyLinear {
     pub fn new(stream: Arc<CudaStream>) -> Result<Self, GdnError> {
         let ctx = stream.context().clone();
-        let cc = ctx.compute_capability()?;
-        let (_, cubin) = cubin_for(UNIT, cc).map_err(|reason| GdnError::Unsupported {
-            backend: UNIT,
-            reason,
-        })?;
-        let module = ctx.load_module(Ptx::from_binary(cubin.to_vec()))?;
+        let cc = ctx.compute_capability().during(OP)?;
+        let (_, cubin) = cubin_for(UNIT, cc).map_err(|why| why.into_error(OP))?;
+        let module = ctx
+            .load_module(Ptx::from_binary(cubin.to_vec()))
+            .during(OP)?;
         let kernels = KERNELS
             .iter()
             .map(|name| module.load_function(name))
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()
+            .during(OP)?;
         Ok(SkinnyLinear {
             stream,
             kernels,
@@ -147,7 +149,8 @@ impl SkinnyLinear {
     /// Why these operands cannot take the skinny kernels (`None`: they
     /// can): m in 1..=16, k a multiple of 8, x and w 16-byte aligned, every
     /// dimension within i32. Lengths are the caller's check.
-    pub fn unsupported(x_ptr: u64, w_ptr: u64, m: usize, n: usize, k: usize) -> Option<String> {
+    pub fn unsupported(x_ptr: u64, w_ptr: u64, shape: GemmShape) -> Option<String> {
+        let GemmShape { m, n, k } = shape;
         if !(1..=SKINNY_MAX_ROWS).contains(&m) {
             return Some(format!("m = {m} (1..={SKINNY_MAX_ROWS})"));
         }
@@ -167,15 +170,12 @@ impl SkinnyLinear {
     /// Lengths as [`crate::Gemm::linear`] (x and y may be longer than m
     /// rows, w exactly `[n, k]`); refuses what [`SkinnyLinear::unsupported`]
     /// names and configurations the kernels lack.
-    #[allow(clippy::too_many_arguments)]
     pub fn linear<X, W, Y, O>(
         &self,
         x: &X,
         w: &W,
         y: &mut Y,
-        m: usize,
-        n: usize,
-        k: usize,
+        shape: GemmShape,
         config: SkinnyConfig,
     ) -> Result<(), GdnError>
     where
@@ -184,14 +184,15 @@ impl SkinnyLinear {
         Y: DevicePtrMut<O>,
         O: GemmOutput,
     {
-        crate::gemm::check_lengths(OP, x.len(), w.len(), y.len(), m, n, k)?;
+        check_lengths(OP, x.len(), w.len(), y.len(), shape)?;
+        let GemmShape { m, n, k } = shape;
         config.check(m)?;
         let s = &self.stream;
         let (xp, _xg) = x.device_ptr(s);
         let (wp, _wg) = w.device_ptr(s);
         let (yp, _yg) = y.device_ptr_mut(s);
-        if let Some(why) = Self::unsupported(xp, wp, m, n, k) {
-            return Err(op_error(OP, format!("{why} (m={m}, n={n}, k={k})")));
+        if let Some(why) = Self::unsupported(xp, wp, shape) {
+            return Err(invalid(OP, "operands", format!("{why} ({shape})")));
         }
         let f = &self.kernels[config.kernel_index(m, O::IS_F32)];
         let (m_, n_, k_) = (m as i32, n as i32, k as i32);
@@ -216,7 +217,7 @@ impl SkinnyLinear {
         // for r2 (kernel_index), at most MAX_WARPS warps, the dynamic shared
         // memory the kernel indexes (at most 16 KiB); the guards keep
         // the buffers alive and ordered on `s` until the launch is queued.
-        unsafe { b.launch(cfg) }?;
+        unsafe { b.launch(cfg) }.during(OP)?;
         Ok(())
     }
 }
@@ -283,19 +284,19 @@ mod tests {
 
     #[test]
     fn unsupported_operands_are_named() {
-        assert!(SkinnyLinear::unsupported(0, 0, 1, 16, 64).is_none());
-        assert!(SkinnyLinear::unsupported(0, 0, 16, 16, 64).is_none());
-        assert!(SkinnyLinear::unsupported(0, 0, 17, 16, 64)
+        assert!(SkinnyLinear::unsupported(0, 0, GemmShape::new(1, 16, 64)).is_none());
+        assert!(SkinnyLinear::unsupported(0, 0, GemmShape::new(16, 16, 64)).is_none());
+        assert!(SkinnyLinear::unsupported(0, 0, GemmShape::new(17, 16, 64))
             .unwrap()
             .contains("m = 17"));
-        assert!(SkinnyLinear::unsupported(0, 0, 0, 16, 64).is_some());
-        assert!(SkinnyLinear::unsupported(0, 0, 1, 16, 60)
+        assert!(SkinnyLinear::unsupported(0, 0, GemmShape::new(0, 16, 64)).is_some());
+        assert!(SkinnyLinear::unsupported(0, 0, GemmShape::new(1, 16, 60))
             .unwrap()
             .contains("multiple of 8"));
-        assert!(SkinnyLinear::unsupported(8, 0, 1, 16, 64)
+        assert!(SkinnyLinear::unsupported(8, 0, GemmShape::new(1, 16, 64))
             .unwrap()
             .contains("aligned"));
-        assert!(SkinnyLinear::unsupported(0, 24, 1, 16, 64)
+        assert!(SkinnyLinear::unsupported(0, 24, GemmShape::new(1, 16, 64))
             .unwrap()
             .contains("aligned"));
     }

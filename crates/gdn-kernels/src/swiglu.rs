@@ -10,19 +10,17 @@
 //! u, silu(g) and the product). The unfused route is the GEMM of
 //! [`crate::Gemm::linear`] into a scratch buffer, then `silu_mul_bf16`.
 //!
-//! The rule ([`swiglu_route`]), measured on the H200 (2026-12-02,
-//! `checks/gpu/swiglu_gemm_harness.cu`, 4B shape n 18432, k 2560, times in
-//! us, fused vs cuBLAS + silu_mul, `docs/benchmarks.md`):
-//! - m = 1: 55.6 vs 30.8; 17: 56.6 vs 31.4; 64: 45.7 vs 31.4; 128: 44.9 vs
-//!   34.7 (a 128 x 192 tile grid reads the weight at about half of cuBLAS's
-//!   bandwidth when m is small);
-//! - m = 256: 41.1 vs 41.7; 384: 62.2 vs 60.3 (even);
-//! - m = 512: 64.0 vs 77.7; 768: 99.9 vs 111.8; 1024: 121.4 vs 146.2; 2048:
-//!   237.4 vs 277.9; 8192: 923.5 vs 1089-1271;
-//!
-//! so calls of at least [`SWIGLU_FUSED_MIN_ROWS`] rows take the fused kernel
-//! on an SM 9.0 GPU; fewer rows, other GPUs and operands the kernel cannot
-//! take (misaligned, k or inter not a multiple of 8) take the unfused route.
+//! The rule ([`swiglu_route`]) follows the measured crossover of the fused
+//! kernel against cuBLAS + `silu_mul` on the 4B's shape (n 18432, k 2560,
+//! `checks/gpu/swiglu_gemm_harness.cu`; figures in docs/performance.md,
+//! "Kernels inside the forward", raw data in
+//! docs/results/h200-2026-12-02-s6/): with few rows the fused kernel's
+//! 128 x 192 tile grid reads the weight at about half of cuBLAS's bandwidth
+//! and loses; the two are even around 256-384 rows; from 512 rows on the
+//! fused kernel wins at every measured size. So calls of at least
+//! [`SWIGLU_FUSED_MIN_ROWS`] rows take the fused kernel on an SM 9.0 GPU;
+//! fewer rows, other GPUs and operands the kernel cannot take (misaligned,
+//! k or inter not a multiple of 8) take the unfused route.
 //! On an SM 9.0 GPU the kernel must load: a bundle whose kernel does not is
 //! an error when [`crate::Gemm`] is created, not a silent fallback.
 
@@ -33,9 +31,11 @@ use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use half::bf16;
 
-use crate::error::{op_error, GdnError};
+use crate::error::{invalid, During, ErrorKind, GdnError, Op};
+use crate::ffi::swiglu::{self as ffi, SWIGLU};
+use crate::linear::GemmShape;
 
-const OP: &str = "swiglu_gemm";
+const OP: Op = Op::SwigluGemm;
 
 /// Fewest rows that take the fused kernel under [`SwigluRequest::Auto`]
 /// (see the module doc for the measurements).
@@ -73,11 +73,18 @@ pub fn swiglu_route(
     match request {
         SwigluRequest::Unfused => Ok(SwigluRoute::Unfused),
         SwigluRequest::Fused => match (fused_loaded, operands_refused) {
-            (false, _) => Err(GdnError::Unsupported {
-                backend: OP,
-                reason: "the fused SwiGLU GEMM runs on SM 9.0 GPUs only".into(),
-            }),
-            (true, Some(why)) => Err(op_error(OP, format!("the fused kernel cannot take {why}"))),
+            (false, _) => Err(GdnError::new(
+                OP,
+                ErrorKind::Unsupported {
+                    backend: "swiglu_gemm",
+                    reason: "the fused SwiGLU GEMM runs on SM 9.0 GPUs only".into(),
+                },
+            )),
+            (true, Some(why)) => Err(invalid(
+                OP,
+                "operands",
+                format!("the fused kernel cannot take {why}"),
+            )),
             (true, None) => Ok(SwigluRoute::Fused),
         },
         SwigluRequest::Auto => Ok(
@@ -87,53 +94,6 @@ pub fn swiglu_route(
                 SwigluRoute::Unfused
             },
         ),
-    }
-}
-
-mod ffi {
-    use std::ffi::{c_char, c_void};
-
-    pub const GDN_SWIGLU_ABI_VERSION: u32 = 1;
-
-    /// Mirrors `gdn_swiglu_gemm_args` (`cuda/gdn_swiglu_abi.h`).
-    #[repr(C)]
-    #[derive(Debug, Clone, Copy)]
-    pub struct GdnSwigluGemmArgs {
-        pub abi_version: u32,
-        pub struct_size: u32,
-        /// bf16 [m, n/2]
-        pub output: *mut c_void,
-        /// bf16 [m, k]
-        pub x: *const c_void,
-        /// bf16 [n, k]: gate rows, then up rows
-        pub w: *const c_void,
-        pub m: i64,
-        pub n: i64,
-        pub k: i64,
-        pub x_stride: i64,
-        pub output_stride: i64,
-        pub max_active_clusters: i32,
-        pub reserved: i32,
-        /// cudaStream_t (== CUstream)
-        pub stream: *mut c_void,
-    }
-
-    extern "C" {
-        pub fn gdn_swiglu_abi_version() -> u32;
-        pub fn gdn_swiglu_load() -> i32;
-        pub fn gdn_swiglu_unload() -> i32;
-        pub fn gdn_swiglu_gemm(args: *const GdnSwigluGemmArgs) -> i32;
-        pub fn gdn_swiglu_last_error() -> *const c_char;
-        // Read only by the layout test.
-        #[allow(dead_code)]
-        pub static gdn_swiglu_gemm_args_layout: [u64; 14];
-    }
-
-    pub fn last_error() -> String {
-        // SAFETY: a pointer to a NUL-terminated thread-local buffer, never NULL.
-        unsafe { std::ffi::CStr::from_ptr(gdn_swiglu_last_error()) }
-            .to_string_lossy()
-            .into_owned()
     }
 }
 
@@ -149,28 +109,17 @@ impl SwigluGemm {
     /// linked wrapper speaks another ABI.
     pub fn new(stream: Arc<CudaStream>) -> Result<Option<Self>, GdnError> {
         let ctx = stream.context();
-        if ctx.compute_capability()? != (9, 0) {
+        if ctx.compute_capability().during(OP)? != (9, 0) {
             return Ok(None);
         }
-        // SAFETY: no arguments.
-        let actual = unsafe { ffi::gdn_swiglu_abi_version() };
-        if actual != ffi::GDN_SWIGLU_ABI_VERSION {
-            return Err(GdnError::AbiMismatch {
-                expected: ffi::GDN_SWIGLU_ABI_VERSION,
-                actual,
-            });
-        }
-        let sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        SWIGLU.check_abi(OP)?;
+        let sms = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .during(OP)?;
         // The module loads into the current context of each device.
-        ctx.bind_to_thread()?;
+        ctx.bind_to_thread().during(OP)?;
         // SAFETY: no arguments; loads the bundle's cubin.
-        let status = unsafe { ffi::gdn_swiglu_load() };
-        if status != 0 {
-            return Err(GdnError::Launcher {
-                status,
-                detail: ffi::last_error(),
-            });
-        }
+        SWIGLU.check(OP, unsafe { ffi::gdn_swiglu_load() })?;
         Ok(Some(SwigluGemm {
             stream,
             // 2-CTA clusters, one CTA an SM (the kernel's shared memory):
@@ -182,14 +131,9 @@ impl SwigluGemm {
     /// Why these operands cannot take the fused kernel (`None`: they can):
     /// every extent within i32, k and inter multiples of 8, 16-byte aligned
     /// pointers. Lengths are the caller's check.
-    pub fn unsupported(
-        x_ptr: u64,
-        w_ptr: u64,
-        out_ptr: u64,
-        m: usize,
-        inter: usize,
-        k: usize,
-    ) -> Option<String> {
+    /// `shape.n` is the output width (the intermediate size).
+    pub fn unsupported(x_ptr: u64, w_ptr: u64, out_ptr: u64, shape: GemmShape) -> Option<String> {
+        let GemmShape { m, n: inter, k } = shape;
         if m == 0 || inter == 0 || k == 0 {
             return Some(format!("m = {m}, inter = {inter}, k = {k} (all positive)"));
         }
@@ -208,30 +152,23 @@ impl SwigluGemm {
         None
     }
 
-    /// `out[m, inter] = silu(g) * u` on the fused kernel; x `[m, k]` and out
-    /// `[m, inter]` dense (may be longer than m rows), w exactly
-    /// `[2 * inter, k]`.
-    pub fn run<X, W, O>(
-        &self,
-        x: &X,
-        w: &W,
-        out: &mut O,
-        m: usize,
-        inter: usize,
-        k: usize,
-    ) -> Result<(), GdnError>
+    /// `out[m, n] = silu(g) * u` on the fused kernel (`shape.n` is the
+    /// intermediate size); x `[m, k]` and out `[m, n]` dense (may be longer
+    /// than m rows), w exactly `[2n, k]`.
+    pub fn run<X, W, O>(&self, x: &X, w: &W, out: &mut O, shape: GemmShape) -> Result<(), GdnError>
     where
         X: DevicePtr<bf16>,
         W: DevicePtr<bf16>,
         O: DevicePtrMut<bf16>,
     {
-        check_lengths(x.len(), w.len(), out.len(), m, inter, k)?;
+        check_lengths(x.len(), w.len(), out.len(), shape)?;
+        let GemmShape { m, n: inter, k } = shape;
         let s = &self.stream;
         let (xp, _xg) = x.device_ptr(s);
         let (wp, _wg) = w.device_ptr(s);
         let (op, _og) = out.device_ptr_mut(s);
-        if let Some(why) = Self::unsupported(xp, wp, op, m, inter, k) {
-            return Err(op_error(OP, why));
+        if let Some(why) = Self::unsupported(xp, wp, op, shape) {
+            return Err(invalid(OP, "operands", why));
         }
         let args = ffi::GdnSwigluGemmArgs {
             abi_version: ffi::GDN_SWIGLU_ABI_VERSION,
@@ -248,18 +185,11 @@ impl SwigluGemm {
             reserved: 0,
             stream: s.cu_stream() as *mut c_void,
         };
-        s.context().bind_to_thread()?;
+        s.context().bind_to_thread().during(OP)?;
         // SAFETY: the pointers are live device allocations of the checked
         // lengths, held by the guards until the launch is enqueued; the
         // wrapper re-checks shapes, alignment and overlap.
-        let status = unsafe { ffi::gdn_swiglu_gemm(&args) };
-        if status != 0 {
-            return Err(GdnError::Launcher {
-                status,
-                detail: ffi::last_error(),
-            });
-        }
-        Ok(())
+        SWIGLU.check(OP, unsafe { ffi::gdn_swiglu_gemm(&args) })
     }
 }
 
@@ -267,8 +197,8 @@ impl Drop for SwigluGemm {
     fn drop(&mut self) {
         let _ = self.stream.context().bind_to_thread();
         // SAFETY: balances the load in `new` (the stream keeps the context alive).
-        if unsafe { ffi::gdn_swiglu_unload() } != 0 {
-            log::warn!("gdn_swiglu_unload: {}", ffi::last_error());
+        if unsafe { ffi::gdn_swiglu_unload() } != crate::ffi::GDN_OK {
+            log::warn!("gdn_swiglu_unload: {}", SWIGLU.last_error());
         }
     }
 }
@@ -279,27 +209,29 @@ pub(crate) fn check_lengths(
     x: usize,
     w: usize,
     out: usize,
-    m: usize,
-    inter: usize,
-    k: usize,
+    shape: GemmShape,
 ) -> Result<(), GdnError> {
+    let GemmShape { m, n: inter, k } = shape;
     let dims = format!("m={m}, inter={inter}, k={k}");
     if x < m * k {
-        return Err(op_error(
+        return Err(invalid(
             OP,
-            format!("x has {x} elements, needs {} ({dims})", m * k),
+            "x",
+            format!("has {x} elements, needs {} ({dims})", m * k),
         ));
     }
     if out < m * inter {
-        return Err(op_error(
+        return Err(invalid(
             OP,
-            format!("out has {out} elements, needs {} ({dims})", m * inter),
+            "out",
+            format!("has {out} elements, needs {} ({dims})", m * inter),
         ));
     }
     if w != 2 * inter * k {
-        return Err(op_error(
+        return Err(invalid(
             OP,
-            format!("w has {w} elements, is not [2 * {inter}, {k}] ([W_gate; W_up])"),
+            "w",
+            format!("has {w} elements, is not [2 * {inter}, {k}] ([W_gate; W_up])"),
         ));
     }
     Ok(())
@@ -307,116 +239,7 @@ pub(crate) fn check_lengths(
 
 #[cfg(test)]
 mod tests {
-    use super::ffi::*;
     use super::*;
-    use std::mem::{offset_of, size_of};
-
-    #[test]
-    fn field_offsets_match_the_c_header() {
-        let rust = [
-            offset_of!(GdnSwigluGemmArgs, abi_version),
-            offset_of!(GdnSwigluGemmArgs, struct_size),
-            offset_of!(GdnSwigluGemmArgs, output),
-            offset_of!(GdnSwigluGemmArgs, x),
-            offset_of!(GdnSwigluGemmArgs, w),
-            offset_of!(GdnSwigluGemmArgs, m),
-            offset_of!(GdnSwigluGemmArgs, n),
-            offset_of!(GdnSwigluGemmArgs, k),
-            offset_of!(GdnSwigluGemmArgs, x_stride),
-            offset_of!(GdnSwigluGemmArgs, output_stride),
-            offset_of!(GdnSwigluGemmArgs, max_active_clusters),
-            offset_of!(GdnSwigluGemmArgs, reserved),
-            offset_of!(GdnSwigluGemmArgs, stream),
-            size_of::<GdnSwigluGemmArgs>(),
-        ];
-        // SAFETY: a plain immutable array defined by the linked wrapper.
-        let c = unsafe { gdn_swiglu_gemm_args_layout };
-        for (i, (r, c)) in rust.iter().zip(c.iter()).enumerate() {
-            assert_eq!(*r as u64, *c, "field #{i}: Rust offset {r}, C offset {c}");
-        }
-        // SAFETY: no arguments.
-        assert_eq!(unsafe { gdn_swiglu_abi_version() }, GDN_SWIGLU_ABI_VERSION);
-    }
-
-    /// A well-formed 4B-shaped call on fake, never dereferenced addresses.
-    fn args() -> GdnSwigluGemmArgs {
-        let base = 0x7000_0000_0000usize;
-        GdnSwigluGemmArgs {
-            abi_version: GDN_SWIGLU_ABI_VERSION,
-            struct_size: size_of::<GdnSwigluGemmArgs>() as u32,
-            output: (base + 0x4000_0000) as *mut c_void,
-            x: base as *const c_void,
-            w: (base + 0x1000_0000) as *const c_void,
-            m: 1024,
-            n: 18432,
-            k: 2560,
-            x_stride: 2560,
-            output_stride: 9216,
-            max_active_clusters: 66,
-            reserved: 0,
-            stream: std::ptr::null_mut(),
-        }
-    }
-
-    /// Calls the wrapper; it only reads the struct before refusing it.
-    fn status(a: &GdnSwigluGemmArgs) -> (i32, String) {
-        // SAFETY: every call below is refused before any CUDA call.
-        (unsafe { gdn_swiglu_gemm(a) }, last_error())
-    }
-
-    #[test]
-    fn wrapper_refuses_bad_calls_before_any_cuda_call() {
-        // SAFETY: a NULL struct is refused first.
-        assert_eq!(unsafe { gdn_swiglu_gemm(std::ptr::null()) }, 3);
-        let mut a = args();
-        a.abi_version += 1;
-        assert_eq!(status(&a).0, 1);
-        let mut a = args();
-        a.struct_size -= 8;
-        assert_eq!(status(&a).0, 2);
-        type Edit = fn(&mut GdnSwigluGemmArgs);
-        let cases: [(&str, Edit, &str); 8] = [
-            ("null x", |a| a.x = std::ptr::null(), "NULL"),
-            ("odd n", |a| a.n = 18431, "n even"),
-            (
-                "k not a multiple of 8",
-                |a| (a.k, a.x_stride) = (2564, 2564),
-                "multiples of 8",
-            ),
-            (
-                "n/2 not a multiple of 8",
-                |a| a.n = 2 * 9212,
-                "multiples of 8",
-            ),
-            ("m past i32", |a| a.m = 1 << 31, "below 2^31"),
-            (
-                "short output stride",
-                |a| a.output_stride = 9208,
-                "shorter than its row",
-            ),
-            (
-                "misaligned w",
-                |a| a.w = (a.w as usize + 8) as *const c_void,
-                "16-byte aligned",
-            ),
-            (
-                "output over x",
-                |a| a.output = a.x as *mut c_void,
-                "overlaps",
-            ),
-        ];
-        for (what, edit, expect) in cases {
-            let mut a = args();
-            edit(&mut a);
-            let (code, msg) = status(&a);
-            assert!(code == 3 || code == 4, "{what}: status {code} ({msg})");
-            assert!(msg.contains(expect), "{what}: {msg:?} lacks {expect:?}");
-        }
-        // Well-formed, but nothing loaded in this process: refused, not run.
-        let (code, msg) = status(&args());
-        assert_eq!(code, 6, "{msg}");
-        assert!(msg.contains("not loaded"), "{msg}");
-    }
 
     #[test]
     fn the_rule_takes_the_fused_kernel_only_where_measured_faster_and_able() {
@@ -442,21 +265,34 @@ mod tests {
 
     #[test]
     fn operand_checks_name_the_problem() {
-        let ok = SwigluGemm::unsupported(0, 16, 32, 1024, 9216, 2560);
+        let ok = SwigluGemm::unsupported(0, 16, 32, GemmShape::new(1024, 9216, 2560));
         assert_eq!(ok, None);
-        let why = |x, m, inter, k| SwigluGemm::unsupported(x, 0, 0, m, inter, k).unwrap();
+        let why =
+            |x, m, inter, k| SwigluGemm::unsupported(x, 0, 0, GemmShape::new(m, inter, k)).unwrap();
         assert!(why(0, 0, 9216, 2560).contains("positive"));
         assert!(why(0, 8, 9212, 2560).contains("multiples of 8"));
         assert!(why(0, 8, 9216, 2564).contains("multiples of 8"));
         assert!(why(8, 8, 9216, 2560).contains("aligned"));
         assert!(why(0, 1 << 31, 9216, 2560).contains("exceed i32"));
         let (m, i, k) = (4, 9216, 2560);
-        assert!(check_lengths(m * k, 2 * i * k, m * i, m, i, k).is_ok());
-        assert!(check_lengths(m * k, i * k, m * i, m, i, k)
+        let shape = GemmShape::new(m, i, k);
+        assert!(check_lengths(m * k, 2 * i * k, m * i, shape).is_ok());
+        let e = check_lengths(m * k, i * k, m * i, shape)
             .unwrap_err()
-            .to_string()
-            .contains("W_gate"));
-        assert!(check_lengths(m * k - 1, 2 * i * k, m * i, m, i, k).is_err());
-        assert!(check_lengths(m * k, 2 * i * k, m * i - 1, m, i, k).is_err());
+            .to_string();
+        assert!(
+            e.starts_with("swiglu_gemm: w: ") && e.contains("W_gate"),
+            "{e}"
+        );
+        let e = check_lengths(m * k - 1, 2 * i * k, m * i, shape).unwrap_err();
+        assert!(
+            matches!(e.kind(), ErrorKind::InvalidArgument { arg: "x", .. }),
+            "{e}"
+        );
+        let e = check_lengths(m * k, 2 * i * k, m * i - 1, shape).unwrap_err();
+        assert!(
+            matches!(e.kind(), ErrorKind::InvalidArgument { arg: "out", .. }),
+            "{e}"
+        );
     }
 }

@@ -27,8 +27,8 @@
 //! within its distance. The recurrent state of each step starts from the
 //! GPU's state of the step before, so distances do not compound.
 
-use gdn_kernels::testing::{gpu_stream, Rng};
 use gdn_kernels::{BatchLayout, DeltaNetShape, DeltaNetWeights, DeviceBatch, ModelOps, HEAD_DIM};
+use gdn_kernels_testkit::{gpu_stream, Rng};
 use half::bf16;
 
 const D: usize = HEAD_DIM;

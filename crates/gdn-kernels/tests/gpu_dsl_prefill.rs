@@ -5,11 +5,11 @@
 //! of the sm_100a / sm_120a kernels on any other GPU. They skip without a GPU;
 //! `GDN_REQUIRE_GPU=1` makes that a failure.
 
-use gdn_kernels::testing::{
+use gdn_kernels::{Backend, BackendRequest, ErrorKind, GdnError, GdnPrefill};
+use gdn_kernels_testkit::{
     check_against_oracle as check, check_continuation, geometry, gpu_stream, Problem,
     ORACLE_LENGTHS as LENGTHS, QWEN35_GDN_HEADS as GEOMETRIES,
 };
-use gdn_kernels::{Backend, BackendRequest, GdnError, GdnPrefill};
 
 const SM90_DSL: [(BackendRequest, Backend); 2] = [
     (BackendRequest::CuteDslSm90, Backend::CuteDslSm90),
@@ -23,8 +23,9 @@ fn hopper() -> Option<std::sync::Arc<cudarc::driver::CudaStream>> {
     if stream.context().compute_capability().unwrap() != (9, 0) {
         for (request, _) in SM90_DSL {
             assert!(matches!(
-                GdnPrefill::new(stream.clone(), geometry(16, 32), request),
-                Err(GdnError::Unsupported { .. })
+                GdnPrefill::new(stream.clone(), geometry(16, 32), request)
+                    .map_err(GdnError::into_kind),
+                Err(ErrorKind::Unsupported { .. })
             ));
         }
         println!("skipped: not an sm_90 GPU; the SM90 DSL backends were refused as they must be");
@@ -173,8 +174,8 @@ fn dsl_refuses_empty_sequences_and_blackwell_kernels_off_their_gpu() {
             cc == (12, 0),
         ),
     ] {
-        match GdnPrefill::new(stream.clone(), g, request) {
-            Err(GdnError::Unsupported { backend, reason }) if !runs_here => {
+        match GdnPrefill::new(stream.clone(), g, request).map_err(GdnError::into_kind) {
+            Err(ErrorKind::Unsupported { backend, reason }) if !runs_here => {
                 assert_eq!(backend, name);
                 println!(
                     "{name} refused on sm_{}{} with {sms} SMs: {reason}",
@@ -195,8 +196,8 @@ fn dsl_refuses_empty_sequences_and_blackwell_kernels_off_their_gpu() {
         for (request, _) in SM90_DSL {
             let mut op = GdnPrefill::new(stream.clone(), g, request).unwrap();
             assert!(matches!(
-                p.run_on(&mut op, &stream),
-                Err(GdnError::InvalidArgument {
+                p.run_on(&mut op, &stream).map_err(GdnError::into_kind),
+                Err(ErrorKind::InvalidArgument {
                     arg: "cu_seqlens",
                     ..
                 })

@@ -17,10 +17,10 @@
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
-use gdn_kernels::testing::{gpu_stream, Rng};
 use gdn_kernels::{
     AttentionKernel, AttentionRequest, AttentionShape, BatchLayout, DeviceBatch, ModelOps,
 };
+use gdn_kernels_testkit::{gpu_stream, Rng};
 use half::bf16;
 
 const PAGE: usize = 16;

@@ -11,11 +11,11 @@
 //! `vsplit`), so a fault in it cannot take the shipped kernels' tests down:
 //! run them alone with the filter `vsplit`, the others with `--skip vsplit`.
 
-use gdn_kernels::testing::{
+use gdn_kernels::{Backend, BackendRequest, ErrorKind, GdnError, GdnGeometry, GdnPrefill};
+use gdn_kernels_testkit::{
     check_against_oracle as check, check_continuation, geometry, gpu_stream, Problem,
     ORACLE_LENGTHS as LENGTHS, QWEN35_GDN_HEADS as GEOMETRIES,
 };
-use gdn_kernels::{Backend, BackendRequest, GdnError, GdnGeometry, GdnPrefill};
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
@@ -126,8 +126,8 @@ fn zero_length_sequences_run_on_portable_and_are_refused_by_flashinfer() {
     for request in [BackendRequest::FlashInfer, BackendRequest::FlashInferVsplit] {
         // Refused by the op before any launch: safe beside the shipped kernels.
         let mut fi = GdnPrefill::new(stream.clone(), g, request).unwrap();
-        match p.run_on(&mut fi, &stream) {
-            Err(GdnError::InvalidArgument {
+        match p.run_on(&mut fi, &stream).map_err(GdnError::into_kind) {
+            Err(ErrorKind::InvalidArgument {
                 arg: "cu_seqlens",
                 message,
             }) => assert!(message.contains("empty"), "{message}"),
@@ -252,15 +252,16 @@ fn auto_dispatch_on_hopper_resolves_the_dsl_kernels_and_falls_back_for_unbuilt_r
         &p.reference(),
     );
     assert!(matches!(
-        GdnPrefill::new(stream.clone(), g, BackendRequest::FlashInfer),
-        Err(GdnError::Unsupported {
+        GdnPrefill::new(stream.clone(), g, BackendRequest::FlashInfer).map_err(GdnError::into_kind),
+        Err(ErrorKind::Unsupported {
             backend: "flashinfer",
             ..
         })
     ));
     assert!(matches!(
-        GdnPrefill::new(stream.clone(), g, BackendRequest::FlashInferVsplit),
-        Err(GdnError::Unsupported {
+        GdnPrefill::new(stream.clone(), g, BackendRequest::FlashInferVsplit)
+            .map_err(GdnError::into_kind),
+        Err(ErrorKind::Unsupported {
             backend: "flashinfer-vsplit",
             ..
         })
@@ -274,8 +275,8 @@ fn bad_buffers_are_refused_before_any_launch() {
     let mut op = GdnPrefill::new(stream.clone(), g, BackendRequest::Auto).unwrap();
     let mut p = Problem::random(5, g, &[10], false);
     p.v.pop();
-    match p.run_on(&mut op, &stream) {
-        Err(GdnError::InvalidArgument { arg: "v", message }) => {
+    match p.run_on(&mut op, &stream).map_err(GdnError::into_kind) {
+        Err(ErrorKind::InvalidArgument { arg: "v", message }) => {
             assert!(message.contains("T=10"), "{message}")
         }
         other => panic!("expected a v length error, got {:?}", other.map(|_| ())),
@@ -283,15 +284,15 @@ fn bad_buffers_are_refused_before_any_launch() {
     let mut p = Problem::random(5, g, &[10], false);
     p.cu_seqlens = vec![0, 6, 4, 10];
     assert!(matches!(
-        p.run_on(&mut op, &stream),
-        Err(GdnError::InvalidArgument {
+        p.run_on(&mut op, &stream).map_err(GdnError::into_kind),
+        Err(ErrorKind::InvalidArgument {
             arg: "cu_seqlens",
             ..
         })
     ));
     let bad_dim = GdnGeometry { head_dim: 64, ..g };
     assert!(matches!(
-        GdnPrefill::new(stream.clone(), bad_dim, BackendRequest::Auto),
-        Err(GdnError::InvalidArgument { .. })
+        GdnPrefill::new(stream.clone(), bad_dim, BackendRequest::Auto).map_err(GdnError::into_kind),
+        Err(ErrorKind::InvalidArgument { .. })
     ));
 }

@@ -11,8 +11,8 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use gdn_kernels::testing::{gpu_stream, Rng};
-use gdn_kernels::{Gemm, GemmOutput, SkinnyConfig};
+use gdn_kernels::{Gemm, GemmOutput, GemmShape, SkinnyConfig};
+use gdn_kernels_testkit::{gpu_stream, Rng};
 use half::bf16;
 
 /// (label, n, k): the 4B's linear layers (out_proj and o_proj share
@@ -159,8 +159,8 @@ fn call<O: GemmOutput>(
     config: Option<SkinnyConfig>,
 ) -> Result<(), gdn_kernels::GdnError> {
     match config {
-        Some(c) => gemm.linear_skinny(x, w, y, m, n, k, c),
-        None => gemm.linear_cublas(x, w, y, m, n, k),
+        Some(c) => gemm.linear_skinny(x, w, y, GemmShape::new(m, n, k), c),
+        None => gemm.linear_cublas(x, w, y, GemmShape::new(m, n, k)),
     }
 }
 
@@ -275,27 +275,27 @@ fn skinny_linear_refuses_what_it_cannot_run() {
     let mut y = stream.alloc_zeros::<f32>(17 * n).unwrap();
     let err = |r: Result<(), gdn_kernels::GdnError>| r.unwrap_err().to_string();
     // 17 rows: past the kernels' 16.
-    let e = err(gemm.linear_skinny(&x, &w, &mut y, 17, n, k, c));
+    let e = err(gemm.linear_skinny(&x, &w, &mut y, GemmShape::new(17, n, k), c));
     assert!(e.contains("m = 17"), "{e}");
     // x one element off 16-byte alignment.
     let xs = x.slice(1..);
-    let e = err(gemm.linear_skinny(&xs, &w, &mut y, 2, n, k, c));
+    let e = err(gemm.linear_skinny(&xs, &w, &mut y, GemmShape::new(2, n, k), c));
     assert!(e.contains("aligned"), "{e}");
     // k not a multiple of 8 (w still exactly [n, k]).
     let w12 = stream.alloc_zeros::<bf16>(n * 12).unwrap();
-    let e = err(gemm.linear_skinny(&x, &w12, &mut y, 2, n, 12, c));
+    let e = err(gemm.linear_skinny(&x, &w12, &mut y, GemmShape::new(2, n, 12), c));
     assert!(e.contains("multiple of 8"), "{e}");
     // w not [n, k]; y too short.
-    let e = err(gemm.linear_skinny(&x, &w, &mut y, 2, n + 1, k, c));
+    let e = err(gemm.linear_skinny(&x, &w, &mut y, GemmShape::new(2, n + 1, k), c));
     assert!(e.contains("is not ["), "{e}");
-    let e = err(gemm.linear_skinny(&x, &w, &mut y, 17, n, k, c));
-    assert!(e.contains("m = 17") || e.contains("y has"), "{e}");
+    let e = err(gemm.linear_skinny(&x, &w, &mut y, GemmShape::new(17, n, k), c));
+    assert!(e.contains("m = 17") || e.contains("y: has"), "{e}");
     // A configuration the kernels lack.
     let bad = SkinnyConfig {
         warps: 4,
         k_unroll: 8,
     };
-    let e = err(gemm.linear_skinny(&x, &w, &mut y, 9, n, k, bad));
+    let e = err(gemm.linear_skinny(&x, &w, &mut y, GemmShape::new(9, n, k), bad));
     assert!(e.contains("k_unroll 8"), "{e}");
     // Nothing was launched: y is still zero.
     assert!(stream.clone_dtoh(&y).unwrap().iter().all(|&v| v == 0.0));

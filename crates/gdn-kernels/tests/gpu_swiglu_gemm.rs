@@ -12,10 +12,11 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use gdn_kernels::testing::{gpu_stream, Rng};
 use gdn_kernels::{
-    GdnError, Gemm, ModelOps, SwigluGemm, SwigluRequest, SwigluRoute, SWIGLU_FUSED_MIN_ROWS,
+    ErrorKind, Gemm, GemmShape, ModelOps, SwigluGemm, SwigluRequest, SwigluRoute,
+    SWIGLU_FUSED_MIN_ROWS,
 };
+use gdn_kernels_testkit::{gpu_stream, Rng};
 use half::bf16;
 
 /// fp32 accumulation over k products of bf16 values: 2e-6 of sum |x w| is
@@ -232,7 +233,7 @@ fn fused_and_unfused_routes_match_f64() {
                 .clone_htod(&vec![bf16::from_f32(SENTINEL); m * inter])
                 .unwrap();
             let took = gemm
-                .gate_up_swiglu(&ops, &x, &w, &mut out, m, inter, k)
+                .gate_up_swiglu(&ops, &x, &w, &mut out, GemmShape::new(m, inter, k))
                 .unwrap();
             assert_eq!(took, route, "{label}");
             let got = stream.clone_dtoh(&out).unwrap();
@@ -270,7 +271,9 @@ fn fused_kernel_writes_only_its_rows() {
     let mut out: CudaSlice<bf16> = stream
         .clone_htod(&vec![bf16::from_f32(SENTINEL); (m + 126) * inter])
         .unwrap();
-    fused.run(&x, &w, &mut out, m, inter, k).unwrap();
+    fused
+        .run(&x, &w, &mut out, GemmShape::new(m, inter, k))
+        .unwrap();
     let got = stream.clone_dtoh(&out).unwrap();
     assert!(got[..m * inter].iter().any(|v| v.to_f32() != SENTINEL));
     let past = got[m * inter..].iter().position(|v| v.to_f32() != SENTINEL);
@@ -304,7 +307,8 @@ fn the_rule_routes_prefill_to_the_fused_kernel_and_refuses_what_it_cannot_run() 
             SwigluRoute::Unfused
         };
         assert_eq!(
-            gemm.swiglu_route(&x, &w, &out, m, inter, k).unwrap(),
+            gemm.swiglu_route(&x, &w, &out, GemmShape::new(m, inter, k))
+                .unwrap(),
             want,
             "m {m}"
         );
@@ -316,21 +320,23 @@ fn the_rule_routes_prefill_to_the_fused_kernel_and_refuses_what_it_cannot_run() 
     let w_odd: CudaSlice<bf16> = stream.alloc_zeros(2 * inter * k_odd).unwrap();
     let mut out: CudaSlice<bf16> = stream.alloc_zeros(m * inter).unwrap();
     let e = gemm
-        .gate_up_swiglu(&ops, &x, &w_odd, &mut out, m, inter, k_odd)
+        .gate_up_swiglu(&ops, &x, &w_odd, &mut out, GemmShape::new(m, inter, k_odd))
         .unwrap_err();
-    match (&e, sm90) {
-        (GdnError::Op { message, .. }, true) => assert!(message.contains("multiples of 8"), "{e}"),
-        (GdnError::Unsupported { .. }, false) => {}
+    match (e.kind(), sm90) {
+        (ErrorKind::InvalidArgument { message, .. }, true) => {
+            assert!(message.contains("multiples of 8"), "{e}")
+        }
+        (ErrorKind::Unsupported { .. }, false) => {}
         _ => panic!("unexpected error {e}"),
     }
     // Auto takes such operands unfused, and a short weight is refused by both.
     gemm.set_swiglu_request(SwigluRequest::Auto);
     let took = gemm
-        .gate_up_swiglu(&ops, &x, &w_odd, &mut out, m, inter, k_odd)
+        .gate_up_swiglu(&ops, &x, &w_odd, &mut out, GemmShape::new(m, inter, k_odd))
         .unwrap();
     assert_eq!(took, SwigluRoute::Unfused);
     let e = gemm
-        .gate_up_swiglu(&ops, &x, &w, &mut out, m, inter, k_odd)
+        .gate_up_swiglu(&ops, &x, &w, &mut out, GemmShape::new(m, inter, k_odd))
         .unwrap_err();
     assert!(e.to_string().contains("W_gate"), "{e}");
 }

@@ -11,8 +11,8 @@
 //!
 //! Decode steps run at a context of `CONTEXT` tokens per sequence. Logits stay
 //! on the device (`LogitsTo::DeviceOnly`): sampling is not part of the forward.
-//! Slots and pages are handed out by the tests' stand-in for the engine's
-//! allocator (tests/common/alloc.rs).
+//! Slots and pages are handed out by the test kit's stand-in for the
+//! engine's allocator (`qwen35_testkit::alloc`).
 //! Arguments (optional) pick parts: `prefill`, `decode`, `mixed` (default:
 //! all), and `--decode-batches 1,16,64`, `--prefill-lens 1024,8192` (the
 //! prompt lengths to time; the server's TTFT breakdown passes the lengths
@@ -27,14 +27,11 @@ use std::time::Instant;
 
 use cudarc::driver::CudaSlice;
 use engine::{PageId, SlotId};
-use gdn_kernels::Gemm;
+use gdn_kernels::{Gemm, GemmShape};
 use half::bf16;
 use qwen35::gpu::{GpuModel, GpuOptions, LogitsTo};
 use qwen35::{Config, LayerType, RowLogits};
-
-#[path = "../tests/common/alloc.rs"]
-mod alloc;
-use alloc::Seqs;
+use qwen35_testkit::alloc::{SeqId, Seqs};
 
 const CONTEXT: usize = 1024;
 const PAGE: usize = 64;
@@ -119,11 +116,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a: CudaSlice<bf16> = stream.alloc_zeros(n * n)?;
     let w: CudaSlice<bf16> = stream.alloc_zeros(n * n)?;
     let mut y: CudaSlice<bf16> = stream.alloc_zeros(n * n)?;
-    gemm.linear(&a, &w, &mut y, n, n, n)?;
+    gemm.linear(&a, &w, &mut y, GemmShape::new(n, n, n))?;
     stream.synchronize()?;
     let t0 = Instant::now();
     for _ in 0..10 {
-        gemm.linear(&a, &w, &mut y, n, n, n)?;
+        gemm.linear(&a, &w, &mut y, GemmShape::new(n, n, n))?;
     }
     stream.synchronize()?;
     let gemm_rate = 10.0 * 2.0 * (n as f64).powi(3) / t0.elapsed().as_secs_f64();
@@ -241,7 +238,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             let mut seqs = Seqs::new(batch, pages, PAGE);
             let ids: Vec<_> = (0..batch).map(|_| seqs.add()).collect();
-            let mut forward = |step: &[(alloc::SeqId, &[u32])]| {
+            let mut forward = |step: &[(SeqId, &[u32])]| {
                 seqs.step_to(
                     &mut model,
                     &mut cache,
@@ -277,8 +274,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let dt = t0.elapsed().as_secs_f64() / steps as f64;
             note(&mut peak);
             let roofline = weight_bytes_read as f64 / copy_bw;
-            // The full floor (issue #12): a step must also read every
-            // sequence's KV and read and write its recurrent and conv state.
+            // The full floor (the decode goal of docs/performance.md): a
+            // step must also read every sequence's KV and read and write
+            // its recurrent and conv state.
             let (slot_bytes, page_bytes) = model.slot_and_page_bytes(PAGE);
             let per_seq = CONTEXT * page_bytes / PAGE + 2 * slot_bytes;
             let floor = (weight_bytes_read + batch * per_seq) as f64 / copy_bw;
@@ -308,7 +306,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let prompt: Vec<u32> = (0..CONTEXT as u32)
             .map(|t| (t * 31) % 200_000 + 10)
             .collect();
-        let mut forward = |seqs: &mut Seqs, step: &[(alloc::SeqId, &[u32])]| {
+        let mut forward = |seqs: &mut Seqs, step: &[(SeqId, &[u32])]| {
             seqs.step_to(
                 &mut model,
                 &mut cache,

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::error::{Error, Result};
+use crate::error::LoadError;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LayerType {
@@ -105,51 +105,55 @@ struct RawTop {
     tie_word_embeddings: Option<bool>,
 }
 
-fn unsupported(what: String) -> Error {
-    Error::UnsupportedConfig(what)
+fn unsupported(what: String) -> LoadError {
+    LoadError::UnsupportedConfig(what)
 }
 
 impl Config {
-    pub fn from_file(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        Config::from_json(&text).map_err(|e| match e {
-            Error::Json(m) => Error::Json(format!("{}: {m}", path.display())),
-            other => other,
-        })
+    pub fn from_file(path: &Path) -> Result<Config, LoadError> {
+        let text = std::fs::read_to_string(path).map_err(|e| LoadError::io(path, e))?;
+        Config::parse(&text, &path.display().to_string())
     }
 
-    pub fn from_json(text: &str) -> Result<Config> {
-        let top: RawTop = serde_json::from_str(text).map_err(|e| Error::Json(e.to_string()))?;
+    /// The config of a `config.json`'s text.
+    pub fn from_json(text: &str) -> Result<Config, LoadError> {
+        Config::parse(text, "config")
+    }
+
+    /// `origin` names the text in errors (the file's path).
+    fn parse(text: &str, origin: &str) -> Result<Config, LoadError> {
+        let json = |what: String| move |source: serde_json::Error| LoadError::Json { what, source };
+        let top: RawTop = serde_json::from_str(text).map_err(json(origin.to_string()))?;
         let model_type = top.model_type.clone().unwrap_or_default();
-        let (raw, vision_language, top_tie): (RawText, bool, Option<bool>) =
-            match model_type.as_str() {
-                "qwen3_5" => {
-                    let tc = top.text_config.ok_or_else(|| {
-                        unsupported("model_type qwen3_5 without text_config".into())
-                    })?;
-                    (
-                        serde_json::from_value(tc)
-                            .map_err(|e| Error::Json(format!("text_config: {e}")))?,
-                        true,
-                        top.tie_word_embeddings,
-                    )
-                }
-                "qwen3_5_text" => (
-                    serde_json::from_str(text).map_err(|e| Error::Json(e.to_string()))?,
-                    false,
-                    None,
-                ),
-                "qwen3_5_moe" | "qwen3_5_moe_text" => {
-                    return Err(unsupported(format!(
-                        "model_type {model_type}: mixture-of-experts models are not supported"
-                    )))
-                }
-                other => {
-                    return Err(unsupported(format!(
-                        "model_type {other:?}: expected qwen3_5 or qwen3_5_text"
-                    )))
-                }
-            };
+        let (raw, vision_language, top_tie): (RawText, bool, Option<bool>) = match model_type
+            .as_str()
+        {
+            "qwen3_5" => {
+                let tc = top
+                    .text_config
+                    .ok_or_else(|| unsupported("model_type qwen3_5 without text_config".into()))?;
+                (
+                    serde_json::from_value(tc).map_err(json(format!("{origin}: text_config")))?,
+                    true,
+                    top.tie_word_embeddings,
+                )
+            }
+            "qwen3_5_text" => (
+                serde_json::from_str(text).map_err(json(origin.to_string()))?,
+                false,
+                None,
+            ),
+            "qwen3_5_moe" | "qwen3_5_moe_text" => {
+                return Err(unsupported(format!(
+                    "model_type {model_type}: mixture-of-experts models are not supported"
+                )))
+            }
+            other => {
+                return Err(unsupported(format!(
+                    "model_type {other:?}: expected qwen3_5 or qwen3_5_text"
+                )))
+            }
+        };
         if let Some(mt) = &raw.model_type {
             if vision_language && mt != "qwen3_5_text" {
                 return Err(unsupported(format!(
@@ -201,7 +205,7 @@ impl Config {
                     "full_attention" => Ok(LayerType::Full),
                     other => Err(unsupported(format!("layer_types[{i}] = {other:?}"))),
                 })
-                .collect::<Result<Vec<_>>>()?,
+                .collect::<Result<Vec<_>, _>>()?,
             (None, interval) => {
                 let interval = interval.unwrap_or(4).max(1);
                 (0..raw.num_hidden_layers)
@@ -239,7 +243,7 @@ impl Config {
         Ok(c)
     }
 
-    fn validate(&self) -> Result<()> {
+    fn validate(&self) -> Result<(), LoadError> {
         let rule = |ok: bool, what: String| if ok { Ok(()) } else { Err(unsupported(what)) };
         rule(
             self.layer_types.len() == self.num_hidden_layers,

@@ -5,9 +5,9 @@
 //! Written for clarity, not speed: only for tiny models.
 
 use crate::config::{Config, LayerType};
-use crate::error::{Error, Result};
+use crate::error::{LoadError, RunError};
+use crate::row_logits::RowLogits;
 use crate::weights::Weights;
-use crate::RowLogits;
 
 /// Row-major `[rows, cols]` matrix times vector: `out[r] = sum_c w[r, c] x[c]`.
 fn matvec(w: &[f32], x: &[f32], rows: usize) -> Vec<f32> {
@@ -142,7 +142,7 @@ impl CpuState {
 
 impl CpuModel {
     /// Loads every tensor the config implies, checking names, shapes and dtypes.
-    pub fn load(config: Config, w: &Weights) -> Result<CpuModel> {
+    pub fn load(config: Config, w: &Weights) -> Result<CpuModel, LoadError> {
         let c = &config;
         let (h, v) = (c.hidden_size, c.vocab_size);
         let embed_tokens = w.get("model.embed_tokens.weight", &[v, h])?;
@@ -252,7 +252,7 @@ impl CpuModel {
     }
 
     /// Runs `tokens` after whatever `state` has seen; returns logits `[tokens.len()][vocab]`.
-    pub fn forward(&self, tokens: &[u32], state: &mut CpuState) -> Result<Vec<Vec<f32>>> {
+    pub fn forward(&self, tokens: &[u32], state: &mut CpuState) -> Result<Vec<Vec<f32>>, RunError> {
         self.forward_logits(tokens, state, RowLogits::All)
     }
 
@@ -265,7 +265,7 @@ impl CpuModel {
         tokens: &[u32],
         state: &mut CpuState,
         which: RowLogits,
-    ) -> Result<Vec<Vec<f32>>> {
+    ) -> Result<Vec<Vec<f32>>, RunError> {
         let c = &self.config;
         let kinds_match = state.layers.len() == self.layers.len()
             && state.layers.iter().zip(&self.layers).all(|(s, l)| {
@@ -276,13 +276,13 @@ impl CpuModel {
                 )
             });
         if !kinds_match {
-            return Err(Error::InvalidInput(
+            return Err(RunError::InvalidInput(
                 "the state was made by a model with other layers (use this model's new_state)"
                     .into(),
             ));
         }
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(Error::InvalidInput(format!(
+            return Err(RunError::InvalidInput(format!(
                 "token id {t} >= vocab_size {}",
                 c.vocab_size
             )));

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::error::{Error, Result};
+use crate::error::{LoadError, RunError};
 
 pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,
@@ -11,15 +11,21 @@ pub struct TextTokenizer {
 }
 
 impl TextTokenizer {
-    pub fn from_dir(dir: &Path) -> Result<TextTokenizer> {
+    pub fn from_dir(dir: &Path) -> Result<TextTokenizer, LoadError> {
         let path = dir.join("tokenizer.json");
-        let inner = tokenizers::Tokenizer::from_file(&path)
-            .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        let inner =
+            tokenizers::Tokenizer::from_file(&path).map_err(|source| LoadError::Tokenizer {
+                path: path.clone(),
+                source,
+            })?;
         let gen = dir.join("generation_config.json");
         let eos_token_ids = if gen.exists() {
-            let text = std::fs::read_to_string(&gen).map_err(|e| Error::io(&gen, e))?;
-            let v: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|e| Error::Json(format!("{}: {e}", gen.display())))?;
+            let text = std::fs::read_to_string(&gen).map_err(|e| LoadError::io(&gen, e))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|source| LoadError::Json {
+                    what: gen.display().to_string(),
+                    source,
+                })?;
             match &v["eos_token_id"] {
                 serde_json::Value::Number(n) => {
                     n.as_u64().map(|x| vec![x as u32]).unwrap_or_default()
@@ -39,18 +45,16 @@ impl TextTokenizer {
         })
     }
 
-    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, RunError> {
         Ok(self
             .inner
             .encode(text, false)
-            .map_err(|e| Error::Tokenizer(e.to_string()))?
+            .map_err(RunError::Tokenizer)?
             .get_ids()
             .to_vec())
     }
 
-    pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.inner
-            .decode(ids, false)
-            .map_err(|e| Error::Tokenizer(e.to_string()))
+    pub fn decode(&self, ids: &[u32]) -> Result<String, RunError> {
+        self.inner.decode(ids, false).map_err(RunError::Tokenizer)
     }
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 
-use crate::error::{Error, Result};
+use crate::error::LoadError;
 
 const INDEX_FILE: &str = "model.safetensors.index.json";
 const SINGLE_FILE: &str = "model.safetensors";
@@ -64,24 +64,30 @@ fn normalise(name: &str) -> Option<String> {
 
 impl Weights {
     /// Opens `dir/model.safetensors.index.json` or else `dir/model.safetensors`.
-    pub fn open(dir: &Path) -> Result<Weights> {
+    pub fn open(dir: &Path) -> Result<Weights, LoadError> {
         let files: Vec<PathBuf> = if dir.join(INDEX_FILE).exists() {
             let p = dir.join(INDEX_FILE);
-            let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
-            let v: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|e| Error::Json(format!("{}: {e}", p.display())))?;
+            let text = std::fs::read_to_string(&p).map_err(|e| LoadError::io(&p, e))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|source| LoadError::Json {
+                    what: p.display().to_string(),
+                    source,
+                })?;
+            let content = |message: String| LoadError::JsonContent {
+                path: p.clone(),
+                message,
+            };
             let map = v["weight_map"]
                 .as_object()
-                .ok_or_else(|| Error::Json(format!("{}: no weight_map object", p.display())))?;
+                .ok_or_else(|| content("no weight_map object".into()))?;
             let set: std::collections::BTreeSet<&str> =
                 map.values().filter_map(|f| f.as_str()).collect();
             // Shards must be plain file names inside the model directory.
             if let Some(bad) = set.iter().find(|f| {
                 f.is_empty() || f.contains('/') || f.contains('\\') || **f == "." || **f == ".."
             }) {
-                return Err(Error::Json(format!(
-                    "{}: shard name {bad:?} is not a plain file name",
-                    p.display()
+                return Err(content(format!(
+                    "shard name {bad:?} is not a plain file name"
                 )));
             }
             set.into_iter().map(|f| dir.join(f)).collect()
@@ -91,13 +97,16 @@ impl Weights {
         let mut shards = vec![];
         let mut names = HashMap::new();
         for (i, f) in files.iter().enumerate() {
-            let file = std::fs::File::open(f).map_err(|e| Error::io(f, e))?;
+            let file = std::fs::File::open(f).map_err(|e| LoadError::io(f, e))?;
             // SAFETY: the checkpoint is opened read-only and must not be
             // modified while loaded (the usual contract of mmapped weights).
-            let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(f, e))?;
+            let mmap = unsafe { Mmap::map(&file) }.map_err(|e| LoadError::io(f, e))?;
             // Checks offsets against each other and the file size.
-            let (header, metadata) = SafeTensors::read_metadata(&mmap)
-                .map_err(|e| Error::Safetensors(format!("{}: {e}", f.display())))?;
+            let (header, metadata) =
+                SafeTensors::read_metadata(&mmap).map_err(|source| LoadError::Safetensors {
+                    path: f.clone(),
+                    source,
+                })?;
             let data_start = 8 + header;
             for (name, info) in metadata.tensors() {
                 if let Some(n) = normalise(&name) {
@@ -124,20 +133,22 @@ impl Weights {
 
     /// The bytes of tensor `name` as stored, checked against `shape` and
     /// for a float dtype (bf16, f16 or f32).
-    pub fn raw(&self, name: &str, shape: &[usize]) -> Result<RawTensor<'_>> {
+    pub fn raw(&self, name: &str, shape: &[usize]) -> Result<RawTensor<'_>, LoadError> {
         let entry = self
             .names
             .get(name)
-            .ok_or_else(|| Error::MissingTensor(name.to_string()))?;
+            .ok_or_else(|| LoadError::MissingTensor {
+                tensor: name.to_string(),
+            })?;
         if entry.shape != shape {
-            return Err(Error::WrongShape {
+            return Err(LoadError::WrongShape {
                 tensor: name.to_string(),
                 expected: shape.to_vec(),
                 actual: entry.shape.clone(),
             });
         }
         if !matches!(entry.dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32) {
-            return Err(Error::WrongDtype {
+            return Err(LoadError::WrongDtype {
                 tensor: name.to_string(),
                 actual: format!("{:?}", entry.dtype),
             });
@@ -149,7 +160,7 @@ impl Weights {
     }
 
     /// The tensor `name` as f32, checked against `shape`.
-    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, LoadError> {
         let raw = self.raw(name, shape)?;
         let bytes = raw.bytes;
         let out = match raw.dtype {

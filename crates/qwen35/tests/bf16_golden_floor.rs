@@ -1,15 +1,13 @@
 //! The accuracy gate's floor: the exact f32 CPU forward against HF's bf16 GPU
 //! goldens (teacher-forced top-64 log-probabilities, prompts of 1 to 128
 //! tokens and, for text_gva2, 4100 tokens). Any engine is judged against the
-//! same goldens with the same method (`qwen35::gate`); an exact forward must
+//! same goldens with the same method (`qwen35_testkit::gate`); an exact forward must
 //! pass with a margin, and its statistics are the floor recorded in
 //! docs/qwen35.md.
 
-mod common;
-
-use common::{Fixture, MODELS};
-use qwen35::gate::{compare, GateStats};
 use qwen35::CpuModel;
+use qwen35_testkit::gate::{compare, GateStats};
+use qwen35_testkit::{Fixture, MODELS};
 
 #[test]
 fn exact_forward_passes_the_bf16_gate_on_every_golden() {

@@ -10,13 +10,11 @@
 //!   nothing;
 //! - step timing (the request timeline) reports phases only when asked.
 
-mod common;
-
-use common::drive::{run, step, Request};
-use common::{Fixture, MODELS};
 use engine::{ExecError, Executor, PageId, SampleSeed, SampleSpec, SlotId, StepRow};
 use qwen35::engine_exec::{CpuExecutor, CpuSizing};
 use qwen35::CpuModel;
+use qwen35_testkit::drive::{run, step, Request};
+use qwen35_testkit::{Fixture, MODELS};
 
 const PAGE: usize = 16;
 /// Pages per slot: 4096 positions (the long prompt is not used here).
@@ -185,7 +183,7 @@ fn a_row_at_the_wrong_position_is_refused_and_changes_nothing() {
     let other: Vec<PageId> = (PAGES_PER_SLOT as u32..2 * PAGES_PER_SLOT as u32)
         .map(PageId)
         .collect();
-    let params = common::drive::greedy();
+    let params = qwen35_testkit::drive::greedy();
     let spec = SampleSpec {
         params: &params,
         history: &p[..33],

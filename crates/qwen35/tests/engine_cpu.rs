@@ -4,11 +4,8 @@
 //! each get exactly the tokens of the CPU reference forward's own greedy
 //! loop on that request alone; slots and pages are all free afterwards.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{Fixture, MODELS};
 use engine::{
     Engine, EngineConfig, EngineHandle, EngineStats, Executor, GenerateRequest, SamplingParams,
     StopParams,
@@ -16,6 +13,7 @@ use engine::{
 use engine_testkit::finished_tokens;
 use qwen35::engine_exec::{CpuExecutor, CpuSizing};
 use qwen35::{CpuModel, Weights};
+use qwen35_testkit::{Fixture, MODELS};
 
 const PAGE: usize = 16;
 

@@ -7,11 +7,8 @@
 //! A last test shows that a wrong restore changes what the model computes
 //! (so the equality checks can fail).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{Fixture, MODELS};
 use engine::prefix_cache::PrefixCacheConfig;
 use engine::{
     Engine, EngineConfig, EngineHandle, Event, Executor, GenerateRequest, PageId, SampleSeed,
@@ -19,6 +16,7 @@ use engine::{
 };
 use qwen35::engine_exec::{CpuExecutor, CpuSizing};
 use qwen35::{CpuModel, Weights};
+use qwen35_testkit::{Fixture, MODELS};
 
 const PAGE: usize = 16;
 

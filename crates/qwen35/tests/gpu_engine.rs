@@ -8,12 +8,8 @@
 //! regret limit); from there on the two continuations are different texts
 //! and are not compared.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::drive::{run, Request};
-use common::{Fixture, MODELS};
 use engine::{
     Engine, EngineConfig, EngineHandle, Executor, GenerateRequest, SamplingParams, StopParams,
 };
@@ -21,6 +17,8 @@ use engine_testkit::finished_tokens;
 use qwen35::engine_exec::{GpuExecutor, GpuSizing, PagePool};
 use qwen35::gpu::{GpuModel, GpuOptions};
 use qwen35::Weights;
+use qwen35_testkit::drive::{run, Request};
+use qwen35_testkit::{Fixture, MODELS};
 
 const PAGE: usize = 16;
 const OUT: usize = 40;
@@ -95,7 +93,7 @@ async fn served(handle: &EngineHandle, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn served_greedy_tokens_equal_the_executor_alone_up_to_near_ties() {
-    if gdn_kernels::testing::gpu_stream().is_none() {
+    if gdn_kernels_testkit::gpu_stream().is_none() {
         return;
     }
     for name in MODELS {

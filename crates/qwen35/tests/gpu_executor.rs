@@ -12,24 +12,22 @@
 //! - the device's memory pool keeps its memory across steps (release
 //!   threshold: none), so the same work twice reserves nothing new.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::drive::{run, Request};
-use common::{Fixture, MODELS};
 use cudarc::driver::CudaStream;
 use engine::{ExecError, Executor, PageId, SlotId, StepRow};
 use qwen35::engine_exec::{GpuExecutor, GpuSizing, PagePool};
-use qwen35::gate::{MAX_MEAN_ABS, MAX_P99_ABS, MAX_REGRET};
 use qwen35::gpu::{GpuModel, GpuOptions};
+use qwen35_testkit::drive::{run, Request};
+use qwen35_testkit::gate::{MAX_MEAN_ABS, MAX_P99_ABS, MAX_REGRET};
+use qwen35_testkit::{Fixture, MODELS};
 
 const PAGE: usize = 16;
 const PAGES_PER_SLOT: usize = 16;
 
 fn stream() -> Option<Arc<CudaStream>> {
     // Graph capture needs a created stream (not the legacy default one).
-    gdn_kernels::testing::gpu_stream().map(|s| s.context().new_stream().unwrap())
+    gdn_kernels_testkit::gpu_stream().map(|s| s.context().new_stream().unwrap())
 }
 
 fn executor(f: &Fixture, s: &Arc<CudaStream>, slots: usize, pages: PagePool) -> GpuExecutor {
@@ -216,7 +214,7 @@ fn a_row_at_the_wrong_position_is_refused_and_changes_nothing() {
     let run_with = |refuse: bool| {
         let mut exec = executor(&f, &s, 2, PagePool::Fixed(2 * PAGES_PER_SLOT));
         let mut reqs = vec![Request::new(0, PAGES_PER_SLOT, p, 16, 6)];
-        common::drive::step(&mut exec, &mut reqs).unwrap();
+        qwen35_testkit::drive::step(&mut exec, &mut reqs).unwrap();
         if refuse {
             let pages: Vec<PageId> = (0..PAGES_PER_SLOT as u32).map(PageId).collect();
             for (slot, start) in [(0, 15), (0, 17), (1, 16)] {
@@ -258,7 +256,7 @@ fn step_timing_reports_each_steps_phases_and_changes_no_token() {
         let mut steps = 0;
         loop {
             let t0 = std::time::Instant::now();
-            if !common::drive::step(&mut exec, &mut reqs).unwrap() {
+            if !qwen35_testkit::drive::step(&mut exec, &mut reqs).unwrap() {
                 break;
             }
             let wall = t0.elapsed();

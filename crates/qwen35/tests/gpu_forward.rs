@@ -1,6 +1,6 @@
 //! The GPU gates of the bf16 runtime on the tiny fixtures (skipped without a
 //! GPU; `GDN_REQUIRE_GPU=1` makes a missing GPU a failure):
-//! - every prompt against HF's bf16 goldens with `qwen35::gate` (regret/mean/p99),
+//! - every prompt against HF's bf16 goldens with `qwen35_testkit::gate` (regret/mean/p99),
 //!   on the dispatched GDN backend and on the portable one, backend asserted,
 //!   and (SM 9.0) with the MLP's fused and unfused SwiGLU routes forced;
 //! - a batch of mixed-length prompts against the same prompts one by one;
@@ -12,24 +12,22 @@
 //! - decode CUDA graphs (padded batch buckets captured up front) against HF
 //!   and the eager decode, without touching a bystander slot.
 //!
-//! The tests allocate slots and pages with `common::alloc::Seqs` (the
+//! The tests allocate slots and pages with `qwen35_testkit::alloc::Seqs` (the
 //! engine's allocator does it in the server).
 //!
 //! Fixtures: tests/fixtures (or `QWEN35_FIXTURES`), made by
 //! checks/fixtures/make_qwen35_fixtures.py.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::alloc::Seqs;
-use common::{Fixture, MODELS};
 use cudarc::driver::CudaStream;
 use engine::{PageId, SlotId};
 use gdn_kernels::{Backend, BackendRequest, SwigluRequest};
-use qwen35::gate::{compare, consistency, topk, GateStats};
 use qwen35::gpu::{GpuCache, GpuModel, GpuOptions};
 use qwen35::RowLogits;
+use qwen35_testkit::alloc::Seqs;
+use qwen35_testkit::gate::{compare, consistency, topk, GateStats};
+use qwen35_testkit::{Fixture, MODELS};
 
 /// The fixture's model on the GPU of `stream`, with the given GDN backend.
 fn gpu_model(f: &Fixture, stream: &Arc<CudaStream>, backend: BackendRequest) -> GpuModel {
@@ -45,7 +43,7 @@ fn gpu_model(f: &Fixture, stream: &Arc<CudaStream>, backend: BackendRequest) -> 
 }
 
 fn stream() -> Option<Arc<CudaStream>> {
-    gdn_kernels::testing::gpu_stream()
+    gdn_kernels_testkit::gpu_stream()
 }
 
 /// Runs each chunk list as consecutive steps of one fresh sequence; returns

@@ -27,12 +27,9 @@
 //! marker point is prefilled in one step with the in-step snapshot (three
 //! without), serving the same tokens and `cached_tokens` both ways.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Fixture, MODELS};
 use cudarc::driver::CudaStream;
 use engine::prefix_cache::PrefixCacheConfig;
 use engine::{
@@ -42,6 +39,7 @@ use engine::{
 };
 use qwen35::engine_exec::{CpuExecutor, CpuSizing, GpuExecutor, GpuSizing, PagePool};
 use qwen35::gpu::{GpuModel, GpuOptions};
+use qwen35_testkit::{Fixture, MODELS};
 
 const PAGE: usize = 16;
 const OUT: usize = 24;
@@ -52,7 +50,7 @@ const NEAR_TIE: f32 = 0.05;
 const POOL: usize = 12;
 
 fn stream() -> Option<Arc<CudaStream>> {
-    gdn_kernels::testing::gpu_stream().map(|s| s.context().new_stream().unwrap())
+    gdn_kernels_testkit::gpu_stream().map(|s| s.context().new_stream().unwrap())
 }
 
 fn executor(
@@ -492,8 +490,8 @@ async fn eight_sharers_and_a_tiny_budget_on_the_cpu_executor() {
     eight_sharers_and_tiny_budget(Device::Cpu).await;
 }
 
-/// Issue #11's "8 concurrent sharers of one prefix" and "eviction under a
-/// tiny budget" against the runtime. Eight sharers of the first system
+/// The prefix cache's "8 concurrent sharers of one prefix" and "eviction
+/// under a tiny budget" cases (docs/prefix-caching.md) against the runtime. Eight sharers of the first system
 /// prompt queued together on a cold cache (4 run at once): the first stops
 /// at 45 for a branch snapshot, the other seven wait for it and resume
 /// there. Then, with a pool of 2 snapshots, sharers of both system prompts

@@ -17,8 +17,6 @@
 //! cases with the CPU sampler's answers for `checks/sampling_emulation`,
 //! which runs the kernel's source on the CPU (no GPU needed).
 
-mod common;
-
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
@@ -403,7 +401,7 @@ fn compare(c: &Case, got: &SampledRow, want: &SampledToken, what: &str, tally: &
 
 #[test]
 fn the_kernel_samples_what_the_cpu_sampler_samples_on_random_rows() {
-    let Some(s) = gdn_kernels::testing::gpu_stream() else {
+    let Some(s) = gdn_kernels_testkit::gpu_stream() else {
         return;
     };
     let mut sampler = DeviceSampler::new(s.clone()).unwrap();
@@ -448,7 +446,7 @@ fn the_kernel_samples_what_the_cpu_sampler_samples_on_random_rows() {
 #[test]
 fn hand_made_rows_with_known_answers() {
     // Independent of the oracle: answers worked out by hand.
-    let Some(s) = gdn_kernels::testing::gpu_stream() else {
+    let Some(s) = gdn_kernels_testkit::gpu_stream() else {
         return;
     };
     let mut sampler = DeviceSampler::new(s.clone()).unwrap();
@@ -522,7 +520,7 @@ fn hand_made_rows_with_known_answers() {
 
 #[test]
 fn the_kernel_is_deterministic_run_to_run() {
-    let Some(s) = gdn_kernels::testing::gpu_stream() else {
+    let Some(s) = gdn_kernels_testkit::gpu_stream() else {
         return;
     };
     let mut sampler = DeviceSampler::new(s.clone()).unwrap();
@@ -544,11 +542,11 @@ fn the_kernel_is_deterministic_run_to_run() {
 
 #[test]
 fn the_executor_samples_on_the_device_what_the_cpu_sampler_draws_from_host_logits() {
-    let Some(s) = gdn_kernels::testing::gpu_stream() else {
+    let Some(s) = gdn_kernels_testkit::gpu_stream() else {
         return;
     };
     let s = s.context().new_stream().unwrap();
-    let f = common::Fixture::load(common::MODELS[0]);
+    let f = qwen35_testkit::Fixture::load(qwen35_testkit::MODELS[0]);
     let load = || {
         GpuModel::load(
             f.config.clone(),

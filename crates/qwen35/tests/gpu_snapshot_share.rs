@@ -5,21 +5,19 @@
 //! pool keeps what it frees (no release threshold), which would leave
 //! gpu_executor.rs's page-pool test no room in the same process.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::MODELS;
 use cudarc::driver::CudaStream;
 use engine::Executor;
 use qwen35::engine_exec::{CacheRoom, GpuExecutor, GpuSizing, PagePool};
 use qwen35::gpu::GpuOptions;
+use qwen35_testkit::MODELS;
 
 const PAGE: usize = 16;
 const PAGES_PER_SLOT: usize = 16;
 
 fn stream() -> Option<Arc<CudaStream>> {
-    gdn_kernels::testing::gpu_stream().map(|s| s.context().new_stream().unwrap())
+    gdn_kernels_testkit::gpu_stream().map(|s| s.context().new_stream().unwrap())
 }
 
 /// The executor offers the snapshot budget the memory the KV pages and the
@@ -34,7 +32,7 @@ fn a_snapshot_share_of_the_cache_memory_splits_it_with_the_pages() {
     let Some(s) = stream() else { return };
     let mut offered = None;
     let exec = GpuExecutor::load_with_snapshot_pool(
-        &common::dir(MODELS[0]),
+        &qwen35_testkit::dir(MODELS[0]),
         s.clone(),
         GpuOptions::default(),
         GpuSizing {

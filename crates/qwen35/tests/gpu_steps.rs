@@ -8,22 +8,20 @@
 //! - a refused step (bad token, page beyond the cache, slot twice, the
 //!   graphs' padding slot) changes no state.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::{Fixture, MODELS};
 use cudarc::driver::CudaStream;
 use engine::{PageId, SlotId};
 use gdn_kernels::BackendRequest;
-use qwen35::gate::{compare, consistency};
 use qwen35::gpu::{GpuCache, GpuModel, GpuOptions, LogitsTo, Row, StepError};
 use qwen35::RowLogits;
+use qwen35_testkit::gate::{compare, consistency};
+use qwen35_testkit::{Fixture, MODELS};
 
 const PAGE: usize = 16;
 
 fn stream() -> Option<Arc<CudaStream>> {
-    gdn_kernels::testing::gpu_stream()
+    gdn_kernels_testkit::gpu_stream()
 }
 
 fn gpu_model(f: &Fixture, s: &Arc<CudaStream>) -> GpuModel {

@@ -4,10 +4,8 @@
 //! single-file and sharded weights). Fixtures: tests/fixtures/, made by
 //! checks/fixtures/make_qwen35_fixtures.py (provenance in each prompts.json).
 
-mod common;
-
-use common::{dir, MODELS};
 use qwen35::{CpuModel, TextTokenizer};
+use qwen35_testkit::{dir, MODELS};
 
 /// Max |ours - HF| over every logit (logits are O(3)). Both sides compute in
 /// f32 from the same bf16-representable weights and differ only in summation
@@ -21,18 +19,18 @@ const MAX_ABS: f32 = 5e-5;
 
 struct Fixture {
     model: CpuModel,
-    files: common::Fixture,
+    files: qwen35_testkit::Fixture,
 }
 
 impl std::ops::Deref for Fixture {
-    type Target = common::Fixture;
-    fn deref(&self) -> &common::Fixture {
+    type Target = qwen35_testkit::Fixture;
+    fn deref(&self) -> &qwen35_testkit::Fixture {
         &self.files
     }
 }
 
 fn load(name: &str) -> Fixture {
-    let files = common::Fixture::load(name);
+    let files = qwen35_testkit::Fixture::load(name);
     let model = CpuModel::load(files.config.clone(), &files.weights).unwrap();
     Fixture { model, files }
 }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use qwen35::{Config, CpuModel, Error, Weights};
+use qwen35::{Config, CpuModel, LoadError, Weights};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
@@ -39,7 +39,7 @@ fn damaged(
     dir
 }
 
-fn load(dir: &Path) -> Result<CpuModel, Error> {
+fn load(dir: &Path) -> Result<CpuModel, LoadError> {
     let config = Config::from_file(&dir.join("config.json"))?;
     CpuModel::load(config, &Weights::open(dir)?)
 }

@@ -24,13 +24,13 @@ pub enum ExecutorError {
     #[error("--num-gpu-blocks-override must be at least 1")]
     NoPages,
     #[error("no usable GPU: {0}")]
-    NoGpu(qwen35::Error),
+    NoGpu(#[source] qwen35::DeviceError),
     #[error("CPU executor: {0}")]
-    Cpu(qwen35::Error),
+    Cpu(#[source] qwen35::LoadError),
     #[error("GPU executor: {0}")]
-    Gpu(qwen35::Error),
+    Gpu(#[source] qwen35::LoadError),
     #[error("capturing decode graphs: {0}")]
-    DecodeGraphs(qwen35::Error),
+    DecodeGraphs(#[source] qwen35::RunError),
 }
 
 #[derive(Clone, Debug)]

@@ -21,8 +21,7 @@
 //!
 //! Fixtures: crates/qwen35/tests/fixtures (or `QWEN35_FIXTURES`).
 
-#[path = "../../qwen35/tests/common/mod.rs"]
-mod common;
+use qwen35_testkit as common;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -327,7 +326,7 @@ async fn gate(device: Device, name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn served_greedy_tokens_equal_the_gpu_runtime_alone_up_to_near_ties() {
-    if gdn_kernels::testing::gpu_stream().is_none() {
+    if gdn_kernels_testkit::gpu_stream().is_none() {
         return;
     }
     for name in MODELS {

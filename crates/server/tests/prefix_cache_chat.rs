@@ -51,7 +51,7 @@ enum Device {
 /// Whether a test on `device` runs here (the GPU's tests return early, and
 /// pass, without a usable GPU unless `GDN_REQUIRE_GPU=1`).
 fn runs_on(device: Device) -> bool {
-    device == Device::Cpu || gdn_kernels::testing::gpu_stream().is_some()
+    device == Device::Cpu || gdn_kernels_testkit::gpu_stream().is_some()
 }
 
 async fn start(device: Device, cache_flag: &str) -> Prepared {

@@ -3,6 +3,7 @@
 //! FlashInfer's FA3).
 
 use super::*;
+use crate::error::ErrorKind;
 
 impl ModelOps {
     /// q/k norm and RoPE for every token; q to `q_out` (`[T, Hq, D]`), k and v
@@ -21,7 +22,7 @@ impl ModelOps {
         v_cache: &mut CudaSlice<bf16>,
         eps: f32,
     ) -> Result<(), GdnError> {
-        const OP: &str = "attention_prep";
+        const OP: Op = Op::AttentionPrep;
         shape.check()?;
         let (t, d) = (batch.num_tokens, shape.head_dim);
         exact(OP, "proj", proj.len(), t * shape.proj_width())?;
@@ -50,13 +51,13 @@ impl ModelOps {
         b.arg(&mb).arg(&ps).arg(&hq).arg(&hkv).arg(&eps);
         let heads = shape.q_heads + shape.kv_heads;
         let per_warp = attn_prep_heads_per_warp(t, heads);
-        let (d_, t_, per_warp_) = (d as i32, i32_of(OP, t)?, per_warp as i32);
+        let (d_, t_, per_warp_) = (d as i32, i32_of(OP, "tokens", t)?, per_warp as i32);
         b.arg(&d_).arg(&t_).arg(&per_warp_);
         // SAFETY: matches attn_prep; pages and lengths checked, head dim at
         // most 256 (shape.check); one warp per (token, run of `per_warp`
         // heads), 8 a block.
         let warps = t * heads.div_ceil(per_warp);
-        unsafe { b.launch(grid(warps.div_ceil(8), 1, 256, 0)) }?;
+        unsafe { b.launch(grid(warps.div_ceil(8), 1, 256, 0)) }.during(OP)?;
         Ok(())
     }
 
@@ -89,7 +90,7 @@ impl ModelOps {
         proj: &CudaSlice<bf16>,
         out: &mut CudaSlice<bf16>,
     ) -> Result<(), GdnError> {
-        const OP: &str = "attention";
+        const OP: Op = Op::Attention;
         shape.check()?;
         let (t, d) = (batch.num_tokens, shape.head_dim);
         exact(OP, "q", q.len(), t * shape.q_heads * d)?;
@@ -133,7 +134,7 @@ impl ModelOps {
             // SAFETY: matches attention_gate_bf16; out [T, Hq, D] and proj
             // [T, ld] checked above; 8 values a thread, 2048 a block.
             let blocks_per_token = (shape.q_heads * d).div_ceil(2048);
-            unsafe { b.launch(grid(t, blocks_per_token, 256, 0)) }?;
+            unsafe { b.launch(grid(t, blocks_per_token, 256, 0)) }.during(OP)?;
             return Ok(());
         }
         if batch.num_tokens == batch.num_seqs {
@@ -146,8 +147,8 @@ impl ModelOps {
                 // SAFETY: fully written by the split kernel before the combine reads it.
                 Some(unsafe {
                     (
-                        self.stream.alloc::<f32>(parts * 2)?,
-                        self.stream.alloc::<f32>(parts * d)?,
+                        self.stream.alloc::<f32>(parts * 2).during(OP)?,
+                        self.stream.alloc::<f32>(parts * d).during(OP)?,
                     )
                 })
             } else {
@@ -177,7 +178,7 @@ impl ModelOps {
             cfg.grid_dim.2 = splits as u32;
             // SAFETY: matches attention_d{D/32}; pages and lengths checked;
             // the workspace holds [T, Hq, splits] partials when splits > 1.
-            unsafe { b.launch(cfg) }?;
+            unsafe { b.launch(cfg) }.during(OP)?;
             if let Some((ml, acc)) = &ws {
                 let splits_ = splits as i32;
                 let mut b = self.stream.launch_builder(&self.f.attention_combine);
@@ -191,7 +192,7 @@ impl ModelOps {
                 // SAFETY: matches attention_combine; block = head dim (>= 32:
                 // its first warp weighs up to 64 splits, the most
                 // `decode_splits` gives).
-                unsafe { b.launch(grid(t, shape.q_heads, d as u32, 0)) }?;
+                unsafe { b.launch(grid(t, shape.q_heads, d as u32, 0)) }.during(OP)?;
             }
             return Ok(());
         }
@@ -204,7 +205,15 @@ impl ModelOps {
             cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             smem as i32,
         )
-        .map_err(|e| op_error(OP, format!("{smem} bytes of shared memory for head dim {d}, GQA group {group}: {e}")))?;
+        .map_err(|e| {
+            GdnError::new(
+                OP,
+                ErrorKind::Unsupported {
+                    backend: "attention_prefill",
+                    reason: format!("{smem} bytes of shared memory for head dim {d}, GQA group {group}: {e}"),
+                },
+            )
+        })?;
         let mut b = self.stream.launch_builder(func);
         b.arg(out)
             .arg(q)
@@ -226,7 +235,8 @@ impl ModelOps {
                 32 * group as u32,
                 smem,
             ))
-        }?;
+        }
+        .during(OP)?;
         Ok(())
     }
 }

@@ -20,7 +20,7 @@ impl ModelOps {
         conv_state: &mut CudaSlice<bf16>,
         out: &mut DeltaNetInputs,
     ) -> Result<(), GdnError> {
-        const OP: &str = "deltanet_conv";
+        const OP: Op = Op::DeltaNetConv;
         shape.check()?;
         let (t, hk, hv) = (batch.num_tokens, shape.qk_heads, shape.v_heads);
         let ld = shape.proj_width();
@@ -37,7 +37,7 @@ impl ModelOps {
             shape.conv_dim(),
         ]
         .map(|x| x as i32);
-        i32_of(OP, t * ld)?;
+        i32_of(OP, "proj", t * ld)?;
         let conv_prep = if shape.conv_kernel == 4 {
             &self.f.conv_prep_k4
         } else {
@@ -52,18 +52,19 @@ impl ModelOps {
             .arg(&batch.cu_seqlens);
         b.arg(&batch.seq_slot).arg(a_log).arg(dt_bias);
         let per_warp = conv_tokens_per_warp(t);
-        let (t_, per_warp_) = (i32_of(OP, t)?, per_warp as i32);
+        let (t_, per_warp_) = (i32_of(OP, "tokens", t)?, per_warp as i32);
         b.arg(&hk_).arg(&hv_).arg(&kw).arg(&t_).arg(&per_warp_);
         // SAFETY: matches gdn_conv_prep(_k4); every length and slot id checked
         // above; one warp per (head group, `per_warp` tokens), 8 warps a block.
         let warps = t.div_ceil(per_warp) * (2 * hk + hv);
-        unsafe { b.launch(grid(warps.div_ceil(8), 1, 256, 0)) }?;
+        unsafe { b.launch(grid(warps.div_ceil(8), 1, 256, 0)) }.during(OP)?;
         let mut b = self.stream.launch_builder(&self.f.conv_update);
         b.arg(conv_state).arg(proj).arg(&ld_).arg(&batch.cu_seqlens);
         b.arg(&batch.seq_slot).arg(&c).arg(&kw);
         // SAFETY: matches gdn_conv_state_update; runs after gdn_conv_prep on the
         // same stream, so the old state is read before it is replaced.
-        unsafe { b.launch(grid(batch.num_seqs, shape.conv_dim().div_ceil(256), 256, 0)) }?;
+        unsafe { b.launch(grid(batch.num_seqs, shape.conv_dim().div_ceil(256), 256, 0)) }
+            .during(OP)?;
         Ok(())
     }
 
@@ -78,7 +79,7 @@ impl ModelOps {
         out: &mut CudaSlice<bf16>,
         scale: f32,
     ) -> Result<(), GdnError> {
-        const OP: &str = "deltanet_decode";
+        const OP: Op = Op::DeltaNetDecode;
         shape.check()?;
         one_token_per_sequence(OP, batch)?;
         let (n, hk, hv) = (batch.num_seqs, shape.qk_heads, shape.v_heads);
@@ -91,8 +92,9 @@ impl ModelOps {
         )?;
         inputs.check(OP, shape, n)?;
         if n > 65_535 {
-            return Err(op_error(
+            return Err(invalid(
                 OP,
+                "batch",
                 format!("{n} sequences exceed the launch grid (65535)"),
             ));
         }
@@ -110,7 +112,7 @@ impl ModelOps {
         let mut cfg = grid(hv, n, 256, 0);
         cfg.grid_dim.2 = 4;
         // SAFETY: matches gdn_decode_step; lengths and slots checked.
-        unsafe { b.launch(cfg) }?;
+        unsafe { b.launch(cfg) }.during(OP)?;
         Ok(())
     }
 
@@ -124,7 +126,7 @@ impl ModelOps {
         out: &mut CudaSlice<bf16>,
         eps: f32,
     ) -> Result<(), GdnError> {
-        const OP: &str = "deltanet_out_norm";
+        const OP: Op = Op::DeltaNetOutNorm;
         let hv = shape.v_heads;
         let t = o.len() / (hv * HEAD_DIM).max(1);
         exact(OP, "o", o.len(), t * hv * HEAD_DIM)?;
@@ -137,7 +139,7 @@ impl ModelOps {
         b.arg(out).arg(o).arg(proj).arg(&ld).arg(&cz).arg(weight);
         b.arg(&rows_).arg(&hv_).arg(&eps);
         // SAFETY: matches gated_rmsnorm_bf16; one warp per row, 8 rows per block.
-        unsafe { b.launch(grid(rows.div_ceil(8), 1, 256, 0)) }?;
+        unsafe { b.launch(grid(rows.div_ceil(8), 1, 256, 0)) }.during(OP)?;
         Ok(())
     }
 
@@ -157,14 +159,13 @@ impl ModelOps {
     }
 
     /// Whether a decode batch of `num_seqs` should take
-    /// [`ModelOps::deltanet_decode_fused`] rather than the four unfused ops.
-    /// Measured on the H200 (4B, graphs, context 1024, fused vs unfused
-    /// binaries alternating twice, 2026-12-01,
-    /// `docs/results/h200-2026-12-01-s2/qwen35_bench-decode-fused-deltanet-old-new.jsonl`):
-    /// batch 1 (4 splits) 3.24/3.28 -> 3.12/3.13 ms a step, batch 64
-    /// (1 split) 8.57/8.65 -> 8.38/8.43, but batch 16 (2 splits)
-    /// 4.74/4.79 -> 4.82/4.85. So the fused op is taken unless the split
-    /// rule gives 2 (batches of 9 to 16 sequences on the 4B and the H200).
+    /// [`ModelOps::deltanet_decode_fused`] rather than the four unfused ops:
+    /// unless the split rule gives 2 (batches of 9 to 16 sequences on the 4B
+    /// and the H200). The fused op made decode steps faster at 4 splits
+    /// (batch 1) and at 1 split (batch 64) and slower at 2 splits (batch 16)
+    /// on the 4B (graphs, context 1024, fused and unfused binaries
+    /// alternating twice:
+    /// `docs/results/h200-2026-12-01-s2/qwen35_bench-decode-fused-deltanet-old-new.jsonl`).
     pub fn deltanet_decode_fused_pays(&self, num_seqs: usize, shape: DeltaNetShape) -> bool {
         self.deltanet_decode_splits(num_seqs, shape) != 2
     }
@@ -191,7 +192,7 @@ impl ModelOps {
         scale: f32,
         eps: f32,
     ) -> Result<(), GdnError> {
-        const OP: &str = "deltanet_decode_fused";
+        const OP: Op = Op::DeltaNetDecodeFused;
         shape.check()?;
         one_token_per_sequence(OP, batch)?;
         let (n, hk, hv) = (batch.num_seqs, shape.qk_heads, shape.v_heads);
@@ -226,7 +227,7 @@ impl ModelOps {
         let mut seq0 = 0;
         while seq0 < n {
             let count = per_launch.min(n - seq0);
-            let first = i32_of(OP, seq0)?;
+            let first = i32_of(OP, "batch", seq0)?;
             let mut b = self.stream.launch_builder(func);
             b.arg(&mut *out)
                 .arg(&mut *state)
@@ -245,7 +246,7 @@ impl ModelOps {
             // slot id checked above; 256 threads (one per q|k channel of a
             // head group); `count * hk` arrival counters, all zero between
             // launches on this stream.
-            unsafe { b.launch(cfg) }?;
+            unsafe { b.launch(cfg) }.during(OP)?;
             seq0 += count;
         }
         Ok(())
@@ -258,20 +259,22 @@ impl ModelOps {
 /// one more for every 128 tokens. The sliding window reads each input row
 /// once a warp plus `kw - 1` rows at its start, so longer runs save re-reads
 /// while enough warps stay in flight to cover the memory latency (8k tokens:
-/// 32 a warp, 16,384 warps for the 4B). On the H200 (2026-12-01, fifth
-/// session, `docs/benchmarks.md`) three other rules — a token more per 256
-/// or per 64 tokens, or at most 16 — were within the run-to-run spread of
-/// this one at 512 to 8192 tokens (the kernel is bound by its instructions,
-/// not by how its rows are shared out), so this one stayed.
+/// 32 a warp, 16,384 warps for the 4B). Three other rules (a token more per
+/// 256 or per 64 tokens, or at most 16) measured within the run-to-run
+/// spread of this one at 512 to 8192 tokens (the kernel is bound by its
+/// instructions, not by how its rows are shared out), so this one stayed
+/// (docs/results/h200-2026-12-01-s5/
+/// `qwen35_bench-conv-tokens-per-warp-variants.jsonl`).
 fn conv_tokens_per_warp(tokens: usize) -> usize {
     (tokens / 128).clamp(1, 32)
 }
 
 /// Refuses a batch that is not one token per sequence (the decode ops).
-fn one_token_per_sequence(op: &'static str, batch: &DeviceBatch) -> Result<(), GdnError> {
+fn one_token_per_sequence(op: Op, batch: &DeviceBatch) -> Result<(), GdnError> {
     if batch.num_tokens != batch.num_seqs {
-        return Err(op_error(
+        return Err(invalid(
             op,
+            "batch",
             format!(
                 "needs one token per sequence, got {} tokens for {} sequences",
                 batch.num_tokens, batch.num_seqs
@@ -285,7 +288,7 @@ fn one_token_per_sequence(op: &'static str, batch: &DeviceBatch) -> Result<(), G
 /// parameters of a DeltaNet layer of `shape`, and the conv state pool
 /// holding every slot of `batch`.
 fn check_conv_and_gates(
-    op: &'static str,
+    op: Op,
     shape: DeltaNetShape,
     conv_weight: &CudaSlice<f32>,
     a_log: &CudaSlice<f32>,
@@ -312,7 +315,7 @@ fn check_conv_and_gates(
 
 impl DeltaNetInputs {
     /// Every buffer holds `tokens` rows of `shape`'s heads.
-    fn check(&self, op: &'static str, shape: DeltaNetShape, tokens: usize) -> Result<(), GdnError> {
+    fn check(&self, op: Op, shape: DeltaNetShape, tokens: usize) -> Result<(), GdnError> {
         let (hk, hv) = (shape.qk_heads, shape.v_heads);
         exact(op, "q", self.q.len(), tokens * hk * HEAD_DIM)?;
         exact(op, "k", self.k.len(), tokens * hk * HEAD_DIM)?;

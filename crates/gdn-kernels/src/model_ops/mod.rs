@@ -14,8 +14,8 @@ use half::bf16;
 use crate::attention_select::{self, AttentionKernel, AttentionRequest, Fa3};
 use crate::batch::DeviceBatch;
 use crate::dispatch::cubin_for;
-use crate::error::{op_error, GdnError};
-use crate::HEAD_DIM;
+use crate::error::{invalid, During, GdnError, Op};
+use crate::oracle::HEAD_DIM;
 
 mod attention;
 mod deltanet;
@@ -73,7 +73,13 @@ impl DeltaNetShape {
             && (2..=MAX_CONV_TAPS + 1).contains(&self.conv_kernel)
             && self.v_heads <= HEAD_DIM;
         ok.then_some(()).ok_or_else(|| {
-            op_error("deltanet", format!("unsupported shape {self:?} (Hv a multiple of Hqk and <= 128, conv kernel 2..=9)"))
+            invalid(
+                Op::DeltaNet,
+                "shape",
+                format!(
+                    "unsupported {self:?} (Hv a multiple of Hqk and <= 128, conv kernel 2..=9)"
+                ),
+            )
         })
     }
 }
@@ -109,7 +115,7 @@ impl AttentionShape {
             && self.rotary_dim % 2 == 0
             && self.rotary_dim <= self.head_dim;
         ok.then_some(()).ok_or_else(|| {
-            op_error("attention", format!("unsupported shape {self:?} (head dim 32/64/128/256, GQA group <= 8, even rotary dim)"))
+            invalid(Op::Attention, "shape", format!("unsupported {self:?} (head dim 32/64/128/256, GQA group <= 8, even rotary dim)"))
         })
     }
 }
@@ -122,36 +128,39 @@ fn prefill_attention_smem(shape: AttentionShape) -> usize {
 }
 
 /// Exact length check: `what` must hold `want` elements.
-fn exact(op: &'static str, what: &str, have: usize, want: usize) -> Result<(), GdnError> {
+fn exact(op: Op, what: &'static str, have: usize, want: usize) -> Result<(), GdnError> {
     if have == want {
         Ok(())
     } else {
-        Err(op_error(
+        Err(invalid(
             op,
-            format!("{what}: expected {want} elements, got {have}"),
+            what,
+            format!("expected {want} elements, got {have}"),
         ))
     }
 }
 
 /// A pool of `per_slot`-sized slots must hold every slot the batch uses.
 fn pool(
-    op: &'static str,
-    what: &str,
+    op: Op,
+    what: &'static str,
     len: usize,
     per_slot: usize,
     max_id: usize,
 ) -> Result<(), GdnError> {
     if per_slot == 0 || len % per_slot != 0 || len / per_slot <= max_id {
-        return Err(op_error(
+        return Err(invalid(
             op,
-            format!("{what}: {len} elements is not a whole number of {per_slot}-element slots covering id {max_id}"),
+            what,
+            format!("{len} elements is not a whole number of {per_slot}-element slots covering id {max_id}"),
         ));
     }
     Ok(())
 }
 
-fn i32_of(op: &'static str, x: usize) -> Result<i32, GdnError> {
-    i32::try_from(x).map_err(|_| op_error(op, format!("{x} exceeds i32")))
+/// `x` (the size `what`) as a kernel's i32 argument.
+fn i32_of(op: Op, what: &'static str, x: usize) -> Result<i32, GdnError> {
+    i32::try_from(x).map_err(|_| invalid(op, what, format!("{x} exceeds i32")))
 }
 
 /// How many blocks share one sequence's keys in decode attention: about
@@ -160,8 +169,10 @@ fn i32_of(op: &'static str, x: usize) -> Result<i32, GdnError> {
 /// (beyond that a larger batch fills the GPU by itself).
 /// Why 32 keys: a warp walks its keys one after another (a warp-wide dot
 /// product per key and query head), so the chain, not bandwidth, sets the
-/// time; the old rule (>= 128 keys, <= 16 blocks) took 38.6 us a layer at
-/// batch 1 and 1024 keys on the H200 (ncu, 2026-12-01), 7% of the step.
+/// time: fewer, longer chains (the old rule, >= 128 keys a block and at most
+/// 16 blocks) left a small batch's decode attention latency-bound (ncu
+/// profile of one batch-1 decode step: docs/results/h200-2026-12-01/
+/// `ncu-decode-b1-one-step.tsv`).
 fn decode_splits(keys: usize, sequences_x_kv_heads: usize) -> usize {
     let most = 4096usize.div_ceil(sequences_x_kv_heads.max(1));
     keys.div_ceil(32).min(64).min(most).max(1)
@@ -258,15 +269,15 @@ impl ModelOps {
         stream: Arc<CudaStream>,
         request: AttentionRequest,
     ) -> Result<Self, GdnError> {
+        const OP: Op = Op::ModelKernels;
         let fa3 = attention_select::probe(&stream, request)?;
         let ctx = stream.context().clone();
-        let cc = ctx.compute_capability()?;
-        let (sm, cubin) = cubin_for(UNIT, cc).map_err(|reason| GdnError::Unsupported {
-            backend: UNIT,
-            reason,
-        })?;
-        let module = ctx.load_module(Ptx::from_binary(cubin.to_vec()))?;
-        let l = |name: &str| module.load_function(name);
+        let cc = ctx.compute_capability().during(OP)?;
+        let (sm, cubin) = cubin_for(UNIT, cc).map_err(|why| why.into_error(OP))?;
+        let module = ctx
+            .load_module(Ptx::from_binary(cubin.to_vec()))
+            .during(OP)?;
+        let l = |name: &str| module.load_function(name).during(OP);
         let f = Functions {
             embedding: l("embedding_bf16")?,
             add_rmsnorm: l("add_rmsnorm_bf16")?,
@@ -308,10 +319,14 @@ impl ModelOps {
             fill_bf16: l("fill_uniform_bf16")?,
             fill_f32: l("fill_uniform_f32")?,
         };
-        let multiprocessors = ctx.attribute(
-            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-        )? as usize;
-        let fused_arrivals = stream.alloc_zeros::<u32>(FUSED_DECODE_COUNTERS)?;
+        let multiprocessors = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .during(OP)? as usize;
+        let fused_arrivals = stream
+            .alloc_zeros::<u32>(FUSED_DECODE_COUNTERS)
+            .during(OP)?;
         Ok(ModelOps {
             stream,
             f,
@@ -334,21 +349,24 @@ impl ModelOps {
         deltanet: DeltaNetShape,
         attention: AttentionShape,
     ) -> Result<(), GdnError> {
+        const OP: Op = Op::CheckModel;
         deltanet.check()?;
         attention.check()?;
         if hidden == 0 || hidden * 4 > MAX_STATIC_SHARED {
-            return Err(op_error(
-                "model",
-                format!("hidden size {hidden} outside 1..=12288"),
+            return Err(invalid(
+                OP,
+                "hidden",
+                format!("size {hidden} outside 1..=12288"),
             ));
         }
         let need = prefill_attention_smem(attention);
         let have = self.stream.context().attribute(
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-        )? as usize;
+        ).during(OP)? as usize;
         if need > have {
-            return Err(op_error(
-                "model",
+            return Err(invalid(
+                OP,
+                "attention",
                 format!(
                     "prefill attention needs {need} bytes of shared memory per block (head dim {}, GQA group {}); this GPU allows {have}",
                     attention.head_dim,
@@ -377,26 +395,28 @@ impl ModelOps {
         hidden: usize,
         out: &mut CudaSlice<bf16>,
     ) -> Result<(), GdnError> {
-        const OP: &str = "embedding";
+        const OP: Op = Op::Embedding;
         let vocab = table.len() / hidden.max(1);
         if hidden == 0 || table.len() != vocab * hidden {
-            return Err(op_error(
+            return Err(invalid(
                 OP,
-                format!("table of {} elements is not [V, {hidden}]", table.len()),
+                "table",
+                format!("{} elements is not [V, {hidden}]", table.len()),
             ));
         }
         if batch.max_token >= vocab {
-            return Err(op_error(
+            return Err(invalid(
                 OP,
+                "batch",
                 format!("token id {} >= vocab size {vocab}", batch.max_token),
             ));
         }
         exact(OP, "out", out.len(), batch.num_tokens * hidden)?;
-        let h = i32_of(OP, hidden)?;
+        let h = i32_of(OP, "hidden", hidden)?;
         let mut b = self.stream.launch_builder(&self.f.embedding);
         b.arg(out).arg(table).arg(&batch.tokens).arg(&h);
         // SAFETY: matches embedding_bf16(out, table, ids, hidden); ids < vocab.
-        unsafe { b.launch(grid(batch.num_tokens, 1, 256, 0)) }?;
+        unsafe { b.launch(grid(batch.num_tokens, 1, 256, 0)) }.during(OP)?;
         Ok(())
     }
 
@@ -411,7 +431,7 @@ impl ModelOps {
         hidden: usize,
         eps: f32,
     ) -> Result<(), GdnError> {
-        const OP: &str = "add_rmsnorm";
+        const OP: Op = Op::AddRmsNorm;
         exact(OP, "weight", weight.len(), hidden)?;
         let rows = residual.len() / hidden.max(1);
         exact(OP, "residual", residual.len(), rows * hidden)?;
@@ -420,12 +440,13 @@ impl ModelOps {
             exact(OP, "delta", d.len(), rows * hidden)?;
         }
         if hidden * 4 > MAX_STATIC_SHARED || rows == 0 {
-            return Err(op_error(
+            return Err(invalid(
                 OP,
-                format!("hidden {hidden} / rows {rows} out of range"),
+                "hidden",
+                format!("{hidden} / rows {rows} out of range"),
             ));
         }
-        let (h, null) = (i32_of(OP, hidden)?, 0u64);
+        let (h, null) = (i32_of(OP, "hidden", hidden)?, 0u64);
         // Rows of 8-element vectors (every Qwen3.5 size) keep their values in
         // registers, one thread per 8; others take the strided loop over
         // shared memory (model_kernels.cu says why both exist).
@@ -447,7 +468,7 @@ impl ModelOps {
         // arguments); lengths checked; the strided kernel gets hidden floats
         // of shared memory; the vec8 one needs 16-byte aligned rows, which
         // hidden % 8 == 0 and whole allocations give.
-        unsafe { b.launch(cfg) }?;
+        unsafe { b.launch(cfg) }.during(OP)?;
         Ok(())
     }
 
@@ -458,18 +479,18 @@ impl ModelOps {
         out: &mut CudaSlice<bf16>,
         inter: usize,
     ) -> Result<(), GdnError> {
-        const OP: &str = "silu_mul";
+        const OP: Op = Op::SiluMul;
         let rows = out.len() / inter.max(1);
         exact(OP, "out", out.len(), rows * inter)?;
         exact(OP, "gate_up", gate_up.len(), rows * 2 * inter)?;
-        let (r, i) = (rows as i64, i32_of(OP, inter)?);
+        let (r, i) = (rows as i64, i32_of(OP, "inter", inter)?);
         let mut b = self.stream.launch_builder(&self.f.silu_mul);
         b.arg(out).arg(gate_up).arg(&r).arg(&i);
         // SAFETY: matches silu_mul_bf16; 8 columns a thread, 2048 a block,
         // every row's blocks in one grid dimension.
         let blocks = rows * inter.div_ceil(2048);
-        i32_of(OP, blocks)?;
-        unsafe { b.launch(grid(blocks, 1, 256, 0)) }?;
+        i32_of(OP, "blocks", blocks)?;
+        unsafe { b.launch(grid(blocks, 1, 256, 0)) }.during(OP)?;
         Ok(())
     }
 
@@ -483,7 +504,7 @@ impl ModelOps {
         per_slot: usize,
         to_packed: bool,
     ) -> Result<(), GdnError> {
-        const OP: &str = "move_state";
+        const OP: Op = Op::MoveState;
         pool(OP, "pool", pool_buf.len(), per_slot, batch.max_slot)?;
         exact(OP, "packed", packed.len(), batch.num_seqs * per_slot)?;
         let (w, null) = (per_slot as i64, 0u64);
@@ -501,7 +522,7 @@ impl ModelOps {
         }
         b.arg(&w);
         // SAFETY: matches copy_rows_f32; slot ids checked against the pool.
-        unsafe { b.launch(grid(batch.num_seqs, per_slot.div_ceil(1024), 256, 0)) }?;
+        unsafe { b.launch(grid(batch.num_seqs, per_slot.div_ceil(1024), 256, 0)) }.during(OP)?;
         Ok(())
     }
 
@@ -514,14 +535,14 @@ impl ModelOps {
         width: usize,
         out: &mut CudaSlice<bf16>,
     ) -> Result<(), GdnError> {
-        const OP: &str = "gather_last_tokens";
+        const OP: Op = Op::GatherLastTokens;
         exact(OP, "src", src.len(), batch.num_tokens * width)?;
         exact(OP, "out", out.len(), batch.num_seqs * width)?;
         let (w, null) = (width as i64, 0u64);
         let mut b = self.stream.launch_builder(&self.f.copy_bf16);
         b.arg(out).arg(&null).arg(src).arg(&batch.last_rows).arg(&w);
         // SAFETY: matches copy_rows_bf16; last rows lie inside the batch.
-        unsafe { b.launch(grid(batch.num_seqs, width.div_ceil(1024), 256, 0)) }?;
+        unsafe { b.launch(grid(batch.num_seqs, width.div_ceil(1024), 256, 0)) }.during(OP)?;
         Ok(())
     }
 
@@ -534,11 +555,12 @@ impl ModelOps {
         scale: f32,
         offset: f32,
     ) -> Result<(), GdnError> {
+        const OP: Op = Op::FillUniform;
         let n = buf.len() as i64;
         let mut b = self.stream.launch_builder(&self.f.fill_bf16);
         b.arg(buf).arg(&n).arg(&seed).arg(&scale).arg(&offset);
         // SAFETY: matches fill_uniform_bf16 (grid-stride loop over n).
-        unsafe { b.launch(grid(1024, 1, 256, 0)) }?;
+        unsafe { b.launch(grid(1024, 1, 256, 0)) }.during(OP)?;
         Ok(())
     }
 
@@ -550,11 +572,12 @@ impl ModelOps {
         scale: f32,
         offset: f32,
     ) -> Result<(), GdnError> {
+        const OP: Op = Op::FillUniform;
         let n = buf.len() as i64;
         let mut b = self.stream.launch_builder(&self.f.fill_f32);
         b.arg(buf).arg(&n).arg(&seed).arg(&scale).arg(&offset);
         // SAFETY: matches fill_uniform_f32 (grid-stride loop over n).
-        unsafe { b.launch(grid(1024, 1, 256, 0)) }?;
+        unsafe { b.launch(grid(1024, 1, 256, 0)) }.during(OP)?;
         Ok(())
     }
 }

@@ -16,10 +16,12 @@ use engine::{
     SnapshotGeometry, SnapshotId, StepPhases, StepRow,
 };
 
-use super::{check_rows, check_starts};
+use super::checks::{check_rows, check_starts};
+use crate::config::Config;
 use crate::cpu::{CpuModel, CpuState};
-use crate::error::Result;
-use crate::{Config, Error, RowLogits, Weights};
+use crate::error::{LoadError, RunError};
+use crate::row_logits::RowLogits;
+use crate::weights::Weights;
 
 /// What the CPU executor offers the engine's allocator.
 #[derive(Clone, Copy, Debug)]
@@ -45,7 +47,7 @@ pub struct CpuExecutor {
 }
 
 impl CpuExecutor {
-    pub fn new(model: CpuModel, sizing: CpuSizing) -> Result<CpuExecutor> {
+    pub fn new(model: CpuModel, sizing: CpuSizing) -> Result<CpuExecutor, LoadError> {
         let CpuSizing {
             num_slots,
             num_pages,
@@ -53,7 +55,7 @@ impl CpuExecutor {
             max_model_len,
         } = sizing;
         if num_slots == 0 || num_pages == 0 || page_size == 0 || max_model_len == 0 {
-            return Err(Error::InvalidInput(format!(
+            return Err(LoadError::Sizing(format!(
                 "the CPU executor needs slots, pages, a page size and max_model_len above 0 (got {sizing:?})"
             )));
         }
@@ -83,7 +85,7 @@ impl CpuExecutor {
     }
 
     /// Loads a Hugging Face model directory (`config.json` and safetensors).
-    pub fn load(dir: &Path, sizing: CpuSizing) -> Result<CpuExecutor> {
+    pub fn load(dir: &Path, sizing: CpuSizing) -> Result<CpuExecutor, LoadError> {
         let config = Config::from_file(&dir.join("config.json"))?;
         let weights = Weights::open(dir)?;
         Self::new(CpuModel::load(config, &weights)?, sizing)
@@ -116,11 +118,7 @@ impl Executor for CpuExecutor {
         }
     }
 
-    fn snapshot(
-        &mut self,
-        slot: SlotId,
-        snapshot: SnapshotId,
-    ) -> std::result::Result<(), ExecError> {
+    fn snapshot(&mut self, slot: SlotId, snapshot: SnapshotId) -> Result<(), ExecError> {
         let state = self.states.get(slot.0 as usize).and_then(Option::as_ref);
         let Some(state) = state else {
             return Err(ExecError::Refused(format!(
@@ -139,11 +137,7 @@ impl Executor for CpuExecutor {
         Ok(())
     }
 
-    fn restore(
-        &mut self,
-        snapshot: SnapshotId,
-        slot: SlotId,
-    ) -> std::result::Result<(), ExecError> {
+    fn restore(&mut self, snapshot: SnapshotId, slot: SlotId) -> Result<(), ExecError> {
         let Some(Some(state)) = self.snapshots.get(snapshot.0 as usize) else {
             return Err(ExecError::Refused(format!(
                 "restore of snapshot {}: nothing held there",
@@ -166,7 +160,7 @@ impl Executor for CpuExecutor {
         }
     }
 
-    fn copy_page(&mut self, from: PageId, to: PageId) -> std::result::Result<(), ExecError> {
+    fn copy_page(&mut self, from: PageId, to: PageId) -> Result<(), ExecError> {
         // Keys and values live in the states (restored whole): only bounds.
         let n = self.geometry.num_pages;
         if from.0 as usize >= n || to.0 as usize >= n {
@@ -186,7 +180,7 @@ impl Executor for CpuExecutor {
         self.last_phases
     }
 
-    fn step(&mut self, rows: &[StepRow<'_>]) -> std::result::Result<Vec<SampledToken>, ExecError> {
+    fn step(&mut self, rows: &[StepRow<'_>]) -> Result<Vec<SampledToken>, ExecError> {
         self.last_phases = None;
         let entered = std::time::Instant::now();
         check_rows(rows, &self.geometry)?;
@@ -207,7 +201,7 @@ impl Executor for CpuExecutor {
         let model = &self.model;
         // A row's sampled token (if it samples) and the states of its
         // in-step snapshots, in order.
-        type RowResult = Result<(Option<SampledToken>, Vec<CpuState>)>;
+        type RowResult = Result<(Option<SampledToken>, Vec<CpuState>), RunError>;
         let run = |(r, state): &mut (&StepRow, CpuState)| -> RowResult {
             let mut taken = Vec::with_capacity(r.snapshots.len());
             let mut from = r.start;

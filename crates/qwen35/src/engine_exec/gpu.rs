@@ -19,16 +19,20 @@ use engine::{
 };
 use gdn_kernels::{DeviceSampler, RowSampling, TokenAdjustment};
 
-use super::{check_rows, check_starts};
-use crate::error::Result;
+use super::checks::{check_rows, check_starts};
+use crate::config::Config;
+use crate::error::{LoadError, RunError};
 use crate::gpu::{GpuCache, GpuModel, GpuOptions, Row, StepError};
-use crate::{Config, Error, PhaseTimes, RowLogits, Weights};
+use crate::row_logits::RowLogits;
+use crate::timing::PhaseTimes;
+use crate::weights::Weights;
 
 /// Snapshot points one row may carry inside a step. A step whose rows
 /// carry up to k of them runs k + 1 forwards (the later ones over the rows
 /// with points left only), and every forward reads the weights once more
-/// (~3 ms on the 4B): a chat prompt has two (preamble and marker), the
-/// last-token point and a branch point make four; more end the chunk.
+/// (a decode step's weight reads: its memory floor in docs/performance.md):
+/// a chat prompt has two (preamble and marker), the last-token point and a
+/// branch point make four; more end the chunk.
 pub const MAX_ROW_SNAPSHOTS: usize = 4;
 
 /// How many KV pages the executor allocates.
@@ -95,13 +99,13 @@ impl GpuExecutor {
         stream: Arc<CudaStream>,
         options: GpuOptions,
         sizing: GpuSizing,
-    ) -> Result<GpuExecutor> {
+    ) -> Result<GpuExecutor, LoadError> {
         Self::load_with_snapshot_pool(dir, stream, options, sizing, |_, _| 0)
     }
 
     /// An executor over a loaded model: allocates `num_slots + 1` slots and
     /// the pages of `sizing.pages` plus one (the padding slot and page).
-    pub fn new(model: GpuModel, sizing: GpuSizing) -> Result<GpuExecutor> {
+    pub fn new(model: GpuModel, sizing: GpuSizing) -> Result<GpuExecutor, LoadError> {
         Self::with_snapshot_pool(model, sizing, 0)
     }
 
@@ -116,7 +120,7 @@ impl GpuExecutor {
         model: GpuModel,
         sizing: GpuSizing,
         num_snapshots: usize,
-    ) -> Result<GpuExecutor> {
+    ) -> Result<GpuExecutor, LoadError> {
         let start = std::time::Instant::now();
         let GpuSizing {
             num_slots,
@@ -125,7 +129,7 @@ impl GpuExecutor {
             max_model_len,
         } = sizing;
         if num_slots == 0 || page_size == 0 || max_model_len == 0 {
-            return Err(Error::InvalidInput(format!(
+            return Err(LoadError::Sizing(format!(
                 "the GPU executor needs slots, a page size and max_model_len above 0 (got {sizing:?})"
             )));
         }
@@ -150,7 +154,7 @@ impl GpuExecutor {
             }
         };
         if num_pages == 0 {
-            return Err(Error::InvalidInput(format!(
+            return Err(LoadError::Sizing(format!(
                 "no room for KV pages ({sizing:?}); lower the slot count or raise gpu_memory_utilization"
             )));
         }
@@ -184,7 +188,7 @@ impl GpuExecutor {
     /// with pages from memory, `gpu_memory_utilization` of the device less
     /// what is in use (the weights), the state slots (and the spare one the
     /// decode graphs are captured on) and the activation reserve.
-    fn cache_room(model: &GpuModel, sizing: &GpuSizing) -> Result<CacheRoom> {
+    fn cache_room(model: &GpuModel, sizing: &GpuSizing) -> Result<CacheRoom, LoadError> {
         match sizing.pages {
             PagePool::Fixed(n) => {
                 let (_, page_bytes) = model.slot_and_page_bytes(sizing.page_size);
@@ -206,10 +210,10 @@ impl GpuExecutor {
         gpu_memory_utilization: f64,
         activation_reserve: usize,
         report: bool,
-    ) -> Result<usize> {
+    ) -> Result<usize, LoadError> {
         let u = gpu_memory_utilization;
         if !(u > 0.0 && u <= 1.0) {
-            return Err(Error::InvalidInput(format!(
+            return Err(LoadError::Sizing(format!(
                 "gpu_memory_utilization must be in (0, 1], got {u}"
             )));
         }
@@ -233,10 +237,7 @@ impl GpuExecutor {
     }
 
     /// The cache slot of `snapshot`.
-    fn snapshot_slot(
-        &self,
-        snapshot: engine::SnapshotId,
-    ) -> std::result::Result<SlotId, ExecError> {
+    fn snapshot_slot(&self, snapshot: engine::SnapshotId) -> Result<SlotId, ExecError> {
         let k = snapshot.0 as usize;
         if k >= self.snapshot_held.len() {
             return Err(ExecError::Refused(format!(
@@ -261,15 +262,15 @@ impl GpuExecutor {
         options: GpuOptions,
         sizing: GpuSizing,
         snapshots: impl FnOnce(usize, CacheRoom) -> usize,
-    ) -> Result<GpuExecutor> {
+    ) -> Result<GpuExecutor, LoadError> {
         let mut phases = PhaseTimes::default();
         let config = phases.time("model_config", || {
             Config::from_file(&dir.join("config.json"))
         })?;
         let weights = phases.time("safetensors_open", || Weights::open(dir))?;
         let model = GpuModel::load(config, &weights, stream, options)?;
-        // Unmapping the checkpoint takes ~10 ms per mapped GB (measured
-        // here: 12 ms for 1.5 GB) and nothing waits for it.
+        // Unmapping the checkpoint takes time in proportion to its size
+        // and nothing waits for it: it happens on a thread of its own.
         if let Err(e) = std::thread::Builder::new()
             .name("gdn-unmap".into())
             .spawn(move || drop(weights))
@@ -296,7 +297,7 @@ impl GpuExecutor {
     /// batching, and a step with no graph that holds it runs eagerly, which
     /// is slower on every step. Dropping buckets trades that for a shorter
     /// cold start; decide on the measured phases.
-    pub fn capture_decode_graphs(&mut self, max_batch: usize) -> Result<Vec<usize>> {
+    pub fn capture_decode_graphs(&mut self, max_batch: usize) -> Result<Vec<usize>, RunError> {
         let top = max_batch.min(self.geometry.num_slots);
         let mut buckets: Vec<usize> = std::iter::successors(Some(1usize), |b| Some(b * 2))
             .take_while(|&b| b < top)
@@ -336,9 +337,9 @@ impl GpuExecutor {
 
     /// Declares that `slot` now holds the state after `tokens` tokens (after
     /// an import or copy through [`GpuExecutor::cache_mut`]).
-    pub fn set_held(&mut self, slot: SlotId, tokens: Option<usize>) -> Result<()> {
+    pub fn set_held(&mut self, slot: SlotId, tokens: Option<usize>) -> Result<(), RunError> {
         let h = self.held.get_mut(slot.0 as usize).ok_or_else(|| {
-            Error::InvalidInput(format!("slot {} beyond the executor's slots", slot.0))
+            RunError::InvalidInput(format!("slot {} beyond the executor's slots", slot.0))
         })?;
         *h = tokens;
         Ok(())
@@ -365,11 +366,7 @@ impl Executor for GpuExecutor {
         }
     }
 
-    fn snapshot(
-        &mut self,
-        slot: SlotId,
-        snapshot: engine::SnapshotId,
-    ) -> std::result::Result<(), ExecError> {
+    fn snapshot(&mut self, slot: SlotId, snapshot: engine::SnapshotId) -> Result<(), ExecError> {
         let to = self.snapshot_slot(snapshot)?;
         let held = self.held.get(slot.0 as usize).copied().flatten();
         let Some(tokens) = held else {
@@ -386,11 +383,7 @@ impl Executor for GpuExecutor {
         Ok(())
     }
 
-    fn restore(
-        &mut self,
-        snapshot: engine::SnapshotId,
-        slot: SlotId,
-    ) -> std::result::Result<(), ExecError> {
+    fn restore(&mut self, snapshot: engine::SnapshotId, slot: SlotId) -> Result<(), ExecError> {
         let from = self.snapshot_slot(snapshot)?;
         let Some(tokens) = self.snapshot_held[snapshot.0 as usize] else {
             return Err(ExecError::Refused(format!(
@@ -418,7 +411,7 @@ impl Executor for GpuExecutor {
         }
     }
 
-    fn copy_page(&mut self, from: PageId, to: PageId) -> std::result::Result<(), ExecError> {
+    fn copy_page(&mut self, from: PageId, to: PageId) -> Result<(), ExecError> {
         let n = self.geometry.num_pages;
         if from.0 as usize >= n || to.0 as usize >= n {
             return Err(ExecError::Refused(format!(
@@ -442,7 +435,7 @@ impl Executor for GpuExecutor {
         self.last_phases
     }
 
-    fn step(&mut self, rows: &[StepRow<'_>]) -> std::result::Result<Vec<SampledToken>, ExecError> {
+    fn step(&mut self, rows: &[StepRow<'_>]) -> Result<Vec<SampledToken>, ExecError> {
         self.last_phases = None;
         let entered = self.timing.then(std::time::Instant::now);
         check_rows(rows, &self.geometry)?;
@@ -496,10 +489,7 @@ impl Executor for GpuExecutor {
 impl GpuExecutor {
     /// One forward over `rows` (no in-step snapshots: a pass of
     /// [`split_rows`]) and the sampling of the rows that ask.
-    fn run_pass(
-        &mut self,
-        rows: &[StepRow<'_>],
-    ) -> std::result::Result<Vec<SampledToken>, StepError> {
+    fn run_pass(&mut self, rows: &[StepRow<'_>]) -> Result<Vec<SampledToken>, StepError> {
         let model_rows: Vec<Row> = rows
             .iter()
             .map(|r| Row {
@@ -525,7 +515,7 @@ impl GpuExecutor {
             .model
             .step_device(&mut self.cache, &model_rows, |logits, at| {
                 if at.len() != specs.len() {
-                    return Err(StepError::Failed(Error::InvalidInput(format!(
+                    return Err(StepError::Failed(RunError::InvalidInput(format!(
                         "the model returned {} logits rows for {} sampling rows",
                         at.len(),
                         specs.len()

@@ -12,7 +12,7 @@ use engine::{PageId, SlotId};
 use gdn_kernels::{AttentionShape, DeltaNetShape};
 use half::bf16;
 
-use crate::error::{Error, Result};
+use crate::error::{LoadError, RunError};
 use crate::gpu::graphs::DecodeGraphs;
 
 /// The device state of one model: slots and pages (see the module docs).
@@ -78,9 +78,9 @@ impl GpuCache {
         num_slots: usize,
         num_pages: usize,
         page_size: usize,
-    ) -> Result<GpuCache> {
+    ) -> Result<GpuCache, LoadError> {
         if num_slots == 0 || page_size == 0 || num_pages == 0 {
-            return Err(Error::InvalidInput(
+            return Err(LoadError::Sizing(
                 "a cache needs at least one state slot and one page of at least one position"
                     .into(),
             ));
@@ -90,16 +90,16 @@ impl GpuCache {
         let alloc_bf16 = |n: usize| stream.alloc_zeros::<bf16>(n);
         let conv = (0..linear)
             .map(|_| alloc_bf16(num_slots * dn.conv_state_len()))
-            .collect::<std::result::Result<_, _>>()?;
+            .collect::<Result<_, _>>()?;
         let keys = (0..full)
             .map(|_| alloc_bf16(num_pages * page_len))
-            .collect::<std::result::Result<_, _>>()?;
+            .collect::<Result<_, _>>()?;
         let values = (0..full)
             .map(|_| alloc_bf16(num_pages * page_len))
-            .collect::<std::result::Result<_, _>>()?;
+            .collect::<Result<_, _>>()?;
         let recurrent = (0..linear)
             .map(|_| stream.alloc_zeros::<f32>(num_slots * dn.recurrent_state_len()))
-            .collect::<std::result::Result<_, _>>()?;
+            .collect::<Result<_, _>>()?;
         Ok(GpuCache {
             model_id,
             stream,
@@ -128,10 +128,10 @@ impl GpuCache {
         self.page_size
     }
 
-    fn check_slot(&self, slot: SlotId) -> Result<usize> {
+    fn check_slot(&self, slot: SlotId) -> Result<usize, RunError> {
         let s = slot.0 as usize;
         if s >= self.num_slots {
-            return Err(Error::InvalidInput(format!(
+            return Err(RunError::InvalidInput(format!(
                 "slot {s} is beyond the cache's {} slots",
                 self.num_slots
             )));
@@ -141,7 +141,7 @@ impl GpuCache {
 
     /// Zero conv and recurrent state in `slot` (a sequence starting from its
     /// first token). Queued on the stream, before any later step.
-    pub fn zero_slot(&mut self, slot: SlotId) -> Result<()> {
+    pub fn zero_slot(&mut self, slot: SlotId) -> Result<(), RunError> {
         let s = self.check_slot(slot)?;
         let (c, r) = (self.dn.conv_state_len(), self.dn.recurrent_state_len());
         for conv in &mut self.conv {
@@ -157,7 +157,7 @@ impl GpuCache {
 
     /// Copies the state of slot `from` into slot `to` (a fork: both then
     /// continue from the same tokens; their KV pages are the caller's).
-    pub fn copy_slot(&mut self, from: SlotId, to: SlotId) -> Result<()> {
+    pub fn copy_slot(&mut self, from: SlotId, to: SlotId) -> Result<(), RunError> {
         let (f, t) = (self.check_slot(from)?, self.check_slot(to)?);
         if f == t {
             return Ok(());
@@ -175,10 +175,10 @@ impl GpuCache {
     /// Copies every position of KV page `from` onto page `to`, in every
     /// attention layer (a prefix-cache hit ending inside a page: the request
     /// continues in its own copy). Queued on the stream, before any later step.
-    pub fn copy_page(&mut self, from: PageId, to: PageId) -> Result<()> {
+    pub fn copy_page(&mut self, from: PageId, to: PageId) -> Result<(), RunError> {
         let (f, t) = (from.0 as usize, to.0 as usize);
         if f >= self.num_pages || t >= self.num_pages {
-            return Err(Error::InvalidInput(format!(
+            return Err(RunError::InvalidInput(format!(
                 "page copy {f} -> {t}: beyond the cache's {} pages",
                 self.num_pages
             )));
@@ -194,19 +194,19 @@ impl GpuCache {
     }
 
     /// The state of `slot`, copied to the host (waits for the stream).
-    pub fn export_slot(&self, slot: SlotId) -> Result<SlotState> {
+    pub fn export_slot(&self, slot: SlotId) -> Result<SlotState, RunError> {
         let s = self.check_slot(slot)?;
         let (c, r) = (self.dn.conv_state_len(), self.dn.recurrent_state_len());
         let conv = self
             .conv
             .iter()
             .map(|b| self.stream.clone_dtoh(&b.slice(s * c..(s + 1) * c)))
-            .collect::<std::result::Result<_, _>>()?;
+            .collect::<Result<_, _>>()?;
         let recurrent = self
             .recurrent
             .iter()
             .map(|b| self.stream.clone_dtoh(&b.slice(s * r..(s + 1) * r)))
-            .collect::<std::result::Result<_, _>>()?;
+            .collect::<Result<_, _>>()?;
         Ok(SlotState {
             model_id: self.model_id,
             conv,
@@ -216,10 +216,10 @@ impl GpuCache {
 
     /// Writes an exported state into `slot` (waits for the copies, so the
     /// host buffers may go).
-    pub fn import_slot(&mut self, slot: SlotId, state: &SlotState) -> Result<()> {
+    pub fn import_slot(&mut self, slot: SlotId, state: &SlotState) -> Result<(), RunError> {
         let s = self.check_slot(slot)?;
         if state.model_id != self.model_id {
-            return Err(Error::InvalidInput(
+            return Err(RunError::InvalidInput(
                 "the slot state was exported from another model's cache".into(),
             ));
         }
@@ -253,7 +253,7 @@ fn copy_within<T: cudarc::driver::DeviceRepr>(
     per: usize,
     from: usize,
     to: usize,
-) -> Result<()> {
+) -> Result<(), RunError> {
     let (lo, hi) = (from.min(to), from.max(to));
     let (mut low, mut high) = buf.split_at_mut(hi * per);
     // `high` starts at the higher of the two blocks.

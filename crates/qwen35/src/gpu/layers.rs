@@ -6,12 +6,12 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use gdn_kernels::{DeltaNetInputs, DeviceBatch, GdnPrefill, ModelOps, PrefillBuffers};
+use gdn_kernels::{DeltaNetInputs, DeviceBatch, GdnPrefill, GemmShape, ModelOps, PrefillBuffers};
 use half::bf16;
 
-use super::step::Batches;
+use super::plan::Batches;
 use super::{scratch, GpuCache, GpuModel, Mixer};
-use crate::error::Result;
+use crate::error::RunError;
 
 impl GpuModel {
     pub(super) fn deltanet(
@@ -20,14 +20,18 @@ impl GpuModel {
         batches: &Batches,
         cache: &mut GpuCache,
         x: &CudaSlice<bf16>,
-    ) -> Result<CudaSlice<bf16>> {
+    ) -> Result<CudaSlice<bf16>, RunError> {
         let batch = &batches.full;
         let layer = self.layers[li].deltanet();
         let (s, dn, c) = (&self.stream, self.dn, &self.config);
         let (t, h, d) = (batch.num_tokens(), c.hidden_size, gdn_kernels::HEAD_DIM);
         let mut proj = scratch::<bf16>(s, t * dn.proj_width())?;
-        self.gemm
-            .linear(x, &layer.in_proj, &mut proj, t, dn.proj_width(), h)?;
+        self.gemm.linear(
+            x,
+            &layer.in_proj,
+            &mut proj,
+            GemmShape::new(t, dn.proj_width(), h),
+        )?;
         let scale = (d as f32).powf(-0.5);
         let mut gated = scratch::<bf16>(s, t * dn.v_heads * d)?;
         if batches.parts.is_none()
@@ -53,17 +57,23 @@ impl GpuModel {
         let out_proj = &self.layers[li].deltanet().out_proj;
         let (s, h) = (&self.stream, self.config.hidden_size);
         let mut out = scratch::<bf16>(s, t * h)?;
-        self.gemm
-            .linear(&gated, out_proj, &mut out, t, h, dn.v_heads * d)?;
+        self.gemm.linear(
+            &gated,
+            out_proj,
+            &mut out,
+            GemmShape::new(t, h, dn.v_heads * d),
+        )?;
         Ok(out)
     }
 
     /// The DeltaNet mixer between its projections for prefill and mixed
     /// steps, and for decode steps where the fused op does not pay: conv and
     /// gates over every token, then the recurrent step for decode rows and
-    /// the GDN prefill op for the others, then the gated norm. (Without the
-    /// decode arm a decode batch ran through the GDN prefill op and per-row
-    /// state copies: batch 16 took 5.75 instead of ~4.3 ms a step on the H200.)
+    /// the GDN prefill op for the others, then the gated norm. Decode rows
+    /// must take the recurrent step: through the GDN prefill op and per-row
+    /// state copies a decode step is far slower (ncu of such a step:
+    /// docs/results/h200-2026-12-01-s2/
+    /// `ncu-decode-b16-integrated-before-decode-fix.txt`).
     fn deltanet_unfused(
         &mut self,
         li: usize,
@@ -71,7 +81,7 @@ impl GpuModel {
         cache: &mut GpuCache,
         proj: &CudaSlice<bf16>,
         gated: &mut CudaSlice<bf16>,
-    ) -> Result<()> {
+    ) -> Result<(), RunError> {
         let batch = &batches.full;
         let layer = self.layers[li].deltanet();
         let (s, dn, c) = (&self.stream, self.dn, &self.config);
@@ -108,7 +118,7 @@ impl GpuModel {
                 // recurrent step, the rest the prefill op, each on its own
                 // copy of its rows (the ops take whole buffers).
                 let td = dec.num_tokens();
-                let part = |range: std::ops::Range<usize>| -> Result<DeltaNetInputs> {
+                let part = |range: std::ops::Range<usize>| -> Result<DeltaNetInputs, RunError> {
                     Ok(DeltaNetInputs {
                         q: copy_rows(s, &inputs.q, range.clone(), dn.qk_heads * d)?,
                         k: copy_rows(s, &inputs.k, range.clone(), dn.qk_heads * d)?,
@@ -138,7 +148,7 @@ impl GpuModel {
         batch: &DeviceBatch,
         cache: &mut GpuCache,
         x: &CudaSlice<bf16>,
-    ) -> Result<CudaSlice<bf16>> {
+    ) -> Result<CudaSlice<bf16>, RunError> {
         let Mixer::Attention {
             qkv,
             q_norm,
@@ -153,7 +163,8 @@ impl GpuModel {
         let (t, h) = (batch.num_tokens(), c.hidden_size);
         let width = a.q_heads * a.head_dim;
         let mut proj = scratch::<bf16>(s, t * a.proj_width())?;
-        self.gemm.linear(x, qkv, &mut proj, t, a.proj_width(), h)?;
+        self.gemm
+            .linear(x, qkv, &mut proj, GemmShape::new(t, a.proj_width(), h))?;
         let mut q = scratch::<bf16>(s, t * width)?;
         let (keys, values) = (&mut cache.keys[*index], &mut cache.values[*index]);
         self.ops.attention_prep(
@@ -172,7 +183,8 @@ impl GpuModel {
         self.ops
             .attention(batch, a, &q, keys, values, &proj, &mut attn_out)?;
         let mut out = scratch::<bf16>(s, t * h)?;
-        self.gemm.linear(&attn_out, o_proj, &mut out, t, h, width)?;
+        self.gemm
+            .linear(&attn_out, o_proj, &mut out, GemmShape::new(t, h, width))?;
         Ok(out)
     }
 }
@@ -183,7 +195,7 @@ fn copy_rows<T: cudarc::driver::DeviceRepr>(
     src: &CudaSlice<T>,
     range: std::ops::Range<usize>,
     width: usize,
-) -> Result<CudaSlice<T>> {
+) -> Result<CudaSlice<T>, RunError> {
     let mut out = scratch::<T>(s, range.len() * width)?;
     s.memcpy_dtod(&src.slice(range.start * width..range.end * width), &mut out)?;
     Ok(out)
@@ -200,7 +212,7 @@ fn prefill_core(
     (state, per): (&mut CudaSlice<f32>, usize),
     core: &mut CudaSlice<bf16>,
     scale: f32,
-) -> Result<()> {
+) -> Result<(), RunError> {
     let s = ops.stream();
     let mut initial = scratch::<f32>(s, batch.num_seqs() * per)?;
     ops.move_state(batch, state, &mut initial, per, true)?;

@@ -10,15 +10,19 @@ use gdn_kernels::ModelOps;
 use half::bf16;
 
 use super::upload::Staging;
-use crate::error::Result;
+use crate::error::LoadError;
 use crate::weights::{RawTensor, Weights};
 
 pub(crate) trait WeightSource {
     /// The named `[rows_i, cols]` matrices stacked row-wise into one bf16
     /// matrix (fused projections).
-    fn matrix(&mut self, parts: &[(&str, usize)], cols: usize) -> Result<CudaSlice<bf16>>;
+    fn matrix(
+        &mut self,
+        parts: &[(&str, usize)],
+        cols: usize,
+    ) -> Result<CudaSlice<bf16>, LoadError>;
     /// A tensor of the given shape as a flat f32 vector.
-    fn vector(&mut self, name: &str, shape: &[usize]) -> Result<CudaSlice<f32>>;
+    fn vector(&mut self, name: &str, shape: &[usize]) -> Result<CudaSlice<f32>, LoadError>;
     fn contains(&self, name: &str) -> bool;
 }
 
@@ -29,11 +33,15 @@ pub(crate) struct Checkpoint<'a> {
 }
 
 impl WeightSource for Checkpoint<'_> {
-    fn matrix(&mut self, parts: &[(&str, usize)], cols: usize) -> Result<CudaSlice<bf16>> {
+    fn matrix(
+        &mut self,
+        parts: &[(&str, usize)],
+        cols: usize,
+    ) -> Result<CudaSlice<bf16>, LoadError> {
         let raw = parts
             .iter()
             .map(|(name, rows)| self.weights.raw(name, &[*rows, cols]))
-            .collect::<Result<Vec<RawTensor>>>()?;
+            .collect::<Result<Vec<RawTensor>, LoadError>>()?;
         let len = raw.iter().map(RawTensor::len).sum();
         // SAFETY: the staging copies write every element before any use
         // (same stream).
@@ -41,7 +49,7 @@ impl WeightSource for Checkpoint<'_> {
         self.staging.upload(&raw, &mut buf)?;
         Ok(buf)
     }
-    fn vector(&mut self, name: &str, shape: &[usize]) -> Result<CudaSlice<f32>> {
+    fn vector(&mut self, name: &str, shape: &[usize]) -> Result<CudaSlice<f32>, LoadError> {
         Ok(self.stream.clone_htod(&self.weights.get(name, shape)?)?)
     }
     fn contains(&self, name: &str) -> bool {
@@ -65,7 +73,11 @@ fn name_seed(seed: u64, name: &str) -> u64 {
 }
 
 impl WeightSource for Random<'_> {
-    fn matrix(&mut self, parts: &[(&str, usize)], cols: usize) -> Result<CudaSlice<bf16>> {
+    fn matrix(
+        &mut self,
+        parts: &[(&str, usize)],
+        cols: usize,
+    ) -> Result<CudaSlice<bf16>, LoadError> {
         let rows: usize = parts.iter().map(|p| p.1).sum();
         let mut buf = self.ops.stream().alloc_zeros::<bf16>(rows * cols)?;
         let seed = name_seed(self.seed, parts[0].0);
@@ -74,7 +86,7 @@ impl WeightSource for Random<'_> {
             .fill_uniform_bf16(&mut buf, seed, 0.02 * 3f32.sqrt(), 0.0)?;
         Ok(buf)
     }
-    fn vector(&mut self, name: &str, shape: &[usize]) -> Result<CudaSlice<f32>> {
+    fn vector(&mut self, name: &str, shape: &[usize]) -> Result<CudaSlice<f32>, LoadError> {
         let mut buf = self
             .ops
             .stream()

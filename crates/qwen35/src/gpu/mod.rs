@@ -8,9 +8,11 @@
 //! for padded batch sizes ([`GpuModel::capture_decode_graphs`]).
 
 mod cache;
+mod capture;
 mod graphs;
 mod layers;
 mod load;
+mod plan;
 mod step;
 mod timing;
 mod upload;
@@ -20,7 +22,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaSlice};
 use gdn_kernels::{
     AttentionShape, Backend, BackendRequest, DeltaNetShape, DeltaNetWeights, GdnGeometry,
-    GdnPrefill, Gemm, ModelOps,
+    GdnPrefill, Gemm, GemmShape, ModelOps,
 };
 use half::bf16;
 
@@ -30,13 +32,16 @@ use cudarc::driver::sys;
 /// without depending on cudarc themselves.
 pub use cudarc::driver::CudaStream;
 use load::{Checkpoint, Random, WeightSource};
-use step::{Batches, LogitsPlan};
-pub use step::{HostLogits, LogitsTo, Row, RowLogits, StepError};
+pub use plan::Row;
+use plan::{Batches, LogitsPlan};
+pub use step::{HostLogits, LogitsTo};
 pub use timing::ForwardTiming;
 use timing::StepClock;
 
 use crate::config::{Config, LayerType};
-use crate::error::{Error, Result};
+pub use crate::error::StepError;
+use crate::error::{DeviceError, LoadError, RunError};
+pub use crate::row_logits::RowLogits;
 use crate::timing::PhaseTimes;
 use crate::weights::Weights;
 
@@ -143,7 +148,7 @@ pub struct GpuModel {
 pub(crate) fn scratch<T: cudarc::driver::DeviceRepr>(
     s: &Arc<CudaStream>,
     n: usize,
-) -> Result<CudaSlice<T>> {
+) -> Result<CudaSlice<T>, DeviceError> {
     // SAFETY: see above; no op reads a buffer before its producer wrote it.
     Ok(unsafe { s.alloc::<T>(n) }?)
 }
@@ -157,7 +162,7 @@ pub(crate) fn scratch<T: cudarc::driver::DeviceRepr>(
 /// With no threshold the pool keeps at most the largest step's
 /// activations, which the server's page-pool sizing already leaves free
 /// (its activation reserve).
-pub fn keep_pool_memory(stream: &CudaStream) -> Result<()> {
+pub fn keep_pool_memory(stream: &CudaStream) -> Result<(), DeviceError> {
     let mut threshold: u64 = u64::MAX;
     // SAFETY: a plain driver call on the pool of this context's device;
     // `threshold` outlives it.
@@ -174,7 +179,7 @@ pub fn keep_pool_memory(stream: &CudaStream) -> Result<()> {
 
 /// The release threshold of the device's current memory pool (see
 /// [`keep_pool_memory`]).
-pub fn pool_release_threshold(stream: &CudaStream) -> Result<u64> {
+pub fn pool_release_threshold(stream: &CudaStream) -> Result<u64, DeviceError> {
     let mut threshold: u64 = 0;
     // SAFETY: as in keep_pool_memory.
     unsafe {
@@ -190,7 +195,7 @@ pub fn pool_release_threshold(stream: &CudaStream) -> Result<u64> {
 
 /// The current memory pool of the device of `stream`'s context (bound to
 /// this thread first).
-fn device_pool(stream: &CudaStream) -> Result<sys::CUmemoryPool> {
+fn device_pool(stream: &CudaStream) -> Result<sys::CUmemoryPool, DeviceError> {
     let ctx = stream.context();
     ctx.bind_to_thread()?;
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
@@ -199,11 +204,11 @@ fn device_pool(stream: &CudaStream) -> Result<sys::CUmemoryPool> {
     Ok(pool)
 }
 
-fn shapes(c: &Config) -> Result<(DeltaNetShape, AttentionShape)> {
+fn shapes(c: &Config) -> Result<(DeltaNetShape, AttentionShape), LoadError> {
     if c.linear_key_head_dim != gdn_kernels::HEAD_DIM
         || c.linear_value_head_dim != gdn_kernels::HEAD_DIM
     {
-        return Err(Error::UnsupportedConfig(format!(
+        return Err(LoadError::UnsupportedConfig(format!(
             "the GPU runtime needs DeltaNet head dims of {} (got k {}, v {})",
             gdn_kernels::HEAD_DIM,
             c.linear_key_head_dim,
@@ -234,7 +239,7 @@ impl GpuModel {
         weights: &Weights,
         stream: Arc<CudaStream>,
         options: GpuOptions,
-    ) -> Result<GpuModel> {
+    ) -> Result<GpuModel, LoadError> {
         let mut phases = PhaseTimes::default();
         let staging = phases.time("pinned_staging", || {
             upload::Staging::new(stream.clone(), upload::STAGING_ELEMS)
@@ -254,7 +259,7 @@ impl GpuModel {
         seed: u64,
         stream: Arc<CudaStream>,
         options: GpuOptions,
-    ) -> Result<GpuModel> {
+    ) -> Result<GpuModel, LoadError> {
         let ops = ModelOps::new(stream.clone())?;
         let mut src = Random { ops: &ops, seed };
         Self::build(config, &mut src, stream, options, PhaseTimes::default())
@@ -266,7 +271,7 @@ impl GpuModel {
         stream: Arc<CudaStream>,
         options: GpuOptions,
         mut phases: PhaseTimes,
-    ) -> Result<GpuModel> {
+    ) -> Result<GpuModel, LoadError> {
         let c = &config;
         let (dn, attn) = shapes(c)?;
         // Note for callers: this switches cudarc's event tracking off for the
@@ -408,7 +413,7 @@ impl GpuModel {
     /// Turns step timing on or off: with it on, every step records CUDA
     /// events around its forward and [`GpuModel::last_forward_timing`]
     /// reports them (a few microseconds per step; off by default).
-    pub fn set_step_timing(&mut self, on: bool) -> Result<()> {
+    pub fn set_step_timing(&mut self, on: bool) -> Result<(), DeviceError> {
         self.clock = match on {
             true => Some(StepClock::new(&self.stream)?),
             false => None,
@@ -430,13 +435,11 @@ impl GpuModel {
     /// default one, so decode steps can be captured as CUDA graphs). An
     /// error, not a panic, on machines without a CUDA driver (the server's
     /// `--device auto` falls back to the CPU on it).
-    pub fn default_stream() -> Result<Arc<CudaStream>> {
+    pub fn default_stream() -> Result<Arc<CudaStream>, DeviceError> {
         // SAFETY: only probes whether libcuda can be loaded (cudarc panics
         // on first use when it cannot).
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return Err(Error::Gpu(
-                "no CUDA driver library (libcuda) on this machine".into(),
-            ));
+            return Err(DeviceError::NoDriver);
         }
         Ok(CudaContext::new(0)?.new_stream()?)
     }
@@ -484,14 +487,14 @@ impl GpuModel {
         num_slots: usize,
         num_pages: usize,
         page_size: usize,
-    ) -> Result<GpuCache> {
+    ) -> Result<GpuCache, LoadError> {
         if num_slots > 65_535 {
-            return Err(Error::InvalidInput(format!(
+            return Err(LoadError::Sizing(format!(
                 "{num_slots} state slots exceed the kernels' per-launch limit of 65535"
             )));
         }
         if num_pages > i32::MAX as usize {
-            return Err(Error::InvalidInput(format!(
+            return Err(LoadError::Sizing(format!(
                 "{num_pages} KV pages exceed the page table's i32 ids"
             )));
         }
@@ -515,7 +518,7 @@ impl GpuModel {
         batches: &Batches,
         which: LogitsPlan,
         logits: &mut CudaSlice<f32>,
-    ) -> Result<()> {
+    ) -> Result<(), RunError> {
         let batch = &batches.full;
         let (h, inter, vocab, eps) = {
             let c = &self.config;
@@ -556,10 +559,16 @@ impl GpuModel {
                 eps,
             )?;
             let mut act = scratch::<bf16>(&s, t * inter)?;
-            self.gemm
-                .gate_up_swiglu(&self.ops, &normed, &layer.gate_up, &mut act, t, inter, h)?;
+            self.gemm.gate_up_swiglu(
+                &self.ops,
+                &normed,
+                &layer.gate_up,
+                &mut act,
+                GemmShape::new(t, inter, h),
+            )?;
             let mut out = scratch::<bf16>(&s, t * h)?;
-            self.gemm.linear(&act, &layer.down, &mut out, t, h, inter)?;
+            self.gemm
+                .linear(&act, &layer.down, &mut out, GemmShape::new(t, h, inter))?;
             delta = Some(out);
         }
         self.ops.add_rmsnorm(
@@ -582,8 +591,12 @@ impl GpuModel {
             }
         };
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        self.gemm
-            .linear(&rows.slice(lo * h..hi * h), head, logits, hi - lo, vocab, h)?;
+        self.gemm.linear(
+            &rows.slice(lo * h..hi * h),
+            head,
+            logits,
+            GemmShape::new(hi - lo, vocab, h),
+        )?;
         Ok(())
     }
 }

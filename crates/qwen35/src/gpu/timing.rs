@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaStream};
 
-use crate::error::Result;
+use crate::error::DeviceError;
 
 /// The last timed step's stamps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,7 +37,7 @@ pub(crate) struct StepClock {
 }
 
 impl StepClock {
-    pub fn new(stream: &CudaStream) -> Result<Self> {
+    pub fn new(stream: &CudaStream) -> Result<Self, DeviceError> {
         let ctx = stream.context();
         let event = || ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
         Ok(StepClock {
@@ -51,7 +51,7 @@ impl StepClock {
     }
 
     /// Before the forward's first kernel is queued.
-    pub fn forward_starts(&mut self, stream: &CudaStream) -> Result<()> {
+    pub fn forward_starts(&mut self, stream: &CudaStream) -> Result<(), DeviceError> {
         self.last = None;
         self.launch_start = Some(Instant::now());
         self.forward_start.record(stream)?;
@@ -59,7 +59,7 @@ impl StepClock {
     }
 
     /// After the forward's last kernel was queued.
-    pub fn forward_queued(&mut self, stream: &CudaStream) -> Result<()> {
+    pub fn forward_queued(&mut self, stream: &CudaStream) -> Result<(), DeviceError> {
         self.forward_end.record(stream)?;
         self.launch_end = Some(Instant::now());
         Ok(())
@@ -67,9 +67,9 @@ impl StepClock {
 
     /// After the step's `then` returned: reads the events (the stream is
     /// idle by then, or this waits for it).
-    pub fn step_done(&mut self, stream: &CudaStream) -> Result<()> {
+    pub fn step_done(&mut self, stream: &CudaStream) -> Result<(), DeviceError> {
         self.done.record(stream)?;
-        let ms = |a: &CudaEvent, b: &CudaEvent| -> Result<Duration> {
+        let ms = |a: &CudaEvent, b: &CudaEvent| -> Result<Duration, DeviceError> {
             let ms = a.elapsed_ms(b)?;
             Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
         };

@@ -4,7 +4,8 @@
 //! to bf16). The path this replaces widened every tensor to an f32 vector,
 //! narrowed it again into a bf16 vector and copied that synchronously from
 //! pageable memory: three passes and two fresh allocations per weight, most
-//! of the 4B's 25 s cold start.
+//! of the 4B's cold start then (the serving cold start now: "Serving" in
+//! docs/performance.md).
 
 use std::sync::Arc;
 
@@ -13,7 +14,7 @@ use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, PinnedHostSlice};
 use half::{bf16, f16};
 use safetensors::Dtype;
 
-use crate::error::Result;
+use crate::error::DeviceError;
 use crate::weights::RawTensor;
 
 /// Elements per staging buffer (64 MiB of bf16): large enough that a copy
@@ -40,13 +41,13 @@ pub(crate) struct Staging {
 
 impl Staging {
     /// Two pinned buffers of `elems` bf16 each, on the context of `stream`.
-    pub fn new(stream: Arc<CudaStream>, elems: usize) -> Result<Staging> {
+    pub fn new(stream: Arc<CudaStream>, elems: usize) -> Result<Staging, DeviceError> {
         let ctx = stream.context().clone();
         let elems = elems.max(1);
         // SAFETY: the buffers are written (fill) before any copy reads them.
         let buffers = (0..2)
             .map(|_| unsafe { ctx.alloc_pinned::<bf16>(elems) })
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()?;
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .min(MAX_FILL_THREADS);
@@ -62,7 +63,11 @@ impl Staging {
     /// Copies `parts` one after the other into `dst` (a row-wise stack of
     /// the parts), as bf16. The copies may still run when this returns;
     /// [`Staging::finish`] waits for them.
-    pub fn upload(&mut self, parts: &[RawTensor<'_>], dst: &mut CudaSlice<bf16>) -> Result<()> {
+    pub fn upload(
+        &mut self,
+        parts: &[RawTensor<'_>],
+        dst: &mut CudaSlice<bf16>,
+    ) -> Result<(), DeviceError> {
         let total: usize = parts.iter().map(RawTensor::len).sum();
         assert_eq!(total, dst.len(), "the destination holds the parts");
         let mut at = 0;
@@ -92,7 +97,7 @@ impl Staging {
     }
 
     /// Waits until every copy out of the staging buffers is done.
-    pub fn finish(&mut self) -> Result<()> {
+    pub fn finish(&mut self) -> Result<(), DeviceError> {
         for copy in self.copied.iter_mut().filter_map(Option::take) {
             copy.synchronize()?;
         }
@@ -260,7 +265,7 @@ mod tests {
 
     #[test]
     fn uploads_through_small_staging_buffers_equal_the_f32_path() {
-        let Some(stream) = gdn_kernels::testing::gpu_stream() else {
+        let Some(stream) = gdn_kernels_testkit::gpu_stream() else {
             return;
         };
         let big = MIN_PIECE + 5;

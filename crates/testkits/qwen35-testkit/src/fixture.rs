@@ -1,33 +1,31 @@
 //! The tiny-model fixtures as the tests read them (one reader for the CPU
-//! gate, the bf16 floor and the GPU gates). Fixtures: tests/fixtures (or
+//! gate, the bf16 floor and the GPU gates): qwen35's tests/fixtures (or
 //! `QWEN35_FIXTURES`), made by checks/fixtures/make_qwen35_fixtures.py.
-// Each test crate uses a part of this module.
-#![allow(dead_code)]
-
-pub mod alloc;
-pub mod drive;
 
 use std::path::PathBuf;
 
 use qwen35::{Config, Weights};
 use safetensors::SafeTensors;
 
+/// The tiny models of tests/fixtures.
 pub const MODELS: [&str; 3] = ["text_gva2", "vl_gva1_sharded", "text_gva3_untied"];
 
 /// HF's top-k per position: token ids and log-probabilities, best first.
 pub type TopK = (Vec<Vec<u32>>, Vec<Vec<f32>>);
 
+/// The directory of fixture `name`: under `QWEN35_FIXTURES` if set, else
+/// qwen35's tests/fixtures.
 pub fn dir(name: &str) -> PathBuf {
     std::env::var_os("QWEN35_FIXTURES")
         .map(PathBuf::from)
-        // Through the sibling path so that other crates' tests that include
-        // this module (gdn-server's gpu_served.rs) find the same fixtures.
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../qwen35/tests/fixtures")
-        })
+        .unwrap_or_else(|| PathBuf::from(FIXTURES))
         .join(name)
 }
 
+/// qwen35's tests/fixtures, from this crate's directory.
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../qwen35/tests/fixtures");
+
+/// One fixture model: its checkpoint, prompts, and HF's outputs on them.
 pub struct Fixture {
     pub dir: PathBuf,
     pub config: Config,

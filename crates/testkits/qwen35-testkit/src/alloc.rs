@@ -1,9 +1,7 @@
 //! A test-side stand-in for the engine's allocator: hands out the slots and
 //! pages of a `GpuCache` to sequences, grows their pages as they run and
 //! tracks their lengths, so the GPU tests and the benchmark drive
-//! `GpuModel::step` the way the old cache-owned sequences did. Not shipped.
-// Each user takes a part of this module.
-#![allow(dead_code)]
+//! `GpuModel::step` the way the old cache-owned sequences did.
 
 use std::collections::HashMap;
 

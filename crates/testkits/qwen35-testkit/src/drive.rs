@@ -3,7 +3,6 @@
 //! prompt in chunks of `chunk` tokens (sampling after the last one), then
 //! one decoded token per step, all requests in the same steps. Used by the
 //! CPU and GPU executor tests.
-#![allow(dead_code)]
 
 use engine::{
     ExecError, Executor, PageId, SampleSeed, SampleSpec, SampledToken, SamplingParams, SlotId,

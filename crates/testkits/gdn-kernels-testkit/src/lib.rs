@@ -1,0 +1,63 @@
+//! The test kit of `gdn-kernels`: deterministic random GDN problems
+//! ([`Problem`]), the CPU oracle on them and GPU runs of them, the oracle
+//! checks every backend must pass, error statistics, and the GPU probe
+//! ([`gpu_stream`]) that lets GPU tests skip on machines without one.
+//!
+//! A dev-dependency only (gdn-kernels' own tests and examples, qwen35's and
+//! gdn-server's GPU tests): no shipped binary links it. It uses only the
+//! public API of `gdn_kernels`.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaStream};
+
+mod check;
+mod problem;
+
+pub use check::{
+    assert_results_agree, check_against_oracle, check_continuation, compare, geometry, Comparison,
+    ORACLE_LENGTHS, OUTPUT_TOLERANCE, QWEN35_GDN_HEADS, STATE_TOLERANCE,
+};
+pub use problem::{DeviceProblem, Problem};
+
+/// SplitMix64: tiny, deterministic, good enough for test data.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [lo, hi).
+    pub fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+}
+
+/// The GPU's stream, or `None` (and a note on stderr) where there is no CUDA
+/// driver or device. With `GDN_REQUIRE_GPU=1` a missing GPU is a failure, so
+/// the documented GPU command cannot pass by skipping.
+pub fn gpu_stream() -> Option<Arc<CudaStream>> {
+    let required = std::env::var("GDN_REQUIRE_GPU").is_ok_and(|v| v == "1");
+    // SAFETY: only probes whether libcuda can be loaded.
+    let present = unsafe { cudarc::driver::sys::is_culib_present() };
+    let ctx = if present {
+        CudaContext::new(0).map_err(|e| e.to_string())
+    } else {
+        Err("no CUDA driver library".into())
+    };
+    match ctx {
+        Ok(ctx) => Some(ctx.default_stream()),
+        Err(why) if required => panic!("GDN_REQUIRE_GPU=1 but no GPU is usable: {why}"),
+        Err(why) => {
+            eprintln!("skipped: no usable GPU ({why})");
+            None
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! The test kit of `qwen35`: the tiny-model fixtures ([`Fixture`]), the
+//! accuracy gate against Hugging Face's goldens ([`gate`]), a stand-in for
+//! the engine's slot and page allocator ([`alloc`]) and a driver of an
+//! engine executor ([`drive`]).
+//!
+//! A dev-dependency only (qwen35's tests and benchmark, gdn-server's GPU
+//! test): no shipped binary links it.
+
+pub mod alloc;
+pub mod drive;
+mod fixture;
+pub mod gate;
+
+pub use fixture::{dir, Fixture, TopK, MODELS};
