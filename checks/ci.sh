@@ -20,6 +20,9 @@ fi
 step "format"
 cargo fmt --all -- --check
 
+step "architecture rules (no #[path], no Result<_, String>, no import circles, HTTP library on the engine only)"
+python3 checks/architecture_rules.py
+
 step "bundle from scratch, verified against the lock (the cross-machine proof)"
 cargo build -q --release -p gdn-gen
 # time -v reports the largest single process (one cicc); units run two at a time.

@@ -1,9 +1,6 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use crate::fsread::FileKind;
-use crate::table::TableRule;
-
 pub type Result<T> = std::result::Result<T, Error>;
 
 /// Every failure names the file or artifact, what was expected and what was
@@ -109,3 +106,64 @@ pub const REMEDY_BYTES_DIFFER: &str =
 pub const REMEDY_LOCK_EDITED: &str =
     "the lock disagrees with the artifact table it was written for (edited by hand?); \
      restore gdn-bundle.lock.json from version control";
+
+/// What was found where a regular file was expected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileKind {
+    Directory,
+    SymbolicLink,
+    Fifo,
+    Socket,
+    Device,
+    Other,
+}
+
+impl fmt::Display for FileKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FileKind::Directory => "a directory",
+            FileKind::SymbolicLink => "a symbolic link",
+            FileKind::Fifo => "a FIFO",
+            FileKind::Socket => "a socket",
+            FileKind::Device => "a device",
+            FileKind::Other => "neither a file nor a directory",
+        })
+    }
+}
+
+/// A structural rule of the table that serde cannot express, broken.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TableRule {
+    #[error("unit name {0:?} appears twice")]
+    DuplicateUnit(String),
+    #[error("unit {0:?} has no targets")]
+    NoTargets(String),
+    #[error("unit name {0:?} must be [A-Za-z0-9_]")]
+    UnitName(String),
+    #[error("host-object unit {0:?} may have at most one target")]
+    HostObjectTargets(String),
+    #[error(
+        "unit {0:?}: `compiler: cute-dsl`, `output: dsl-objects` and a `dsl` section go together"
+    )]
+    DslTogether(String),
+    #[error("DSL unit {0:?} needs exactly one target")]
+    DslTargets(String),
+    #[error("DSL unit {0:?} needs the table's `dsl` section")]
+    DslSection(String),
+    #[error("DSL unit {0:?} has no variants")]
+    DslNoVariants(String),
+    #[error("DSL unit {unit:?}: variant {variant:?} must be [a-z0-9_] and unique in the table")]
+    DslVariant { unit: String, variant: String },
+    #[error("unit {unit:?}: target {target:?} is not of the form sm_XY")]
+    Target { unit: String, target: String },
+    #[error("exactly one input must have role kernel-source")]
+    KernelSourceCount,
+    #[error("with a `dsl` section, at least one input must have role dsl-kernel-source")]
+    NoDslKernelSource,
+    #[error("input {input} is for Python {python}, which is not among dsl.pythons {pythons:?}")]
+    InputPython {
+        input: String,
+        python: String,
+        pythons: Vec<String>,
+    },
+}

@@ -3,7 +3,6 @@
 //! checked before the file is opened, and the open itself cannot block.
 //! gdn-gen reads its own caches through these too.
 
-use std::fmt;
 use std::fs::{File, Metadata, OpenOptions};
 use std::io::Read;
 use std::path::Path;
@@ -21,29 +20,7 @@ pub enum Links {
     Refuse,
 }
 
-/// What was found where a regular file was expected.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FileKind {
-    Directory,
-    SymbolicLink,
-    Fifo,
-    Socket,
-    Device,
-    Other,
-}
-
-impl fmt::Display for FileKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            FileKind::Directory => "a directory",
-            FileKind::SymbolicLink => "a symbolic link",
-            FileKind::Fifo => "a FIFO",
-            FileKind::Socket => "a socket",
-            FileKind::Device => "a device",
-            FileKind::Other => "neither a file nor a directory",
-        })
-    }
-}
+pub use crate::error::FileKind;
 
 /// `None` for a regular file, else what it is.
 fn irregular_kind(meta: &Metadata) -> Option<FileKind> {

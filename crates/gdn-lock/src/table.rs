@@ -8,6 +8,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::digest::Sha256Hex;
+pub use crate::error::TableRule;
 use crate::error::{Error, Result};
 use crate::{parse_versioned, read_capped};
 
@@ -219,43 +220,6 @@ impl Unit {
             .map(|v| (Self::dsl_object_path(v), self.dsl_cubin_path(v, target)))
             .collect()
     }
-}
-
-/// A structural rule of the table that serde cannot express, broken.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum TableRule {
-    #[error("unit name {0:?} appears twice")]
-    DuplicateUnit(String),
-    #[error("unit {0:?} has no targets")]
-    NoTargets(String),
-    #[error("unit name {0:?} must be [A-Za-z0-9_]")]
-    UnitName(String),
-    #[error("host-object unit {0:?} may have at most one target")]
-    HostObjectTargets(String),
-    #[error(
-        "unit {0:?}: `compiler: cute-dsl`, `output: dsl-objects` and a `dsl` section go together"
-    )]
-    DslTogether(String),
-    #[error("DSL unit {0:?} needs exactly one target")]
-    DslTargets(String),
-    #[error("DSL unit {0:?} needs the table's `dsl` section")]
-    DslSection(String),
-    #[error("DSL unit {0:?} has no variants")]
-    DslNoVariants(String),
-    #[error("DSL unit {unit:?}: variant {variant:?} must be [a-z0-9_] and unique in the table")]
-    DslVariant { unit: String, variant: String },
-    #[error("unit {unit:?}: target {target:?} is not of the form sm_XY")]
-    Target { unit: String, target: String },
-    #[error("exactly one input must have role kernel-source")]
-    KernelSourceCount,
-    #[error("with a `dsl` section, at least one input must have role dsl-kernel-source")]
-    NoDslKernelSource,
-    #[error("input {input} is for Python {python}, which is not among dsl.pythons {pythons:?}")]
-    InputPython {
-        input: String,
-        python: String,
-        pythons: Vec<String>,
-    },
 }
 
 impl ArtifactTable {
