@@ -16,7 +16,8 @@ let
       # The CuTe DSL export driver: a locked source (build.rs and gdn-gen check it).
       (src + "/generator/cute_dsl")
       (lib.fileset.maybeMissing (src + "/patches"))
-      # Test fixtures and snapshots (sample locks, manifests).
+      # Test fixtures and snapshots (sample locks, manifests), and gdn-http's
+      # openapi.json (include_str!).
       (lib.fileset.fileFilter (file: file.hasExt "json") (src + "/crates"))
       (lib.fileset.fileFilter (file: file.hasExt "json") (src + "/generator"))
       # Whole fixture directories: checkpoints (.safetensors), tokenizers,
@@ -24,7 +25,7 @@ let
       (lib.fileset.maybeMissing (src + "/crates/qwen35/tests/fixtures"))
       (lib.fileset.maybeMissing (src + "/crates/server/tests/fixtures"))
       # The demo checkpoint, tokenizer and chat template that the gdn-server
-      # binary embeds with include_bytes!.
+      # binary embeds with include_bytes! (gdn-http's tests read them too).
       (lib.fileset.maybeMissing (src + "/crates/server/demo"))
     ];
   };

@@ -5,8 +5,9 @@ let
   package = rust.craneLib.buildPackage (rust.commonArgs // {
     inherit (rust) cargoArtifacts;
     pname = "gdn-server";
-    # Only the server package: its dependencies (engine, qwen35, gdn-kernels)
-    # are built as libraries, and gdn-gen is not installed next to it.
+    # Only the server package: its dependencies (gdn-http, engine, qwen35,
+    # gdn-kernels) are built as libraries, and gdn-gen is not installed next
+    # to it. The test kits (crates/testkits) are dev-dependencies only.
     cargoExtraArgs = "--locked --package gdn-server --bin gdn-server";
     # Read by gdn-kernels' build.rs, which verifies the bundle and embeds it.
     GDN_BUNDLE_DIR = "${bundle}";

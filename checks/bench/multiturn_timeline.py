@@ -5,7 +5,7 @@
     multiturn_timeline.py SERVER_LOG [SERVER_LOG ...]
 
 Reads the `request_timeline {json}` lines of gdn-server --request-timeline
-(crates/server/src/timeline.rs) from a checks/bench/multiturn_run.sh run,
+(crates/http/src/api/timeline.rs) from a checks/bench/multiturn_run.sh run,
 whose requests carry the id `c<conversation>-t<turn>` (multiturn_bench.py
 sends it as X-Request-Id). Per turn it prints the server-side TTFT, how
 spread out the turn's requests arrived, how long they waited for their

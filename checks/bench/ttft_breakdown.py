@@ -9,7 +9,7 @@
 DIR holds runs.tsv (mode, nominal length, server log, client jsonl; file
 names relative to DIR), the
 server logs (gdn-server --request-timeline: one `request_timeline {json}` line
-per request, see crates/server/src/timeline.rs), bench_serving's
+per request, see crates/http/src/api/timeline.rs), bench_serving's
 --output-details jsonl (per-request TTFTs, in request order) and
 runtime_served.jsonl / runtime_random.jsonl (qwen35_bench prefill lines).
 

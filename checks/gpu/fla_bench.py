@@ -1,6 +1,7 @@
 """FLA Triton chunk_gated_delta_rule timings for the benchmark matrix of
-docs/benchmarks.md (same shapes as crates/gdn-kernels/examples/gdn_bench.rs).
-Median of triton.testing.do_bench; prints one JSON object per shape."""
+docs/results/h200-2026-11-29/README.md (same shapes as
+crates/gdn-kernels/examples/gdn_bench.rs). Median of triton.testing.do_bench;
+prints one JSON object per shape."""
 import json
 
 import torch
