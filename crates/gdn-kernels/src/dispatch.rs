@@ -341,7 +341,7 @@ mod tests {
 
     #[test]
     fn context_parallel_rule_follows_the_h200_benchmark() {
-        // (sequences, value heads, longest sequence) -> CP?, from docs/benchmarks.md.
+        // (sequences, value heads, longest sequence) -> CP?, from docs/results/h200-2026-11-29-s2/README.md (the CP table).
         for (n, hv, len, cp) in [
             (1, 32, 2048, false),
             (1, 32, 8192, true),

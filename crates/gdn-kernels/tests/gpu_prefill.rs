@@ -1,6 +1,7 @@
 //! GPU gates for the GDN prefill op. They skip (pass with a note) where there
 //! is no GPU; `GDN_REQUIRE_GPU=1` turns a missing GPU into a failure. The one
-//! command that runs them is in the README (`checks/gpu/run.sh`).
+//! command that runs them is in the README ("GPU tests"; `checks/gpu/device_run.sh tests`
+//! on a machine without cargo).
 //!
 //! Every GPU result is compared with the f64 CPU oracle on the same bf16
 //! inputs, with FlashInfer's own test tolerances (output atol = rtol = 1e-2,
