@@ -2,7 +2,7 @@
 //! logprobs flags, tools and tool_choice, template flags.
 
 use super::{validate_generation, SamplingDefaults, ValidChat, ValidationError, MAX_TOP_LOGPROBS};
-use crate::openai::request::{GenerationRequest, MessageContent, ToolChoice};
+use crate::openai::request::{ChatMessage, GenerationRequest, MessageContent, ToolChoice};
 
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
@@ -18,61 +18,7 @@ pub fn validate_chat(
         .messages
         .as_ref()
         .ok_or(ValidationError::MissingField { field: "messages" })?;
-    if messages.is_empty() {
-        return Err(ValidationError::EmptyMessages);
-    }
-    for (index, m) in messages.iter().enumerate() {
-        if !ROLES.contains(&m.role.as_str()) {
-            return Err(ValidationError::BadRole {
-                index,
-                role: m.role.clone(),
-            });
-        }
-        match &m.content {
-            Some(MessageContent::Parts(parts)) => {
-                for (part, p) in parts.iter().enumerate() {
-                    if p.kind != "text" || p.text.is_none() {
-                        return Err(ValidationError::BadContentPart {
-                            index,
-                            part,
-                            kind: p.kind.clone(),
-                        });
-                    }
-                }
-            }
-            Some(MessageContent::Text(_)) => {}
-            // An assistant turn may carry only tool calls.
-            None if m.role == "assistant" => {}
-            None => {
-                return Err(ValidationError::MissingContent {
-                    index,
-                    role: m.role.clone(),
-                })
-            }
-        }
-        for call in m.tool_calls.iter().flatten() {
-            let args = &call.function.arguments;
-            let ok = match args {
-                serde_json::Value::String(s) => {
-                    matches!(
-                        serde_json::from_str::<serde_json::Value>(s),
-                        Ok(serde_json::Value::Object(_))
-                    )
-                }
-                serde_json::Value::Object(_) => true,
-                _ => false,
-            };
-            if !ok {
-                return Err(ValidationError::BadToolCallArguments {
-                    index,
-                    reason: format!(
-                        "arguments of '{}' must be a JSON object (as text)",
-                        call.function.name
-                    ),
-                });
-            }
-        }
-    }
+    validate_messages(messages)?;
     let logprobs = match &req.logprobs {
         None | Some(serde_json::Value::Null) => false,
         Some(serde_json::Value::Bool(b)) => *b,
@@ -160,6 +106,72 @@ pub fn validate_chat(
         continue_final_message,
         include_reasoning: req.include_reasoning.unwrap_or(true),
     })
+}
+
+/// The rules every message follows (chat, and `/tokenize`'s chat form):
+/// a known role, text content (optional only for an assistant turn), tool
+/// call arguments that are a JSON object, a tool result's `tool_call_id`.
+pub fn validate_messages(messages: &[ChatMessage]) -> Result<(), ValidationError> {
+    if messages.is_empty() {
+        return Err(ValidationError::EmptyMessages);
+    }
+    for (index, m) in messages.iter().enumerate() {
+        if !ROLES.contains(&m.role.as_str()) {
+            return Err(ValidationError::BadRole {
+                index,
+                role: m.role.clone(),
+            });
+        }
+        match &m.content {
+            Some(MessageContent::Parts(parts)) => {
+                for (part, p) in parts.iter().enumerate() {
+                    if p.kind != "text" || p.text.is_none() {
+                        return Err(ValidationError::BadContentPart {
+                            index,
+                            part,
+                            kind: p.kind.clone(),
+                        });
+                    }
+                }
+            }
+            Some(MessageContent::Text(_)) => {}
+            // An assistant turn may carry only tool calls.
+            None if m.role == "assistant" => {}
+            None => {
+                return Err(ValidationError::MissingContent {
+                    index,
+                    role: m.role.clone(),
+                })
+            }
+        }
+        // A tool result names the call it answers (OpenAI requires it).
+        if m.role == "tool" && m.tool_call_id.is_none() {
+            return Err(ValidationError::MissingToolCallId { index });
+        }
+        for call in m.tool_calls.iter().flatten() {
+            let args = &call.function.arguments;
+            let ok = match args {
+                serde_json::Value::String(s) => {
+                    matches!(
+                        serde_json::from_str::<serde_json::Value>(s),
+                        Ok(serde_json::Value::Object(_))
+                    )
+                }
+                serde_json::Value::Object(_) => true,
+                _ => false,
+            };
+            if !ok {
+                return Err(ValidationError::BadToolCallArguments {
+                    index,
+                    reason: format!(
+                        "arguments of '{}' must be a JSON object (as text)",
+                        call.function.name
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

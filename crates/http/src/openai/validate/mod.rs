@@ -8,7 +8,7 @@ use super::request::{GenerationRequest, StopField};
 
 mod chat;
 mod error;
-pub use chat::validate_chat;
+pub use chat::{validate_chat, validate_messages};
 pub use error::ValidationError;
 
 /// Most top logprobs a request may ask for (vLLM's default max_logprobs).
@@ -448,6 +448,18 @@ mod tests {
             e,
             ValidationError::BadToolCallArguments { index: 0, .. }
         ));
+        // A tool result names the call it answers, as OpenAI requires.
+        let tool = |extra: &str| {
+            chat(&format!(
+                r#"{{"messages": [{{"role": "user", "content": "x"}}, {{"role": "tool", "content": "42"{extra}}}]}}"#
+            ))
+        };
+        let e = tool("").unwrap_err();
+        assert_eq!(e, ValidationError::MissingToolCallId { index: 1 });
+        assert_eq!(e.param().as_deref(), Some("messages[1].tool_call_id"));
+        assert_eq!(e.code(), "missing_required_parameter");
+        assert!(e.to_string().contains("'messages[1].tool_call_id'"), "{e}");
+        assert!(tool(r#", "tool_call_id": "call_1""#).is_ok());
     }
 
     #[test]
