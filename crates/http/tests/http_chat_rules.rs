@@ -118,3 +118,31 @@ async fn a_base_model_serves_completions_and_refuses_chat_naming_the_flag() {
     .await;
     assert_eq!(status, StatusCode::OK);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_generation_route_ignores_the_others_fields() {
+    // As unknown fields are ignored, so are the other endpoint's, whatever
+    // their value (the OpenAPI document does not list them there).
+    let s = server("one", None);
+    let (status, body) = post(
+        &s,
+        "/v1/completions",
+        json!({"prompt": "x", "max_tokens": 2, "messages": {"not": "a list"},
+               "tools": 5, "max_completion_tokens": "many", "top_logprobs": -1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let (status, body) = post(
+        &s,
+        "/v1/chat/completions",
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+               "prompt": {"not": "a prompt"}, "echo": "yes", "suffix": 3}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    // Its own fields are still checked, with their path.
+    let (status, body) = post(&s, "/v1/completions", json!({"prompt": {"x": 1}})).await;
+    let (status, error) = error_of(status, &body);
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(error["param"], "prompt", "{error}");
+}

@@ -9,7 +9,7 @@ use super::state::AppState;
 use super::timeline::Timeline;
 use crate::openai::decode::decode_json;
 use crate::openai::request::{DetokenizeRequest, TokenizeChat, TokenizePrompt};
-use crate::openai::validate::{token_ids, validate_messages};
+use crate::openai::validate::{token_ids, validate_messages, validate_tool_types};
 use crate::openai::ApiError;
 
 /// The ids of a prompt (`prompt`) or of a rendered chat (`messages`).
@@ -21,6 +21,7 @@ pub fn tokenize(state: &AppState, bytes: &[u8]) -> Result<Response, ApiError> {
         let req: TokenizeChat = decode_json(bytes)?;
         state.check_model(req.model.as_deref())?;
         validate_messages(&req.messages)?;
+        validate_tool_types(req.tools.as_deref().unwrap_or_default())?;
         let add_generation_prompt = req.add_generation_prompt.unwrap_or(true);
         let continue_final = req.continue_final_message.unwrap_or(false);
         let rendered = render_chat(

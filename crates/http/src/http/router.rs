@@ -13,6 +13,7 @@ use super::extract::{answer, read_body};
 use super::request_id::with_request_id;
 use crate::api::state::{AppState, SharedState};
 use crate::api::{chat, completions, info, tokenize};
+use crate::openai::request::{CHAT_ONLY_FIELDS, COMPLETIONS_ONLY_FIELDS};
 use crate::openai::ApiError;
 
 pub fn router(state: SharedState) -> Router {
@@ -39,11 +40,11 @@ pub fn router(state: SharedState) -> Router {
 }
 
 async fn chat_completions(State(state): State<SharedState>, req: Request) -> Response {
-    answer(state, req, chat::run).await
+    answer(state, req, COMPLETIONS_ONLY_FIELDS, chat::run).await
 }
 
 async fn text_completions(State(state): State<SharedState>, req: Request) -> Response {
-    answer(state, req, completions::run).await
+    answer(state, req, CHAT_ONLY_FIELDS, completions::run).await
 }
 
 async fn tokenize_route(

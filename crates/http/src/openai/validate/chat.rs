@@ -2,7 +2,7 @@
 //! logprobs flags, tools and tool_choice, template flags.
 
 use super::{validate_generation, SamplingDefaults, ValidChat, ValidationError, MAX_TOP_LOGPROBS};
-use crate::openai::request::{ChatMessage, GenerationRequest, MessageContent, ToolChoice};
+use crate::openai::request::{ChatMessage, GenerationRequest, MessageContent, Tool, ToolChoice};
 
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
@@ -40,7 +40,14 @@ pub fn validate_chat(
         Some(k) => k as u32,
         None => 0,
     };
+    // OpenAI's max_completion_tokens wins over max_tokens; both must be valid.
+    if let Some(m) = req.max_completion_tokens {
+        super::positive_count("max_completion_tokens", m, "at least 1", i64::MAX)?;
+    }
     let max_tokens = req.max_completion_tokens.or(req.max_tokens);
+    if let (Some(m), Some(_)) = (req.max_tokens, req.max_completion_tokens) {
+        super::positive_count("max_tokens", m, "at least 1", i64::MAX)?;
+    }
     let generation = validate_generation(
         req,
         logprobs.then_some(top),
@@ -51,12 +58,7 @@ pub fn validate_chat(
     let tools_given = match &req.tools {
         Some(tools) if tools.is_empty() => return Err(ValidationError::EmptyTools),
         Some(tools) => {
-            if let Some((index, t)) = tools.iter().enumerate().find(|(_, t)| t.kind != "function") {
-                return Err(ValidationError::BadToolType {
-                    index,
-                    kind: t.kind.clone(),
-                });
-            }
+            validate_tool_types(tools)?;
             true
         }
         None => false,
@@ -106,6 +108,17 @@ pub fn validate_chat(
         continue_final_message,
         include_reasoning: req.include_reasoning.unwrap_or(true),
     })
+}
+
+/// Every tool is a function (chat, and `/tokenize`'s chat form).
+pub fn validate_tool_types(tools: &[Tool]) -> Result<(), ValidationError> {
+    match tools.iter().enumerate().find(|(_, t)| t.kind != "function") {
+        Some((index, t)) => Err(ValidationError::BadToolType {
+            index,
+            kind: t.kind.clone(),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// The rules every message follows (chat, and `/tokenize`'s chat form):
