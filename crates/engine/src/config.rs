@@ -12,7 +12,10 @@ pub struct EngineConfig {
     pub max_num_seqs: usize,
     /// Longest prompt + output (also capped by the executor).
     pub max_model_len: usize,
-    /// Waiting requests at most before `SubmitError::Overloaded`.
+    /// Requests waiting for admission at most, beyond the `max_num_seqs`
+    /// (capped by the executor's slots) the running batch holds; more get
+    /// `SubmitError::Overloaded`. A burst within the free slots is never
+    /// refused.
     pub max_num_queued_reqs: usize,
     /// Prompt tokens of the waiting requests at most before
     /// `SubmitError::TooManyQueuedTokens` (`usize::MAX`: no limit). An

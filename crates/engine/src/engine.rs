@@ -3,7 +3,7 @@
 //! thread ([`crate::worker`]); this side validates, queues and reads
 //! shared snapshots, and never blocks.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -11,10 +11,13 @@ use thiserror::Error;
 use tokio::sync::mpsc as tokio_mpsc;
 
 use crate::config::{ConfigError, EngineConfig};
-use crate::executor::Executor;
+use crate::executor::{BoxError, Executor};
 use crate::metrics::Metrics;
 use crate::protocol::{Command, EngineStats, Shared, Submission};
-use crate::request::{EngineState, Event, GenerateRequest, InvalidParam, RequestId, SubmitError};
+use crate::request::{
+    EngineState, Event, Failure, FailureCause, GenerateRequest, InvalidParam, RequestId,
+    SubmitError,
+};
 use crate::worker::{self, LoadError};
 
 /// How long an overloaded client is told to wait before retrying. A fixed
@@ -49,7 +52,7 @@ impl Engine {
         registry: &prometheus::Registry,
     ) -> Result<EngineHandle, EngineStartError>
     where
-        F: FnOnce() -> Result<Box<dyn Executor>, String> + Send + 'static,
+        F: FnOnce() -> Result<Box<dyn Executor>, BoxError> + Send + 'static,
     {
         config.check().map_err(EngineStartError::Config)?;
         let metrics = Metrics::register(registry).map_err(EngineStartError::Metrics)?;
@@ -134,13 +137,19 @@ impl EngineHandle {
                 max_model_len,
             });
         }
-        let limit = self.shared.config.max_num_queued_reqs;
-        let took = self
+        // Only requests beyond what the running batch holds wait for
+        // admission: a burst within the free slots is never refused.
+        let limit = self
             .shared
-            .queued
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
-                (queued < limit).then_some(queued + 1)
-            });
+            .running_capacity
+            .load(Ordering::Acquire)
+            .saturating_add(self.shared.config.max_num_queued_reqs);
+        let took =
+            self.shared
+                .in_flight
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |in_flight| {
+                    (in_flight < limit).then_some(in_flight + 1)
+                });
         if took.is_err() {
             return Err(SubmitError::Overloaded {
                 retry_after: OVERLOADED_RETRY_AFTER,
@@ -155,7 +164,7 @@ impl EngineHandle {
                         .then_some(queued + prompt_tokens)
                 });
         if let Err(queued_tokens) = took {
-            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+            self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
             return Err(SubmitError::TooManyQueuedTokens {
                 retry_after: OVERLOADED_RETRY_AFTER,
                 queued_tokens,
@@ -165,10 +174,12 @@ impl EngineHandle {
         }
         let id = self.shared.next_id();
         let (events, receiver) = tokio_mpsc::unbounded_channel();
+        let stopped_by_client = Arc::new(AtomicBool::new(false));
         let submission = Submission {
             id,
             request,
             events,
+            stopped_by_client: stopped_by_client.clone(),
             arrival: Instant::now(),
         };
         if self
@@ -176,7 +187,7 @@ impl EngineHandle {
             .send(Command::Submit(Box::new(submission)))
             .is_err()
         {
-            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+            self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
             self.shared
                 .queued_tokens
                 .fetch_sub(prompt_tokens, Ordering::AcqRel);
@@ -185,6 +196,7 @@ impl EngineHandle {
         Ok(RequestStream {
             id,
             events: receiver,
+            stopped_by_client,
             done: false,
         })
     }
@@ -217,9 +229,10 @@ impl EngineHandle {
     }
 
     /// Refuses new work (`submit` gives `ShuttingDown`), lets running and
-    /// waiting requests finish until `deadline`, then aborts the rest (they
-    /// get `Event::Failed`) and stops the thread. Resolves when it stopped.
-    pub async fn shutdown(&self, deadline: Duration) {
+    /// waiting requests finish until `deadline`, then cuts off the rest
+    /// (they get `Event::Failed` with [`FailureCause::ShutDown`]) and stops
+    /// the thread. Resolves when it stopped, with how many were cut off.
+    pub async fn shutdown(&self, deadline: Duration) -> Drained {
         {
             let mut state = self.shared.state.lock().unwrap();
             if !matches!(*state, EngineState::Dead(_)) {
@@ -231,6 +244,9 @@ impl EngineHandle {
             .commands
             .send(Command::Shutdown(Instant::now() + deadline));
         self.stopped().await;
+        Drained {
+            cut_off: self.shared.cut_at_shutdown.load(Ordering::Acquire),
+        }
     }
 
     /// Resolves once the engine thread has stopped: after
@@ -245,6 +261,13 @@ impl EngineHandle {
     }
 }
 
+/// How a shutdown ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Drained {
+    /// Requests the drain deadline cut off (0: every request finished).
+    pub cut_off: usize,
+}
+
 /// A request's events: tokens, then exactly one `Finished` or `Failed`.
 /// Dropping it before the terminal event aborts the request (the engine
 /// frees its slot and pages within one step).
@@ -252,12 +275,23 @@ impl EngineHandle {
 pub struct RequestStream {
     id: RequestId,
     events: tokio_mpsc::UnboundedReceiver<Event>,
+    stopped_by_client: Arc<AtomicBool>,
     done: bool,
 }
 
 impl RequestStream {
     pub fn id(&self) -> RequestId {
         self.id
+    }
+
+    /// Ends the request because the client found its own stop (a stop
+    /// string in the text): the engine frees it as it frees an abort, but
+    /// counts it as finished with reason `stop`, not as aborted.
+    pub fn stop(self) {
+        // Set before the drop closes the channel: the engine thread reads
+        // it only once it sees the channel closed (the channel's close is
+        // a release, its check an acquire).
+        self.stopped_by_client.store(true, Ordering::Release);
     }
 
     /// The next event; `None` after the terminal event.
@@ -275,7 +309,10 @@ impl RequestStream {
                 // only a bug or a panic outside the step does that. Say so
                 // rather than end silently.
                 self.done = true;
-                Some(Event::Failed("the engine stopped".into()))
+                Some(Event::Failed(Failure::new(
+                    FailureCause::EngineStopped,
+                    "the engine stopped",
+                )))
             }
         }
     }

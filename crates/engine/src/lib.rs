@@ -4,7 +4,8 @@
 //! [`Engine::start`] spawns the engine thread, which creates the
 //! [`Executor`] (the model runtime) and owns it; [`EngineHandle::submit`]
 //! validates and queues a [`GenerateRequest`] and returns its
-//! [`RequestStream`] of [`Event`]s. Dropping the stream aborts the request.
+//! [`RequestStream`] of [`Event`]s. Dropping the stream aborts the request
+//! ([`RequestStream::stop`] ends it as finished instead).
 //!
 //! Layout, one concept per file, dependencies pointing one way (down this
 //! list's arrows; no module uses one that uses it):
@@ -52,15 +53,15 @@ pub mod timeline;
 mod worker;
 
 pub use config::{ConfigError, EngineConfig};
-pub use engine::{Engine, EngineHandle, EngineStartError, RequestStream};
+pub use engine::{Drained, Engine, EngineHandle, EngineStartError, RequestStream};
 pub use executor::{
-    check_row_snapshots, in_row_order, split_rows, CacheGeometry, ExecError, Executor, PageId,
-    RowSnapshot, RowSnapshotError, SampleSeed, SampleSpec, SampledToken, SlotId, SnapshotGeometry,
-    SnapshotId, StepRow,
+    check_row_snapshots, in_row_order, split_rows, BoxError, CacheGeometry, ExecError, Executor,
+    PageId, RowSnapshot, RowSnapshotError, SampleSeed, SampleSpec, SampledToken, SlotId,
+    SnapshotGeometry, SnapshotId, StepRow,
 };
 pub use protocol::EngineStats;
 pub use request::{
-    EngineState, Event, FinishReason, GenerateRequest, InvalidParam, RequestId, SamplingParams,
-    StopParams, SubmitError, TokenEvent, Usage,
+    EngineState, Event, Failure, FailureCause, FinishReason, GenerateRequest, InvalidParam,
+    RequestId, SamplingParams, StopParams, SubmitError, TokenEvent, Usage,
 };
 pub use timeline::{EngineTimeline, StepMark, StepPhases};

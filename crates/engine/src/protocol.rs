@@ -3,8 +3,8 @@
 //! over a channel, and the state both sides read behind locks and atomics
 //! the other way. Both sides depend on this module and not on each other.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tokio::sync::{mpsc as tokio_mpsc, watch};
@@ -39,6 +39,9 @@ pub(crate) struct Submission {
     pub id: RequestId,
     pub request: GenerateRequest,
     pub events: tokio_mpsc::UnboundedSender<Event>,
+    /// Set by [`crate::RequestStream::stop`] before it drops the stream:
+    /// the client ended the request itself (a stop string), not an abort.
+    pub stopped_by_client: Arc<AtomicBool>,
     pub arrival: Instant,
 }
 
@@ -59,10 +62,18 @@ pub(crate) struct Shared {
     /// The executor's, once loaded (prompt ids must be below it).
     pub vocab_size: Mutex<Option<usize>>,
     pub stats: Mutex<EngineStats>,
-    /// Submitted and not yet admitted for the first time (or gone).
-    pub queued: AtomicUsize,
-    /// The prompt tokens of those requests.
+    /// Submitted and not yet ended (running, waiting, or on their way to
+    /// the engine thread).
+    pub in_flight: AtomicUsize,
+    /// How many requests run at once (`max_num_seqs`, capped by the
+    /// executor's state slots); 0 until loaded. Requests in flight beyond
+    /// it are the ones waiting for admission.
+    pub running_capacity: AtomicUsize,
+    /// The prompt tokens of the requests submitted and not yet admitted
+    /// for the first time.
     pub queued_tokens: AtomicUsize,
+    /// Requests the drain deadline cut off at shutdown.
+    pub cut_at_shutdown: AtomicUsize,
     next_id: AtomicU64,
     /// True once the engine thread has stopped.
     pub stopped: watch::Sender<bool>,
@@ -78,8 +89,10 @@ impl Shared {
             max_model_len: Mutex::new(None),
             vocab_size: Mutex::new(None),
             stats: Mutex::new(EngineStats::default()),
-            queued: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            running_capacity: AtomicUsize::new(0),
             queued_tokens: AtomicUsize::new(0),
+            cut_at_shutdown: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
             stopped,
         }

@@ -197,9 +197,37 @@ pub enum Event {
         reason: FinishReason,
         usage: Usage,
     },
-    /// The request could not complete (device failure in its step, engine
-    /// stopped); the text is safe to show a client.
-    Failed(String),
+    /// The request could not complete: why, in words safe to show a client.
+    Failed(Failure),
+}
+
+/// Why a request could not complete.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureCause {
+    /// Its step failed on the device; the engine goes on (a retry may work).
+    StepFailed,
+    /// The engine stopped (the executor lost its device, a panic, or the
+    /// engine thread is gone): nothing more can be served.
+    EngineStopped,
+    /// A shutdown's drain deadline passed before the request finished.
+    ShutDown,
+}
+
+/// A request's failure: its cause and a message written for clients.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+#[error("{message}")]
+pub struct Failure {
+    pub cause: FailureCause,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(cause: FailureCause, message: impl Into<String>) -> Self {
+        Failure {
+            cause,
+            message: message.into(),
+        }
+    }
 }
 
 /// Why `submit` refused a request (nothing was queued).
@@ -214,7 +242,8 @@ pub enum SubmitError {
     },
     /// A value outside its range (names the field).
     Invalid(String),
-    /// `max_num_queued_reqs` reached.
+    /// `max_num_queued_reqs` requests already wait beyond those the
+    /// running batch can hold.
     Overloaded { retry_after: Duration },
     /// The prompt would take the queued prompt tokens beyond
     /// `max_num_queued_tokens`.

@@ -6,28 +6,33 @@ use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
 use thiserror::Error;
 use tokio::sync::mpsc as tokio_mpsc;
 
-use crate::executor::{CacheGeometry, ExecError, Executor};
+use crate::executor::{BoxError, CacheGeometry, ExecError, Executor};
 use crate::metrics::Metrics;
 use crate::prefix_cache::{CacheOp, PrefixCacheConfig, PrefixCacheStats};
 use crate::protocol::{Command, EngineStats, Shared, Submission};
-use crate::request::{EngineState, Event, FinishReason, RequestId, TokenEvent, Usage};
+use crate::request::{
+    EngineState, Event, Failure, FailureCause, FinishReason, RequestId, TokenEvent, Usage,
+};
 use crate::scheduler::{Outcome, Plan, Scheduler, SchedulerConfig};
 use crate::timeline::{Pending, StepMark};
 
 /// Client-safe texts (details go to the log).
 const STEP_FAILED: &str = "the request failed on the device; it may be retried";
 const SHUT_DOWN: &str = "the server shut down before the request finished";
+const ENGINE_STOPPED: &str = "the engine stopped; the request did not complete";
 
 /// A request's client side, as the engine thread keeps it.
 struct Client {
     events: tokio_mpsc::UnboundedSender<Event>,
+    /// The client ended the request itself ([`crate::RequestStream::stop`]).
+    stopped_by_client: Arc<AtomicBool>,
     /// Counted in `Shared::queued_tokens` until first admitted.
     prompt_tokens: usize,
     logprobs: bool,
@@ -53,9 +58,9 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 /// Why the executor could not be loaded (the engine is then `Dead`).
 #[derive(Debug, Error)]
 pub(crate) enum LoadError {
-    /// The factory's own error (the runtime's message).
+    /// The factory's own error (the runtime's).
     #[error("{0}")]
-    Factory(String),
+    Factory(BoxError),
     #[error("executor factory panicked: {0}")]
     FactoryPanicked(String),
     #[error("executor geometry has an empty pool: {0:?}")]
@@ -167,6 +172,10 @@ pub(crate) fn run<F>(
         }
     }
     metrics.state_slots_total.set(geometry.num_slots as i64);
+    shared.running_capacity.store(
+        config.max_num_seqs.min(geometry.num_slots),
+        Ordering::Release,
+    );
     let mut worker = Worker {
         shared: shared.clone(),
         executor: Some(executor),
@@ -235,8 +244,13 @@ impl Worker {
             }
             if let Some(deadline) = self.deadline {
                 if Instant::now() >= deadline {
+                    let cut = self.clients.len();
+                    self.shared.cut_at_shutdown.store(cut, Ordering::Release);
+                    if cut > 0 {
+                        log::warn!("shutdown: the drain deadline cut off {cut} requests");
+                    }
                     // vLLM counts requests cut off at shutdown as aborted.
-                    self.fail_all(SHUT_DOWN, "abort");
+                    self.fail_all(&Failure::new(FailureCause::ShutDown, SHUT_DOWN), "abort");
                     self.publish();
                     return;
                 }
@@ -276,6 +290,7 @@ impl Worker {
             id,
             request,
             events,
+            stopped_by_client,
             arrival,
         } = submission;
         let seed = request
@@ -286,6 +301,7 @@ impl Worker {
             id,
             Client {
                 events,
+                stopped_by_client,
                 prompt_tokens: request.prompt.len(),
                 logprobs: request.sampling.logprobs.is_some(),
                 arrival,
@@ -305,7 +321,8 @@ impl Worker {
             .add_snapshot_points(id, &request.snapshot_points);
     }
 
-    /// Removes a request that ends without finishing (abort, failure).
+    /// Removes a request that ends before the engine finished it (abort,
+    /// failure, or the client's own stop), counted under `reason`.
     fn drop_request(&mut self, id: RequestId, reason: &str) -> Option<Client> {
         let queued_tokens = self
             .clients
@@ -314,7 +331,6 @@ impl Worker {
             .map(|c| c.prompt_tokens);
         self.scheduler.remove(id);
         if let Some(tokens) = queued_tokens {
-            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
             self.shared
                 .queued_tokens
                 .fetch_sub(tokens, Ordering::AcqRel);
@@ -323,10 +339,16 @@ impl Worker {
             .request_success
             .with_label_values(&[reason])
             .inc();
-        self.clients.remove(&id)
+        let client = self.clients.remove(&id);
+        if client.is_some() {
+            self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+        client
     }
 
-    /// Requests whose stream was dropped: freed before the next step.
+    /// Requests whose stream was dropped, freed before the next step: a
+    /// client that found its own stop string finished them (`stop`); any
+    /// other drop is an abort.
     fn reap_aborted(&mut self) {
         let gone: Vec<RequestId> = self
             .clients
@@ -335,17 +357,37 @@ impl Worker {
             .map(|(&id, _)| id)
             .collect();
         for id in gone {
-            self.drop_request(id, "abort");
-            self.aborted += 1;
-            self.metrics.requests_aborted.inc();
+            let stopped = self.clients[&id].stopped_by_client.load(Ordering::Acquire);
+            if stopped {
+                if let Some(client) = self.drop_request(id, "stop") {
+                    self.observe_end(&client, Instant::now());
+                }
+            } else {
+                self.drop_request(id, "abort");
+                self.aborted += 1;
+                self.metrics.requests_aborted.inc();
+            }
         }
     }
 
-    fn fail_all(&mut self, message: &str, reason: &str) {
+    /// The latency series of a request that finished (by the engine's stop
+    /// or length, or by the client's stop string).
+    fn observe_end(&self, client: &Client, now: Instant) {
+        self.metrics
+            .e2e_request_latency
+            .observe((now - client.arrival).as_secs_f64());
+        if let Some(first) = client.first_token {
+            self.metrics
+                .request_decode_time
+                .observe((now - first).as_secs_f64());
+        }
+    }
+
+    fn fail_all(&mut self, failure: &Failure, reason: &str) {
         let ids: Vec<RequestId> = self.clients.keys().copied().collect();
         for id in ids {
             if let Some(client) = self.drop_request(id, reason) {
-                let _ = client.events.send(Event::Failed(message.into()));
+                let _ = client.events.send(Event::Failed(failure.clone()));
             }
         }
     }
@@ -353,7 +395,8 @@ impl Worker {
     fn die(&mut self, why: String) {
         log::error!("engine stopped: {why}");
         self.shared.set_state(EngineState::Dead(why));
-        self.fail_all("the engine stopped; the request did not complete", "error");
+        let failure = Failure::new(FailureCause::EngineStopped, ENGINE_STOPPED);
+        self.fail_all(&failure, "error");
         self.publish();
     }
 
@@ -364,7 +407,6 @@ impl Worker {
         let plan = self.scheduler.schedule();
         let now = Instant::now();
         for &id in &plan.first_admitted {
-            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
             if let Some(client) = self.clients.get_mut(&id) {
                 self.shared
                     .queued_tokens
@@ -510,7 +552,8 @@ impl Worker {
         self.scheduler.abandon(plan);
         for row in &plan.rows {
             if let Some(client) = self.drop_request(row.id, "error") {
-                let _ = client.events.send(Event::Failed(STEP_FAILED.into()));
+                let failure = Failure::new(FailureCause::StepFailed, STEP_FAILED);
+                let _ = client.events.send(Event::Failed(failure));
             }
         }
         self.publish();
@@ -557,6 +600,7 @@ impl Worker {
                 continue;
             };
             let client = self.clients.remove(&outcome.id).expect("present above");
+            self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
             let label = match reason {
                 FinishReason::Stop { .. } => "stop",
                 FinishReason::Length => "length",
@@ -565,14 +609,7 @@ impl Worker {
                 .request_success
                 .with_label_values(&[label])
                 .inc();
-            self.metrics
-                .e2e_request_latency
-                .observe((now - client.arrival).as_secs_f64());
-            if let Some(first) = client.first_token {
-                self.metrics
-                    .request_decode_time
-                    .observe((now - first).as_secs_f64());
-            }
+            self.observe_end(&client, now);
             let _ = client.events.send(Event::Finished {
                 reason,
                 usage: Usage {

@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use engine::{Engine, EngineState, Event, SamplingParams, SubmitError};
+use engine::{Engine, EngineState, Event, FailureCause, SamplingParams, SubmitError};
 use engine_testkit::{collect, FakeControl, FakeExecutor, FakeFailure};
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -78,7 +78,10 @@ async fn a_failed_step_fails_only_its_requests() {
     s.control.run_free();
     let (tokens, end) = collect(failing).await;
     assert!(tokens.is_empty());
-    assert!(matches!(end, Event::Failed(_)), "{end:?}");
+    assert!(
+        matches!(&end, Event::Failed(f) if f.cause == FailureCause::StepFailed),
+        "{end:?}"
+    );
     let (tokens, end) = collect(waiting).await;
     assert_eq!(tokens, reference_tokens(&waiting_request, &[EOS]));
     finished_length(&end, 7, 10);
@@ -109,7 +112,10 @@ async fn engine_dies_on(failure: FakeFailure, expect_in_state: &str) {
     for stream in [running, waiting] {
         let (tokens, end) = collect(stream).await;
         assert!(tokens.is_empty());
-        assert!(matches!(end, Event::Failed(_)), "{end:?}");
+        assert!(
+            matches!(&end, Event::Failed(f) if f.cause == FailureCause::EngineStopped),
+            "{end:?}"
+        );
     }
     match s.handle.state() {
         EngineState::Dead(why) => assert!(why.contains(expect_in_state), "{why}"),
@@ -158,7 +164,8 @@ async fn shutdown_drains_running_and_waiting_requests() {
         s.handle.submit(request(prompt(9, 3), 1, 1)).err(),
         Some(SubmitError::ShuttingDown)
     );
-    tokio::time::timeout(WAIT, shutdown).await.unwrap().unwrap();
+    let drained = tokio::time::timeout(WAIT, shutdown).await.unwrap().unwrap();
+    assert_eq!(drained.cut_off, 0);
     for (r, collector) in requests.iter().zip(collectors) {
         let (tokens, end) = collector.await.unwrap();
         assert_eq!(tokens, reference_tokens(r, &[EOS]));
@@ -175,14 +182,19 @@ async fn shutdown_aborts_what_is_left_at_the_deadline() {
         .map(|i| s.handle.submit(request(prompt(i, 6), 200, 1)).unwrap())
         .collect();
     let started = Instant::now();
-    tokio::time::timeout(WAIT, s.handle.shutdown(Duration::from_millis(50)))
+    let drained = tokio::time::timeout(WAIT, s.handle.shutdown(Duration::from_millis(50)))
         .await
         .expect("shutdown returns after its deadline");
     assert!(started.elapsed() >= Duration::from_millis(50));
+    // The shutdown says how many it cut off, and so does each one's event.
+    assert_eq!(drained.cut_off, 3);
     for stream in streams {
         let (tokens, end) = collect(stream).await;
         assert!(tokens.len() < 200);
-        assert!(matches!(end, Event::Failed(_)), "{end:?}");
+        match end {
+            Event::Failed(failure) => assert_eq!(failure.cause, FailureCause::ShutDown),
+            other => panic!("expected Failed, got {other:?}"),
+        }
     }
     assert_clean(&s);
 }

@@ -9,7 +9,8 @@
 //! - [`startup`], [`model`]: start-up timing, the model directory's text side;
 //! - [`api`]: what each route does, and the one response path of chat and
 //!   completions;
-//! - [`http`]: the route table, request bodies and ids;
+//! - [`http`]: the connections (cap, timeouts, answers below the routes),
+//!   the route table, request bodies and ids;
 //! - [`serve`]: start the engine, bind, serve, drain, shut down.
 
 pub mod api;

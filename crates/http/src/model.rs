@@ -33,8 +33,6 @@ pub enum ModelError {
     },
     #[error("tokenizer_config.json: chat_template list has no 'default' template")]
     NoDefaultChatTemplate,
-    #[error("{}: no chat template (chat_template.jinja or tokenizer_config.json's chat_template); pass --chat-template", dir.display())]
-    NoChatTemplate { dir: PathBuf },
     #[error("{}: no config.json", dir.display())]
     NoConfig { dir: PathBuf },
     #[error("config.json: no vocab_size")]
@@ -56,7 +54,9 @@ pub struct EncodeError(tokenizers::Error);
 pub struct ModelFiles {
     pub dir: PathBuf,
     pub tokenizer: Arc<Tokenizer>,
-    pub template: ChatTemplate,
+    /// `None`: the checkpoint has none and no `--chat-template` was given
+    /// (a base model): completions are served, chat requests get a 400.
+    pub template: Option<ChatTemplate>,
     pub defaults: SamplingDefaults,
     pub eos_token_ids: Vec<u32>,
     /// Rows of the model's embedding (valid token ids are below it).
@@ -109,35 +109,37 @@ fn token_text(v: &Json) -> Option<String> {
 
 /// The template source: an override file, else `chat_template.jinja`
 /// (transformers' current layout), else `tokenizer_config.json`'s
-/// `chat_template` (a string, or a list of named templates: "default").
+/// `chat_template` (a string, or a list of named templates: "default");
+/// `None` when there is none (a base model).
 fn template_source(
     dir: &Path,
     tokenizer_config: Option<&Json>,
     override_path: Option<&Path>,
-) -> Result<String, ModelError> {
+) -> Result<Option<String>, ModelError> {
     if let Some(path) = override_path {
-        return std::fs::read_to_string(path).map_err(|error| ModelError::ChatTemplateOverride {
-            path: path.to_path_buf(),
-            error,
+        return std::fs::read_to_string(path).map(Some).map_err(|error| {
+            ModelError::ChatTemplateOverride {
+                path: path.to_path_buf(),
+                error,
+            }
         });
     }
     let jinja = dir.join("chat_template.jinja");
     if jinja.exists() {
         return std::fs::read_to_string(&jinja)
+            .map(Some)
             .map_err(|error| ModelError::Read { path: jinja, error });
     }
     match tokenizer_config.and_then(|c| c.get("chat_template")) {
-        Some(Json::String(s)) => Ok(s.clone()),
+        Some(Json::String(s)) => Ok(Some(s.clone())),
         Some(Json::Array(list)) => list
             .iter()
             .find(|t| t.get("name").and_then(Json::as_str) == Some("default"))
             .and_then(|t| t.get("template"))
             .and_then(Json::as_str)
-            .map(str::to_string)
+            .map(|t| Some(t.to_string()))
             .ok_or(ModelError::NoDefaultChatTemplate),
-        _ => Err(ModelError::NoChatTemplate {
-            dir: dir.to_path_buf(),
-        }),
+        _ => Ok(None),
     }
 }
 
@@ -223,9 +225,19 @@ impl ModelFiles {
                 })
                 .collect();
         let template = startup.time("chat_template", || {
-            let source = template_source(dir, tokenizer_config.as_ref(), chat_template_override)?;
-            Ok::<_, ModelError>(ChatTemplate::new(source, special_tokens)?)
+            match template_source(dir, tokenizer_config.as_ref(), chat_template_override)? {
+                Some(source) => {
+                    Ok::<_, ModelError>(Some(ChatTemplate::new(source, special_tokens)?))
+                }
+                None => Ok(None),
+            }
         })?;
+        if template.is_none() {
+            log::warn!(
+                "{}: no chat template (chat_template.jinja or tokenizer_config.json's chat_template): serving completions only; chat requests get a 400 until one is given with --chat-template",
+                dir.display()
+            );
+        }
 
         let g = generation_config.as_ref();
         let f = |k: &str| g.and_then(|g| g.get(k)).and_then(Json::as_f64);

@@ -256,3 +256,38 @@ async fn queued_prompt_tokens_over_the_limit_are_a_503_with_retry_after() {
     let (status, _, _) = call(&s, "/v1/completions", five, None).await;
     assert_eq!(status, StatusCode::OK);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_within_the_slots_is_served_and_past_slots_plus_queue_is_a_503() {
+    // The scripted executor has 8 state slots; two more requests may wait.
+    let long = "word ".repeat(300);
+    let s = server_with(&long, None, Duration::from_millis(5), |c| {
+        c.max_num_queued_reqs = 2;
+    });
+    let app = router(s.state.clone());
+    let streaming = json!({"prompt": [1, 2, 3], "max_tokens": 200, "stream": true});
+    // Ten at once: eight run, two wait.
+    let burst = (0..10).map(|_| {
+        app.clone()
+            .oneshot(request("/v1/completions", &streaming, None))
+    });
+    let held = futures_util::future::join_all(burst).await;
+    for resp in &held {
+        assert_eq!(resp.as_ref().unwrap().status(), StatusCode::OK);
+    }
+    let (status, headers, body) = call(&s, "/v1/completions", streaming.clone(), None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(headers["retry-after"], "1");
+    let v: Json = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["code"], "server_overloaded", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-num-queued-reqs"),
+        "{v}"
+    );
+    assert_eq!(rejections(&s, "server_overloaded").await, 1);
+    drop(held);
+    wait_idle(&s).await;
+}

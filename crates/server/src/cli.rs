@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use gdn_http::http::ConnectionLimits;
 use gdn_http::serve::{PrefixCaching, ServeConfig};
 
 use crate::memory::{parse_state_budget, StateBudget};
@@ -40,7 +41,7 @@ pub struct Args {
     /// is refused, as vLLM does).
     #[arg(long)]
     pub max_model_len: Option<usize>,
-    /// Requests running at once (state slots).
+    /// Requests running at once (state slots; vLLM's flag).
     #[arg(long, default_value_t = 128)]
     pub max_num_seqs: usize,
     /// Token budget of one engine step (prefill chunks + decodes).
@@ -49,7 +50,10 @@ pub struct Args {
     /// Fraction of GPU memory the server may use (weights, state slots, KV pages).
     #[arg(long, default_value_t = 0.9)]
     pub gpu_memory_utilization: f64,
-    /// Waiting requests at most; beyond it requests get 503 with Retry-After.
+    /// Requests waiting for admission at most, beyond the --max-num-seqs
+    /// (capped by the state slots) that run: a burst that fits the free
+    /// slots is always taken; past slots + queue a request gets 503 with
+    /// Retry-After.
     #[arg(long, default_value_t = 1024)]
     pub max_num_queued_reqs: usize,
     /// Prompt tokens of the waiting requests at most; a request that would
@@ -60,6 +64,21 @@ pub struct Args {
     /// Largest request body accepted (413 above it).
     #[arg(long, default_value_t = 32 * 1024 * 1024)]
     pub max_request_bytes: usize,
+    /// Open HTTP connections at most (uvicorn's flag); one more is answered
+    /// 503 with Retry-After and closed. Lowered at start to what the
+    /// file-descriptor limit leaves (raised to its hard limit first).
+    #[arg(long, default_value_t = 4096)]
+    pub limit_concurrency: usize,
+    /// Seconds an idle connection (no request yet, or its last response
+    /// sent) stays open (uvicorn's flag and default); 0 turns it off.
+    #[arg(long, default_value = "5", value_parser = parse_seconds)]
+    pub timeout_keep_alive: Duration,
+    /// Seconds from a request's first byte to the end of its headers
+    /// (hyper's header_read_timeout); past it the client gets 408 and the
+    /// connection closes (so trickling clients cannot hold connections);
+    /// 0 turns it off.
+    #[arg(long, default_value = "10", value_parser = parse_seconds)]
+    pub header_read_timeout: Duration,
     #[arg(long, value_enum, default_value_t = Device::Auto)]
     pub device: Device,
     /// A Jinja chat template file to use instead of the model's.
@@ -135,6 +154,15 @@ pub struct Args {
     pub prefix_cache_state_budget: Option<StateBudget>,
 }
 
+/// Seconds, whole or not (`5`, `0.25`).
+fn parse_seconds(text: &str) -> Result<Duration, String> {
+    let seconds: f64 = text
+        .parse()
+        .map_err(|_| format!("expected seconds, got '{text}'"))?;
+    Duration::try_from_secs_f64(seconds)
+        .map_err(|_| format!("expected seconds (0 or more), got '{text}'"))
+}
+
 /// A flag value, or a combination of flags, that the program refuses.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum FlagError {
@@ -198,6 +226,11 @@ impl Args {
                 in_step_snapshots: !self.no_prefix_cache_in_step_snapshots,
             },
             max_request_bytes: self.max_request_bytes,
+            connections: ConnectionLimits {
+                max_connections: self.limit_concurrency,
+                header_read_timeout: Some(self.header_read_timeout).filter(|t| !t.is_zero()),
+                keep_alive_timeout: Some(self.timeout_keep_alive).filter(|t| !t.is_zero()),
+            },
             sse_keepalive: (self.sse_keepalive_secs > 0)
                 .then(|| Duration::from_secs(self.sse_keepalive_secs)),
             request_timeline: self.request_timeline,
@@ -269,6 +302,42 @@ mod tests {
             .to_string()
             .contains("--block-size 16"));
         assert!(args(&["--block-size", "0"]).check().is_err());
+    }
+
+    #[test]
+    fn connection_limits_follow_their_flags() {
+        let limits = |args: &[&str]| {
+            parse(args)
+                .serve_config("/m".into(), "m".into())
+                .connections
+        };
+        let custom = limits(&[
+            "--limit-concurrency",
+            "64",
+            "--timeout-keep-alive",
+            "0.25",
+            "--header-read-timeout",
+            "3",
+        ]);
+        assert_eq!(
+            custom,
+            ConnectionLimits {
+                max_connections: 64,
+                header_read_timeout: Some(Duration::from_secs(3)),
+                keep_alive_timeout: Some(Duration::from_millis(250)),
+            }
+        );
+        let off = limits(&["--timeout-keep-alive", "0", "--header-read-timeout", "0"]);
+        assert_eq!(
+            (off.keep_alive_timeout, off.header_read_timeout),
+            (None, None)
+        );
+        for bad in ["-1", "soon", "NaN"] {
+            assert!(
+                Args::try_parse_from(["gdn-server", "--timeout-keep-alive", bad]).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

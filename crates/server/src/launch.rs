@@ -9,8 +9,8 @@ use gdn_http::serve::{ExecutorFactory, ExecutorSpec, ServeConfig, ServeError};
 use gdn_http::startup::Startup;
 
 use crate::cli::{Args, FlagError};
-use crate::demo;
 use crate::executor::ExecutorError;
+use crate::{demo, fd_limit};
 
 /// Why the program could not serve, or stopped serving on its own.
 #[derive(Debug, thiserror::Error)]
@@ -42,7 +42,7 @@ fn serve_config(
     startup: &Startup,
 ) -> Result<(ServeConfig, Option<tempfile::TempDir>), LaunchError> {
     args.check()?;
-    Ok(match &args.model {
+    let (mut config, unpacked) = match &args.model {
         Some(dir) => (
             args.serve_config(dir.clone(), dir.display().to_string()),
             None,
@@ -58,7 +58,10 @@ fn serve_config(
             );
             (config, Some(unpacked))
         }
-    })
+    };
+    config.connections.max_connections =
+        fd_limit::connections_within_descriptor_limit(config.connections.max_connections);
+    Ok((config, unpacked))
 }
 
 /// Loads the model files (the demo without --model) and starts the engine

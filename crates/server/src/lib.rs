@@ -6,6 +6,7 @@
 pub mod cli;
 pub mod demo;
 pub mod executor;
+pub mod fd_limit;
 pub mod launch;
 pub mod logging;
 pub mod memory;

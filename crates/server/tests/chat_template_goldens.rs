@@ -119,7 +119,11 @@ fn render_ordered(
             .collect(),
         Err(_) => Vec::new(),
     };
-    model.template.render(&RenderInput {
+    let template = model
+        .template
+        .as_ref()
+        .expect("the demo has a chat template");
+    template.render(&RenderInput {
         messages: &messages,
         tools: tools.as_ref(),
         add_generation_prompt: request_json["add_generation_prompt"]

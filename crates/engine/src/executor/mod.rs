@@ -14,6 +14,10 @@ pub use rows::{RowSnapshot, SampleSeed, SampleSpec, SampledToken, StepRow};
 
 use crate::timeline::StepPhases;
 
+/// An error of any source: what an executor factory returns to
+/// [`crate::Engine::start`] (the runtime's own error, or a message).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// A model runtime driven by the engine. It lives on the engine thread (it
 /// is created there by a factory, so it need not be `Send`).
 pub trait Executor {

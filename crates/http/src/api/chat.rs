@@ -48,6 +48,11 @@ pub fn render_chat(
     find_preamble: bool,
     timeline: &mut Timeline,
 ) -> Result<RenderedChat, ApiError> {
+    let template = state
+        .model
+        .template
+        .as_ref()
+        .ok_or_else(ApiError::no_chat_template)?;
     let mut view: ChatTemplateView = decode_json(body)?;
     decode_tool_call_arguments(&mut view.messages).map_err(|e| {
         ApiError::from(ValidationError::BadToolCallArguments {
@@ -60,9 +65,7 @@ pub fn render_chat(
         .flatten()
         .map(|(k, v)| (k.clone(), Value::from_serialize(v)))
         .collect();
-    let text = state
-        .model
-        .template
+    let text = template
         .render(&RenderInput {
             messages: &view.messages,
             tools: view.tools.as_ref(),
@@ -85,7 +88,7 @@ pub fn render_chat(
     let preamble_end = find_preamble
         .then(|| {
             preamble_end(
-                &state.model.template,
+                template,
                 |text| state.model.encode(text, false),
                 &view.messages,
                 view.tools.as_ref(),

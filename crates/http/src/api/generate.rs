@@ -1,6 +1,6 @@
 //! Drives the engine requests of one HTTP request (one per choice) and turns
 //! their token events into text: incremental detokenization, stop strings
-//! (a hit drops that choice's engine stream, which aborts it), finish
+//! (a hit ends that choice's engine request as finished by `stop`), finish
 //! reasons and logprobs. Chat and completions both build on this.
 //!
 //! Dropping a [`Generation`] drops every engine stream still open, so a
@@ -9,7 +9,10 @@
 
 use std::sync::Arc;
 
-use engine::{EngineHandle, Event, FinishReason, GenerateRequest, RequestStream, StopParams};
+use engine::{
+    EngineHandle, Event, Failure, FailureCause, FinishReason, GenerateRequest, RequestStream,
+    StopParams,
+};
 use futures_util::future::select_all;
 use serde_json::{json, Value as Json};
 use tokenizers::Tokenizer;
@@ -39,15 +42,20 @@ pub struct Finish {
     pub stop_reason: Json,
 }
 
-/// An engine request that could not complete: the engine's message,
-/// written for clients.
+/// An engine request that could not complete: the engine's cause and
+/// message (written for clients).
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[error("{0}")]
-pub struct EngineFailure(pub String);
+pub struct EngineFailure(pub Failure);
 
 impl From<EngineFailure> for ApiError {
-    fn from(e: EngineFailure) -> Self {
-        ApiError::engine_failure(e.0)
+    fn from(EngineFailure(failure): EngineFailure) -> Self {
+        match failure.cause {
+            FailureCause::ShutDown => ApiError::server_shutdown(failure.message),
+            FailureCause::StepFailed | FailureCause::EngineStopped => {
+                ApiError::engine_failure(failure.message)
+            }
+        }
     }
 }
 
@@ -302,8 +310,10 @@ impl Generation {
                         reason: "stop",
                         stop_reason: Json::String(stop),
                     });
-                    // Dropping the stream aborts the engine request now.
-                    self.streams[index] = None;
+                    // Ends the engine request now, counted as a stop.
+                    if let Some(stream) = self.streams[index].take() {
+                        stream.stop();
+                    }
                     return Some(Ok(self.take(index, true)));
                 }
                 let progress = self.take(index, false);
@@ -347,15 +357,16 @@ impl Generation {
                 }
                 Some(Ok(self.take(index, true)))
             }
-            Some(Event::Failed(message)) => {
+            Some(Event::Failed(failure)) => {
                 self.streams[index] = None;
-                Some(Err(EngineFailure(message)))
+                Some(Err(EngineFailure(failure)))
             }
             None => {
                 self.streams[index] = None;
-                Some(Err(EngineFailure(
-                    "the engine stopped before the request finished".into(),
-                )))
+                Some(Err(EngineFailure(Failure::new(
+                    FailureCause::EngineStopped,
+                    "the engine stopped before the request finished",
+                ))))
             }
         }
     }

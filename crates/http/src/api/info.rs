@@ -82,10 +82,35 @@ pub async fn metrics(State(state): State<SharedState>) -> Response {
         .into_response()
 }
 
-/// The document with `model` narrowed to the served name (so clients and
-/// fuzzers generate requests that reach the model).
+/// The document with `model` narrowed to the served name and token ids to
+/// the model's vocabulary (so clients and fuzzers generate requests that
+/// reach the model, and the ranges it states are the server's).
 pub async fn openapi(State(state): State<SharedState>) -> Response {
-    let name = serde_json::to_string(&state.served_model_name).unwrap_or_default();
-    let doc = OPENAPI.replace("\"__SERVED_MODEL__\"", &name);
+    let doc = served_openapi(&state.served_model_name, state.model.vocab_size);
     ([(header::CONTENT_TYPE, "application/json")], doc).into_response()
+}
+
+/// [`OPENAPI`] with its placeholders filled in.
+pub fn served_openapi(model: &str, vocab_size: usize) -> String {
+    let name = serde_json::to_string(model).unwrap_or_default();
+    OPENAPI.replace("\"__SERVED_MODEL__\"", &name).replace(
+        "\"__MAX_TOKEN_ID__\"",
+        &vocab_size.saturating_sub(1).to_string(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_served_document_states_the_served_limits() {
+        let doc: serde_json::Value = serde_json::from_str(&served_openapi("m\"x", 640)).unwrap();
+        let text = doc.to_string();
+        assert!(!text.contains("__"), "a placeholder left: {text}");
+        let detokenize = &doc["paths"]["/detokenize"]["post"]["requestBody"]["content"]
+            ["application/json"]["schema"]["properties"];
+        assert_eq!(detokenize["tokens"]["items"]["maximum"], 639);
+        assert_eq!(detokenize["model"]["enum"][0], "m\"x");
+    }
 }

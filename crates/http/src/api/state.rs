@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::response::{IntoResponse, Response};
 use engine::{EngineHandle, EngineState};
-use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 use crate::model::ModelFiles;
 use crate::openai::ApiError;
@@ -15,6 +15,8 @@ use crate::startup::Startup;
 pub struct ServerMetrics {
     pub disconnects: IntCounter,
     pub rejections: IntCounterVec,
+    /// Open HTTP connections (`--limit-concurrency` bounds them).
+    pub connections_open: IntGauge,
 }
 
 impl ServerMetrics {
@@ -30,11 +32,17 @@ impl ServerMetrics {
             ),
             &["reason"],
         )?;
+        let connections_open = IntGauge::new(
+            "gdn:http_connections_open",
+            "Open HTTP connections (lingering closes included)",
+        )?;
         registry.register(Box::new(disconnects.clone()))?;
         registry.register(Box::new(rejections.clone()))?;
+        registry.register(Box::new(connections_open.clone()))?;
         Ok(ServerMetrics {
             disconnects,
             rejections,
+            connections_open,
         })
     }
 }

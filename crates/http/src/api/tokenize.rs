@@ -9,7 +9,7 @@ use super::state::AppState;
 use super::timeline::Timeline;
 use crate::openai::decode::decode_json;
 use crate::openai::request::{DetokenizeRequest, TokenizeChat, TokenizePrompt};
-use crate::openai::validate::{token_ids, ValidationError};
+use crate::openai::validate::{token_ids, validate_messages, validate_tool_types};
 use crate::openai::ApiError;
 
 /// The ids of a prompt (`prompt`) or of a rendered chat (`messages`).
@@ -20,9 +20,8 @@ pub fn tokenize(state: &AppState, bytes: &[u8]) -> Result<Response, ApiError> {
     let tokens = if probe.get("messages").is_some() {
         let req: TokenizeChat = decode_json(bytes)?;
         state.check_model(req.model.as_deref())?;
-        if req.messages.is_empty() {
-            return Err(ValidationError::EmptyMessages.into());
-        }
+        validate_messages(&req.messages)?;
+        validate_tool_types(req.tools.as_deref().unwrap_or_default())?;
         let add_generation_prompt = req.add_generation_prompt.unwrap_or(true);
         let continue_final = req.continue_final_message.unwrap_or(false);
         let rendered = render_chat(

@@ -9,7 +9,7 @@ use axum::response::Response;
 use crate::api::request_id::RequestId;
 use crate::api::state::{AppState, SharedState};
 use crate::api::timeline::Timeline;
-use crate::openai::decode::decode_json;
+use crate::openai::decode::decode_json_ignoring;
 use crate::openai::request::GenerationRequest;
 use crate::openai::ApiError;
 
@@ -48,11 +48,11 @@ pub async fn read_body(
 }
 
 /// A generation route (chat, completions): reads and decodes the body
-/// (415/413/400), checks `model` (404), then `run` answers from the
-/// request's id, fields, raw body and its timeline (`--request-timeline`;
-/// off: empty); an error is counted under its reason and becomes its
-/// response.
-pub async fn answer<F, Fut>(state: SharedState, req: Request, run: F) -> Response
+/// (415/413/400; the other endpoint's fields, `ignored`, dropped unread),
+/// checks `model` (404), then `run` answers from the request's id, fields,
+/// raw body and its timeline (`--request-timeline`; off: empty); an error
+/// is counted under its reason and becomes its response.
+pub async fn answer<F, Fut>(state: SharedState, req: Request, ignored: &[&str], run: F) -> Response
 where
     F: FnOnce(SharedState, RequestId, GenerationRequest, Bytes, Timeline) -> Fut,
     Fut: std::future::Future<Output = Result<Response, ApiError>>,
@@ -67,7 +67,7 @@ where
     let answered = async {
         let bytes = read_body(&state, &parts.headers, body).await?;
         timeline.mark("body_read");
-        let request: GenerationRequest = decode_json(&bytes)?;
+        let request: GenerationRequest = decode_json_ignoring(&bytes, ignored)?;
         state.check_model(request.model.as_deref())?;
         timeline.mark("decoded");
         run(state.clone(), request_id, request, bytes, timeline).await

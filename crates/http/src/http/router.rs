@@ -1,17 +1,19 @@
-//! The route table and what wraps it: the request-id middleware, the 404
-//! and 405 fallbacks.
+//! The route table and what wraps it: the request-id middleware, the
+//! target length check (414), the 404 and 405 fallbacks.
 
 use axum::extract::{Request, State};
 use axum::http::HeaderMap;
-use axum::middleware;
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
+use super::connections::MAX_URI_BYTES;
 use super::extract::{answer, read_body};
 use super::request_id::with_request_id;
 use crate::api::state::{AppState, SharedState};
 use crate::api::{chat, completions, info, tokenize};
+use crate::openai::request::{CHAT_ONLY_FIELDS, COMPLETIONS_ONLY_FIELDS};
 use crate::openai::ApiError;
 
 pub fn router(state: SharedState) -> Router {
@@ -28,17 +30,21 @@ pub fn router(state: SharedState) -> Router {
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed().into_response() })
         .layer(middleware::from_fn_with_state(
             state.clone(),
+            refuse_long_targets,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
             with_request_id,
         ))
         .with_state(state)
 }
 
 async fn chat_completions(State(state): State<SharedState>, req: Request) -> Response {
-    answer(state, req, chat::run).await
+    answer(state, req, COMPLETIONS_ONLY_FIELDS, chat::run).await
 }
 
 async fn text_completions(State(state): State<SharedState>, req: Request) -> Response {
-    answer(state, req, completions::run).await
+    answer(state, req, CHAT_ONLY_FIELDS, completions::run).await
 }
 
 async fn tokenize_route(
@@ -70,6 +76,19 @@ async fn with_body(
         Err(e) => Err(e),
     };
     answered.unwrap_or_else(|e| state.reject(e))
+}
+
+/// 414 for a request target over [`MAX_URI_BYTES`].
+async fn refuse_long_targets(
+    State(state): State<SharedState>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let target = req.uri().path_and_query().map_or(0, |t| t.as_str().len());
+    if target > MAX_URI_BYTES {
+        return state.reject(ApiError::uri_too_long(MAX_URI_BYTES));
+    }
+    next.run(req).await
 }
 
 async fn not_found(state: State<SharedState>, req: Request) -> Response {

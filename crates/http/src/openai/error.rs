@@ -81,6 +81,18 @@ impl ApiError {
         )
     }
 
+    /// A chat request to a model without a chat template (vLLM refuses
+    /// these too).
+    pub fn no_chat_template() -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "no_chat_template",
+            "This model has no chat template (neither chat_template.jinja nor tokenizer_config.json's chat_template), so chat messages cannot be turned into a prompt. Start the server with --chat-template FILE, or send a prompt to /v1/completions.".into(),
+        )
+        .with_param("messages")
+    }
+
     pub fn model_not_found(requested: &str, served: &str) -> Self {
         Self::new(
             StatusCode::NOT_FOUND,
@@ -109,12 +121,73 @@ impl ApiError {
         )
     }
 
+    /// The request's head did not arrive within `--header-read-timeout`
+    /// (the connection is closed after this answer).
+    pub fn request_timeout(limit: Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "request_timeout",
+            format!(
+                "The request's headers did not arrive within the server's limit of {} (--header-read-timeout).",
+                seconds(limit)
+            ),
+        )
+    }
+
+    /// The request line's target is longer than the HTTP parser takes.
+    pub fn uri_too_long(limit: usize) -> Self {
+        Self::new(
+            StatusCode::URI_TOO_LONG,
+            "invalid_request_error",
+            "uri_too_long",
+            format!("The request target is longer than the server's limit of {limit} bytes."),
+        )
+    }
+
+    /// The request's header section is over the server's limits.
+    pub fn header_fields_too_large(max_headers: usize, max_bytes: usize) -> Self {
+        Self::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "invalid_request_error",
+            "request_header_fields_too_large",
+            format!(
+                "The request's header section is larger than the server's limits of {max_headers} header fields and {max_bytes} bytes (request line included)."
+            ),
+        )
+    }
+
+    /// The bytes received are not an HTTP/1.1 request.
+    pub fn malformed_http() -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "malformed_http_request",
+            "The request is not valid HTTP/1.1 (request line or header fields).".into(),
+        )
+    }
+
+    /// `--limit-concurrency` connections are open (this one is closed
+    /// after the answer).
+    pub fn too_many_connections(limit: usize, retry_after: Duration) -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_overloaded",
+            "too_many_connections",
+            format!(
+                "The server has {limit} connections open, its limit (--limit-concurrency); retry later."
+            ),
+        );
+        e.retry_after = Some(retry_after);
+        e
+    }
+
     pub fn overloaded(retry_after: Duration) -> Self {
         let mut e = Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "server_overloaded",
             "server_overloaded",
-            "The server is at its queue limit (--max-num-queued-reqs); retry later.".into(),
+            "The server's running batch is full and its queue is at its limit (--max-num-queued-reqs); retry later.".into(),
         );
         e.retry_after = Some(retry_after);
         e
@@ -151,6 +224,19 @@ impl ApiError {
         e
     }
 
+    /// A request the server's shutdown cut off: its drain deadline
+    /// (`--shutdown-timeout`) passed first.
+    pub fn server_shutdown(message: impl Into<String>) -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable_error",
+            "server_shutdown",
+            message.into(),
+        );
+        e.retry_after = Some(Duration::from_secs(1));
+        e
+    }
+
     /// A request the engine could not complete (its message is written
     /// for clients by the engine).
     pub fn engine_failure(message: impl Into<String>) -> Self {
@@ -173,6 +259,28 @@ impl ApiError {
         )
     }
 
+    /// A whole HTTP/1.1 response that closes the connection, for answers
+    /// written below the router (the connection layer's own refusals).
+    pub fn to_closing_http1(&self) -> Vec<u8> {
+        let body = self.body().to_string();
+        let reason = self.status.canonical_reason().unwrap_or("");
+        let mut head = format!(
+            "HTTP/1.1 {} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
+            self.status.as_u16(),
+            body.len()
+        );
+        if let Some(after) = self.retry_after {
+            head.push_str(&format!(
+                "retry-after: {}\r\nx-should-retry: true\r\n",
+                after.as_secs().max(1)
+            ));
+        }
+        head.push_str("\r\n");
+        let mut bytes = head.into_bytes();
+        bytes.extend_from_slice(body.as_bytes());
+        bytes
+    }
+
     /// The JSON body (also what an SSE error event carries).
     pub fn body(&self) -> serde_json::Value {
         json!({"error": {
@@ -182,6 +290,11 @@ impl ApiError {
             "code": self.code,
         }})
     }
+}
+
+/// `2 s`, `0.5 s`: a limit as the flags give it.
+fn seconds(d: Duration) -> String {
+    format!("{} s", d.as_secs_f64())
 }
 
 impl IntoResponse for ApiError {

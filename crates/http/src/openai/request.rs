@@ -23,7 +23,8 @@ pub struct StreamOptions {
 /// One body type for chat and completions (not two structs sharing a
 /// `#[serde(flatten)]` part: flatten buffers the body and loses the field
 /// path that errors report as `param`). Chat needs `messages`, completions
-/// `prompt`; each ignores the other's fields as it ignores unknown ones.
+/// `prompt`; each ignores the other's fields ([`CHAT_ONLY_FIELDS`],
+/// [`COMPLETIONS_ONLY_FIELDS`]) as it ignores unknown ones.
 #[derive(Debug, Default, Deserialize)]
 pub struct GenerationRequest {
     pub messages: Option<Vec<ChatMessage>>,
@@ -68,6 +69,23 @@ pub struct GenerationRequest {
     /// vLLM's extra: answer with the prompt's and the output's token ids.
     pub return_token_ids: Option<bool>,
 }
+
+/// The fields only chat reads: a completions request drops them unread.
+pub const CHAT_ONLY_FIELDS: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template_kwargs",
+    "include_reasoning",
+];
+
+/// The fields only completions read: a chat request drops them unread.
+pub const COMPLETIONS_ONLY_FIELDS: &[&str] = &["prompt", "echo", "suffix", "add_special_tokens"];
 
 #[derive(Debug, Deserialize)]
 pub struct ResponseFormat {
@@ -119,7 +137,8 @@ pub struct ChatMessage {
 pub struct FunctionDef {
     pub name: String,
     pub description: Option<String>,
-    pub parameters: Option<Json>,
+    /// A JSON schema (an object, as OpenAI requires).
+    pub parameters: Option<Map<String, Json>>,
 }
 
 #[derive(Debug, Deserialize)]

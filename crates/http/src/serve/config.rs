@@ -7,6 +7,7 @@ use std::time::Duration;
 use engine::prefix_cache::PrefixCacheConfig;
 use engine::EngineConfig;
 
+use crate::http::ConnectionLimits;
 use crate::model::ModelFiles;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -34,6 +35,9 @@ pub struct ServeConfig {
     pub prefix_cache: PrefixCaching,
     /// Largest request body accepted (413 above it).
     pub max_request_bytes: usize,
+    /// Open connections at most, and how long a connection may idle or
+    /// take to send a request head.
+    pub connections: ConnectionLimits,
     /// Interval of SSE keep-alive comments (`None`: none are sent).
     pub sse_keepalive: Option<Duration>,
     /// Log where each request's time to first token went.
@@ -76,6 +80,7 @@ impl ServeConfig {
                 in_step_snapshots: true,
             },
             max_request_bytes: 32 * 1024 * 1024,
+            connections: ConnectionLimits::default(),
             sse_keepalive: Some(Duration::from_secs(15)),
             request_timeline: false,
             shutdown_timeout: Duration::from_secs(30),

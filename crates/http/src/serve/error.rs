@@ -4,8 +4,13 @@ use engine::EngineStartError;
 
 use crate::model::ModelError;
 
+/// `30 s`, `0.5 s`.
+fn seconds(d: std::time::Duration) -> String {
+    format!("{} s", d.as_secs_f64())
+}
+
 /// An error of any source (what an executor factory or picker returns).
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use engine::BoxError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -24,10 +29,15 @@ pub enum ServeError {
     StartupMetrics(prometheus::Error),
     #[error("binding {addr}: {error}")]
     Bind { addr: String, error: std::io::Error },
-    #[error("server error: {0}")]
-    Server(std::io::Error),
     /// The engine stopped on its own (the model failed to load, the
     /// executor lost its device, the engine thread panicked): the reason.
     #[error("the engine stopped: {0}")]
     EngineStopped(String),
+    /// SIGTERM/SIGINT, and the drain deadline passed with requests still
+    /// running: they got an error instead of their output.
+    #[error("the drain deadline ({}, --shutdown-timeout) cut off {cut_off} requests", seconds(*.deadline))]
+    DrainCutOff {
+        cut_off: usize,
+        deadline: std::time::Duration,
+    },
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 
 use crate::api::state::AppState;
-use crate::http::router;
+use crate::http::{router, serve_connections, ConnectionLimits, ConnectionMetrics};
 
 /// Resolves on SIGTERM or SIGINT.
 async fn shutdown_signal() {
@@ -36,8 +36,9 @@ async fn shutdown_signal() {
 /// Why [`serve`] returned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ServeEnd {
-    /// SIGTERM/SIGINT: drained and stopped as asked.
-    Signal,
+    /// SIGTERM/SIGINT: drained and stopped as asked; `cut_off` requests
+    /// were still running at the drain deadline and got an error.
+    Signal { cut_off: usize },
     /// The engine stopped on its own; the reason.
     EngineStopped(String),
 }
@@ -45,12 +46,14 @@ pub enum ServeEnd {
 /// Serves until a shutdown signal, then drains; or until the engine stops
 /// on its own. The listener stays open while draining so new requests get
 /// a clear 503 rather than a refused connection. Either way the responses
-/// in flight finish first (after an engine stop, with their error events).
+/// in flight finish first (after an engine stop, or past the drain
+/// deadline, with their error events).
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AppState>,
+    connections: ConnectionLimits,
     drain_deadline: Duration,
-) -> std::io::Result<ServeEnd> {
+) -> ServeEnd {
     let app = router(state.clone());
     let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
     let drain_state = state.clone();
@@ -62,9 +65,17 @@ pub async fn serve(
         drain_state.draining.store(true, Ordering::SeqCst);
         let end = if signalled {
             log::info!("shutdown: refusing new work, draining for up to {drain_deadline:?}");
-            drain_state.engine.shutdown(drain_deadline).await;
+            let drained = drain_state.engine.shutdown(drain_deadline).await;
+            if drained.cut_off > 0 {
+                log::error!(
+                    "shutdown: the drain deadline ({drain_deadline:?}, --shutdown-timeout) cut off {} requests",
+                    drained.cut_off
+                );
+            }
             log::info!("shutdown: engine stopped");
-            ServeEnd::Signal
+            ServeEnd::Signal {
+                cut_off: drained.cut_off,
+            }
         } else {
             let why = match drain_state.engine.state() {
                 engine::EngineState::Dead(why) => why,
@@ -76,14 +87,17 @@ pub async fn serve(
         let _ = closed_tx.send(());
         end
     });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            let _ = closed_rx.await;
-        })
-        .await?;
-    Ok(ended
+    let metrics = ConnectionMetrics {
+        rejections: state.metrics.rejections.clone(),
+        open: state.metrics.connections_open.clone(),
+    };
+    serve_connections(listener, app, connections, metrics, async move {
+        let _ = closed_rx.await;
+    })
+    .await;
+    ended
         .await
-        .unwrap_or_else(|e| ServeEnd::EngineStopped(format!("the shutdown task failed: {e}"))))
+        .unwrap_or_else(|e| ServeEnd::EngineStopped(format!("the shutdown task failed: {e}")))
 }
 
 /// Logs the start-up summary line once the engine is ready (nothing if it

@@ -65,7 +65,6 @@ fn start_engine(
     make_executor: ExecutorFactory,
     registry: &prometheus::Registry,
 ) -> Result<EngineHandle, ServeError> {
-    let make_executor = move || make_executor().map_err(|e| e.to_string());
     Ok(Engine::start(engine_config, make_executor, registry)?)
 }
 
@@ -169,11 +168,12 @@ where
         "serving `{name}` on http://{} (loading the model; /health turns 200 when ready)",
         listener.local_addr().map(|a| a.to_string()).unwrap_or(addr)
     );
-    let end = serve(listener, state, config.shutdown_timeout)
-        .await
-        .map_err(ServeError::Server)?;
-    match end {
-        ServeEnd::Signal => Ok(()),
+    match serve(listener, state, config.connections, config.shutdown_timeout).await {
+        ServeEnd::Signal { cut_off: 0 } => Ok(()),
+        ServeEnd::Signal { cut_off } => Err(ServeError::DrainCutOff {
+            cut_off,
+            deadline: config.shutdown_timeout,
+        }),
         ServeEnd::EngineStopped(why) => Err(ServeError::EngineStopped(why)),
     }
 }

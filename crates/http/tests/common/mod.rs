@@ -116,7 +116,9 @@ pub fn server_with(
     step_delay: Duration,
     configure: impl FnOnce(&mut ServeConfig),
 ) -> TestServer {
-    let model = ModelFiles::load(&demo_dir(), None).unwrap();
+    let mut config = test_config();
+    configure(&mut config);
+    let model = ModelFiles::load(&config.model_dir, config.chat_template.as_deref()).unwrap();
     let tokens = model.encode(output, false).unwrap();
     let script = Arc::new(Mutex::new(Script {
         tokens,
@@ -125,8 +127,6 @@ pub fn server_with(
         fatal_step: None,
         steps: 0,
     }));
-    let mut config = test_config();
-    configure(&mut config);
     let engine_config = engine_config(&config, &model, None);
     let executor_script = script.clone();
     let factory = Box::new(move || {

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use engine::sampler;
 use engine::{
-    check_row_snapshots, CacheGeometry, ExecError, Executor, PageId, SampledToken, SlotId,
-    SnapshotGeometry, SnapshotId, StepPhases, StepRow,
+    check_row_snapshots, BoxError, CacheGeometry, ExecError, Executor, PageId, SampledToken,
+    SlotId, SnapshotGeometry, SnapshotId, StepPhases, StepRow,
 };
 
 use crate::control::{FakeControl, FakeFailure, RowRecord};
@@ -92,7 +92,7 @@ impl FakeExecutor {
     pub fn factory(
         geometry: CacheGeometry,
         control: FakeControl,
-    ) -> impl FnOnce() -> Result<Box<dyn Executor>, String> + Send + 'static {
+    ) -> impl FnOnce() -> Result<Box<dyn Executor>, BoxError> + Send + 'static {
         Self::factory_with_snapshots(geometry, 0, control)
     }
 
@@ -101,7 +101,7 @@ impl FakeExecutor {
         geometry: CacheGeometry,
         num_snapshots: usize,
         control: FakeControl,
-    ) -> impl FnOnce() -> Result<Box<dyn Executor>, String> + Send + 'static {
+    ) -> impl FnOnce() -> Result<Box<dyn Executor>, BoxError> + Send + 'static {
         Self::factory_with_row_snapshots(geometry, num_snapshots, usize::MAX, control)
     }
 
@@ -112,7 +112,7 @@ impl FakeExecutor {
         num_snapshots: usize,
         row_snapshots: usize,
         control: FakeControl,
-    ) -> impl FnOnce() -> Result<Box<dyn Executor>, String> + Send + 'static {
+    ) -> impl FnOnce() -> Result<Box<dyn Executor>, BoxError> + Send + 'static {
         move || {
             Ok(Box::new(
                 FakeExecutor::with_snapshots(geometry, num_snapshots, control)

@@ -2,7 +2,7 @@
 //! logprobs flags, tools and tool_choice, template flags.
 
 use super::{validate_generation, SamplingDefaults, ValidChat, ValidationError, MAX_TOP_LOGPROBS};
-use crate::openai::request::{GenerationRequest, MessageContent, ToolChoice};
+use crate::openai::request::{ChatMessage, GenerationRequest, MessageContent, Tool, ToolChoice};
 
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
@@ -18,61 +18,7 @@ pub fn validate_chat(
         .messages
         .as_ref()
         .ok_or(ValidationError::MissingField { field: "messages" })?;
-    if messages.is_empty() {
-        return Err(ValidationError::EmptyMessages);
-    }
-    for (index, m) in messages.iter().enumerate() {
-        if !ROLES.contains(&m.role.as_str()) {
-            return Err(ValidationError::BadRole {
-                index,
-                role: m.role.clone(),
-            });
-        }
-        match &m.content {
-            Some(MessageContent::Parts(parts)) => {
-                for (part, p) in parts.iter().enumerate() {
-                    if p.kind != "text" || p.text.is_none() {
-                        return Err(ValidationError::BadContentPart {
-                            index,
-                            part,
-                            kind: p.kind.clone(),
-                        });
-                    }
-                }
-            }
-            Some(MessageContent::Text(_)) => {}
-            // An assistant turn may carry only tool calls.
-            None if m.role == "assistant" => {}
-            None => {
-                return Err(ValidationError::MissingContent {
-                    index,
-                    role: m.role.clone(),
-                })
-            }
-        }
-        for call in m.tool_calls.iter().flatten() {
-            let args = &call.function.arguments;
-            let ok = match args {
-                serde_json::Value::String(s) => {
-                    matches!(
-                        serde_json::from_str::<serde_json::Value>(s),
-                        Ok(serde_json::Value::Object(_))
-                    )
-                }
-                serde_json::Value::Object(_) => true,
-                _ => false,
-            };
-            if !ok {
-                return Err(ValidationError::BadToolCallArguments {
-                    index,
-                    reason: format!(
-                        "arguments of '{}' must be a JSON object (as text)",
-                        call.function.name
-                    ),
-                });
-            }
-        }
-    }
+    validate_messages(messages)?;
     let logprobs = match &req.logprobs {
         None | Some(serde_json::Value::Null) => false,
         Some(serde_json::Value::Bool(b)) => *b,
@@ -94,7 +40,14 @@ pub fn validate_chat(
         Some(k) => k as u32,
         None => 0,
     };
+    // OpenAI's max_completion_tokens wins over max_tokens; both must be valid.
+    if let Some(m) = req.max_completion_tokens {
+        super::positive_count("max_completion_tokens", m, "at least 1", i64::MAX)?;
+    }
     let max_tokens = req.max_completion_tokens.or(req.max_tokens);
+    if let (Some(m), Some(_)) = (req.max_tokens, req.max_completion_tokens) {
+        super::positive_count("max_tokens", m, "at least 1", i64::MAX)?;
+    }
     let generation = validate_generation(
         req,
         logprobs.then_some(top),
@@ -105,12 +58,7 @@ pub fn validate_chat(
     let tools_given = match &req.tools {
         Some(tools) if tools.is_empty() => return Err(ValidationError::EmptyTools),
         Some(tools) => {
-            if let Some((index, t)) = tools.iter().enumerate().find(|(_, t)| t.kind != "function") {
-                return Err(ValidationError::BadToolType {
-                    index,
-                    kind: t.kind.clone(),
-                });
-            }
+            validate_tool_types(tools)?;
             true
         }
         None => false,
@@ -160,6 +108,83 @@ pub fn validate_chat(
         continue_final_message,
         include_reasoning: req.include_reasoning.unwrap_or(true),
     })
+}
+
+/// Every tool is a function (chat, and `/tokenize`'s chat form).
+pub fn validate_tool_types(tools: &[Tool]) -> Result<(), ValidationError> {
+    match tools.iter().enumerate().find(|(_, t)| t.kind != "function") {
+        Some((index, t)) => Err(ValidationError::BadToolType {
+            index,
+            kind: t.kind.clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The rules every message follows (chat, and `/tokenize`'s chat form):
+/// a known role, text content (optional only for an assistant turn), tool
+/// call arguments that are a JSON object, a tool result's `tool_call_id`.
+pub fn validate_messages(messages: &[ChatMessage]) -> Result<(), ValidationError> {
+    if messages.is_empty() {
+        return Err(ValidationError::EmptyMessages);
+    }
+    for (index, m) in messages.iter().enumerate() {
+        if !ROLES.contains(&m.role.as_str()) {
+            return Err(ValidationError::BadRole {
+                index,
+                role: m.role.clone(),
+            });
+        }
+        match &m.content {
+            Some(MessageContent::Parts(parts)) => {
+                for (part, p) in parts.iter().enumerate() {
+                    if p.kind != "text" || p.text.is_none() {
+                        return Err(ValidationError::BadContentPart {
+                            index,
+                            part,
+                            kind: p.kind.clone(),
+                        });
+                    }
+                }
+            }
+            Some(MessageContent::Text(_)) => {}
+            // An assistant turn may carry only tool calls.
+            None if m.role == "assistant" => {}
+            None => {
+                return Err(ValidationError::MissingContent {
+                    index,
+                    role: m.role.clone(),
+                })
+            }
+        }
+        // A tool result names the call it answers (OpenAI requires it).
+        if m.role == "tool" && m.tool_call_id.is_none() {
+            return Err(ValidationError::MissingToolCallId { index });
+        }
+        for call in m.tool_calls.iter().flatten() {
+            let args = &call.function.arguments;
+            let ok = match args {
+                serde_json::Value::String(s) => {
+                    matches!(
+                        serde_json::from_str::<serde_json::Value>(s),
+                        Ok(serde_json::Value::Object(_))
+                    )
+                }
+                serde_json::Value::Object(_) => true,
+                _ => false,
+            };
+            if !ok {
+                return Err(ValidationError::BadToolCallArguments {
+                    index,
+                    reason: format!(
+                        "arguments of '{}' must be a JSON object (as text)",
+                        call.function.name
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

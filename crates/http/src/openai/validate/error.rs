@@ -32,6 +32,9 @@ pub enum ValidationError {
         index: usize,
         reason: String,
     },
+    MissingToolCallId {
+        index: usize,
+    },
     StreamOptionsWithoutStream,
     TopLogprobsWithoutLogprobs,
     LogprobsType {
@@ -119,6 +122,10 @@ impl std::fmt::Display for ValidationError {
             BadToolCallArguments { index, reason } => {
                 write!(f, "messages[{index}].tool_calls: {reason}")
             }
+            MissingToolCallId { index } => write!(
+                f,
+                "Missing required parameter: 'messages[{index}].tool_call_id' (a 'tool' message names the tool call it answers)."
+            ),
             StreamOptionsWithoutStream => {
                 write!(f, "Stream options can only be defined when `stream=True`.")
             }
@@ -192,6 +199,7 @@ impl ValidationError {
             BadContentPart { index, part, .. } => format!("messages[{index}].content[{part}]"),
             MissingContent { index, .. } => format!("messages[{index}].content"),
             BadToolCallArguments { index, .. } => format!("messages[{index}].tool_calls"),
+            MissingToolCallId { index } => format!("messages[{index}].tool_call_id"),
             StreamOptionsWithoutStream => "stream_options".into(),
             TopLogprobsWithoutLogprobs => "top_logprobs".into(),
             LogprobsType { .. } => "logprobs".into(),
@@ -216,6 +224,7 @@ impl ValidationError {
             ValidationError::Unsupported { .. }
             | ValidationError::NeedsConstrainedDecoding { .. } => "unsupported_value",
             ValidationError::Template { .. } => "invalid_chat_template_input",
+            ValidationError::MissingToolCallId { .. } => "missing_required_parameter",
             _ => "invalid_value",
         }
     }

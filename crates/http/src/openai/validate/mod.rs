@@ -8,7 +8,7 @@ use super::request::{GenerationRequest, StopField};
 
 mod chat;
 mod error;
-pub use chat::validate_chat;
+pub use chat::{validate_chat, validate_messages, validate_tool_types};
 pub use error::ValidationError;
 
 /// Most top logprobs a request may ask for (vLLM's default max_logprobs).
@@ -87,7 +87,14 @@ fn in_range(
 ) -> Result<f32, ValidationError> {
     let v = finite(field, v)?;
     if ok(v) {
-        Ok(v as f32)
+        // The smallest positive f64s round to 0 as f32, which ranges that
+        // exclude 0 (top_p, repetition_penalty) would then refuse.
+        let narrowed = v as f32;
+        Ok(if v > 0.0 && narrowed == 0.0 {
+            f32::MIN_POSITIVE
+        } else {
+            narrowed
+        })
     } else {
         Err(ValidationError::OutOfRange {
             field,
@@ -423,6 +430,33 @@ mod tests {
     }
 
     #[test]
+    fn both_output_limits_of_chat_are_checked_and_named() {
+        let e = chat(&format!(
+            r#"{{{MSG}, "max_completion_tokens": 5, "max_tokens": 0}}"#
+        ))
+        .unwrap_err();
+        assert_eq!(e.param().as_deref(), Some("max_tokens"));
+        let e = chat(&format!(r#"{{{MSG}, "max_completion_tokens": 0}}"#)).unwrap_err();
+        assert_eq!(e.param().as_deref(), Some("max_completion_tokens"));
+        let v = chat(&format!(
+            r#"{{{MSG}, "max_completion_tokens": 5, "max_tokens": 9}}"#
+        ))
+        .unwrap();
+        assert_eq!(v.generation.max_tokens, Some(5));
+    }
+
+    #[test]
+    fn the_smallest_positive_values_stay_positive_as_f32() {
+        let v = chat(&format!(
+            r#"{{{MSG}, "top_p": 5e-324, "repetition_penalty": 1e-300}}"#
+        ))
+        .unwrap();
+        let sampling = &v.generation.sampling;
+        assert!(sampling.top_p > 0.0 && sampling.repetition_penalty > 0.0);
+        assert!(sampling.check().is_ok());
+    }
+
+    #[test]
     fn messages_rules() {
         assert_eq!(
             chat(r#"{"messages": []}"#).unwrap_err(),
@@ -448,6 +482,18 @@ mod tests {
             e,
             ValidationError::BadToolCallArguments { index: 0, .. }
         ));
+        // A tool result names the call it answers, as OpenAI requires.
+        let tool = |extra: &str| {
+            chat(&format!(
+                r#"{{"messages": [{{"role": "user", "content": "x"}}, {{"role": "tool", "content": "42"{extra}}}]}}"#
+            ))
+        };
+        let e = tool("").unwrap_err();
+        assert_eq!(e, ValidationError::MissingToolCallId { index: 1 });
+        assert_eq!(e.param().as_deref(), Some("messages[1].tool_call_id"));
+        assert_eq!(e.code(), "missing_required_parameter");
+        assert!(e.to_string().contains("'messages[1].tool_call_id'"), "{e}");
+        assert!(tool(r#", "tool_call_id": "call_1""#).is_ok());
     }
 
     #[test]

@@ -1,0 +1,146 @@
+"""Schemathesis hooks of the fuzz run (test_fuzz.py).
+
+The OpenAPI document states some rules in words because no schema keyword
+can: a prompt plus max_tokens must fit the context, prompts x n is at most
+128, min_tokens is at most max_tokens, tool-call arguments given as text are
+a JSON object, and the model's chat template decides which conversations it
+renders (the demo's, Qwen3.5's, needs a user message, takes a system message
+only first and knows no developer role). A case schemathesis generates as
+valid is brought within those rules here, so that the server must accept it
+(positive_data_acceptance); a case generated as invalid is left as it is
+(negative_data_rejection), and so is every response check.
+
+Valid cases also get at most 8 output tokens and 8 choices, and
+conversations far beyond the context are cut to short texts: the demo runs
+on the CPU with 4,096 positions.
+"""
+
+import json
+
+import schemathesis
+
+MAX_OUTPUT = 8
+MAX_CHOICES = 8
+# Bytes of messages and tools, well within the demo's context.
+PROMPT_BYTES = 2000
+GENERATION = ("/v1/chat/completions", "/v1/completions")
+
+
+def _is_json_object_text(text):
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+def _text_of(content):
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return None
+
+
+def _is_user_query(message):
+    """Qwen3.5's template looks for a user message that is not a wrapped tool result."""
+    if message.get("role") != "user":
+        return False
+    text = (_text_of(message.get("content")) or "").strip()
+    return not (text.startswith("<tool_response>") and text.endswith("</tool_response>"))
+
+
+def _utf8_len(value):
+    return len(json.dumps(value, ensure_ascii=False).encode())
+
+
+def _short(text, limit=40):
+    return text[:limit] if isinstance(text, str) else text
+
+
+def _shrink_message(message):
+    """The same turn with short texts and only the fields the template reads."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = [{"type": "text", "text": _short(p.get("text"))} for p in content[:2]]
+    kept = {"role": message.get("role"), "content": _short(content)}
+    if "content" not in message:
+        del kept["content"]
+    if message.get("tool_call_id") is not None:
+        kept["tool_call_id"] = _short(message["tool_call_id"])
+    calls = message.get("tool_calls")
+    if isinstance(calls, list) and calls:
+        kept["tool_calls"] = [
+            {"function": {"name": _short(c["function"].get("name")), "arguments": "{}"}}
+            for c in calls[:2]
+        ]
+    return kept
+
+
+def _fit_context(body):
+    """Random unicode costs a token a byte or more: a conversation and its
+    tools well beyond the demo's 4,096 positions are cut to short texts."""
+    if _utf8_len(body.get("messages")) + _utf8_len(body.get("tools")) <= PROMPT_BYTES:
+        return
+    body["messages"] = [_shrink_message(m) for m in body["messages"][:8]]
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        body["tools"] = [
+            {"type": "function", "function": {"name": _short(t["function"].get("name"))}}
+            for t in tools[:4]
+        ]
+
+
+def _conversation(body):
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        return
+    _fit_context(body)
+    messages = body["messages"]
+    for index, message in enumerate(messages):
+        if message.get("role") in ("system", "developer"):
+            message["role"] = "system" if index == 0 else "user"
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict):
+                arguments = function.get("arguments")
+                if isinstance(arguments, str) and not _is_json_object_text(arguments):
+                    function["arguments"] = "{}"
+    if not any(_is_user_query(m) for m in messages):
+        messages.append({"role": "user", "content": "hi"})
+    # Continuing the final message needs its text.
+    final_text = (_text_of(messages[-1].get("content")) or "").strip()
+    if body.get("continue_final_message") and not final_text:
+        body["continue_final_message"] = False
+
+
+def _generation(body):
+    for field in ("max_tokens", "max_completion_tokens"):
+        value = body.get(field)
+        if isinstance(value, int) and value > MAX_OUTPUT:
+            body[field] = MAX_OUTPUT
+    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+        body["max_tokens"] = MAX_OUTPUT
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    min_tokens = body.get("min_tokens")
+    if isinstance(min_tokens, int) and min_tokens > limit:
+        body["min_tokens"] = limit
+    prompt = body.get("prompt")
+    prompts = len(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else 1
+    n = body.get("n")
+    if isinstance(n, int) and n > 0:
+        body["n"] = max(1, min(n, MAX_CHOICES, 128 // prompts))
+
+
+@schemathesis.hook
+def map_case(ctx, case):
+    meta = case.meta
+    if meta is None or not meta.generation.mode.is_positive or not isinstance(case.body, dict):
+        return case
+    body = case.body
+    path = ctx.operation.path
+    if path in GENERATION:
+        _generation(body)
+    if path in ("/v1/chat/completions", "/tokenize"):
+        _conversation(body)
+    case.body = body
+    return case
