@@ -154,13 +154,21 @@ pub struct Args {
     pub prefix_cache_state_budget: Option<StateBudget>,
 }
 
+/// A duration flag that is not a number of seconds.
+#[derive(Debug, thiserror::Error)]
+enum SecondsError {
+    #[error("expected seconds, got '{0}'")]
+    NotANumber(String),
+    #[error("expected seconds (0 or more), got '{0}'")]
+    OutOfRange(String),
+}
+
 /// Seconds, whole or not (`5`, `0.25`).
-fn parse_seconds(text: &str) -> Result<Duration, String> {
+fn parse_seconds(text: &str) -> Result<Duration, SecondsError> {
     let seconds: f64 = text
         .parse()
-        .map_err(|_| format!("expected seconds, got '{text}'"))?;
-    Duration::try_from_secs_f64(seconds)
-        .map_err(|_| format!("expected seconds (0 or more), got '{text}'"))
+        .map_err(|_| SecondsError::NotANumber(text.to_string()))?;
+    Duration::try_from_secs_f64(seconds).map_err(|_| SecondsError::OutOfRange(text.to_string()))
 }
 
 /// A flag value, or a combination of flags, that the program refuses.

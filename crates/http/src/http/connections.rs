@@ -23,18 +23,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tower::ServiceExt;
 
+use super::limits::{ConnectionLimits, MAX_HEADERS, MAX_HEADER_BYTES};
 use super::watchdog::{linger, ConnectionStage, OpenConnection, Watched};
 use crate::openai::ApiError;
 
-/// Header fields a request may carry (hyper's default).
-pub const MAX_HEADERS: usize = 100;
-/// Bytes of a request's head, request line included: far above what an
-/// OpenAI client sends (a few hundred bytes), small enough that a head is
-/// never a memory cost.
-pub const MAX_HEADER_BYTES: usize = 64 * 1024;
-/// Bytes of a request target (path and query): nginx's default request
-/// line buffer. The routes take no query; hyper's own limit is higher.
-pub const MAX_URI_BYTES: usize = 8 * 1024;
 /// Connections refused at once beyond the cap (each is read, answered and
 /// closed within a few seconds); past this many they are closed at once.
 const REFUSING_AT_ONCE: usize = 256;
@@ -45,34 +37,6 @@ const REFUSAL_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// Pause after an accept error that is not the peer's (e.g. out of file
 /// descriptors), so the loop does not spin while connections close.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-
-/// The connection limits (gdn-server's `--limit-concurrency`,
-/// `--timeout-keep-alive`, `--header-read-timeout`).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ConnectionLimits {
-    /// Open connections at most; one more is answered 503 and closed.
-    pub max_connections: usize,
-    /// From a request's first byte to the end of its head (`None`: no
-    /// limit); past it, 408 and the connection closes.
-    pub header_read_timeout: Option<Duration>,
-    /// How long a connection may wait for its next (or first) request
-    /// (`None`: no limit).
-    pub keep_alive_timeout: Option<Duration>,
-}
-
-impl Default for ConnectionLimits {
-    /// gdn-server's defaults: uvicorn's keep-alive timeout (5 s), a head
-    /// within 10 s, and 4096 connections (well under the usual 20,000+
-    /// file descriptors a service gets; the program lowers it to what its
-    /// descriptor limit allows).
-    fn default() -> Self {
-        ConnectionLimits {
-            max_connections: 4096,
-            header_read_timeout: Some(Duration::from_secs(10)),
-            keep_alive_timeout: Some(Duration::from_secs(5)),
-        }
-    }
-}
 
 /// What the connection layer counts.
 #[derive(Clone)]

@@ -8,8 +8,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
-use super::connections::MAX_URI_BYTES;
 use super::extract::{answer, read_body};
+use super::limits::MAX_URI_BYTES;
 use super::request_id::with_request_id;
 use crate::api::state::{AppState, SharedState};
 use crate::api::{chat, completions, info, tokenize};

@@ -31,7 +31,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, Sleep};
 
-use super::connections::{ConnectionLimits, MAX_HEADERS, MAX_HEADER_BYTES, MAX_URI_BYTES};
+use super::limits::{ConnectionLimits, MAX_HEADERS, MAX_HEADER_BYTES, MAX_URI_BYTES};
 use crate::openai::ApiError;
 
 /// How long a connection the server answered and closes may still deliver
