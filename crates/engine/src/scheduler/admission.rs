@@ -4,7 +4,7 @@
 //! (a sequence that waits for a running one's snapshot is passed over for
 //! the step).
 
-use super::plan::{Plan, Scheduled};
+use super::plan::Plan;
 use super::state::Scheduler;
 use crate::allocator::SeqCache;
 use crate::prefix_cache::{Branch, CacheOp, Hit};
@@ -107,16 +107,7 @@ impl Scheduler {
                 }
             }
             self.running.push(id);
-            let (len, snapshots) = self.reserve_row_snapshots(id, start, len);
-            let seq = &self.seqs[&id];
-            plan.rows.push(Scheduled {
-                id,
-                start,
-                len,
-                sample: start + len == seq.tokens.len(),
-                snapshots,
-            });
-            *budget -= len;
+            *budget -= self.schedule_row(plan, id, start, len);
         }
     }
 

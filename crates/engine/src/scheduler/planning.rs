@@ -2,7 +2,7 @@
 //! admission, under the token budget; and the plan's rows as the executor
 //! gets them.
 
-use super::plan::{Plan, Scheduled};
+use super::plan::Plan;
 use super::state::Scheduler;
 use crate::executor::{SampleSeed, SampleSpec, StepRow};
 use crate::request::RequestId;
@@ -34,16 +34,7 @@ impl Scheduler {
                     break;
                 };
                 let start = self.seqs[&id].computed;
-                let (len, snapshots) = self.reserve_row_snapshots(id, start, len);
-                let seq = &self.seqs[&id];
-                plan.rows.push(Scheduled {
-                    id,
-                    start,
-                    len,
-                    sample: start + len == seq.tokens.len(),
-                    snapshots,
-                });
-                budget -= len;
+                budget -= self.schedule_row(&mut plan, id, start, len);
                 i += 1;
             }
         }

@@ -56,6 +56,27 @@ impl Scheduler {
         decision
     }
 
+    /// Schedules `len` tokens of `id` from `start` (its snapshot points
+    /// reserved, which may end the chunk earlier) and returns the tokens
+    /// the row takes from the step's budget.
+    pub(super) fn schedule_row(
+        &mut self,
+        plan: &mut Plan,
+        id: RequestId,
+        start: usize,
+        len: usize,
+    ) -> usize {
+        let (len, snapshots) = self.reserve_row_snapshots(id, start, len);
+        plan.rows.push(Scheduled {
+            id,
+            start,
+            len,
+            sample: start + len == self.seqs[&id].tokens.len(),
+            snapshots,
+        });
+        len
+    }
+
     /// Reserves a snapshot for each point inside the chunk of `len` tokens
     /// from `start` (already capped: at most `row_snapshots` of them). A
     /// point whose snapshot exists takes none; a point that can get none
