@@ -31,4 +31,5 @@
 #include "model_deltanet_decode.cuh"
 #include "model_attention_prep.cuh"
 #include "model_attention.cuh"
+#include "model_attention_decode_tc.cuh"
 #include "model_elementwise.cuh"

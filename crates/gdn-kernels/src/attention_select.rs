@@ -8,13 +8,18 @@
 //!    error, never a silent switch.
 //! 2. [`AttentionRequest::Auto`] takes FA3 for *prefill-shaped* batches (more
 //!    tokens than sequences) on an SM 9.0 GPU with head dim 256 and at most
-//!    `GDN_ATTENTION_MAX_WORKS_PER_HEAD` query tiles per head, and our
-//!    kernels for everything else:
-//!    - decode batches (one token a sequence) stay on our split decode
-//!      kernel: decode steps are captured as CUDA graphs and the FA3 launch
-//!      plans its schedule on the host at each call (a replayed graph would
-//!      run a stale schedule); a one-row query tile of 128 rows would also
-//!      waste most of FA3's tensor-core work;
+//!    `GDN_ATTENTION_MAX_WORKS_PER_HEAD` query tiles per head; our
+//!    tensor-core split-KV decode ([`AttentionKernel::DecodeTensorCore`])
+//!    for decode batches (one token a sequence) at head dim 256 and GQA
+//!    groups up to 8; and our CUDA-core kernels for everything else:
+//!    - decode batches never take FA3: decode steps are captured as CUDA
+//!      graphs and the FA3 launch plans its schedule on the host at each
+//!      call (a replayed graph would run a stale schedule); a one-row query
+//!      tile of 128 rows would also waste most of FA3's tensor-core work.
+//!      The tensor-core decode plans on the device (each block derives its
+//!      key range from the row's position), so it is graph-safe; its time
+//!      against the CUDA-core kernel and FA3 (eager) is in
+//!      docs/performance.md (decode attention against its KV-read floor);
 //!    - other GPUs: the bundle ships FA3 for sm_90a only (arch-specific
 //!      wgmma/TMA code runs on 9.0 alone);
 //!    - other head dims: only 256 (Qwen3.5's) is instantiated (one unit,
@@ -47,8 +52,13 @@ const FA3: &str = "flashinfer_attention_sm90";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttentionKernel {
     /// Ours (`model_kernels.cu`): split-K decode for one-token rows, WMMA
-    /// query tiles of 16 otherwise; every GPU and head dim 32..=256.
+    /// query tiles of 16 otherwise; every GPU and head dim 32..=256. The
+    /// fallback.
     Ours,
+    /// Ours on tensor cores for decode batches (`attention_decode_tc_*`):
+    /// split-KV, head dim 256, GQA groups up to 8, every GPU the bundle
+    /// targets (sm_80 and later).
+    DecodeTensorCore,
     /// FlashInfer 0.6.13's SM90 paged prefill (bundle unit
     /// `flashinfer_attention_sm90`), then our `attention_gate_bf16`.
     FlashInferSm90,
@@ -59,8 +69,11 @@ pub enum AttentionKernel {
 pub enum AttentionRequest {
     #[default]
     Auto,
-    /// Always our kernels.
+    /// Always our CUDA-core and WMMA kernels (the fallback).
     Ours,
+    /// Our tensor-core decode (an error for prefill-shaped batches, other
+    /// head dims or GQA groups above 8).
+    DecodeTensorCore,
     /// Always FA3 (an error where it cannot run).
     FlashInferSm90,
 }
@@ -80,7 +93,8 @@ pub(crate) fn probe(
     let cc = ctx.compute_capability().during(OP)?;
     let sm90 = cc == (9, 0);
     match (request, sm90) {
-        (AttentionRequest::Ours, _) | (AttentionRequest::Auto, false) => return Ok(None),
+        (AttentionRequest::Ours | AttentionRequest::DecodeTensorCore, _)
+        | (AttentionRequest::Auto, false) => return Ok(None),
         (AttentionRequest::FlashInferSm90, false) => {
             return Err(Ineligible::new(
                 FA3,
@@ -118,17 +132,54 @@ fn fa3_refusal(head_dim: usize, total_q: usize, num_seqs: usize) -> Option<Strin
     }
 }
 
-/// The rule of the module doc, on plain values.
+/// The backend name of our tensor-core decode in errors.
+const DECODE_TC: &str = "attention_decode_tc";
+/// The head dim and the largest GQA group the tensor-core decode serves.
+pub(crate) const DECODE_TC_HEAD_DIM: usize = 256;
+pub(crate) const DECODE_TC_MAX_GROUP: usize = 8;
+
+/// Why the tensor-core decode cannot take this batch, or `None`.
+fn decode_tc_refusal(
+    head_dim: usize,
+    group: usize,
+    total_q: usize,
+    num_seqs: usize,
+) -> Option<String> {
+    if total_q != num_seqs {
+        Some(format!(
+            "{total_q} query tokens for {num_seqs} sequences: the tensor-core decode takes one token a sequence"
+        ))
+    } else if head_dim != DECODE_TC_HEAD_DIM {
+        Some(format!(
+            "head dim {head_dim}: the tensor-core decode is built for {DECODE_TC_HEAD_DIM} only"
+        ))
+    } else if group == 0 || group > DECODE_TC_MAX_GROUP {
+        Some(format!(
+            "GQA group {group}: the tensor-core decode serves 1 to {DECODE_TC_MAX_GROUP}"
+        ))
+    } else {
+        None
+    }
+}
+
+/// The rule of the module doc, on plain values (`group`: query heads per
+/// KV head).
 fn rule(
     request: AttentionRequest,
     fa3_available: bool,
     head_dim: usize,
+    group: usize,
     total_q: usize,
     num_seqs: usize,
 ) -> Result<AttentionKernel, Ineligible> {
     let refusal = fa3_refusal(head_dim, total_q, num_seqs);
+    let decode_refusal = decode_tc_refusal(head_dim, group, total_q, num_seqs);
     match request {
         AttentionRequest::Ours => Ok(AttentionKernel::Ours),
+        AttentionRequest::DecodeTensorCore => match decode_refusal {
+            None => Ok(AttentionKernel::DecodeTensorCore),
+            Some(why) => Err(Ineligible::new(DECODE_TC, why)),
+        },
         AttentionRequest::FlashInferSm90 => match refusal {
             None if fa3_available => Ok(AttentionKernel::FlashInferSm90),
             None => Err(Ineligible::new(FA3, "FA3 was not set up for these ops")),
@@ -138,6 +189,8 @@ fn rule(
             let prefill_shaped = total_q > num_seqs;
             Ok(if fa3_available && prefill_shaped && refusal.is_none() {
                 AttentionKernel::FlashInferSm90
+            } else if decode_refusal.is_none() {
+                AttentionKernel::DecodeTensorCore
             } else {
                 AttentionKernel::Ours
             })
@@ -150,11 +203,13 @@ pub(crate) fn choose(
     fa3: Option<&Fa3>,
     batch: &DeviceBatch,
     head_dim: usize,
+    group: usize,
 ) -> Result<AttentionKernel, GdnError> {
     rule(
         request,
         fa3.is_some(),
         head_dim,
+        group,
         batch.num_tokens,
         batch.num_seqs,
     )
@@ -241,12 +296,24 @@ mod tests {
     #[test]
     fn auto_takes_fa3_for_prefill_shaped_batches_it_supports() {
         use AttentionKernel::*;
-        let auto = |avail, d, t, n| rule(AttentionRequest::Auto, avail, d, t, n).unwrap();
+        let auto = |avail, d, t, n| rule(AttentionRequest::Auto, avail, d, 4, t, n).unwrap();
         assert_eq!(auto(true, 256, 8192, 1), FlashInferSm90);
         // A chunk mixed with decode rows is prefill-shaped.
         assert_eq!(auto(true, 256, 70, 8), FlashInferSm90);
-        // Decode: one token a sequence.
-        assert_eq!(auto(true, 256, 64, 64), Ours);
+        // Decode: one token a sequence, on the tensor-core decode at head
+        // dim 256 and groups up to 8, on every GPU.
+        assert_eq!(auto(true, 256, 64, 64), DecodeTensorCore);
+        assert_eq!(auto(false, 256, 1, 1), DecodeTensorCore);
+        for group in 1..=8 {
+            let k = rule(AttentionRequest::Auto, false, 256, group, 3, 3).unwrap();
+            assert_eq!(k, DecodeTensorCore, "group {group}");
+        }
+        assert_eq!(
+            rule(AttentionRequest::Auto, true, 256, 12, 3, 3).unwrap(),
+            Ours
+        );
+        assert_eq!(auto(true, 128, 64, 64), Ours);
+        assert_eq!(auto(false, 32, 2, 2), Ours);
         // Not SM90, another head dim, too many tiles.
         assert_eq!(auto(false, 256, 8192, 1), Ours);
         assert_eq!(auto(true, 128, 8192, 1), Ours);
@@ -256,7 +323,7 @@ mod tests {
 
     #[test]
     fn forcing_a_kernel_it_cannot_run_is_an_error() {
-        let force = |avail, d, t, n| rule(AttentionRequest::FlashInferSm90, avail, d, t, n);
+        let force = |avail, d, t, n| rule(AttentionRequest::FlashInferSm90, avail, d, 4, t, n);
         assert_eq!(force(true, 256, 4, 4), Ok(AttentionKernel::FlashInferSm90));
         let e = force(true, 64, 100, 1).unwrap_err();
         assert_eq!(e.backend, FA3);
@@ -267,7 +334,20 @@ mod tests {
             .contains("not set up"));
         let e = force(true, 256, 4096 * 128, 2).unwrap_err();
         assert!(e.reason.contains("4097 query tiles"), "{e}");
-        let ours = rule(AttentionRequest::Ours, true, 256, 8192, 1);
+        let ours = rule(AttentionRequest::Ours, true, 256, 4, 8192, 1);
         assert_eq!(ours, Ok(AttentionKernel::Ours));
+        let ours = rule(AttentionRequest::Ours, true, 256, 4, 16, 16);
+        assert_eq!(ours, Ok(AttentionKernel::Ours));
+        let tc = |d, g, t, n| rule(AttentionRequest::DecodeTensorCore, true, d, g, t, n);
+        assert_eq!(tc(256, 8, 5, 5), Ok(AttentionKernel::DecodeTensorCore));
+        for (d, g, t, n, why) in [
+            (256, 4, 9, 8, "9 query tokens for 8 sequences"),
+            (128, 4, 8, 8, "head dim 128"),
+            (256, 12, 8, 8, "GQA group 12"),
+        ] {
+            let e = tc(d, g, t, n).unwrap_err();
+            assert_eq!(e.backend, DECODE_TC);
+            assert!(e.reason.contains(why), "{e}");
+        }
     }
 }

@@ -37,6 +37,8 @@ struct Case {
     shape: AttentionShape,
     /// Per sequence: (cached positions before the step, tokens in the step).
     seqs: Vec<(usize, usize)>,
+    /// Tokens a KV page holds (the engine's is 64).
+    page: usize,
 }
 
 /// Whether the GPU behind `stream` runs FlashInfer's FA3 (SM 9.0); says so
@@ -57,10 +59,15 @@ fn runs_fa3(stream: &Arc<CudaStream>) -> bool {
 /// Fisher-Yates shuffle of every page, `spare` more than the batch needs):
 /// the kernels must follow the table, not the pool order. Returns the layout
 /// and the number of pages in the pool.
-fn paged_layout(seqs: &[(usize, usize)], spare: usize, seed: u64) -> (BatchLayout, usize) {
+fn paged_layout(
+    seqs: &[(usize, usize)],
+    page: usize,
+    spare: usize,
+    seed: u64,
+) -> (BatchLayout, usize) {
     let max_blocks = seqs
         .iter()
-        .map(|(c, n)| (c + n).div_ceil(PAGE))
+        .map(|(c, n)| (c + n).div_ceil(page))
         .max()
         .unwrap();
     let num_pages = seqs.len() * max_blocks + spare;
@@ -72,7 +79,7 @@ fn paged_layout(seqs: &[(usize, usize)], spare: usize, seed: u64) -> (BatchLayou
     let mut layout = BatchLayout {
         cu_seqlens: vec![0],
         max_blocks,
-        page_size: PAGE,
+        page_size: page,
         ..Default::default()
     };
     for (s, &(cached, n)) in seqs.iter().enumerate() {
@@ -99,7 +106,24 @@ fn run_case(
     want: AttentionKernel,
     auto: AttentionKernel,
 ) -> f64 {
-    let ops = ModelOps::with_attention(stream.clone(), request).unwrap();
+    run_case_with(stream, case, seed, request, want, auto, None)
+}
+
+/// [`run_case`] with the tensor-core decode's tiles in flight set.
+fn run_case_with(
+    stream: &Arc<CudaStream>,
+    case: &Case,
+    seed: u64,
+    request: AttentionRequest,
+    want: AttentionKernel,
+    auto: AttentionKernel,
+    decode_tc_stages: Option<usize>,
+) -> f64 {
+    let mut ops = ModelOps::with_attention(stream.clone(), request).unwrap();
+    if let Some(stages) = decode_tc_stages {
+        ops.set_decode_tc_stages(stages).unwrap();
+    }
+    let page = case.page;
     let a = case.shape;
     let (hq, hkv, d) = (a.q_heads, a.kv_heads, a.head_dim);
     let g = hq / hkv;
@@ -109,14 +133,14 @@ fn run_case(
             .map(|_| bf16::from_f32(rng.uniform(-scale, scale)))
             .collect()
     };
-    let (layout, num_pages) = paged_layout(&case.seqs, 3, seed);
+    let (layout, num_pages) = paged_layout(&case.seqs, page, 3, seed);
     let max_blocks = layout.max_blocks;
     let t: usize = case.seqs.iter().map(|x| x.1).sum();
     let batch = DeviceBatch::upload(stream, &layout).unwrap();
     assert_eq!(ops.attention_kernel(&batch, a).unwrap(), want);
     let auto_ops = ModelOps::new(stream.clone()).unwrap();
     assert_eq!(auto_ops.attention_kernel(&batch, a).unwrap(), auto);
-    let page_len = a.page_len(PAGE);
+    let page_len = a.page_len(page);
     let k_host = uniform_bf16(num_pages * page_len, 1.0);
     let v_host = uniform_bf16(num_pages * page_len, 1.0);
     let q_host = uniform_bf16(t * hq * d, 1.0);
@@ -136,7 +160,7 @@ fn run_case(
     for (s, &(cached, n)) in case.seqs.iter().enumerate() {
         let table = &layout.block_table[s * max_blocks..(s + 1) * max_blocks];
         let at = |pos: usize, kh: usize, e: usize| {
-            ((table[pos / PAGE] as usize * PAGE + pos % PAGE) * hkv + kh) * d + e
+            ((table[pos / page] as usize * page + pos % page) * hkv + kh) * d + e
         };
         for i in 0..n {
             let pos = cached + i;
@@ -166,7 +190,7 @@ fn run_case(
                     // bf16 output (2^-8 relative) plus fp32 accumulation.
                     assert!(
                         err <= 1e-2 + 1e-2 * want.abs(),
-                        "{request:?} {:?} seq {s} pos {pos} head {h} dim {e}: got {have}, want {want}",
+                        "{request:?} {:?} page {page} seq {s} pos {pos} head {h} dim {e}: got {have}, want {want}",
                         case.shape
                     );
                     worst = worst.max(err);
@@ -193,9 +217,10 @@ fn decode_attention_at_qwen35_shapes_matches_the_reference_across_split_counts()
         return;
     };
     let ours = AttentionKernel::Ours;
+    let tc = AttentionKernel::DecodeTensorCore;
     // Contexts from one key to 3000 (64 splits of 47 keys; the shorter
-    // sequences of the batch leave most splits without a key). Decode stays
-    // on our kernel under Auto.
+    // sequences of the batch leave most splits without a key), on both
+    // decode kernels: Auto takes the tensor-core one at head dim 256.
     for shape in [
         qwen35_attention(16, 4),
         qwen35_attention(24, 4),
@@ -204,15 +229,19 @@ fn decode_attention_at_qwen35_shapes_matches_the_reference_across_split_counts()
         let case = Case {
             shape,
             seqs: vec![(0, 1), (130, 1), (700, 1), (2999, 1)],
+            page: PAGE,
         };
-        let worst = run_case(&stream, &case, 11, AttentionRequest::Auto, ours, ours);
-        println!("decode {shape:?}: worst abs error {worst:.2e}");
+        let worst = run_case(&stream, &case, 11, AttentionRequest::Auto, tc, tc);
+        println!("decode, tensor cores, {shape:?}: worst abs error {worst:.2e}");
+        let worst = run_case(&stream, &case, 11, AttentionRequest::Ours, ours, tc);
+        println!("decode, CUDA cores, {shape:?}: worst abs error {worst:.2e}");
     }
     // FA3 forced onto decode rows (one query each) still computes them.
     if runs_fa3(&stream) {
         let case = Case {
             shape: qwen35_attention(16, 4),
             seqs: vec![(0, 1), (130, 1), (2999, 1)],
+            page: PAGE,
         };
         let fa3 = AttentionKernel::FlashInferSm90;
         let worst = run_case(
@@ -221,10 +250,70 @@ fn decode_attention_at_qwen35_shapes_matches_the_reference_across_split_counts()
             13,
             AttentionRequest::FlashInferSm90,
             fa3,
-            ours,
+            tc,
         );
         println!("decode rows on FA3: worst abs error {worst:.2e}");
     }
+}
+
+/// Both decode kernels (and both ring depths of the tensor-core one) at
+/// the engine's 64-token pages, over the contexts where tiles, pages and
+/// splits change: 1, 63, 64, 65 keys and 8,500 (past one 8k page-table
+/// tier), in ragged batches, at the 4B (16/4), 27B (24/4) and 35B-A3B
+/// (16/2) head layouts, plus a batch of 40 rows that spreads over fewer
+/// splits.
+#[test]
+fn decode_attention_matches_the_reference_at_engine_pages_and_long_contexts() {
+    let Some(stream) = gpu_stream() else {
+        return;
+    };
+    let ours = AttentionKernel::Ours;
+    let tc = AttentionKernel::DecodeTensorCore;
+    let ragged = vec![(0, 1), (62, 1), (63, 1), (64, 1), (8499, 1), (200, 1)];
+    let wide: Vec<(usize, usize)> = (0..40).map(|i| (i * 97 % 1500, 1)).collect();
+    for (i, (shape, seqs)) in [
+        (qwen35_attention(16, 4), ragged.clone()),
+        (qwen35_attention(24, 4), ragged.clone()),
+        (qwen35_attention(16, 2), ragged),
+        (qwen35_attention(16, 4), wide),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let case = Case {
+            shape,
+            seqs,
+            page: 64,
+        };
+        let seed = 40 + i as u64;
+        for stages in [2, 3] {
+            let worst = run_case_with(
+                &stream,
+                &case,
+                seed,
+                AttentionRequest::DecodeTensorCore,
+                tc,
+                tc,
+                Some(stages),
+            );
+            println!(
+                "decode, tensor cores ({stages} stages), {shape:?}: worst abs error {worst:.2e}"
+            );
+        }
+        let worst = run_case(&stream, &case, seed, AttentionRequest::Ours, ours, tc);
+        println!("decode, CUDA cores, {shape:?}: worst abs error {worst:.2e}");
+    }
+    // The tensor-core decode refuses what it was not built for.
+    let mut ops =
+        ModelOps::with_attention(stream.clone(), AttentionRequest::DecodeTensorCore).unwrap();
+    assert!(ops.set_decode_tc_stages(4).is_err());
+    let (layout, _) = paged_layout(&[(10, 1), (5, 3)], 64, 0, 1);
+    let batch = DeviceBatch::upload(&stream, &layout).unwrap();
+    let e = ops
+        .attention_kernel(&batch, qwen35_attention(16, 4))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("one token a sequence"), "{e}");
 }
 
 /// Prefill-shaped batches: fresh sequences, chunks continuing a cached
@@ -250,6 +339,7 @@ fn prefill_cases() -> Vec<Case> {
     .map(|shape| Case {
         shape,
         seqs: seqs.clone(),
+        page: PAGE,
     })
     .collect()
 }
@@ -474,7 +564,7 @@ fn check_attention_prep(ops: &ModelOps, a: AttentionShape, seqs: &[(usize, usize
     let (rot, rot_half) = (a.rotary_dim, a.rotary_dim / 2);
     let eps = 1e-6f32;
     let mut rng = Rng::new(seed);
-    let (layout, num_pages) = paged_layout(seqs, 2, seed);
+    let (layout, num_pages) = paged_layout(seqs, PAGE, 2, seed);
     let max_blocks = layout.max_blocks;
     let t: usize = seqs.iter().map(|x| x.1).sum();
     let batch = DeviceBatch::upload(stream, &layout).unwrap();

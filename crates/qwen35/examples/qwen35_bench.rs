@@ -9,7 +9,10 @@
 //!
 //!     cargo run --release -p qwen35 --example qwen35_bench
 //!
-//! Decode steps run at a context of `CONTEXT` tokens per sequence. Logits stay
+//! Decode steps run at `--contexts` tokens per sequence (default 1024; the
+//! sequences stand at that length without a prefill: their KV and state are
+//! whatever the cache holds, which does not change a step's time; a
+//! (batch, context) whose KV would not fit the GPU is skipped). Logits stay
 //! on the device (`LogitsTo::DeviceOnly`): sampling is not part of the forward.
 //! Slots and pages are handed out by the test kit's stand-in for the
 //! engine's allocator (`qwen35_testkit::alloc`).
@@ -33,7 +36,6 @@ use qwen35::gpu::{GpuModel, GpuOptions, LogitsTo};
 use qwen35::{Config, LayerType, RowLogits};
 use qwen35_testkit::alloc::{SeqId, Seqs};
 
-const CONTEXT: usize = 1024;
 const PAGE: usize = 64;
 
 fn used_bytes() -> usize {
@@ -81,6 +83,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "unfused" => gdn_kernels::SwigluRequest::Unfused,
                 "fused" => gdn_kernels::SwigluRequest::Fused,
                 _ => panic!("--swiglu takes auto, unfused or fused, got {m:?}"),
+            };
+            (m.to_string(), r)
+        })
+        .collect();
+    let contexts: Vec<usize> = args
+        .iter()
+        .position(|a| a == "--contexts")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.split(',').map(|n| n.parse().expect("context")).collect())
+        .unwrap_or_else(|| vec![1024]);
+    // `--attention auto,ours`: each decode (batch, context) is timed with
+    // these attention kernels in turn (a model each), side by side.
+    let attention_modes: Vec<(String, gdn_kernels::AttentionRequest)> = args
+        .iter()
+        .position(|a| a == "--attention")
+        .and_then(|i| args.get(i + 1))
+        .map_or("auto", String::as_str)
+        .split(',')
+        .map(|m| {
+            let r = match m {
+                "auto" => gdn_kernels::AttentionRequest::Auto,
+                "ours" => gdn_kernels::AttentionRequest::Ours,
+                "tc" => gdn_kernels::AttentionRequest::DecodeTensorCore,
+                _ => panic!("--attention takes auto, ours or tc, got {m:?}"),
             };
             (m.to_string(), r)
         })
@@ -219,80 +245,96 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Decode and mixed steps run the default rule.
     model.set_swiglu_request(gdn_kernels::SwigluRequest::Auto);
+    let (slot_bytes, page_bytes) = model.slot_and_page_bytes(PAGE);
 
-    // 4. Decode: `batch` sequences at CONTEXT tokens each, one token per step.
+    // 4. Decode: `batch` sequences at `context` tokens each, one token per
+    // step.
     let decode_batches = if part("decode") { batches } else { vec![] };
-    for &batch in &decode_batches {
-        for graphs in [false, true] {
-            let pages = batch * ((CONTEXT + 64).div_ceil(PAGE) + 1);
-            // One more slot and page: the graphs' padding rows.
-            let mut cache = model.new_cache(batch + 1, pages + 1, PAGE)?;
-            if graphs {
-                model.capture_decode_graphs(
-                    &mut cache,
-                    &[batch],
-                    CONTEXT + 64,
-                    SlotId(batch as u32),
-                    PageId(pages as u32),
-                )?;
-            }
-            let mut seqs = Seqs::new(batch, pages, PAGE);
-            let ids: Vec<_> = (0..batch).map(|_| seqs.add()).collect();
-            let mut forward = |step: &[(SeqId, &[u32])]| {
-                seqs.step_to(
-                    &mut model,
-                    &mut cache,
-                    step,
-                    RowLogits::Last,
-                    LogitsTo::DeviceOnly,
-                )
-                .map(drop)
-            };
-            let prompt: Vec<u32> = (0..CONTEXT as u32)
-                .map(|t| (t * 31) % 200_000 + 10)
-                .collect();
-            for chunk in ids.chunks(8) {
-                let step: Vec<_> = chunk.iter().map(|id| (*id, prompt.as_slice())).collect();
-                forward(&step)?;
-            }
-            let tok = [42u32];
-            let step: Vec<_> = ids.iter().map(|id| (*id, &tok[..])).collect();
-            // Warm-up.
-            let warm = (0..3).try_for_each(|_| forward(&step));
-            if let Err(e) = warm {
+    for &context in &contexts {
+        for &batch in &decode_batches {
+            for ((attention, request), graphs) in
+                attention_modes.iter().flat_map(|m| [(m, false), (m, true)])
+            {
+                model.set_attention_request(*request)?;
+                let pages = batch * ((context + 64).div_ceil(PAGE) + 1);
+                let (free, _) = cudarc::driver::result::mem_get_info()?;
+                let need = (pages + 1) * page_bytes + (batch + 1) * slot_bytes;
+                if need + (4usize << 30) > free {
+                    println!(
+                        "{{\"decode_batch\": {batch}, \"context\": {context}, \"cuda_graphs\": {graphs}, \"skipped\": \"the KV cache needs {:.1} GiB, {:.1} GiB free\"}}",
+                        need as f64 / (1u64 << 30) as f64,
+                        free as f64 / (1u64 << 30) as f64
+                    );
+                    continue;
+                }
+                // One more slot and page: the graphs' padding rows.
+                let mut cache = model.new_cache(batch + 1, pages + 1, PAGE)?;
+                if graphs {
+                    model.capture_decode_graphs(
+                        &mut cache,
+                        &[batch],
+                        context + 64,
+                        SlotId(batch as u32),
+                        PageId(pages as u32),
+                    )?;
+                }
+                let mut seqs = Seqs::new(batch, pages, PAGE);
+                let ids: Vec<_> = (0..batch).map(|_| seqs.add()).collect();
+                for &id in &ids {
+                    seqs.skip_to(id, context);
+                }
+                let mut forward = |step: &[(SeqId, &[u32])]| {
+                    seqs.step_to(
+                        &mut model,
+                        &mut cache,
+                        step,
+                        RowLogits::Last,
+                        LogitsTo::DeviceOnly,
+                    )
+                    .map(drop)
+                };
+                let tok = [42u32];
+                let step: Vec<_> = ids.iter().map(|id| (*id, &tok[..])).collect();
+                // Warm-up.
+                let warm = (0..3).try_for_each(|_| forward(&step));
+                if let Err(e) = warm {
+                    println!(
+                        "{{\"decode_batch\": {batch}, \"context\": {context}, \"cuda_graphs\": {graphs}, \"error\": {:?}}}",
+                        e.to_string()
+                    );
+                    continue;
+                }
+                let steps = 20;
+                let t0 = Instant::now();
+                for _ in 0..steps {
+                    forward(&step)?;
+                }
+                let dt = t0.elapsed().as_secs_f64() / steps as f64;
+                note(&mut peak);
+                let roofline = weight_bytes_read as f64 / copy_bw;
+                // The full floor (the decode goal of docs/performance.md): a
+                // step must also read every sequence's KV and read and write
+                // its recurrent and conv state.
+                let per_seq = context * page_bytes / PAGE + 2 * slot_bytes;
+                let floor = (weight_bytes_read + batch * per_seq) as f64 / copy_bw;
+                let kv_floor = (batch * context * page_bytes / PAGE) as f64 / copy_bw;
                 println!(
-                    "{{\"decode_batch\": {batch}, \"cuda_graphs\": {graphs}, \"error\": {:?}}}",
-                    e.to_string()
+                    "{{\"decode_batch\": {batch}, \"cuda_graphs\": {graphs}, \"context\": {context}, \"attention\": {attention:?}, \"step_ms\": {:.3}, \"tokens_per_s\": {:.0}, \"weights_roofline_ms\": {:.3}, \"fraction_of_roofline\": {:.2}, \"kv_floor_ms\": {:.3}, \"memory_floor_ms\": {:.3}, \"step_over_floor\": {:.2}}}",
+                    dt * 1e3,
+                    batch as f64 / dt,
+                    roofline * 1e3,
+                    roofline / dt,
+                    kv_floor * 1e3,
+                    floor * 1e3,
+                    dt / floor
                 );
-                continue;
             }
-            let steps = 20;
-            let t0 = Instant::now();
-            for _ in 0..steps {
-                forward(&step)?;
-            }
-            let dt = t0.elapsed().as_secs_f64() / steps as f64;
-            note(&mut peak);
-            let roofline = weight_bytes_read as f64 / copy_bw;
-            // The full floor (the decode goal of docs/performance.md): a
-            // step must also read every sequence's KV and read and write
-            // its recurrent and conv state.
-            let (slot_bytes, page_bytes) = model.slot_and_page_bytes(PAGE);
-            let per_seq = CONTEXT * page_bytes / PAGE + 2 * slot_bytes;
-            let floor = (weight_bytes_read + batch * per_seq) as f64 / copy_bw;
-            println!(
-                "{{\"decode_batch\": {batch}, \"cuda_graphs\": {graphs}, \"context\": {CONTEXT}, \"step_ms\": {:.3}, \"tokens_per_s\": {:.0}, \"weights_roofline_ms\": {:.3}, \"fraction_of_roofline\": {:.2}, \"memory_floor_ms\": {:.3}, \"step_over_floor\": {:.2}}}",
-                dt * 1e3,
-                batch as f64 / dt,
-                roofline * 1e3,
-                roofline / dt,
-                floor * 1e3,
-                dt / floor
-            );
         }
     }
-    // 5. Mixed steps: `batch` decode rows at CONTEXT plus a 512-token chunk
+    model.set_attention_request(gdn_kernels::AttentionRequest::Auto)?;
+    // 5. Mixed steps: `batch` decode rows at a 1024-token context plus a 512-token chunk
     // of a new sequence, against the decode step and the prefill alone.
+    const CONTEXT: usize = 1024;
     let mixed_batches: &[usize] = if part("mixed") { &[16, 64] } else { &[] };
     for &batch in mixed_batches {
         let chunk: Vec<u32> = (0..512u32).map(|t| (t * 13) % 200_000 + 10).collect();

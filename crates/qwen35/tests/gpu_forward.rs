@@ -37,6 +37,7 @@ fn gpu_model(f: &Fixture, stream: &Arc<CudaStream>, backend: BackendRequest) -> 
         stream.clone(),
         GpuOptions {
             gdn_backend: backend,
+            ..Default::default()
         },
     )
     .unwrap()

@@ -73,6 +73,7 @@ impl ModelOps {
             self.fa3.as_ref(),
             batch,
             shape.head_dim,
+            shape.q_heads / shape.kv_heads.max(1),
         )
     }
 
@@ -114,7 +115,8 @@ impl ModelOps {
             shape.kv_heads,
         ]
         .map(|x| x as i32);
-        if self.attention_kernel(batch, shape)? == AttentionKernel::FlashInferSm90 {
+        let kernel = self.attention_kernel(batch, shape)?;
+        if kernel == AttentionKernel::FlashInferSm90 {
             let fa3 = self.fa3.as_ref().expect("chosen only when set up");
             attention_select::launch(
                 fa3,
@@ -154,10 +156,20 @@ impl ModelOps {
             } else {
                 None
             };
-            let decode = if shape.q_heads / shape.kv_heads <= 4 {
-                &self.f.attention_g4[which]
+            let (decode, threads, smem) = if kernel == AttentionKernel::DecodeTensorCore {
+                let stages = self.decode_tc_stages;
+                let func = &self.f.attention_decode_tc[stages - 2];
+                let smem = decode_tc_smem(stages);
+                func.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+                .during(OP)?;
+                (func, DECODE_TC_THREADS, smem)
+            } else if shape.q_heads / shape.kv_heads <= 4 {
+                (&self.f.attention_g4[which], ATTN_THREADS, 0)
             } else {
-                &self.f.attention[which]
+                (&self.f.attention[which], ATTN_THREADS, 0)
             };
             let mut b = self.stream.launch_builder(decode);
             b.arg(&mut *out)
@@ -174,10 +186,13 @@ impl ModelOps {
                 Some((ml, acc)) => b.arg(ml).arg(acc),
                 None => b.arg(&null).arg(&null),
             };
-            let mut cfg = grid(t, shape.kv_heads, ATTN_THREADS, 0);
+            let mut cfg = grid(t, shape.kv_heads, threads, smem);
             cfg.grid_dim.2 = splits as u32;
-            // SAFETY: matches attention_d{D/32}; pages and lengths checked;
-            // the workspace holds [T, Hq, splits] partials when splits > 1.
+            // SAFETY: matches attention_d{D/32} and attention_decode_tc_s*
+            // (same arguments; the latter only for head dim 256 and groups
+            // <= 8, which attention_kernel checked, with the shared memory
+            // decode_tc_smem gives); pages and lengths checked; the
+            // workspace holds [T, Hq, splits] partials when splits > 1.
             unsafe { b.launch(cfg) }.during(OP)?;
             if let Some((ml, acc)) = &ws {
                 let splits_ = splits as i32;

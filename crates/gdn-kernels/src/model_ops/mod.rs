@@ -24,6 +24,19 @@ const UNIT: &str = "model_kernels";
 const MAX_CONV_TAPS: usize = 8;
 const MAX_GQA: usize = 8;
 const ATTN_THREADS: u32 = 128;
+/// The tensor-core decode's block: four warps, each with its own ring of
+/// `stages` 8-key tiles (K and V, 8 KiB a tile).
+const DECODE_TC_THREADS: u32 = 128;
+/// Tiles in flight per warp of the tensor-core decode unless a benchmark
+/// sets another ([`ModelOps::set_decode_tc_stages`]); the measured choice
+/// is in docs/performance.md (decode attention against its KV-read floor).
+const DECODE_TC_STAGES: usize = 2;
+
+/// Dynamic shared memory of the tensor-core decode with `stages` tiles in
+/// flight per warp (its rings; the warps' merge at the end reuses them).
+fn decode_tc_smem(stages: usize) -> usize {
+    4 * stages * 2 * 8 * 256 * 2
+}
 const MAX_STATIC_SHARED: usize = 48 * 1024;
 /// Arrival counters of the fused DeltaNet decode: one per (sequence, q/k
 /// head) of a launch; larger batches launch in chunks.
@@ -205,6 +218,8 @@ struct Functions {
     /// The same decode kernels for GQA groups <= 4 (half the registers).
     attention_g4: [CudaFunction; 4],
     attention_prefill: [CudaFunction; 4],
+    /// The tensor-core decode with 2 and 3 tiles in flight per warp.
+    attention_decode_tc: [CudaFunction; 2],
     attention_combine: CudaFunction,
     attention_gate: CudaFunction,
     silu_mul: CudaFunction,
@@ -252,6 +267,8 @@ pub struct ModelOps {
     /// captured or not, share them.
     fused_arrivals: CudaSlice<u32>,
     attention_request: AttentionRequest,
+    /// Tiles in flight per warp of the tensor-core decode (2 or 3).
+    decode_tc_stages: usize,
     /// FlashInfer's FA3 attention, when this GPU runs it and the request
     /// allows it (see `attention_select`).
     fa3: Option<Fa3>,
@@ -305,6 +322,7 @@ impl ModelOps {
                 l("attention_g4_d4")?,
                 l("attention_g4_d8")?,
             ],
+            attention_decode_tc: [l("attention_decode_tc_s2")?, l("attention_decode_tc_s3")?],
             attention_combine: l("attention_combine")?,
             attention_gate: l("attention_gate_bf16")?,
             attention_prefill: [
@@ -336,7 +354,23 @@ impl ModelOps {
             fused_arrivals,
             attention_request: request,
             fa3,
+            decode_tc_stages: DECODE_TC_STAGES,
         })
+    }
+
+    /// Tiles in flight per warp of the tensor-core decode (2 or 3): a
+    /// benchmark knob (`attention_bench` times both); the default is the
+    /// measured choice.
+    pub fn set_decode_tc_stages(&mut self, stages: usize) -> Result<(), GdnError> {
+        if !(2..=3).contains(&stages) {
+            return Err(invalid(
+                Op::Attention,
+                "stages",
+                format!("{stages}: the tensor-core decode is built with 2 or 3"),
+            ));
+        }
+        self.decode_tc_stages = stages;
+        Ok(())
     }
 
     /// Everything about a model's shapes the ops would otherwise only refuse

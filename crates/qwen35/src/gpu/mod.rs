@@ -21,8 +21,8 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice};
 use gdn_kernels::{
-    AttentionShape, Backend, BackendRequest, DeltaNetShape, DeltaNetWeights, GdnGeometry,
-    GdnPrefill, Gemm, GemmShape, ModelOps,
+    AttentionRequest, AttentionShape, Backend, BackendRequest, DeltaNetShape, DeltaNetWeights,
+    GdnGeometry, GdnPrefill, Gemm, GemmShape, ModelOps,
 };
 use half::bf16;
 
@@ -51,12 +51,17 @@ pub struct GpuOptions {
     /// GDN prefill backend (Auto: the CuTe DSL SM90 kernels on SM90, context-parallel
     /// per call; the portable kernel elsewhere; see gdn_kernels::dispatch).
     pub gdn_backend: BackendRequest,
+    /// Attention kernels (Auto: FA3 for prefill-shaped batches on SM90, the
+    /// tensor-core decode for decode batches; see gdn_kernels'
+    /// attention_select). Benchmarks force one to compare whole steps.
+    pub attention: AttentionRequest,
 }
 
 impl Default for GpuOptions {
     fn default() -> Self {
         GpuOptions {
             gdn_backend: BackendRequest::Auto,
+            attention: AttentionRequest::Auto,
         }
     }
 }
@@ -287,7 +292,9 @@ impl GpuModel {
         unsafe { stream.context().disable_event_tracking() };
         keep_pool_memory(&stream)?;
         let (h, v, i) = (c.hidden_size, c.vocab_size, c.intermediate_size);
-        let ops = phases.time("model_kernels", || ModelOps::new(stream.clone()))?;
+        let ops = phases.time("model_kernels", || {
+            ModelOps::with_attention(stream.clone(), options.attention)
+        })?;
         // Refuse unsupported shapes now, not mid-step after state changed.
         ops.check_model(h, dn, attn)?;
         let gemm = phases.time("cublas", || Gemm::new(stream.clone()))?;
@@ -448,6 +455,14 @@ impl GpuModel {
     /// compare the fused and unfused routes with it; default `Auto`).
     pub fn set_swiglu_request(&mut self, request: gdn_kernels::SwigluRequest) {
         self.gemm.set_swiglu_request(request);
+    }
+
+    /// Forces the attention kernels (benchmarks compare whole steps with
+    /// it; default [`GpuOptions::attention`]). Graphs captured before keep
+    /// the kernels they were captured with.
+    pub fn set_attention_request(&mut self, request: AttentionRequest) -> Result<(), LoadError> {
+        self.ops = ModelOps::with_attention(self.stream.clone(), request)?;
+        Ok(())
     }
 
     /// The GDN prefill backend in use.

@@ -78,6 +78,19 @@ impl Seqs {
         &self.seqs[&id].pages
     }
 
+    /// Benchmarks only: lets sequence `id` stand at `len` tokens without
+    /// running them (its pages are taken; its KV and slot state are
+    /// whatever the cache holds), so a decode step deep into a context can
+    /// be timed without first prefilling it.
+    pub fn skip_to(&mut self, id: SeqId, len: usize) {
+        let seq = self.seqs.get_mut(&id).expect("a live sequence");
+        while seq.pages.len() * self.page_size < len {
+            let p = self.free_pages.pop().expect("a free page");
+            seq.pages.push(PageId(p));
+        }
+        seq.len = seq.len.max(len);
+    }
+
     /// One step of `step` (each sequence's next tokens); logits as
     /// `GpuModel::step` returns them with `which` for every row.
     pub fn step(
