@@ -13,9 +13,12 @@
 //
 // Work split (graph-safe, planned on the device): grid (T, Hkv, splits);
 // block (t, kh, z) takes keys [z * share, min((z + 1) * share, pos + 1)) of
-// its sequence, `share` = ceil((pos + 1) / splits) rounded up to a whole
-// tile, computed here from positions[t], so a captured graph with a fixed
-// split count stays right as the contexts grow. Its kTcWarps warps take
+// its sequence, `share` = max(ceil((pos + 1) / splits), min_share) rounded
+// up to a whole tile, computed here from positions[t]: a captured graph's
+// split count is sized for its tier's longest context, and a row shorter
+// than that leaves its last blocks empty instead of cutting its keys into
+// shares too small to stream (the blocks past the row's keys write an
+// empty partial, weight 0 in attention_combine). Its kTcWarps warps take
 // the range's 8-key tiles round-robin, each with its own STAGES-deep
 // cp.async ring in shared memory (no block barrier in the main loop); the
 // warps' softmax states merge at the end. splits == 1 writes the gated
@@ -102,7 +105,7 @@ __device__ void attention_decode_tc_impl(
     const bf16* __restrict__ v_cache, const bf16* __restrict__ proj, int ld,
     const int32_t* __restrict__ positions, const int32_t* __restrict__ tok_seq,
     const int32_t* __restrict__ block_table, int max_blocks, int page, int hq, int hkv,
-    float scale, float* __restrict__ ws_ml, float* __restrict__ ws_acc) {
+    float scale, float* __restrict__ ws_ml, float* __restrict__ ws_acc, int min_share) {
     constexpr float kLog2e = 1.4426950408889634f;
     constexpr float kLn2 = 0.6931471805599453f;
     extern __shared__ __align__(128) unsigned char tc_smem_raw[];
@@ -115,7 +118,8 @@ __device__ void attention_decode_tc_impl(
     const int pos = positions[t];
     const int32_t* pages = block_table + (int64_t)tok_seq[t] * max_blocks;
     const int splits = gridDim.z, z = blockIdx.z;
-    const int share = ((pos + splits) / splits + kTcKeys - 1) / kTcKeys * kTcKeys;
+    const int share =
+        (max((pos + splits) / splits, min_share) + kTcKeys - 1) / kTcKeys * kTcKeys;
     const int j_begin = min(pos + 1, z * share);
     const int j_end = min(pos + 1, j_begin + share);
     const int tiles = (j_end - j_begin + kTcKeys - 1) / kTcKeys;
@@ -269,10 +273,10 @@ __device__ void attention_decode_tc_impl(
         bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache, const bf16* proj, \
         int ld, const int32_t* positions, const int32_t* tok_seq, const int32_t* block_table, \
         int max_blocks, int page, int hq, int hkv, float scale, float* ws_ml,                \
-        float* ws_acc) {                                                                     \
+        float* ws_acc, int min_share) {                                                      \
         attention_decode_tc_impl<STAGES>(out, q, k_cache, v_cache, proj, ld, positions,       \
                                          tok_seq, block_table, max_blocks, page, hq, hkv,     \
-                                         scale, ws_ml, ws_acc);                               \
+                                         scale, ws_ml, ws_acc, min_share);                    \
     }
 // Two and three tiles in flight per warp: 64 KB of shared memory a block
 // (three blocks an SM, registers capped to fit) and 96 KB (two);

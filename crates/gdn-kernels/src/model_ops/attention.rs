@@ -140,9 +140,16 @@ impl ModelOps {
             return Ok(());
         }
         if batch.num_tokens == batch.num_seqs {
-            // Decode: one query per sequence on CUDA cores; long contexts are
-            // split (flash-decoding) so a small batch still fills the GPU.
-            let splits = decode_splits(batch.max_position + 1, t * shape.kv_heads);
+            // Decode: one query per sequence; long contexts are split
+            // (flash-decoding) so a small batch still fills the GPU.
+            let keys = batch.max_position + 1;
+            let rows = t * shape.kv_heads;
+            let tensor_cores = kernel == AttentionKernel::DecodeTensorCore;
+            let (splits, min_share) = match self.decode_splits_override {
+                Some(splits) => (splits, 1),
+                None if tensor_cores => decode_tc_splits(keys, rows),
+                None => (decode_splits(keys, rows), 1),
+            };
             let parts = t * shape.q_heads * splits;
             let null = 0u64;
             let ws = if splits > 1 {
@@ -156,7 +163,7 @@ impl ModelOps {
             } else {
                 None
             };
-            let (decode, threads, smem) = if kernel == AttentionKernel::DecodeTensorCore {
+            let (decode, threads, smem) = if tensor_cores {
                 let stages = self.decode_tc_stages;
                 let func = &self.f.attention_decode_tc[stages - 2];
                 let smem = decode_tc_smem(stages);
@@ -186,12 +193,17 @@ impl ModelOps {
                 Some((ml, acc)) => b.arg(ml).arg(acc),
                 None => b.arg(&null).arg(&null),
             };
+            let min_share = min_share as i32;
+            if tensor_cores {
+                b.arg(&min_share);
+            }
             let mut cfg = grid(t, shape.kv_heads, threads, smem);
             cfg.grid_dim.2 = splits as u32;
             // SAFETY: matches attention_d{D/32} and attention_decode_tc_s*
-            // (same arguments; the latter only for head dim 256 and groups
-            // <= 8, which attention_kernel checked, with the shared memory
-            // decode_tc_smem gives); pages and lengths checked; the
+            // (the same arguments, the latter's with min_share last; only
+            // for head dim 256 and groups <= 8, which attention_kernel
+            // checked, with the shared memory decode_tc_smem gives); pages
+            // and lengths checked; the
             // workspace holds [T, Hq, splits] partials when splits > 1.
             unsafe { b.launch(cfg) }.during(OP)?;
             if let Some((ml, acc)) = &ws {

@@ -30,7 +30,7 @@ const DECODE_TC_THREADS: u32 = 128;
 /// Tiles in flight per warp of the tensor-core decode unless a benchmark
 /// sets another ([`ModelOps::set_decode_tc_stages`]); the measured choice
 /// is in docs/performance.md (decode attention against its KV-read floor).
-const DECODE_TC_STAGES: usize = 2;
+const DECODE_TC_STAGES: usize = 3;
 
 /// Dynamic shared memory of the tensor-core decode with `stages` tiles in
 /// flight per warp (its rings; the warps' merge at the end reuses them).
@@ -191,6 +191,25 @@ fn decode_splits(keys: usize, sequences_x_kv_heads: usize) -> usize {
     keys.div_ceil(32).min(64).min(most).max(1)
 }
 
+/// The tensor-core decode's split count for `keys` (the batch's bound:
+/// a captured graph's tier) over `sequences_x_kv_heads` rows, and the
+/// least keys a split takes (`min_share`: the kernel leaves the splits past
+/// a shorter row's keys empty rather than cutting them finer).
+///
+/// Measured on the H200 over splits 1..=64 (docs/performance.md, decode
+/// attention against its KV-read floor): from 64 rows (16 sequences of the
+/// 4B) up the best share is about 512 keys at every batch and context;
+/// smaller batches are latency-bound and do best with about 128 blocks of
+/// at least 64 keys.
+fn decode_tc_splits(keys: usize, sequences_x_kv_heads: usize) -> (usize, usize) {
+    let rows = sequences_x_kv_heads.max(1);
+    let streaming = keys.div_ceil(512);
+    let filling = keys.div_ceil(64).min(128usize.div_ceil(rows));
+    let splits = streaming.max(filling).clamp(1, 64);
+    let min_share = if rows >= 64 { 512 } else { 64 };
+    (splits, min_share)
+}
+
 fn grid(x: usize, y: usize, threads: u32, shared: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (x as u32, y as u32, 1),
@@ -269,6 +288,9 @@ pub struct ModelOps {
     attention_request: AttentionRequest,
     /// Tiles in flight per warp of the tensor-core decode (2 or 3).
     decode_tc_stages: usize,
+    /// A fixed split count for decode attention instead of the rule (a
+    /// benchmark knob).
+    decode_splits_override: Option<usize>,
     /// FlashInfer's FA3 attention, when this GPU runs it and the request
     /// allows it (see `attention_select`).
     fa3: Option<Fa3>,
@@ -355,6 +377,7 @@ impl ModelOps {
             attention_request: request,
             fa3,
             decode_tc_stages: DECODE_TC_STAGES,
+            decode_splits_override: None,
         })
     }
 
@@ -370,6 +393,24 @@ impl ModelOps {
             ));
         }
         self.decode_tc_stages = stages;
+        Ok(())
+    }
+
+    /// Splits every decode attention launch into exactly `splits` (1..=64)
+    /// key ranges instead of the rule's count, or back to the rule with
+    /// `None`: a benchmark knob (`attention_bench --splits` sweeps it to
+    /// set the rule).
+    pub fn set_decode_splits(&mut self, splits: Option<usize>) -> Result<(), GdnError> {
+        if let Some(s) = splits {
+            if !(1..=64).contains(&s) {
+                return Err(invalid(
+                    Op::Attention,
+                    "splits",
+                    format!("{s}: decode attention takes 1 to 64 splits"),
+                ));
+            }
+        }
+        self.decode_splits_override = splits;
         Ok(())
     }
 
@@ -618,7 +659,39 @@ impl ModelOps {
 
 #[cfg(test)]
 mod tests {
-    use super::decode_splits;
+    use super::{decode_splits, decode_tc_splits};
+
+    #[test]
+    fn decode_tc_splits_follow_the_measured_shares() {
+        // (keys, rows) -> the split count the H200 sweep found best.
+        for (keys, rows, want) in [
+            (1024, 4, 16),
+            (8192, 4, 32),
+            (1024, 64, 2),
+            (8192, 64, 16),
+            (1024, 512, 2),
+            (8192, 512, 16),
+            (8192, 1024, 16),
+        ] {
+            assert_eq!(
+                decode_tc_splits(keys, rows).0,
+                want,
+                "{keys} keys, {rows} rows"
+            );
+        }
+        for keys in 1..=70_000usize {
+            for rows in [1usize, 4, 8, 63, 64, 1024] {
+                let (splits, min_share) = decode_tc_splits(keys, rows);
+                assert!(
+                    (1..=64).contains(&splits),
+                    "{keys} keys, {rows} rows: {splits}"
+                );
+                assert!(min_share == 64 || min_share == 512);
+                // Every key has a split: the shares cover the keys.
+                assert!(splits * keys.div_ceil(splits).max(min_share) >= keys);
+            }
+        }
+    }
 
     #[test]
     fn decode_splits_keep_their_bounds_for_every_batch_and_context() {
