@@ -1,0 +1,87 @@
+//! A running request's matcher: llguidance's [`Matcher`] over its output,
+//! its mask as words at the logits' width, advanced token by token.
+
+use llguidance::Matcher;
+use thiserror::Error;
+
+use super::Compiled;
+
+/// The matcher refused a token or failed (llguidance's message).
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+#[error("{0}")]
+pub(crate) struct MatcherError(pub(crate) String);
+
+pub(crate) struct RequestMatcher {
+    matcher: Matcher,
+    /// Output tokens consumed so far.
+    consumed: usize,
+}
+
+impl RequestMatcher {
+    pub(crate) fn new(compiled: Compiled) -> Self {
+        RequestMatcher {
+            matcher: Matcher::new(Ok(compiled.0)),
+            consumed: 0,
+        }
+    }
+
+    /// Consumes the output tokens it has not seen (none unless it fell
+    /// behind: a replay).
+    pub(crate) fn catch_up(&mut self, output: &[u32]) -> Result<(), MatcherError> {
+        if self.consumed < output.len() {
+            self.matcher
+                .consume_tokens(&output[self.consumed..])
+                .map_err(|e| MatcherError(e.to_string()))?;
+            self.consumed = output.len();
+        }
+        Ok(())
+    }
+
+    /// Consumes a sampled token; `true` when the grammar is then complete
+    /// (nothing may follow: the request stops here).
+    pub(crate) fn advance(&mut self, token: u32) -> Result<bool, MatcherError> {
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| MatcherError(e.to_string()))?;
+        self.consumed += 1;
+        Ok(self.matcher.is_stopped())
+    }
+
+    /// The tokens allowed next, as words covering `width` tokens (EOS
+    /// only where the grammar accepts; tokens beyond the tokenizer never).
+    pub(crate) fn mask(&mut self, width: usize) -> Result<Vec<u32>, MatcherError> {
+        let vob = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| MatcherError(e.to_string()))?;
+        Ok(words_at_width(vob.as_slice(), vob.len(), width))
+    }
+}
+
+/// `bits` (the first `len` bits of `data` meaningful) as words covering
+/// `width` tokens: bits at or beyond `min(len, width)` cleared.
+fn words_at_width(data: &[u32], len: usize, width: usize) -> Vec<u32> {
+    let mut words = vec![0u32; width.div_ceil(32)];
+    let valid = len.min(width);
+    let full = valid / 32;
+    words[..full].copy_from_slice(&data[..full]);
+    let rest = valid % 32;
+    if rest > 0 {
+        words[full] = data[full] & ((1u32 << rest) - 1);
+    }
+    words
+}
+
+#[cfg(test)]
+mod tests {
+    use super::words_at_width;
+
+    #[test]
+    fn words_are_cut_to_the_tokenizer_and_padded_to_the_width() {
+        // 40 valid bits of an all-ones vob, a 100-token row.
+        let words = words_at_width(&[u32::MAX, u32::MAX], 40, 100);
+        assert_eq!(words, [u32::MAX, 0xff, 0, 0]);
+        // A row narrower than the tokenizer.
+        assert_eq!(words_at_width(&[u32::MAX, u32::MAX], 64, 33), [u32::MAX, 1]);
+    }
+}
