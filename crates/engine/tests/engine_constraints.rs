@@ -424,3 +424,37 @@ async fn a_preempted_constrained_request_samples_what_it_would_have() {
         serde_json::from_str::<Value>(&text).expect("parses");
     }
 }
+
+#[tokio::test]
+async fn min_tokens_bans_apply_within_the_grammar_and_give_way_when_it_must_end() {
+    let started = start(wide(16, 256, 16), 16, ConstraintLimits::default());
+    let vocab = vocabulary();
+    let with_min = |spec: ConstraintSpec, seed: u64| {
+        let mut r = constrained_to(spec, seed, 200);
+        r.stop.min_tokens = 6;
+        r
+    };
+    // EOS is banned below 6 tokens while letters are allowed: every output
+    // that ends on EOS has at least 6 tokens before it.
+    let letters = ConstraintSpec::Regex("[a-z]{1,40}".into());
+    let outputs = run(
+        &started,
+        (0..10)
+            .map(|s| with_min(letters.clone(), 300 + s))
+            .collect(),
+    )
+    .await;
+    for ((tokens, reason), text) in outputs.iter().zip(stopped_texts(&vocab, &outputs)) {
+        assert!(text.bytes().all(|b| b.is_ascii_lowercase()), "{text:?}");
+        match reason {
+            FinishReason::Stop { token } if EOS.contains(token) => {
+                assert!(tokens.len() > 6, "EOS after {} tokens", tokens.len() - 1)
+            }
+            _ => assert_eq!(text.len(), 40, "ended by the grammar at its limit"),
+        }
+    }
+    // Only "yes" is allowed, shorter than min_tokens: the grammar wins.
+    let yes = ConstraintSpec::Choice(vec!["yes".into()]);
+    let outputs = run(&started, vec![with_min(yes, 7)]).await;
+    assert_eq!(stopped_texts(&vocab, &outputs), ["yes"]);
+}

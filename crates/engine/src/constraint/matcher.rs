@@ -74,7 +74,50 @@ fn words_at_width(data: &[u32], len: usize, width: usize) -> Vec<u32> {
 
 #[cfg(test)]
 mod tests {
-    use super::words_at_width;
+    use super::*;
+    use crate::constraint::{ConstraintLimits, ConstraintSpec, StructuredOutputs};
+
+    const DEMO_TOKENIZER: &str =
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../server/demo/tokenizer.json");
+    const EOS: [u32; 2] = [604, 602];
+
+    fn allowed(words: &[u32]) -> Vec<u32> {
+        (0..words.len() as u32 * 32)
+            .filter(|&t| words[t as usize / 32] >> (t % 32) & 1 == 1)
+            .collect()
+    }
+
+    #[test]
+    fn eos_is_allowed_only_where_the_grammar_accepts() {
+        let compiler = StructuredOutputs::from_tokenizer_file(
+            DEMO_TOKENIZER.as_ref(),
+            &EOS,
+            ConstraintLimits::default(),
+        )
+        .unwrap();
+        assert_eq!(compiler.vocab_size(), 635);
+        let spec = ConstraintSpec::Regex("ab+".into());
+        let mut matcher = RequestMatcher::new(compiler.compile(&spec).unwrap());
+        let first = allowed(&matcher.mask(640).unwrap());
+        // Byte-level BPE: the single byte `a` is token 64 ('!' is 0).
+        let a = (b'a' - b'!') as u32;
+        let b = a + 1;
+        assert!(first.contains(&a), "{first:?}");
+        assert!(!first.contains(&b) && !first.contains(&EOS[0]));
+        assert!(first.iter().all(|&t| t < 635));
+        assert!(!matcher.advance(a).unwrap());
+        assert!(!allowed(&matcher.mask(640).unwrap()).contains(&EOS[0]));
+        assert!(!matcher.advance(b).unwrap(), "`ab` may go on with more b");
+        let accepting = allowed(&matcher.mask(640).unwrap());
+        assert!(accepting.contains(&EOS[0]) && accepting.contains(&EOS[1]));
+        assert!(accepting.contains(&b) && !accepting.contains(&a));
+        // A matcher that fell behind replays the output it missed.
+        let mut late = RequestMatcher::new(compiler.compile(&spec).unwrap());
+        late.catch_up(&[a, b]).unwrap();
+        assert_eq!(allowed(&late.mask(640).unwrap()), accepting);
+        // A token the grammar refuses is an error, not a silent skip.
+        assert!(late.advance(a).is_err());
+    }
 
     #[test]
     fn words_are_cut_to_the_tokenizer_and_padded_to_the_width() {
