@@ -458,3 +458,57 @@ async fn min_tokens_bans_apply_within_the_grammar_and_give_way_when_it_must_end(
     let outputs = run(&started, vec![with_min(yes, 7)]).await;
     assert_eq!(stopped_texts(&vocab, &outputs), ["yes"]);
 }
+
+#[tokio::test]
+async fn prefix_cache_hits_leave_constrained_outputs_unchanged() {
+    let mut config = EngineConfig::new(EOS.to_vec());
+    config.max_num_batched_tokens = 4096;
+    config.max_num_seqs = 8;
+    config.structured_outputs = Some(compiler(ConstraintLimits::default()));
+    config.prefix_cache = engine::prefix_cache::PrefixCacheConfig {
+        enabled: true,
+        max_snapshots: 32,
+        snapshot_after: vec![],
+        snapshot_interval: 0,
+        snapshot_before_last_token: true,
+        in_step_snapshots: true,
+    };
+    let started = common::start_with_snapshots(config, wide(8, 512, 4), 32);
+    let schema = ConstraintSpec::JsonSchema(schemas()[12].clone());
+    let request = |seed: u64| {
+        let mut r = constrained_to(schema.clone(), seed, 400);
+        r.prompt = (0..40).map(|i| 1 + (i * 37) % 500).collect();
+        r
+    };
+    let mut rounds = Vec::new();
+    for _ in 0..2 {
+        let mut round = Vec::new();
+        for seed in 0..3 {
+            let mut stream = started.handle.submit(request(seed)).expect("accepted");
+            let mut tokens = Vec::new();
+            loop {
+                match stream.next().await.expect("a terminal event") {
+                    Event::Token(t) => tokens.push(t.token),
+                    Event::Finished { reason, usage } => {
+                        round.push((tokens, reason, usage.cached_tokens));
+                        break;
+                    }
+                    Event::Failed(f) => panic!("request failed: {f}"),
+                }
+            }
+        }
+        rounds.push(round);
+    }
+    // The first request of the first round had nothing cached; every
+    // request of the second round resumed from the shared prompt.
+    assert_eq!(rounds[0][0].2, 0);
+    assert!(rounds[1].iter().all(|r| r.2 > 0), "{:?}", rounds[1]);
+    let tokens = |round: &[(Vec<u32>, FinishReason, usize)]| {
+        round.iter().map(|r| (r.0.clone(), r.1)).collect::<Vec<_>>()
+    };
+    assert_eq!(tokens(&rounds[1]), tokens(&rounds[0]));
+    let vocab = vocabulary();
+    for text in stopped_texts(&vocab, &tokens(&rounds[1])) {
+        serde_json::from_str::<Value>(&text).expect("parses");
+    }
+}
