@@ -458,7 +458,7 @@ impl Worker {
         // work and the forward.
         let masks = self
             .constraints
-            .as_ref()
+            .as_mut()
             .map(|c| c.start_masks(&plan, |id| self.scheduler.output(id)));
         if let Err(error) = self.run_cache_ops(&plan.cache_ops) {
             return self.step_error(&plan, error);

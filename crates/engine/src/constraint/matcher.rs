@@ -13,26 +13,21 @@ pub(crate) struct MatcherError(pub(crate) String);
 
 pub(crate) struct RequestMatcher {
     matcher: Matcher,
-    /// Output tokens consumed so far.
-    consumed: usize,
 }
 
 impl RequestMatcher {
     pub(crate) fn new(compiled: Compiled) -> Self {
         RequestMatcher {
             matcher: Matcher::new(Ok(compiled.0)),
-            consumed: 0,
         }
     }
 
-    /// Consumes the output tokens it has not seen (none unless it fell
-    /// behind: a replay).
-    pub(crate) fn catch_up(&mut self, output: &[u32]) -> Result<(), MatcherError> {
-        if self.consumed < output.len() {
+    /// Consumes output tokens it was not given one by one (a replay).
+    pub(crate) fn replay(&mut self, missed: &[u32]) -> Result<(), MatcherError> {
+        if !missed.is_empty() {
             self.matcher
-                .consume_tokens(&output[self.consumed..])
+                .consume_tokens(missed)
                 .map_err(|e| MatcherError(e.to_string()))?;
-            self.consumed = output.len();
         }
         Ok(())
     }
@@ -43,7 +38,6 @@ impl RequestMatcher {
         self.matcher
             .consume_token(token)
             .map_err(|e| MatcherError(e.to_string()))?;
-        self.consumed += 1;
         Ok(self.matcher.is_stopped())
     }
 
@@ -113,7 +107,7 @@ mod tests {
         assert!(accepting.contains(&b) && !accepting.contains(&a));
         // A matcher that fell behind replays the output it missed.
         let mut late = RequestMatcher::new(compiler.compile(&spec).unwrap());
-        late.catch_up(&[a, b]).unwrap();
+        late.replay(&[a, b]).unwrap();
         assert_eq!(allowed(&late.mask(640).unwrap()), accepting);
         // A token the grammar refuses is an error, not a silent skip.
         assert!(late.advance(a).is_err());

@@ -18,10 +18,17 @@ use crate::scheduler::Plan;
 
 /// The constrained requests' matchers and the pool their masks run on.
 pub(crate) struct StepConstraints {
-    matchers: HashMap<RequestId, Arc<Mutex<RequestMatcher>>>,
+    matchers: HashMap<RequestId, Tracked>,
     pool: MaskPool,
     /// The executor's logits width.
     width: usize,
+}
+
+/// A request's matcher and how many of its output tokens it was given
+/// (the engine thread's count: the matcher itself may be busy on the pool).
+struct Tracked {
+    matcher: Arc<Mutex<RequestMatcher>>,
+    given: usize,
 }
 
 /// A step's masks: one entry per plan row (`Some` for a constrained row
@@ -57,8 +64,8 @@ impl StepConstraints {
     }
 
     pub(crate) fn add(&mut self, id: RequestId, compiled: Compiled) {
-        let matcher = RequestMatcher::new(compiled);
-        self.matchers.insert(id, Arc::new(Mutex::new(matcher)));
+        let matcher = Arc::new(Mutex::new(RequestMatcher::new(compiled)));
+        self.matchers.insert(id, Tracked { matcher, given: 0 });
     }
 
     /// Drops the matchers of requests that ended.
@@ -70,7 +77,7 @@ impl StepConstraints {
     /// gives a request's output so far (a matcher behind it replays the
     /// rest first).
     pub(crate) fn start_masks<'a>(
-        &self,
+        &mut self,
         plan: &Plan,
         output: impl Fn(RequestId) -> &'a [u32],
     ) -> StepMasks {
@@ -80,17 +87,21 @@ impl StepConstraints {
             .rows
             .iter()
             .map(|row| {
-                let matcher = self.matchers.get(&row.id).filter(|_| row.sample)?;
+                let tracked = self.matchers.get_mut(&row.id).filter(|_| row.sample)?;
+                let output = output(row.id);
+                // Normally empty: every sampled token was given at commit.
+                let missed = output.get(tracked.given..).unwrap_or_default().to_vec();
+                tracked.given = tracked.given.max(output.len());
+                let matcher = &tracked.matcher;
                 let mask = Arc::new(PendingMask::default());
                 pending.push(mask.clone());
                 let (matcher, job_mask, done) = (matcher.clone(), mask.clone(), done.clone());
                 let (id, width) = (row.id, self.width);
-                let output = output(row.id).to_vec();
                 self.pool.run(move || {
                     let started = Instant::now();
                     let words = catch_unwind(AssertUnwindSafe(|| {
                         let mut matcher = matcher.lock().unwrap_or_else(|e| e.into_inner());
-                        matcher.catch_up(&output)?;
+                        matcher.replay(&missed)?;
                         matcher.mask(width)
                     }))
                     .unwrap_or_else(|_| Err(MatcherError("the matcher panicked".into())));
@@ -156,10 +167,11 @@ impl StepConstraints {
             if allowed.is_none() || advanced.failed.iter().any(|(id, _)| *id == row.id) {
                 continue;
             }
-            let Some(matcher) = self.matchers.get(&row.id) else {
+            let Some(tracked) = self.matchers.get_mut(&row.id) else {
                 continue;
             };
-            let mut matcher = matcher.lock().unwrap_or_else(|e| e.into_inner());
+            tracked.given += 1;
+            let mut matcher = tracked.matcher.lock().unwrap_or_else(|e| e.into_inner());
             match matcher.advance(token.token) {
                 Ok(true) => advanced.stopped.push(row.id),
                 Ok(false) => {}
