@@ -2,6 +2,7 @@
 
 use thiserror::Error;
 
+use crate::constraint::StructuredOutputs;
 use crate::prefix_cache::PrefixCacheConfig;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,6 +35,13 @@ pub struct EngineConfig {
     /// The request timeline ([`crate::timeline`]): stamps per request up
     /// to its first token, handed out with it. Off by default.
     pub request_timeline: bool,
+    /// Structured outputs: the compiler over the model's tokenizer
+    /// (`None`: constrained requests are refused with
+    /// [`crate::ConstraintError::Unsupported`]).
+    pub structured_outputs: Option<StructuredOutputs>,
+    /// Threads computing token masks while the executor runs a step (0:
+    /// up to 4, at most the machine's cores minus the engine thread).
+    pub mask_threads: usize,
 }
 
 impl EngineConfig {
@@ -49,6 +57,8 @@ impl EngineConfig {
             long_prefill_token_threshold: 0,
             prefix_cache: PrefixCacheConfig::default(),
             request_timeline: false,
+            structured_outputs: None,
+            mask_threads: 0,
         }
     }
 

@@ -11,6 +11,7 @@ use thiserror::Error;
 use tokio::sync::mpsc as tokio_mpsc;
 
 use crate::config::{ConfigError, EngineConfig};
+use crate::constraint::{Compiled, ConstraintError, ConstraintSpec};
 use crate::executor::{BoxError, Executor};
 use crate::metrics::Metrics;
 use crate::protocol::{Command, EngineStats, Shared, Submission};
@@ -86,8 +87,27 @@ impl std::fmt::Debug for EngineHandle {
 }
 
 impl EngineHandle {
+    /// Compiles `spec` as [`Self::submit`] would (into the engine's cache
+    /// of compiled grammars, so the submit that follows finds it there):
+    /// the HTTP layer's check before it starts a response. Takes up to the
+    /// compile timeout on a grammar not yet cached: call it off the
+    /// async runtime's threads.
+    pub fn check_constraint(&self, spec: &ConstraintSpec) -> Result<(), ConstraintError> {
+        self.compile(spec).map(drop)
+    }
+
+    fn compile(&self, spec: &ConstraintSpec) -> Result<Compiled, ConstraintError> {
+        match &self.shared.config.structured_outputs {
+            Some(compiler) => compiler.compile(spec),
+            None => Err(ConstraintError::Unsupported),
+        }
+    }
+
     /// Validates against the engine's limits, queues, and returns the
-    /// request's stream at once (never blocks).
+    /// request's stream at once. It blocks only to compile a constraint
+    /// the engine has not cached ([`Self::check_constraint`] first keeps
+    /// that off the caller's thread); a constraint that cannot be used
+    /// gives [`SubmitError::Constraint`].
     pub fn submit(&self, request: GenerateRequest) -> Result<RequestStream, SubmitError> {
         match self.shared.state() {
             EngineState::Loading => return Err(SubmitError::Loading),
@@ -137,6 +157,10 @@ impl EngineHandle {
                 max_model_len,
             });
         }
+        let constraint = match &request.constraint {
+            Some(spec) => Some(self.compile(spec).map_err(SubmitError::Constraint)?),
+            None => None,
+        };
         // Only requests beyond what the running batch holds wait for
         // admission: a burst within the free slots is never refused.
         let limit = self
@@ -178,6 +202,7 @@ impl EngineHandle {
         let submission = Submission {
             id,
             request,
+            constraint,
             events,
             stopped_by_client: stopped_by_client.clone(),
             arrival: Instant::now(),

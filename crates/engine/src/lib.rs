@@ -29,6 +29,9 @@
 //! - [`allocator`]: state slots and refcounted KV pages.
 //! - [`executor`]: the seam with the model runtime: ids and geometry, the
 //!   rows of a step, [`ExecError`], and the in-step snapshot's passes.
+//! - [`constraint`]: structured outputs: constraints compiled by
+//!   llguidance, each constrained request's matcher, the token masks
+//!   computed on a pool while the executor runs the step.
 //! - [`sampler`]: the CPU sampler (vLLM semantics, counter-based seeds):
 //!   penalties, truncation, the race, row reductions.
 //! - [`metrics`]: the vLLM-named Prometheus series.
@@ -41,6 +44,7 @@
 
 pub mod allocator;
 mod config;
+pub mod constraint;
 mod engine;
 pub mod executor;
 pub mod metrics;
@@ -53,11 +57,14 @@ pub mod timeline;
 mod worker;
 
 pub use config::{ConfigError, EngineConfig};
+pub use constraint::{
+    ConstraintError, ConstraintLimits, ConstraintSpec, StructuredOutputs, StructuredOutputsError,
+};
 pub use engine::{Drained, Engine, EngineHandle, EngineStartError, RequestStream};
 pub use executor::{
-    check_row_snapshots, in_row_order, split_rows, BoxError, CacheGeometry, ExecError, Executor,
-    PageId, RowSnapshot, RowSnapshotError, SampleSeed, SampleSpec, SampledToken, SlotId,
-    SnapshotGeometry, SnapshotId, StepRow,
+    check_row_snapshots, in_row_order, split_rows, AllowedTokens, BoxError, CacheGeometry,
+    ExecError, Executor, PageId, RowSnapshot, RowSnapshotError, SampleSeed, SampleSpec,
+    SampledToken, SlotId, SnapshotGeometry, SnapshotId, StepRow,
 };
 pub use protocol::EngineStats;
 pub use request::{

@@ -21,6 +21,11 @@ const ITL_BUCKETS: &[f64] = &[
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
     40.0, 80.0,
 ];
+/// Mask times: tens of microseconds for most grammars, milliseconds for
+/// a hard step of a large one.
+const MASK_BUCKETS: &[f64] = &[
+    0.00001, 0.00003, 0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0,
+];
 /// Step times: a GPU decode step is milliseconds, a long prefill chunk on
 /// the CPU seconds.
 const STEP_BUCKETS: &[f64] = &[
@@ -66,6 +71,14 @@ pub struct Metrics {
     pub snapshots: IntGauge,
     pub snapshot_bytes: IntGauge,
     pub prefix_cache_pages: IntGauge,
+    /// Structured outputs: steps with a constrained sampling row, masks
+    /// computed, masks a sampler had to wait for, steps that waited for
+    /// at least one, and the time of each mask on the pool.
+    pub structured_output_steps: IntCounter,
+    pub structured_output_masks: IntCounter,
+    pub structured_output_mask_waits: IntCounter,
+    pub structured_output_steps_waited: IntCounter,
+    pub structured_output_mask_seconds: Histogram,
 }
 
 fn histogram(
@@ -260,6 +273,32 @@ impl Metrics {
                 registry,
                 "gdn:prefix_cache_pages",
                 "Holds of the prefix cache on KV pages (a page may also be held by running requests).",
+            )?,
+            structured_output_steps: int_counter(
+                registry,
+                "gdn:structured_output_steps_total",
+                "Steps with at least one constrained (structured-output) row sampling.",
+            )?,
+            structured_output_masks: int_counter(
+                registry,
+                "gdn:structured_output_masks_total",
+                "Token masks computed for constrained rows.",
+            )?,
+            structured_output_mask_waits: int_counter(
+                registry,
+                "gdn:structured_output_mask_waits_total",
+                "Token masks not ready when the sampler needed them (the step waited).",
+            )?,
+            structured_output_steps_waited: int_counter(
+                registry,
+                "gdn:structured_output_steps_waited_total",
+                "Steps that waited for at least one token mask after the forward.",
+            )?,
+            structured_output_mask_seconds: histogram(
+                registry,
+                "gdn:structured_output_mask_seconds",
+                "Time to compute one token mask on the mask pool.",
+                MASK_BUCKETS,
             )?,
         })
     }

@@ -10,6 +10,7 @@ use std::time::Instant;
 use tokio::sync::{mpsc as tokio_mpsc, watch};
 
 use crate::config::EngineConfig;
+use crate::constraint::Compiled;
 use crate::prefix_cache::PrefixCacheStats;
 use crate::request::{EngineState, Event, GenerateRequest, RequestId};
 
@@ -38,6 +39,8 @@ pub struct EngineStats {
 pub(crate) struct Submission {
     pub id: RequestId,
     pub request: GenerateRequest,
+    /// The request's constraint, compiled at submit.
+    pub constraint: Option<Compiled>,
     pub events: tokio_mpsc::UnboundedSender<Event>,
     /// Set by [`crate::RequestStream::stop`] before it drops the stream:
     /// the client ended the request itself (a stop string), not an abort.

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::constraint::{ConstraintError, ConstraintSpec};
+
 /// Engine-assigned request identity (unique for the engine's lifetime).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RequestId(pub u64);
@@ -154,11 +156,16 @@ pub struct GenerateRequest {
     /// without a cache they are ignored, and so are points shorter than a
     /// KV page (a snapshot would cost far more than the prefill it saves).
     pub snapshot_points: Vec<usize>,
+    /// Structured output: what the output must match (`None`: free text).
+    /// Compiled at submit; the request ends with reason `stop` where the
+    /// constraint is complete (EOS is allowed only where it accepts).
+    pub constraint: Option<ConstraintSpec>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {
-    /// An EOS or stop token id (given) was produced.
+    /// An EOS or stop token id (given) was produced, or the output
+    /// completed its constraint with this token (nothing may follow).
     Stop { token: u32 },
     /// `max_tokens` reached, or the sequence reached `max_model_len`.
     Length,
@@ -253,6 +260,8 @@ pub enum SubmitError {
         prompt_tokens: usize,
         limit: usize,
     },
+    /// The constraint cannot be used (a 400 naming the field it came from).
+    Constraint(ConstraintError),
     /// Shutdown in progress: no new work.
     ShuttingDown,
     /// Still loading the model.

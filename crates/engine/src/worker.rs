@@ -13,7 +13,8 @@ use std::time::Instant;
 use thiserror::Error;
 use tokio::sync::mpsc as tokio_mpsc;
 
-use crate::executor::{BoxError, CacheGeometry, ExecError, Executor};
+use crate::constraint::StepConstraints;
+use crate::executor::{AllowedTokens, BoxError, CacheGeometry, ExecError, Executor};
 use crate::metrics::Metrics;
 use crate::prefix_cache::{CacheOp, PrefixCacheConfig, PrefixCacheStats};
 use crate::protocol::{Command, EngineStats, Shared, Submission};
@@ -27,6 +28,7 @@ use crate::timeline::{Pending, StepMark};
 const STEP_FAILED: &str = "the request failed on the device; it may be retried";
 const SHUT_DOWN: &str = "the server shut down before the request finished";
 const ENGINE_STOPPED: &str = "the engine stopped; the request did not complete";
+const CONSTRAINT_FAILED: &str = "the output could not continue under its constraint";
 
 /// A request's client side, as the engine thread keeps it.
 struct Client {
@@ -176,7 +178,17 @@ pub(crate) fn run<F>(
         config.max_num_seqs.min(geometry.num_slots),
         Ordering::Release,
     );
+    let constraints = config.structured_outputs.as_ref().map(|_| {
+        let threads = match config.mask_threads {
+            0 => std::thread::available_parallelism()
+                .map_or(1, |n| n.get().saturating_sub(1))
+                .clamp(1, 4),
+            n => n,
+        };
+        StepConstraints::new(threads, geometry.vocab_size)
+    });
     let mut worker = Worker {
+        constraints,
         shared: shared.clone(),
         executor: Some(executor),
         scheduler,
@@ -224,6 +236,8 @@ struct Worker {
     snapshot_bytes: usize,
     /// The cache counts last added to the metrics.
     published_cache: PrefixCacheStats,
+    /// Constrained requests' matchers (`None`: structured outputs off).
+    constraints: Option<StepConstraints>,
 }
 
 impl Worker {
@@ -289,10 +303,14 @@ impl Worker {
         let Submission {
             id,
             request,
+            constraint,
             events,
             stopped_by_client,
             arrival,
         } = submission;
+        if let (Some(compiled), Some(constraints)) = (constraint, self.constraints.as_mut()) {
+            constraints.add(id, compiled);
+        }
         let seed = request
             .sampling
             .seed
@@ -404,6 +422,9 @@ impl Worker {
     fn step(&mut self) -> Result<(), Stop> {
         let timed = self.shared.config.request_timeline;
         let planned = timed.then(Instant::now);
+        if let Some(constraints) = self.constraints.as_mut() {
+            constraints.retain(|id| self.clients.contains_key(&id));
+        }
         let plan = self.scheduler.schedule();
         let now = Instant::now();
         for &id in &plan.first_admitted {
@@ -433,10 +454,17 @@ impl Worker {
             .iter()
             .map(|r| self.scheduler.banned(r.id))
             .collect();
+        // The masks compute on the pool from here on, through the cache
+        // work and the forward.
+        let masks = self
+            .constraints
+            .as_mut()
+            .map(|c| c.start_masks(&plan, |id| self.scheduler.output(id)));
         if let Err(error) = self.run_cache_ops(&plan.cache_ops) {
             return self.step_error(&plan, error);
         }
-        let rows = self.scheduler.step_rows(&plan, &banned);
+        let allowed: &[Option<AllowedTokens>] = masks.as_ref().map_or(&[], |m| &m.allowed);
+        let rows = self.scheduler.step_rows(&plan, &banned, allowed);
         let expected = rows.iter().filter(|r| r.sample.is_some()).count();
         let executor = self.executor.as_mut().expect("alive while serving");
         let started = Instant::now();
@@ -466,7 +494,15 @@ impl Worker {
             }
             Ok(Ok(sampled)) => sampled,
         };
-        let outcomes = self.scheduler.commit(&plan, sampled);
+        let advanced = match (self.constraints.as_mut(), masks) {
+            (Some(constraints), Some(masks)) => {
+                constraints.advance(masks, &plan, &sampled, &self.metrics)
+            }
+            _ => Default::default(),
+        };
+        let outcomes = self
+            .scheduler
+            .commit_with(&plan, sampled, &advanced.stopped);
         // Snapshots are taken now, while the slots hold exactly the
         // committed tokens (a finished request's slot is not reused before
         // the next plan).
@@ -482,6 +518,16 @@ impl Worker {
             self.mark_step(&plan, planned, exec, phases);
         }
         self.deliver(outcomes);
+        for (id, error) in advanced.failed {
+            log::warn!("request {id:?}: its constraint failed: {error}");
+            if !self.clients.contains_key(&id) {
+                continue; // it finished with this step's token
+            }
+            if let Some(client) = self.drop_request(id, "error") {
+                let failure = Failure::new(FailureCause::StepFailed, CONSTRAINT_FAILED);
+                let _ = client.events.send(Event::Failed(failure));
+            }
+        }
         Ok(())
     }
 

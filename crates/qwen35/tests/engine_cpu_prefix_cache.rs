@@ -34,6 +34,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
             ignore_eos: true,
         },
         snapshot_points: Vec::new(),
+        constraint: None,
     }
 }
 
@@ -353,6 +354,7 @@ fn a_wrong_restore_changes_the_logits() {
                 prompt_len: history.len(),
                 seed: SampleSeed { seed: 0, draw: 0 },
                 banned: &[],
+                allowed: None,
             };
             exec.step(&[StepRow {
                 snapshots: &[],

@@ -100,6 +100,7 @@ fn step(exec: &mut GpuExecutor, rows: &[RowSpec<'_>]) -> Vec<SampledToken> {
                 prompt_len: history.len(),
                 seed: SampleSeed { seed: 0, draw: 0 },
                 banned: &[],
+                allowed: None,
             }),
         })
         .collect();
@@ -254,6 +255,7 @@ async fn serve(handle: &EngineHandle, waves: &[Vec<Vec<u32>>]) -> Outputs {
                         ignore_eos: true,
                     },
                     snapshot_points: Vec::new(),
+                    constraint: None,
                 };
                 handle.submit(req).expect("accepted")
             })
@@ -570,6 +572,7 @@ fn run_step(exec: &mut dyn Executor, rows: &[PieceSpec<'_>]) -> Vec<SampledToken
                     prompt_len: history.len(),
                     seed: SampleSeed { seed: 0, draw: 0 },
                     banned: &[],
+                    allowed: None,
                 }),
                 snapshots,
             },
@@ -809,6 +812,7 @@ async fn preamble_and_marker(device: Device) {
                         ignore_eos: true,
                     },
                     snapshot_points: vec![40],
+                    constraint: None,
                 };
                 got.push(serve_one(&handle, r).await);
             }

@@ -1,6 +1,7 @@
 //! One step as the executor sees it: its rows, what to sample after each,
 //! and what comes back.
 
+use super::allowed::AllowedTokens;
 use super::geometry::{PageId, SlotId, SnapshotId};
 use crate::request::SamplingParams;
 
@@ -27,6 +28,10 @@ pub struct SampleSpec<'a> {
     /// Tokens that may not be sampled (EOS and stop ids while `min_tokens`
     /// is not reached).
     pub banned: &'a [u32],
+    /// The tokens a structured-output constraint allows (`None`:
+    /// unconstrained). Applied before penalties, bans, temperature and
+    /// truncation; logprobs then report the masked distribution.
+    pub allowed: Option<&'a AllowedTokens>,
 }
 
 /// One sequence's part of a step.
@@ -66,7 +71,9 @@ pub struct RowSnapshot {
 
 /// A sampled token with its log-probability and the top alternatives when
 /// asked. Log-probabilities are the raw model log-softmax (before penalties,
-/// temperature and truncation), as vLLM's default `raw_logprobs` mode.
+/// temperature and truncation), as vLLM's default `raw_logprobs` mode; for a
+/// constrained row, the log-softmax over the allowed tokens (vLLM applies
+/// the grammar's bitmask to the logits before it computes them).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SampledToken {
     pub token: u32,

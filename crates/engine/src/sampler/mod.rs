@@ -4,6 +4,11 @@
 //! then greedy argmax (temperature below 1e-5) or: temperature, min-p,
 //! top-k, top-p, and a draw from what is left. Log-probabilities are the raw
 //! model log-softmax (before all of that), as vLLM's default `raw_logprobs`.
+//! A constrained row ([`SampleSpec::allowed`]) first has every token its
+//! mask disallows set to -inf: the bans, penalties, the draw and the
+//! logprobs all see the masked row (its logprobs are the log-softmax over
+//! the allowed tokens, as vLLM reports them for structured outputs). When
+//! the bans would leave no allowed token they are lifted (the grammar wins).
 //!
 //! The draw is an exponential race (vLLM's `random_sample`: argmax of
 //! `p_i / E_i` with `E_i ~ Exp(1)`), in logs: each kept token `i` scores
@@ -29,6 +34,7 @@
 //! a preemption (recomputed requests repeat their draws).
 
 mod logits;
+mod mask;
 mod penalties;
 mod race;
 mod truncation;
@@ -54,24 +60,40 @@ pub const GREEDY_TEMPERATURE: f32 = 1e-5;
 pub fn sample(logits: &[f32], spec: &SampleSpec<'_>) -> SampledToken {
     assert!(!logits.is_empty(), "sample: empty logits row");
     let params = spec.params;
+    // A constrained row: everything below reads the masked row.
+    let masked = spec
+        .allowed
+        .map(|allowed| mask::masked_logits(logits, allowed));
+    let logits = masked.as_deref().unwrap_or(logits);
     // A working copy only when penalties or bans change some logits; the
     // common case (no penalties, no bans) reads the row in place.
     let adjusted = adjusted_logits(logits, spec);
     let work = adjusted.as_deref().unwrap_or(logits);
-    let token = if params.temperature < GREEDY_TEMPERATURE {
+    let mut token = if params.temperature < GREEDY_TEMPERATURE {
         argmax(work)
     } else {
         draw(work, spec)
     };
+    if let Some(allowed) = spec.allowed {
+        if !allowed.is_allowed(token as u32) {
+            // Every allowed token's logit is -inf (argmax fell back to id
+            // 0): still pick one the constraint allows.
+            token = mask::first_allowed(allowed, logits.len()).unwrap_or(token);
+        }
+    }
     let (logprob, top_logprobs) = match params.logprobs {
         None => (f32::NAN, Vec::new()),
         Some(k) => {
             let log_norm = log_sum_exp(logits);
-            let top = if k > 0 {
+            let mut top = if k > 0 {
                 top_k_logprobs(logits, log_norm, k as usize)
             } else {
                 Vec::new()
             };
+            if spec.allowed.is_some() {
+                // Disallowed tokens are not alternatives (-inf).
+                top.retain(|&(_, logprob)| logprob.is_finite());
+            }
             ((sanitize(logits[token]) as f64 - log_norm) as f32, top)
         }
     };
@@ -126,3 +148,6 @@ mod tests;
 
 #[cfg(test)]
 mod fast_path_tests;
+
+#[cfg(test)]
+mod mask_tests;

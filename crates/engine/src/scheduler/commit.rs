@@ -4,7 +4,7 @@
 use super::plan::{Outcome, Plan};
 use super::state::{Scheduler, SchedulerConfig, Sequence};
 use crate::executor::SampledToken;
-use crate::request::FinishReason;
+use crate::request::{FinishReason, RequestId};
 
 impl Scheduler {
     /// Applies a step's result: advances every row, appends sampled tokens
@@ -12,6 +12,18 @@ impl Scheduler {
     /// and ends the sequences that stop. Ended sequences are removed and
     /// their resources freed before this returns.
     pub fn commit(&mut self, plan: &Plan, sampled: Vec<SampledToken>) -> Vec<Outcome> {
+        self.commit_with(plan, sampled, &[])
+    }
+
+    /// [`Self::commit`], where the sequences in `completed` end with the
+    /// token they sampled in this step (their constraint is complete:
+    /// reason `stop`).
+    pub fn commit_with(
+        &mut self,
+        plan: &Plan,
+        sampled: Vec<SampledToken>,
+        completed: &[RequestId],
+    ) -> Vec<Outcome> {
         let mut sampled = sampled.into_iter();
         let mut outcomes = Vec::new();
         for row in &plan.rows {
@@ -25,7 +37,11 @@ impl Scheduler {
             }
             let token = sampled.next().expect("one sampled token per sampling row");
             seq.tokens.push(token.token);
-            let finish = finish_reason(seq, token.token, &self.config);
+            let finish = if completed.contains(&row.id) {
+                Some(FinishReason::Stop { token: token.token })
+            } else {
+                finish_reason(seq, token.token, &self.config)
+            };
             outcomes.push(Outcome {
                 id: row.id,
                 sampled: token,

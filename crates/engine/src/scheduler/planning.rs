@@ -4,7 +4,7 @@
 
 use super::plan::Plan;
 use super::state::Scheduler;
-use crate::executor::{SampleSeed, SampleSpec, StepRow};
+use crate::executor::{AllowedTokens, SampleSeed, SampleSpec, StepRow};
 use crate::request::RequestId;
 
 impl Scheduler {
@@ -45,6 +45,12 @@ impl Scheduler {
         plan
     }
 
+    /// The output so far of a sequence the scheduler holds.
+    pub fn output(&self, id: RequestId) -> &[u32] {
+        let seq = &self.seqs[&id];
+        &seq.tokens[seq.prompt_len..]
+    }
+
     /// EOS (unless `ignore_eos`) and stop ids while `min_tokens` is not reached.
     pub fn banned(&self, id: RequestId) -> Vec<u32> {
         let seq = &self.seqs[&id];
@@ -58,12 +64,20 @@ impl Scheduler {
         banned
     }
 
-    /// The executor rows of `plan`; `banned[i]` is [`Self::banned`] of row i.
-    pub fn step_rows<'a>(&'a self, plan: &'a Plan, banned: &'a [Vec<u32>]) -> Vec<StepRow<'a>> {
+    /// The executor rows of `plan`; `banned[i]` is [`Self::banned`] of row
+    /// i, `allowed[i]` its constraint's mask (`None`: unconstrained; a
+    /// shorter slice leaves the rest unconstrained).
+    pub fn step_rows<'a>(
+        &'a self,
+        plan: &'a Plan,
+        banned: &'a [Vec<u32>],
+        allowed: &'a [Option<AllowedTokens>],
+    ) -> Vec<StepRow<'a>> {
         plan.rows
             .iter()
             .zip(banned)
-            .map(|(row, banned)| {
+            .enumerate()
+            .map(|(i, (row, banned))| {
                 let seq = &self.seqs[&row.id];
                 let cache = seq.cache.as_ref().expect("scheduled sequence has a cache");
                 StepRow {
@@ -80,6 +94,7 @@ impl Scheduler {
                             draw: seq.output_len() as u64,
                         },
                         banned,
+                        allowed: allowed.get(i).and_then(Option::as_ref),
                     }),
                     snapshots: &row.snapshots,
                 }

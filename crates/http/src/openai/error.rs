@@ -333,6 +333,7 @@ impl From<SubmitError> for ApiError {
             }
             .into(),
             SubmitError::Invalid(m) => ApiError::bad_request("invalid_value", m),
+            SubmitError::Constraint(e) => ApiError::bad_request("invalid_value", e.to_string()),
             SubmitError::Overloaded { retry_after } => ApiError::overloaded(retry_after),
             SubmitError::TooManyQueuedTokens {
                 retry_after,

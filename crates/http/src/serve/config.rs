@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use engine::prefix_cache::PrefixCacheConfig;
-use engine::EngineConfig;
+use engine::{ConstraintLimits, EngineConfig, StructuredOutputs};
 
 use crate::http::ConnectionLimits;
 use crate::model::ModelFiles;
@@ -126,7 +126,26 @@ pub fn engine_config(
 ) -> EngineConfig {
     let mut engine = config.engine_config(model.eos_token_ids.clone(), model_max_len);
     engine.prefix_cache.snapshot_after = chat_snapshot_markers(model);
+    engine.structured_outputs = structured_outputs(&model.dir, &model.eos_token_ids);
     engine
+}
+
+/// The engine's compiler of structured-output constraints over the
+/// model's tokenizer.json; `None` (constrained requests then get a 400)
+/// when llguidance cannot read the vocabulary, which is logged.
+pub(super) fn structured_outputs(
+    dir: &std::path::Path,
+    eos_token_ids: &[u32],
+) -> Option<StructuredOutputs> {
+    let path = dir.join("tokenizer.json");
+    match StructuredOutputs::from_tokenizer_file(&path, eos_token_ids, ConstraintLimits::default())
+    {
+        Ok(compiler) => Some(compiler),
+        Err(why) => {
+            log::warn!("structured outputs are off: {why}");
+            None
+        }
+    }
 }
 
 /// Where a chat prompt's state is worth keeping: right after the final

@@ -123,7 +123,10 @@ where
         model = Some(ModelFiles::load_timed(dir, template, &startup)?);
     }
     let eos = model.as_ref().map_or(eos, |m| m.eos_token_ids.clone());
-    let engine_config = config.engine_config(eos, model_max_len);
+    let mut engine_config = config.engine_config(eos, model_max_len);
+    engine_config.structured_outputs = startup.time("structured_outputs", || {
+        config::structured_outputs(dir, &engine_config.eos_token_ids)
+    });
     // At most the model's max_position_embeddings (refused above).
     let make_executor = pick_executor(ExecutorSpec {
         model_dir: dir,

@@ -1,0 +1,278 @@
+//! Compiling constraints: the tokenizer's trie for llguidance, the limits
+//! a constraint must keep, and a bounded cache of compiled grammars keyed
+//! by their text (a client that sends one schema many times compiles it
+//! once).
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
+use llguidance::{ParserFactory, TokenParser};
+use thiserror::Error;
+
+use super::{ConstraintError, ConstraintSpec};
+
+/// What a constraint may cost.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConstraintLimits {
+    /// The longest constraint text compiled (a schema as compact JSON, a
+    /// regex, the choices, a grammar), in bytes.
+    pub max_text_bytes: usize,
+    /// llguidance's grammar size limit (symbols in productions).
+    pub max_grammar_size: usize,
+    /// How long a compile may take before the request is refused (the
+    /// compile then finishes in the background and is thrown away).
+    pub compile_timeout: Duration,
+    /// Compiled grammars kept, least recently used dropped first.
+    pub cache_entries: usize,
+}
+
+impl Default for ConstraintLimits {
+    fn default() -> Self {
+        ConstraintLimits {
+            // Far above any tool or response schema seen in practice, far
+            // below what would stall the compiler.
+            max_text_bytes: 256 * 1024,
+            // llguidance's own default.
+            max_grammar_size: 500_000,
+            compile_timeout: Duration::from_secs(10),
+            cache_entries: 64,
+        }
+    }
+}
+
+/// Why the tokenizer could not be prepared for structured outputs.
+#[derive(Debug, Error)]
+pub enum StructuredOutputsError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("tokenizer.json is not JSON: {0}")]
+    Json(serde_json::Error),
+    /// llguidance could not read the vocabulary (its message).
+    #[error("tokenizer.json's vocabulary: {0}")]
+    Vocabulary(String),
+    #[error("no EOS id below the tokenizer's {vocab} tokens (given {eos:?})")]
+    NoEos { eos: Vec<u32>, vocab: usize },
+}
+
+/// The compiler of constraints for one tokenizer: cheap to clone (shared),
+/// given to the engine through [`crate::EngineConfig::structured_outputs`].
+#[derive(Clone)]
+pub struct StructuredOutputs {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    factory: ParserFactory,
+    limits: ConstraintLimits,
+    /// Most recently used last.
+    cache: Mutex<VecDeque<(String, TokenParser)>>,
+}
+
+/// A compiled constraint, ready to start a matcher.
+pub(crate) struct Compiled(pub(crate) TokenParser);
+
+impl std::fmt::Debug for Compiled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Compiled")
+    }
+}
+
+impl StructuredOutputs {
+    /// From a Hugging Face `tokenizer.json` (byte-level BPE or byte
+    /// fallback) and the model's EOS ids (the grammar allows them where it
+    /// accepts).
+    pub fn from_tokenizer_json(
+        json: &str,
+        eos_token_ids: &[u32],
+        limits: ConstraintLimits,
+    ) -> Result<Self, StructuredOutputsError> {
+        let value: serde_json::Value =
+            serde_json::from_str(json).map_err(StructuredOutputsError::Json)?;
+        let words = llguidance::token_bytes_from_tokenizer_json(&value)
+            .map_err(|e| StructuredOutputsError::Vocabulary(e.to_string()))?;
+        let vocab = words.len();
+        let eos: Vec<u32> = eos_token_ids
+            .iter()
+            .copied()
+            .filter(|&t| (t as usize) < vocab)
+            .collect();
+        let Some(&first) = eos.first() else {
+            return Err(StructuredOutputsError::NoEos {
+                eos: eos_token_ids.to_vec(),
+                vocab,
+            });
+        };
+        let info = TokRxInfo::new(vocab as u32, first);
+        let trie = TokTrie::from(&info, &words).with_eos_tokens(&eos);
+        // Greedy tokenisation is enough: the engine never forces tokens
+        // (no fast-forward), it only asks for masks.
+        let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
+        let mut factory = ParserFactory::new_simple(&env)
+            .map_err(|e| StructuredOutputsError::Vocabulary(e.to_string()))?;
+        factory.quiet();
+        factory.limits_mut().max_grammar_size = limits.max_grammar_size;
+        Ok(StructuredOutputs {
+            inner: Arc::new(Inner {
+                factory,
+                limits,
+                cache: Mutex::new(VecDeque::new()),
+            }),
+        })
+    }
+
+    /// [`Self::from_tokenizer_json`] of the file at `path`.
+    pub fn from_tokenizer_file(
+        path: &Path,
+        eos_token_ids: &[u32],
+        limits: ConstraintLimits,
+    ) -> Result<Self, StructuredOutputsError> {
+        let json =
+            std::fs::read_to_string(path).map_err(|source| StructuredOutputsError::Read {
+                path: path.display().to_string(),
+                source,
+            })?;
+        Self::from_tokenizer_json(&json, eos_token_ids, limits)
+    }
+
+    /// Tokens the tokenizer knows (ids from here up to the logits' width
+    /// are never allowed).
+    pub fn vocab_size(&self) -> usize {
+        self.inner.factory.tok_env().tok_trie().vocab_size()
+    }
+
+    pub fn limits(&self) -> &ConstraintLimits {
+        &self.inner.limits
+    }
+
+    /// Compiles `spec` (or takes it from the cache).
+    pub(crate) fn compile(&self, spec: &ConstraintSpec) -> Result<Compiled, ConstraintError> {
+        let kind = spec.kind();
+        let (text, grammar) = grammar_of(spec)?;
+        let limit = self.inner.limits.max_text_bytes;
+        if text.len() > limit {
+            return Err(ConstraintError::TooLarge {
+                kind,
+                bytes: text.len(),
+                limit,
+            });
+        }
+        let key = format!("{kind}\0{text}");
+        if let Some(parser) = self.cached(&key) {
+            return Ok(Compiled(parser));
+        }
+        let inner = self.inner.clone();
+        let (done, result) = mpsc::channel();
+        let invalid = |message: String| ConstraintError::Invalid { kind, message };
+        std::thread::Builder::new()
+            .name("gdn-grammar".into())
+            .spawn(move || {
+                let parser = inner.factory.create_parser(grammar);
+                let _ = done.send(parser.map_err(|e| e.to_string()));
+            })
+            .map_err(|e| invalid(format!("could not start the compiler: {e}")))?;
+        let timeout = self.inner.limits.compile_timeout;
+        match result.recv_timeout(timeout) {
+            Ok(Ok(parser)) => {
+                self.remember(key, &parser);
+                Ok(Compiled(parser))
+            }
+            Ok(Err(message)) => Err(invalid(message)),
+            Err(RecvTimeoutError::Timeout) => Err(ConstraintError::CompileTimeout {
+                kind,
+                limit: timeout,
+            }),
+            Err(RecvTimeoutError::Disconnected) => Err(invalid("the compiler panicked".into())),
+        }
+    }
+
+    fn cached(&self, key: &str) -> Option<TokenParser> {
+        let mut cache = self.inner.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let at = cache.iter().position(|(k, _)| k == key)?;
+        let entry = cache.remove(at).expect("found above");
+        let parser = entry.1.clone();
+        cache.push_back(entry);
+        Some(parser)
+    }
+
+    fn remember(&self, key: String, parser: &TokenParser) {
+        let capacity = self.inner.limits.cache_entries;
+        if capacity == 0 {
+            return;
+        }
+        let mut cache = self.inner.cache.lock().unwrap_or_else(|e| e.into_inner());
+        cache.retain(|(k, _)| *k != key);
+        while cache.len() >= capacity {
+            cache.pop_front();
+        }
+        cache.push_back((key, parser.clone()));
+    }
+
+    /// Compiled grammars in the cache.
+    pub fn cached_grammars(&self) -> usize {
+        self.inner.cache.lock().map(|c| c.len()).unwrap_or(0)
+    }
+}
+
+/// The compiler's view of `spec`, and its text (the cache key, and what
+/// the size limit measures).
+fn grammar_of(spec: &ConstraintSpec) -> Result<(String, TopLevelGrammar), ConstraintError> {
+    let kind = spec.kind();
+    let invalid = |message: &str| ConstraintError::Invalid {
+        kind,
+        message: message.into(),
+    };
+    Ok(match spec {
+        ConstraintSpec::JsonSchema(schema) => {
+            if !(schema.is_object() || schema.is_boolean()) {
+                return Err(invalid("a JSON schema must be an object or a boolean"));
+            }
+            let text = schema.to_string();
+            (text, TopLevelGrammar::from_json_schema(schema.clone()))
+        }
+        ConstraintSpec::JsonObject => {
+            let schema = serde_json::json!({"type": "object"});
+            (String::new(), TopLevelGrammar::from_json_schema(schema))
+        }
+        ConstraintSpec::Regex(regex) => (regex.clone(), TopLevelGrammar::from_regex(regex)),
+        ConstraintSpec::Choice(choices) => {
+            if choices.is_empty() {
+                return Err(invalid("at least one choice is needed"));
+            }
+            // Lark string literals are JSON strings.
+            let alternatives: Vec<String> = choices
+                .iter()
+                .map(|c| serde_json::Value::from(c.as_str()).to_string())
+                .collect();
+            let lark = format!("start: {}\n", alternatives.join(" | "));
+            (lark.clone(), TopLevelGrammar::from_lark(lark))
+        }
+        ConstraintSpec::Lark(lark) => (lark.clone(), TopLevelGrammar::from_lark(lark.clone())),
+    })
+}
+
+impl std::fmt::Debug for StructuredOutputs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StructuredOutputs")
+            .field("vocab_size", &self.vocab_size())
+            .field("limits", &self.inner.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Two handles are equal when they share one compiler (the engine config
+/// compares by identity).
+impl PartialEq for StructuredOutputs {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl Eq for StructuredOutputs {}

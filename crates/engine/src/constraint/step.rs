@@ -1,0 +1,183 @@
+//! The engine thread's side of structured outputs: each constrained
+//! request's matcher, the masks handed out for a step (computed on the
+//! pool while the executor runs), and the matchers advanced with what the
+//! step sampled.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::matcher::{MatcherError, RequestMatcher};
+use super::pool::MaskPool;
+use super::Compiled;
+use crate::executor::{AllowedTokens, PendingMask, SampledToken};
+use crate::metrics::Metrics;
+use crate::request::RequestId;
+use crate::scheduler::Plan;
+
+/// The constrained requests' matchers and the pool their masks run on.
+pub(crate) struct StepConstraints {
+    matchers: HashMap<RequestId, Tracked>,
+    pool: MaskPool,
+    /// The executor's logits width.
+    width: usize,
+}
+
+/// A request's matcher and how many of its output tokens it was given
+/// (the engine thread's count: the matcher itself may be busy on the pool).
+struct Tracked {
+    matcher: Arc<Mutex<RequestMatcher>>,
+    given: usize,
+}
+
+/// A step's masks: one entry per plan row (`Some` for a constrained row
+/// that samples), and the reports of the jobs computing them.
+pub(crate) struct StepMasks {
+    pub(crate) allowed: Vec<Option<AllowedTokens>>,
+    pending: Vec<Arc<PendingMask>>,
+    reports: mpsc::Receiver<Report>,
+}
+
+/// What a mask job did.
+struct Report {
+    id: RequestId,
+    elapsed: Duration,
+    error: Option<MatcherError>,
+}
+
+/// The matchers after a step: requests the grammar ended, and requests
+/// whose matcher failed (they cannot go on).
+#[derive(Default)]
+pub(crate) struct Advanced {
+    pub(crate) stopped: Vec<RequestId>,
+    pub(crate) failed: Vec<(RequestId, MatcherError)>,
+}
+
+impl StepConstraints {
+    pub(crate) fn new(threads: usize, width: usize) -> Self {
+        StepConstraints {
+            matchers: HashMap::new(),
+            pool: MaskPool::new(threads),
+            width,
+        }
+    }
+
+    pub(crate) fn add(&mut self, id: RequestId, compiled: Compiled) {
+        let matcher = Arc::new(Mutex::new(RequestMatcher::new(compiled)));
+        self.matchers.insert(id, Tracked { matcher, given: 0 });
+    }
+
+    /// Drops the matchers of requests that ended.
+    pub(crate) fn retain(&mut self, mut alive: impl FnMut(RequestId) -> bool) {
+        self.matchers.retain(|&id, _| alive(id));
+    }
+
+    /// Starts the masks of the plan's constrained sampling rows; `output`
+    /// gives a request's output so far (a matcher behind it replays the
+    /// rest first).
+    pub(crate) fn start_masks<'a>(
+        &mut self,
+        plan: &Plan,
+        output: impl Fn(RequestId) -> &'a [u32],
+    ) -> StepMasks {
+        let (done, reports) = mpsc::channel();
+        let mut pending = Vec::new();
+        let allowed = plan
+            .rows
+            .iter()
+            .map(|row| {
+                let tracked = self.matchers.get_mut(&row.id).filter(|_| row.sample)?;
+                let output = output(row.id);
+                // Normally empty: every sampled token was given at commit.
+                let missed = output.get(tracked.given..).unwrap_or_default().to_vec();
+                tracked.given = tracked.given.max(output.len());
+                let matcher = &tracked.matcher;
+                let mask = Arc::new(PendingMask::default());
+                pending.push(mask.clone());
+                let (matcher, job_mask, done) = (matcher.clone(), mask.clone(), done.clone());
+                let (id, width) = (row.id, self.width);
+                self.pool.run(move || {
+                    let started = Instant::now();
+                    let words = catch_unwind(AssertUnwindSafe(|| {
+                        let mut matcher = matcher.lock().unwrap_or_else(|e| e.into_inner());
+                        matcher.replay(&missed)?;
+                        matcher.mask(width)
+                    }))
+                    .unwrap_or_else(|_| Err(MatcherError("the matcher panicked".into())));
+                    let (words, error) = match words {
+                        Ok(words) => (words, None),
+                        // Nothing allowed: the request fails after the step
+                        // whatever the sampler picks.
+                        Err(e) => (vec![0; width.div_ceil(32)], Some(e)),
+                    };
+                    job_mask.fulfil(words);
+                    let elapsed = started.elapsed();
+                    let _ = done.send(Report { id, elapsed, error });
+                });
+                Some(AllowedTokens::pending(mask))
+            })
+            .collect();
+        StepMasks {
+            allowed,
+            pending,
+            reports,
+        }
+    }
+
+    /// After a step that sampled `sampled` (one per sampling row of `plan`,
+    /// in row order): counts the masks, then advances each constrained
+    /// row's matcher with its token.
+    pub(crate) fn advance(
+        &mut self,
+        masks: StepMasks,
+        plan: &Plan,
+        sampled: &[SampledToken],
+        metrics: &Metrics,
+    ) -> Advanced {
+        let mut advanced = Advanced::default();
+        if masks.pending.is_empty() {
+            return advanced;
+        }
+        let waited = masks.pending.iter().filter(|m| m.waited()).count();
+        metrics.structured_output_steps.inc();
+        metrics
+            .structured_output_masks
+            .inc_by(masks.pending.len() as u64);
+        metrics.structured_output_mask_waits.inc_by(waited as u64);
+        if waited > 0 {
+            metrics.structured_output_steps_waited.inc();
+        }
+        // Every job reports once (its mask is already fulfilled, so this
+        // waits only for jobs whose mask no sampler read).
+        for report in masks.reports.iter().take(masks.pending.len()) {
+            metrics
+                .structured_output_mask_seconds
+                .observe(report.elapsed.as_secs_f64());
+            if let Some(error) = report.error {
+                advanced.failed.push((report.id, error));
+            }
+        }
+        let sampling_rows = plan
+            .rows
+            .iter()
+            .zip(&masks.allowed)
+            .filter(|(r, _)| r.sample);
+        for ((row, allowed), token) in sampling_rows.zip(sampled) {
+            if allowed.is_none() || advanced.failed.iter().any(|(id, _)| *id == row.id) {
+                continue;
+            }
+            let Some(tracked) = self.matchers.get_mut(&row.id) else {
+                continue;
+            };
+            tracked.given += 1;
+            let mut matcher = tracked.matcher.lock().unwrap_or_else(|e| e.into_inner());
+            match matcher.advance(token.token) {
+                Ok(true) => advanced.stopped.push(row.id),
+                Ok(false) => {}
+                Err(error) => advanced.failed.push((row.id, error)),
+            }
+        }
+        advanced
+    }
+}
