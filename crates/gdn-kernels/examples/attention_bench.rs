@@ -41,21 +41,6 @@ fn list(args: &[String], flag: &str, default: &str) -> Vec<String> {
         .collect()
 }
 
-/// Device copy bandwidth (bytes read + written per second).
-fn copy_bandwidth(stream: &Arc<CudaStream>) -> Result<f64, Box<dyn std::error::Error>> {
-    let bytes = 4usize << 30;
-    let src = stream.alloc_zeros::<u8>(bytes)?;
-    let mut dst = stream.alloc_zeros::<u8>(bytes)?;
-    stream.memcpy_dtod(&src, &mut dst)?;
-    stream.synchronize()?;
-    let t0 = Instant::now();
-    for _ in 0..5 {
-        stream.memcpy_dtod(&src, &mut dst)?;
-    }
-    stream.synchronize()?;
-    Ok(5.0 * 2.0 * bytes as f64 / t0.elapsed().as_secs_f64())
-}
-
 /// Device time of one call of `run`, in microseconds: repeated for about
 /// 50 ms of work (at least 5 times) after a warm-up; with the repetitions.
 fn time_us(
@@ -139,7 +124,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let ctx = CudaContext::new(0)?;
     let stream = ctx.default_stream();
-    let bw = copy_bandwidth(&stream)?;
+    let bw = gdn_kernels_testkit::copy_bandwidth(&stream)?;
     println!(
         "{{\"gpu\": {:?}, \"copy_bandwidth_gbs\": {:.0}, \"heads\": \"{hq}/{hkv}\", \"head_dim\": {HEAD_DIM}, \"page\": {PAGE}}}",
         ctx.name()?,

@@ -43,6 +43,18 @@ fn used_bytes() -> usize {
     total - free
 }
 
+/// `flag`'s comma list (default `auto`), each name with what `parse` makes
+/// of it, in order.
+fn modes<T>(args: &[String], flag: &str, parse: impl Fn(&str) -> T) -> Vec<(String, T)> {
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1))
+        .map_or("auto", String::as_str)
+        .split(',')
+        .map(|m| (m.to_string(), parse(m)))
+        .collect()
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let part = |p: &str| {
@@ -71,22 +83,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .collect()
         })
         .unwrap_or_else(|| vec![1024, 8192]);
-    let swiglu_modes: Vec<(String, gdn_kernels::SwigluRequest)> = args
-        .iter()
-        .position(|a| a == "--swiglu")
-        .and_then(|i| args.get(i + 1))
-        .map_or("auto", String::as_str)
-        .split(',')
-        .map(|m| {
-            let r = match m {
-                "auto" => gdn_kernels::SwigluRequest::Auto,
-                "unfused" => gdn_kernels::SwigluRequest::Unfused,
-                "fused" => gdn_kernels::SwigluRequest::Fused,
-                _ => panic!("--swiglu takes auto, unfused or fused, got {m:?}"),
-            };
-            (m.to_string(), r)
-        })
-        .collect();
+    let swiglu_modes = modes(&args, "--swiglu", |m| match m {
+        "auto" => gdn_kernels::SwigluRequest::Auto,
+        "unfused" => gdn_kernels::SwigluRequest::Unfused,
+        "fused" => gdn_kernels::SwigluRequest::Fused,
+        _ => panic!("--swiglu takes auto, unfused or fused, got {m:?}"),
+    });
     let contexts: Vec<usize> = args
         .iter()
         .position(|a| a == "--contexts")
@@ -94,23 +96,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|v| v.split(',').map(|n| n.parse().expect("context")).collect())
         .unwrap_or_else(|| vec![1024]);
     // `--attention auto,ours`: each decode (batch, context) is timed with
-    // these attention kernels in turn (a model each), side by side.
-    let attention_modes: Vec<(String, gdn_kernels::AttentionRequest)> = args
-        .iter()
-        .position(|a| a == "--attention")
-        .and_then(|i| args.get(i + 1))
-        .map_or("auto", String::as_str)
-        .split(',')
-        .map(|m| {
-            let r = match m {
-                "auto" => gdn_kernels::AttentionRequest::Auto,
-                "ours" => gdn_kernels::AttentionRequest::Ours,
-                "tc" => gdn_kernels::AttentionRequest::DecodeTensorCore,
-                _ => panic!("--attention takes auto, ours or tc, got {m:?}"),
-            };
-            (m.to_string(), r)
-        })
-        .collect();
+    // these attention kernels in turn, side by side.
+    let attention_modes = modes(&args, "--attention", |m| match m {
+        "auto" => gdn_kernels::AttentionRequest::Auto,
+        "ours" => gdn_kernels::AttentionRequest::Ours,
+        "tc" => gdn_kernels::AttentionRequest::DecodeTensorCore,
+        _ => panic!("--attention takes auto, ours or tc, got {m:?}"),
+    });
     let model_dir = args
         .iter()
         .position(|a| a == "--model")
@@ -124,19 +116,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let note = |p: &mut usize| *p = (*p).max(used_bytes());
 
     // 1. Machine rates: device copy bandwidth and the bf16 GEMM rate.
-    let bytes = 4usize << 30;
-    let src = stream.alloc_zeros::<u8>(bytes)?;
-    let mut dst = stream.alloc_zeros::<u8>(bytes)?;
-    stream.memcpy_dtod(&src, &mut dst)?;
-    stream.synchronize()?;
-    let t0 = Instant::now();
-    for _ in 0..5 {
-        stream.memcpy_dtod(&src, &mut dst)?;
-    }
-    stream.synchronize()?;
-    // A copy reads and writes every byte.
-    let copy_bw = 5.0 * 2.0 * bytes as f64 / t0.elapsed().as_secs_f64();
-    drop((src, dst));
+    let copy_bw = gdn_kernels_testkit::copy_bandwidth(&stream)?;
     let gemm = Gemm::new(stream.clone())?;
     let n = 8192;
     let a: CudaSlice<bf16> = stream.alloc_zeros(n * n)?;

@@ -61,3 +61,19 @@ pub fn gpu_stream() -> Option<Arc<CudaStream>> {
         }
     }
 }
+
+/// The device's copy bandwidth in bytes moved per second (a copy reads and
+/// writes every byte): the rate the benchmarks' memory floors divide by.
+pub fn copy_bandwidth(stream: &Arc<CudaStream>) -> Result<f64, cudarc::driver::DriverError> {
+    let bytes = 4usize << 30;
+    let src = stream.alloc_zeros::<u8>(bytes)?;
+    let mut dst = stream.alloc_zeros::<u8>(bytes)?;
+    stream.memcpy_dtod(&src, &mut dst)?;
+    stream.synchronize()?;
+    let t0 = std::time::Instant::now();
+    for _ in 0..5 {
+        stream.memcpy_dtod(&src, &mut dst)?;
+    }
+    stream.synchronize()?;
+    Ok(5.0 * 2.0 * bytes as f64 / t0.elapsed().as_secs_f64())
+}
