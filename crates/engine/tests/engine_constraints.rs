@@ -12,10 +12,9 @@ use std::time::Duration;
 
 use common::{geometry, metric_value, metrics_text, Started};
 use engine::{
-    CacheGeometry, ConstraintError, ConstraintLimits, ConstraintSpec, Engine, EngineConfig, Event,
+    CacheGeometry, ConstraintError, ConstraintLimits, ConstraintSpec, EngineConfig, Event,
     FinishReason, GenerateRequest, SamplingParams, StopParams, StructuredOutputs, SubmitError,
 };
-use engine_testkit::{FakeControl, FakeExecutor};
 use serde_json::{json, Value};
 
 const DEMO_TOKENIZER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../server/demo/tokenizer.json");
@@ -44,28 +43,7 @@ fn start_compiling(
     config.max_num_batched_tokens = 4096;
     config.max_num_seqs = max_num_seqs;
     config.structured_outputs = Some(compiler);
-    start_with(config, geometry)
-}
-
-fn start_with(config: EngineConfig, geometry: CacheGeometry) -> Started {
-    let control = FakeControl::new();
-    let registry = prometheus::Registry::new();
-    let handle = Engine::start(
-        config,
-        FakeExecutor::factory(geometry, control.clone()),
-        &registry,
-    )
-    .expect("engine starts");
-    let until = std::time::Instant::now() + Duration::from_secs(10);
-    while handle.max_model_len().is_none() {
-        assert!(std::time::Instant::now() < until, "engine did not load");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    Started {
-        handle,
-        control,
-        registry,
-    }
+    common::start(config, geometry)
 }
 
 fn wide(num_slots: usize, num_pages: usize, page_size: usize) -> CacheGeometry {
@@ -386,7 +364,7 @@ fn a_short_compile_timeout_refuses_a_slow_grammar() {
 
 #[test]
 fn an_engine_without_a_tokenizer_refuses_constraints() {
-    let started = start_with(EngineConfig::new(EOS.to_vec()), wide(4, 64, 16));
+    let started = common::start(EngineConfig::new(EOS.to_vec()), wide(4, 64, 16));
     let spec = ConstraintSpec::JsonObject;
     assert_eq!(
         started.handle.check_constraint(&spec),
