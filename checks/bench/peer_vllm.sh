@@ -53,6 +53,8 @@ pid_file=$W/vllm.pid
 case $STATE_DTYPE in float32|bfloat16) ;; *) echo "STATE_DTYPE: float32 or bfloat16, not $STATE_DTYPE" >&2; exit 2;; esac
 case $PREFIX_CACHE in off|on) ;; *) echo "PREFIX_CACHE: off or on, not $PREFIX_CACHE" >&2; exit 2;; esac
 dry=${DRY_RUN:-}
+# No network there: transformers (the client's tokenizer) must not try the Hub.
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # x CMD...: run CMD, or under DRY_RUN print it. xl LOG CMD...: the same, its
 # output also appended to LOG.
 x() { if [ -n "$dry" ]; then echo "  + $(printf '%q ' "$@")"; else "$@"; fi; }
@@ -154,6 +156,7 @@ phase_sweep() {
   if [ -z "$dry" ]; then
     [ "$(cat $W/vllm.tag 2>/dev/null)" = "$tag" ] && vllm_healthy \
       || { log "sweep: no healthy vLLM with settings $tag: run PHASE=start first"; return 1; }
+    [ -f /tmp/sgl/sglang/bench_serving.py ] || { log "sweep: no client in /tmp/sgl: run PHASE=setup first"; return 1; }
     [ -n "${FORCE:-}" ] && rm -f $W/vllm_$tag.jsonl $W/vllm_$tag.cells
   fi
   local t0; t0=$(date +%s)
@@ -179,8 +182,13 @@ phase_ours() {
   need_checkpoint || return 1
   [ -n "$dry" ] || phase_stop  # vLLM holds 85% of the GPU's memory
   local args="$prefix_flag ${SERVER_ARGS:-}"
-  [ -n "$dry" ] && echo "  (--mamba-ssm-cache-dtype only when \`.carry/bin/gdn-server --help\` lists it)"
-  if [ -n "$dry" ] || .carry/bin/gdn-server --help 2>/dev/null | grep -q -- --mamba-ssm-cache-dtype; then
+  local help=--mamba-ssm-cache-dtype
+  if [ -n "$dry" ]; then
+    echo "  (--mamba-ssm-cache-dtype only when \`.carry/bin/gdn-server --help\` lists it)"
+  else
+    help=$(.carry/bin/gdn-server --help 2>&1) || { log "ours: gdn-server --help failed: $(echo "$help" | tail -3)"; return 1; }
+  fi
+  if grep -q -- --mamba-ssm-cache-dtype <<<"$help"; then
     args="$args --mamba-ssm-cache-dtype $STATE_DTYPE"
   elif [ "$STATE_DTYPE" != float32 ]; then
     log "ours: this gdn-server has no --mamba-ssm-cache-dtype (its state is float32): no $STATE_DTYPE run"; return 1

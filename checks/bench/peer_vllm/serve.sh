@@ -16,7 +16,7 @@ export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 TRANSFOR
 export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 NCCL_NVLS_ENABLE=0 VLLM_CACHE_ROOT=/tmp/vllm_cache
 t0=$(date +%s)
 if [ -f "$PID_FILE" ] && kill -0 "$(cat "$PID_FILE")" 2>/dev/null; then
-  echo "vLLM (pid $(cat "$PID_FILE")) is already starting: waiting for it"
+  echo "vLLM (pid $(cat "$PID_FILE")) already runs: waiting for /health"
 else
   # GDN prefill on FLA's Triton kernels: FlashInfer's CuTe DSL GDN kernel needs the nvidia-cutlass-dsl
   # wheels (about 180 MB more), without which vLLM 0.26.0 dies on the first prefill.
