@@ -66,7 +66,8 @@ log() { echo "[$(date -u +%T)] $*"; [ -n "$dry" ] || echo "[$(date -u +%T)] $*" 
 [ -n "$dry" ] || mkdir -p "$W" "$OUT"
 prefix_flag=--no-enable-prefix-caching; [ "$PREFIX_CACHE" = on ] && prefix_flag=--enable-prefix-caching
 
-vllm_alive() { [ -f "$pid_file" ] && kill -0 "$(cat "$pid_file")" 2>/dev/null; }
+# Any process of its group: the engine's workers hold the GPU's memory too.
+vllm_alive() { [ -f "$pid_file" ] && kill -0 -- "-$(cat "$pid_file")" 2>/dev/null; }
 vllm_healthy() { curl -sf -o /dev/null "http://127.0.0.1:$port/health"; }
 # Without it serve_bench.sh would write a text-layout checkpoint into $model.
 need_checkpoint() {
