@@ -52,6 +52,11 @@ checks/deltanet_decode_emulation/run.sh
 step "build.rs fails closed"
 checks/build_rs_fails_closed.sh
 
+step "benchmark scripts parse; the vLLM side-by-side's dry run (files, wheel list, table)"
+# The H200 runs these: a syntax error there costs device time.
+for f in checks/bench/*.sh checks/bench/peer_vllm/*.sh checks/gpu/*.sh; do bash -n "$f"; done
+DRY_RUN=1 checks/bench/peer_vllm.sh | grep -E '^(wheels.txt|dry run checks|== PHASE)'
+
 step "reproducibility under varied conditions"
 checks/reproducibility.sh
 

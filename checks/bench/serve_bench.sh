@@ -10,6 +10,8 @@
 # comma list (default 1,8,32,64,128). SERVER_ARGS: more gdn-server flags
 # (e.g. --no-enable-prefix-caching); SKIP_RUNTIME=1: no qwen35_bench.
 # SETUP_ONLY=1: only the setup (checkpoint, tokenizer, sglang), then exit.
+# MODEL: the checkpoint folder (default /tmp/q4b), written by
+# make_random_checkpoint.py with CHECKPOINT_ARGS (e.g. "--vl") when missing.
 # COLD_START_ONLY=1: only the cold start,
 # COLD_STARTS times (default 3), each with the server's `startup:` phase line
 # and its gdn:startup_phase_seconds gauges; no runtime bench, no sweep.
@@ -30,11 +32,12 @@ import json, re
 src = open("crates/qwen35/src/config.rs").read()
 print(json.dumps(json.loads(re.search(r'QWEN35_4B_TEXT: &str = r#"(.*?)"#', src, re.S).group(1))))
 PY
-if [ ! -f /tmp/q4b/model.safetensors.index.json ] && [ ! -f /tmp/q4b/model.safetensors ]; then
+MODEL=${MODEL:-/tmp/q4b}
+if [ ! -f "$MODEL/model.safetensors.index.json" ] && [ ! -f "$MODEL/model.safetensors" ]; then
   python3 checks/bench/make_random_checkpoint.py /tmp/q4b_config.json /tmp/tokenizer.json \
-    crates/server/demo/chat_template.jinja /tmp/q4b 2>&1 | tail -2 | tee -a "$OUT/serve_bench.log"
+    crates/server/demo/chat_template.jinja "$MODEL" ${CHECKPOINT_ARGS:-} 2>&1 | tail -2 | tee -a "$OUT/serve_bench.log"
 fi
-cat /tmp/q4b/*.safetensors > /dev/null  # weights in the page cache: cold start = process + load
+cat "$MODEL"/*.safetensors > /dev/null  # weights in the page cache: cold start = process + load
 cublas=$(find /usr/local/cuda*/ /usr/lib /usr/local/lib $(python3 -c 'import site; print(*site.getsitepackages())') \
   -name 'libcublas.so.13*' 2>/dev/null | head -1)
 [[ -n $cublas ]] && export LD_LIBRARY_PATH=$(dirname "$cublas")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -53,7 +56,7 @@ fi
 cold_start() {  # $1: server log file
   start=$(date +%s.%N); log "server start"
   # Each server log line gets a wall-clock stamp (where start-up time goes).
-  .carry/bin/gdn-server --model /tmp/q4b --served-model-name q4b --port 8000 --device gpu \
+  .carry/bin/gdn-server --model "$MODEL" --served-model-name q4b --port 8000 --device gpu \
     --max-num-seqs 128 --max-model-len 9216 --sse-keepalive-secs 0 ${SERVER_ARGS:-} \
     > >(while IFS= read -r l; do printf '%s %s\n' "$(date -u +%T.%N | cut -c1-12)" "$l"; done > "$1") 2>&1 &
   server=$!
@@ -82,7 +85,7 @@ for set in ${sets//,/ }; do
     n=$(( c < 8 ? 8 : c ))
     log "in $in out $out concurrency $c prompts $n"
     timeout 300 python3 /tmp/sgl/sglang/bench_serving.py --backend vllm \
-      --base-url http://127.0.0.1:8000 --model q4b --tokenizer /tmp/q4b \
+      --base-url http://127.0.0.1:8000 --model q4b --tokenizer "$MODEL" \
       --dataset-name random-ids --random-input-len "$in" --random-output-len "$out" \
       --random-range-ratio 1.0 --num-prompts "$n" --max-concurrency "$c" --seed 1 \
       --output-file "$OUT/sweep.jsonl" > "$OUT/last_client.log" 2>&1 || log "client failed: $(tail -3 "$OUT/last_client.log")"
