@@ -41,6 +41,7 @@
 
 pub mod allocator;
 mod config;
+mod constraint;
 mod engine;
 pub mod executor;
 pub mod metrics;
@@ -53,6 +54,7 @@ pub mod timeline;
 mod worker;
 
 pub use config::{ConfigError, EngineConfig};
+pub use constraint::{ConstraintError, ConstraintSpec};
 pub use engine::{Drained, Engine, EngineHandle, EngineStartError, RequestStream};
 pub use executor::{
     check_row_snapshots, in_row_order, split_rows, BoxError, CacheGeometry, ExecError, Executor,

@@ -154,6 +154,8 @@ pub struct GenerateRequest {
     /// without a cache they are ignored, and so are points shorter than a
     /// KV page (a snapshot would cost far more than the prefill it saves).
     pub snapshot_points: Vec<usize>,
+    /// What the output must match (structured outputs); `None`: free text.
+    pub constraint: Option<crate::ConstraintSpec>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

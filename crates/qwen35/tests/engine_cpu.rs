@@ -71,6 +71,7 @@ fn greedy(prompt: &[u32], max_tokens: usize) -> GenerateRequest {
             ignore_eos: true,
         },
         snapshot_points: Vec::new(),
+        constraint: None,
     }
 }
 

@@ -34,6 +34,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
             ignore_eos: true,
         },
         snapshot_points: Vec::new(),
+        constraint: None,
     }
 }
 

@@ -84,6 +84,7 @@ async fn served(handle: &EngineHandle, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
                     ignore_eos: true,
                 },
                 snapshot_points: Vec::new(),
+                constraint: None,
             };
             handle.submit(req).expect("accepted")
         })

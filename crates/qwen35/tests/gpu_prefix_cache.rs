@@ -254,6 +254,7 @@ async fn serve(handle: &EngineHandle, waves: &[Vec<Vec<u32>>]) -> Outputs {
                         ignore_eos: true,
                     },
                     snapshot_points: Vec::new(),
+                    constraint: None,
                 };
                 handle.submit(req).expect("accepted")
             })
@@ -809,6 +810,7 @@ async fn preamble_and_marker(device: Device) {
                         ignore_eos: true,
                     },
                     snapshot_points: vec![40],
+                    constraint: None,
                 };
                 got.push(serve_one(&handle, r).await);
             }

@@ -125,6 +125,7 @@ pub fn request(prompt: Vec<u32>, max_tokens: usize, seed: u64) -> GenerateReques
             ignore_eos: true,
         },
         snapshot_points: Vec::new(),
+        constraint: None,
     }
 }
 
