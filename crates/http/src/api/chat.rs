@@ -7,6 +7,7 @@ use axum::response::Response;
 use minijinja::value::Value;
 use serde_json::Value as Json;
 
+use super::constraint::chat_constraint;
 use super::generate::{Finish, Generation, PromptSpec};
 use super::logprobs::chat_logprobs;
 use super::request_id::RequestId;
@@ -116,7 +117,7 @@ pub async fn run(
     mut timeline: Timeline,
 ) -> Result<Response, ApiError> {
     let state = &state;
-    let valid = validate_chat(&req, &state.model.defaults, state.model.vocab_size)?;
+    let mut valid = validate_chat(&req, &state.model.defaults, state.model.vocab_size)?;
     state.check_accepting()?;
     let rendered = render_chat(
         state,
@@ -129,6 +130,7 @@ pub async fn run(
     )?;
     let max_model_len = state.max_model_len()?;
     let max_tokens = resolve_max_tokens(&valid.generation, rendered.ids.len(), max_model_len)?;
+    valid.generation.constraint = chat_constraint(state, &req, &valid, rendered.opens_reasoning)?;
     let mut generation = Generation::submit(
         &state.engine,
         state.model.tokenizer.clone(),

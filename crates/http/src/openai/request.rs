@@ -51,6 +51,13 @@ pub struct GenerationRequest {
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub response_format: Option<ResponseFormat>,
+    /// vLLM's structured outputs object (one constraint at most).
+    pub structured_outputs: Option<StructuredOutputs>,
+    /// vLLM's older top-level forms of `structured_outputs`.
+    pub guided_json: Option<Json>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
     pub prompt_logprobs: Option<i64>,
     pub best_of: Option<i64>,
     /// Chat: a boolean; completions: the number of top logprobs (0..=20).
@@ -87,10 +94,33 @@ pub const CHAT_ONLY_FIELDS: &[&str] = &[
 /// The fields only completions read: a chat request drops them unread.
 pub const COMPLETIONS_ONLY_FIELDS: &[&str] = &["prompt", "echo", "suffix", "add_special_tokens"];
 
+/// OpenAI's `response_format`: `text`, `json_object` or `json_schema`.
 #[derive(Debug, Deserialize)]
 pub struct ResponseFormat {
     #[serde(rename = "type")]
     pub kind: String,
+    pub json_schema: Option<JsonSchemaFormat>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct JsonSchemaFormat {
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub schema: Option<Json>,
+    /// Accepted and ignored: the schema is always enforced.
+    pub strict: Option<bool>,
+}
+
+/// vLLM's `structured_outputs`: each field is one kind of constraint.
+#[derive(Debug, Default, Deserialize)]
+pub struct StructuredOutputs {
+    /// A JSON schema, or JSON text of one.
+    pub json: Option<Json>,
+    pub regex: Option<String>,
+    pub choice: Option<Vec<String>>,
+    /// A Lark (llguidance) grammar.
+    pub grammar: Option<String>,
+    pub json_object: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

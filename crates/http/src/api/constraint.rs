@@ -1,0 +1,105 @@
+//! A request's output constraint: the client's (structured outputs) or a
+//! forced tool call, placed after the reasoning block a chat prompt opens
+//! and compiled once by the engine before anything is submitted, so that
+//! a bad schema, regex or grammar is a 400 naming its field.
+
+use engine::ConstraintSpec;
+
+use super::state::AppState;
+use crate::openai::request::GenerationRequest;
+use crate::openai::validate::{
+    check_size, requested_constraint, ForcedToolCall, RequestedConstraint, ValidChat,
+    ValidationError,
+};
+use crate::openai::ApiError;
+use crate::text::grammar::{
+    after_reasoning, call_shape, json_rule, literal_alternation, regex_terminal, tool_call_grammar,
+};
+
+/// The constraint of a completions request, checked.
+pub fn completion_constraint(
+    state: &AppState,
+    req: &GenerationRequest,
+) -> Result<Option<ConstraintSpec>, ApiError> {
+    match requested_constraint(req, state.max_constraint_bytes)? {
+        Some(c) => checked(state, c).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// The constraint of a chat request, checked: a forced tool call's
+/// grammar, or the client's constraint (never both). `opens_reasoning`:
+/// the rendered prompt ends inside `<think>`; the constraint then starts
+/// after the model's `</think>`, as vLLM's reasoning parsers have it (a
+/// client's Lark grammar is taken as is: it covers the whole output).
+pub fn chat_constraint(
+    state: &AppState,
+    req: &GenerationRequest,
+    valid: &ValidChat,
+    opens_reasoning: bool,
+) -> Result<Option<ConstraintSpec>, ApiError> {
+    let client = requested_constraint(req, state.max_constraint_bytes)?;
+    let constraint = match (&valid.forced_tool_call, client) {
+        (Some(_), Some(c)) => {
+            return Err(ValidationError::ConflictingConstraints {
+                fields: vec!["tool_choice", c.field],
+            }
+            .into())
+        }
+        (Some(forced), None) => {
+            let tools = req.tools.as_deref().unwrap_or_default();
+            let (shapes, many) = match forced {
+                ForcedToolCall::Required { parallel } => {
+                    (tools.iter().map(call_shape).collect::<Vec<_>>(), *parallel)
+                }
+                ForcedToolCall::Named(name) => (
+                    tools
+                        .iter()
+                        .filter(|t| &t.function.name == name)
+                        .take(1)
+                        .map(call_shape)
+                        .collect(),
+                    false,
+                ),
+            };
+            let grammar = tool_call_grammar(&shapes, many, opens_reasoning);
+            // The tools' schemas make the grammar: compile errors name them.
+            let spec = ConstraintSpec::Lark(grammar);
+            check_size("tools", &spec, state.max_constraint_bytes)?;
+            RequestedConstraint {
+                field: "tools",
+                spec,
+            }
+        }
+        (None, Some(c)) if opens_reasoning => RequestedConstraint {
+            field: c.field,
+            spec: after_reasoning_spec(c.spec),
+        },
+        (None, Some(c)) => c,
+        (None, None) => return Ok(None),
+    };
+    checked(state, constraint).map(Some)
+}
+
+/// `spec` as a grammar that first closes the reasoning block.
+fn after_reasoning_spec(spec: ConstraintSpec) -> ConstraintSpec {
+    let body = match &spec {
+        ConstraintSpec::JsonSchema(schema) => json_rule(schema),
+        ConstraintSpec::JsonObject => json_rule(&serde_json::json!({"type": "object"})),
+        ConstraintSpec::Regex(regex) => regex_terminal(regex),
+        ConstraintSpec::Choice(values) => literal_alternation(values),
+        ConstraintSpec::Lark(_) => return spec,
+    };
+    ConstraintSpec::Lark(after_reasoning(&body))
+}
+
+/// Compiles the constraint in the engine: its error names the field.
+fn checked(state: &AppState, c: RequestedConstraint) -> Result<ConstraintSpec, ApiError> {
+    state.engine.check_constraint(&c.spec).map_err(|e| {
+        ApiError::from(ValidationError::BadConstraint {
+            field: c.field,
+            message: e.message,
+        })
+    })?;
+    Ok(c.spec)
+}
