@@ -130,7 +130,8 @@ pub async fn run(
     )?;
     let max_model_len = state.max_model_len()?;
     let max_tokens = resolve_max_tokens(&valid.generation, rendered.ids.len(), max_model_len)?;
-    valid.generation.constraint = chat_constraint(state, &req, &valid, rendered.opens_reasoning)?;
+    valid.generation.constraint =
+        chat_constraint(state, &req, &valid, rendered.opens_reasoning).await?;
     let mut generation = Generation::submit(
         &state.engine,
         state.model.tokenizer.clone(),

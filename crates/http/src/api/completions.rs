@@ -66,7 +66,7 @@ pub async fn run(
     let state = &state;
     let mut valid = validate_completion(&req, &state.model.defaults, state.model.vocab_size)?;
     state.check_accepting()?;
-    valid.generation.constraint = completion_constraint(state, &req)?;
+    valid.generation.constraint = completion_constraint(state, &req).await?;
     let prompt = req.prompt.as_ref().expect("validated");
     let prompts = prompts(state, prompt, valid.add_special_tokens)?;
     timeline.mark("tokenized");

@@ -5,7 +5,7 @@
 
 use engine::ConstraintSpec;
 
-use super::state::AppState;
+use super::state::SharedState;
 use crate::openai::request::GenerationRequest;
 use crate::openai::validate::{
     check_size, requested_constraint, ForcedToolCall, RequestedConstraint, ValidChat,
@@ -17,12 +17,12 @@ use crate::text::grammar::{
 };
 
 /// The constraint of a completions request, checked.
-pub fn completion_constraint(
-    state: &AppState,
+pub async fn completion_constraint(
+    state: &SharedState,
     req: &GenerationRequest,
 ) -> Result<Option<ConstraintSpec>, ApiError> {
     match requested_constraint(req, state.max_constraint_bytes)? {
-        Some(c) => checked(state, c).map(Some),
+        Some(c) => checked(state, c).await.map(Some),
         None => Ok(None),
     }
 }
@@ -32,8 +32,8 @@ pub fn completion_constraint(
 /// the rendered prompt ends inside `<think>`; the constraint then starts
 /// after the model's `</think>`, as vLLM's reasoning parsers have it (a
 /// client's Lark grammar is taken as is: it covers the whole output).
-pub fn chat_constraint(
-    state: &AppState,
+pub async fn chat_constraint(
+    state: &SharedState,
     req: &GenerationRequest,
     valid: &ValidChat,
     opens_reasoning: bool,
@@ -78,7 +78,7 @@ pub fn chat_constraint(
         (None, Some(c)) => c,
         (None, None) => return Ok(None),
     };
-    checked(state, constraint).map(Some)
+    checked(state, constraint).await.map(Some)
 }
 
 /// `spec` as a grammar that first closes the reasoning block.
@@ -93,12 +93,20 @@ fn after_reasoning_spec(spec: ConstraintSpec) -> ConstraintSpec {
     ConstraintSpec::Lark(after_reasoning(&body))
 }
 
-/// Compiles the constraint in the engine: its error names the field.
-fn checked(state: &AppState, c: RequestedConstraint) -> Result<ConstraintSpec, ApiError> {
-    state.engine.check_constraint(&c.spec).map_err(|e| {
+/// Compiles the constraint in the engine, off the async workers (a
+/// compile the engine has not cached may take a while): its error names
+/// the field. The engine caches what it compiled, so submit does not
+/// compile again.
+async fn checked(state: &SharedState, c: RequestedConstraint) -> Result<ConstraintSpec, ApiError> {
+    let engine_state = state.clone();
+    let spec = c.spec.clone();
+    let checked = tokio::task::spawn_blocking(move || engine_state.engine.check_constraint(&spec))
+        .await
+        .map_err(ApiError::internal)?;
+    checked.map_err(|e| {
         ApiError::from(ValidationError::BadConstraint {
             field: c.field,
-            message: e.message,
+            message: e.to_string(),
         })
     })?;
     Ok(c.spec)

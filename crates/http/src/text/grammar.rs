@@ -8,8 +8,9 @@
 //! `<tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n...</function>\n</tool_call>`.
 //! A parameter the parser keeps as text ([`is_text_type`]) is raw text
 //! that cannot end the block early (no `</parameter>`, `<parameter=` or
-//! `</function>` inside, and not `null`, which the parser reads as null);
-//! a string enum is one of its values. Any other parameter is JSON that
+//! `</function>` inside, and not `null`, which the parser reads as null),
+//! within the schema's `minLength`, `maxLength` and `pattern`; a string
+//! enum is one of its values. Any other parameter is JSON that
 //! follows the property's schema (`%json`). Required parameters appear,
 //! optional ones may, in the order of `properties`.
 
@@ -22,19 +23,68 @@ use crate::openai::request::Tool;
 /// to the first `</think>` (lazy: it ends there).
 const THINK_RULE: &str = "think[lazy]: /(.|\\n)*<\\/think>/\n";
 
-/// Text of a text parameter, then the end of the parameter.
-const PARAM_TEXT_TERMINALS: &str = "PARAM_TEXT: /(.|\\n)*/ & ~/(.|\\n)*(<\\/parameter>|<parameter=|<\\/function>)(.|\\n)*/ & ~/[nN][uU][lL][lL]/\n\
-PARAM_TEXT_END: PARAM_TEXT \"\\n</parameter>\\n\"\n";
+/// Text of a text parameter.
+const PARAM_TEXT: &str = "PARAM_TEXT: /(.|\\n)*/ & ~/(.|\\n)*(<\\/parameter>|<parameter=|<\\/function>)(.|\\n)*/ & ~/[nN][uU][lL][lL]/\n";
+/// Text of a text parameter, then the end of the parameter (one lexeme:
+/// the text cannot go on past the end).
+const PARAM_TEXT_END: &str = "PARAM_TEXT_END: PARAM_TEXT \"\\n</parameter>\\n\"\n";
 
 /// What one parameter's value may be.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ValueShape {
     /// Raw text.
-    Text,
+    Text(TextLimits),
     /// Exactly one of these texts (a string `enum` or `const`).
     Literals(Vec<String>),
     /// JSON following this schema.
     Json(Json),
+}
+
+/// A string schema's limits on a text parameter.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TextLimits {
+    pub min_length: Option<u64>,
+    pub max_length: Option<u64>,
+    /// A regex the text contains (JSON schema's `pattern`).
+    pub pattern: Option<String>,
+}
+
+impl TextLimits {
+    fn of(schema: &Json) -> Self {
+        let count = |key| schema.get(key).and_then(Json::as_u64);
+        TextLimits {
+            min_length: count("minLength"),
+            max_length: count("maxLength"),
+            pattern: schema
+                .get("pattern")
+                .and_then(Json::as_str)
+                .map(str::to_string),
+        }
+    }
+
+    /// Terminals the text must also match (none: any text).
+    fn terminals(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.min_length.is_some() || self.max_length.is_some() {
+            let min = self.min_length.unwrap_or(0);
+            let max = self.max_length.map(|m| m.to_string()).unwrap_or_default();
+            out.push(format!("/(.|\\n){{{min},{max}}}/"));
+        }
+        if let Some(pattern) = &self.pattern {
+            // A JSON-schema pattern is searched for, not matched whole.
+            let start = pattern.strip_prefix('^');
+            let inner = start.unwrap_or(pattern);
+            let end = inner.strip_suffix('$').filter(|i| !i.ends_with('\\'));
+            let inner = end.unwrap_or(inner);
+            let regex = format!(
+                "{}({inner}){}",
+                if start.is_some() { "" } else { "(.|\\n)*" },
+                if end.is_some() { "" } else { "(.|\\n)*" }
+            );
+            out.push(regex_terminal(&regex));
+        }
+        out
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -84,7 +134,7 @@ pub fn call_shape(tool: &Tool) -> CallShape {
             params.push(ParamShape {
                 name: name.to_string(),
                 required: true,
-                value: ValueShape::Text,
+                value: ValueShape::Text(TextLimits::default()),
             });
         }
     }
@@ -116,7 +166,10 @@ fn value_shape(schema: &Json, definitions: &[(&str, &Json)]) -> ValueShape {
         (None, Some(Json::Array(values))) if !values.is_empty() => strings(values),
         _ => None,
     };
-    listed.map_or(ValueShape::Text, ValueShape::Literals)
+    listed.map_or_else(
+        || ValueShape::Text(TextLimits::of(schema)),
+        ValueShape::Literals,
+    )
 }
 
 /// A grammar whose every output is tool calls in Qwen3.5's format, each
@@ -138,7 +191,7 @@ pub fn tool_call_grammar(calls: &[CallShape], many: bool, opens_reasoning: bool)
     } else {
         g.push_str("calls: call\n");
     }
-    let mut uses_text = false;
+    let (mut uses_text, mut uses_text_end) = (false, false);
     for (i, call) in calls.iter().enumerate() {
         let mut body = vec![lark_string(&format!(
             "<tool_call>\n<function={}>\n",
@@ -149,9 +202,17 @@ pub fn tool_call_grammar(calls: &[CallShape], many: bool, opens_reasoning: bool)
             let open = lark_string(&format!("<parameter={}>\n", param.name));
             let close = lark_string("\n</parameter>\n");
             let value = match &param.value {
-                ValueShape::Text => {
+                ValueShape::Text(limits) => {
+                    let terminals = limits.terminals();
                     uses_text = true;
-                    format!("{open} PARAM_TEXT_END")
+                    if terminals.is_empty() {
+                        uses_text_end = true;
+                        format!("{open} PARAM_TEXT_END")
+                    } else {
+                        let name = format!("FN_{i}_P{j}_TEXT");
+                        g.push_str(&format!("{name}: PARAM_TEXT & {}\n", terminals.join(" & ")));
+                        format!("{open} {name} {close}")
+                    }
                 }
                 ValueShape::Literals(values) => {
                     let values: Vec<String> = values.iter().map(|v| lark_string(v)).collect();
@@ -173,7 +234,10 @@ pub fn tool_call_grammar(calls: &[CallShape], many: bool, opens_reasoning: bool)
         g.push_str(&format!("fn_{i}: {}\n", body.join(" ")));
     }
     if uses_text {
-        g.push_str(PARAM_TEXT_TERMINALS);
+        g.push_str(PARAM_TEXT);
+    }
+    if uses_text_end {
+        g.push_str(PARAM_TEXT_END);
     }
     g
 }

@@ -35,7 +35,7 @@ fn a_tool_becomes_its_call_shape() {
                 ParamShape {
                     name: "city".into(),
                     required: true,
-                    value: ValueShape::Text
+                    value: ValueShape::Text(TextLimits::default())
                 },
                 ParamShape {
                     name: "days".into(),
@@ -135,7 +135,7 @@ fn a_required_name_without_property_is_text() {
         vec![ParamShape {
             name: "q".into(),
             required: true,
-            value: ValueShape::Text
+            value: ValueShape::Text(TextLimits::default())
         }]
     );
 }
@@ -152,7 +152,7 @@ fn walk(shape: &CallShape, values: &[(&str, &str)]) -> String {
         };
         match &param.value {
             ValueShape::Literals(allowed) => assert!(allowed.iter().any(|a| a == value)),
-            ValueShape::Text => {
+            ValueShape::Text(_) => {
                 for end in ["</parameter>", "<parameter=", "</function>"] {
                     assert!(!value.contains(end));
                 }
@@ -269,4 +269,30 @@ fn client_constraints_after_reasoning() {
         literal_alternation(&["yes".into(), "say \"no\"\n".into()]),
         "(\"yes\" | \"say \\\"no\\\"\\n\")"
     );
+}
+
+#[test]
+fn string_limits_bound_a_text_parameter() {
+    let tool = tools(
+        json!([{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object",
+            "properties": {
+                "code": {"type": "string", "pattern": "^[A-Z]{3}$"},
+                "note": {"type": "string", "maxLength": 12},
+                "word": {"type": "string", "minLength": 2, "pattern": "a/b"}
+            },
+            "required": ["code", "note", "word"]
+        }}}]),
+    );
+    let grammar = tool_call_grammar(&[call_shape(&tool[0])], false, false);
+    for line in [
+        r#"FN_0_P0_TEXT: PARAM_TEXT & /([A-Z]{3})/"#,
+        r#"fn_0_p0: "<parameter=code>\n" FN_0_P0_TEXT "\n</parameter>\n""#,
+        r#"FN_0_P1_TEXT: PARAM_TEXT & /(.|\n){0,12}/"#,
+        r#"FN_0_P2_TEXT: PARAM_TEXT & /(.|\n){2,}/ & /(.|\n)*(a\/b)(.|\n)*/"#,
+    ] {
+        assert!(grammar.lines().any(|l| l == line), "{line}\n{grammar}");
+    }
+    assert!(grammar.lines().any(|l| l.starts_with("PARAM_TEXT: ")));
+    assert!(!grammar.contains("PARAM_TEXT_END"), "unused: {grammar}");
 }
