@@ -27,26 +27,39 @@ pub async fn completion_constraint(
     }
 }
 
+/// The client's constraint of a chat request, before the prompt is
+/// rendered (a request-shape error comes first): never together with a
+/// forcing `tool_choice`.
+pub fn chat_client_constraint(
+    state: &SharedState,
+    req: &GenerationRequest,
+    valid: &ValidChat,
+) -> Result<Option<RequestedConstraint>, ApiError> {
+    let client = requested_constraint(req, state.max_constraint_bytes)?;
+    match (&valid.forced_tool_call, client) {
+        (Some(_), Some(c)) => Err(ValidationError::ConflictingConstraints {
+            fields: vec!["tool_choice", c.field],
+        }
+        .into()),
+        (_, client) => Ok(client),
+    }
+}
+
 /// The constraint of a chat request, checked: a forced tool call's
-/// grammar, or the client's constraint (never both). `opens_reasoning`:
-/// the rendered prompt ends inside `<think>`; the constraint then starts
-/// after the model's `</think>`, as vLLM's reasoning parsers have it (a
-/// client's Lark grammar is taken as is: it covers the whole output).
+/// grammar, or the client's constraint (from [`chat_client_constraint`]).
+/// `opens_reasoning`: the rendered prompt ends inside `<think>`; the
+/// constraint then starts after the model's `</think>`, as vLLM's
+/// reasoning parsers have it (a client's Lark grammar is taken as is: it
+/// covers the whole output).
 pub async fn chat_constraint(
     state: &SharedState,
     req: &GenerationRequest,
     valid: &ValidChat,
+    client: Option<RequestedConstraint>,
     opens_reasoning: bool,
 ) -> Result<Option<ConstraintSpec>, ApiError> {
-    let client = requested_constraint(req, state.max_constraint_bytes)?;
     let constraint = match (&valid.forced_tool_call, client) {
-        (Some(_), Some(c)) => {
-            return Err(ValidationError::ConflictingConstraints {
-                fields: vec!["tool_choice", c.field],
-            }
-            .into())
-        }
-        (Some(forced), None) => {
+        (Some(forced), _) => {
             let tools = req.tools.as_deref().unwrap_or_default();
             let (shapes, many) = match forced {
                 ForcedToolCall::Required { parallel } => {
