@@ -114,7 +114,11 @@ async fn conflicts_and_bad_shapes_are_400s_naming_the_field() {
             "required",
         ),
         (json!({"guided_json": "[1]"}), "guided_json", "an array"),
-        (json!({"guided_json": 7}), "guided_json", "a number"),
+        (
+            json!({"guided_json": 7}),
+            "guided_json",
+            "a JSON schema must be",
+        ),
         (json!({"guided_choice": []}), "guided_choice", "non-empty"),
         (json!({"guided_choice": "yes"}), "guided_choice", "sequence"),
         (json!({"guided_regex": 5}), "guided_regex", "string"),

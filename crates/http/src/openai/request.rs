@@ -4,7 +4,7 @@
 //! value reaches validation and gets a range error naming the field, rather
 //! than a type error.
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value as Json};
 
 #[derive(Debug, Deserialize)]
@@ -54,6 +54,7 @@ pub struct GenerationRequest {
     /// vLLM's structured outputs object (one constraint at most).
     pub structured_outputs: Option<StructuredOutputs>,
     /// vLLM's older top-level forms of `structured_outputs`.
+    #[serde(default, deserialize_with = "schema_value")]
     pub guided_json: Option<Json>,
     pub guided_regex: Option<String>,
     pub guided_choice: Option<Vec<String>>,
@@ -106,15 +107,29 @@ pub struct ResponseFormat {
 pub struct JsonSchemaFormat {
     pub name: Option<String>,
     pub description: Option<String>,
+    #[serde(default, deserialize_with = "schema_value")]
     pub schema: Option<Json>,
     /// Accepted and ignored: the schema is always enforced.
     pub strict: Option<bool>,
+}
+
+/// A JSON schema field: an object or a boolean, or JSON text of one (what
+/// the text holds is checked where the schema is used); anything else is
+/// refused as the body is read, whether or not the field is used.
+fn schema_value<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Json>, D::Error> {
+    match Option::<Json>::deserialize(d)? {
+        Some(Json::Number(_) | Json::Array(_)) => Err(serde::de::Error::custom(
+            "a JSON schema must be an object or a boolean, or JSON text of one",
+        )),
+        value => Ok(value),
+    }
 }
 
 /// vLLM's `structured_outputs`: each field is one kind of constraint.
 #[derive(Debug, Default, Deserialize)]
 pub struct StructuredOutputs {
     /// A JSON schema, or JSON text of one.
+    #[serde(default, deserialize_with = "schema_value")]
     pub json: Option<Json>,
     pub regex: Option<String>,
     pub choice: Option<Vec<String>>,

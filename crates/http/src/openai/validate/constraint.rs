@@ -334,11 +334,6 @@ mod tests {
                 r#""response_format": {"type": "json_schema", "json_schema": {"name": "x"}}"#,
                 "response_format.json_schema.schema",
             ),
-            (
-                r#""response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}"#,
-                "response_format.json_schema.schema",
-            ),
-            (r#""guided_json": [1]"#, "guided_json"),
             (r#""guided_json": "[1]""#, "guided_json"),
             (r#""guided_json": "{not json""#, "guided_json"),
             (r#""guided_choice": []"#, "guided_choice"),
@@ -351,6 +346,37 @@ mod tests {
             assert_eq!(e.param().as_deref(), Some(param), "{fields}: {e}");
             assert_eq!(e.code(), "invalid_value", "{fields}");
         }
+    }
+
+    #[test]
+    fn a_schema_of_the_wrong_type_is_refused_as_the_body_is_read() {
+        for (fields, param) in [
+            (
+                r#""response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}"#,
+                "response_format.json_schema.schema",
+            ),
+            // Even where the type does not use it.
+            (
+                r#""response_format": {"type": "text", "json_schema": {"schema": [1]}}"#,
+                "response_format.json_schema.schema",
+            ),
+            (r#""guided_json": [1]"#, "guided_json"),
+            (
+                r#""structured_outputs": {"json": 2}"#,
+                "structured_outputs.json",
+            ),
+        ] {
+            let e = crate::openai::decode::decode_json::<GenerationRequest>(
+                format!("{{{fields}}}").as_bytes(),
+            )
+            .unwrap_err();
+            let body = e.body();
+            assert_eq!(body["error"]["param"], param, "{fields}");
+            let message = body["error"]["message"].as_str().unwrap();
+            assert!(message.contains("a JSON schema must be"), "{message}");
+        }
+        // null is absent.
+        assert_eq!(constraint(r#""guided_json": null"#), Ok(None));
     }
 
     #[test]
