@@ -3,7 +3,9 @@
 The OpenAPI document states some rules in words because no schema keyword
 can: a prompt plus max_tokens must fit the context, prompts x n is at most
 128, min_tokens is at most max_tokens, tool-call arguments given as text are
-a JSON object, and the model's chat template decides which conversations it
+a JSON object, a request has at most one output constraint and it must
+compile, a tool_choice other than none needs tools (and a named one names
+one of them), and the model's chat template decides which conversations it
 renders (the demo's, Qwen3.5's, needs a user message, takes a system message
 only first and knows no developer role). A case schemathesis generates as
 valid is brought within those rules here, so that the server must accept it
@@ -131,6 +133,67 @@ def _generation(body):
         body["n"] = max(1, min(n, MAX_CHOICES, 128 // prompts))
 
 
+# Output constraints that compile, by the field schemathesis chose.
+SAFE_SCHEMA = {"type": "object"}
+SAFE_REGEX = "[a-z]{0,8}"
+SAFE_CHOICE = ["yes", "no"]
+SAFE_GRAMMAR = "start: /[a-z]{0,8}/"
+SAFE_STRUCTURED = {"json": SAFE_SCHEMA, "regex": SAFE_REGEX, "choice": SAFE_CHOICE,
+                   "grammar": SAFE_GRAMMAR, "json_object": True}
+SAFE_GUIDED = {"guided_json": SAFE_SCHEMA, "guided_regex": SAFE_REGEX,
+               "guided_choice": SAFE_CHOICE, "guided_grammar": SAFE_GRAMMAR}
+
+
+def _forced_tool_call(body):
+    """tool_choice needs tools (a named one names one of them); a forced
+    call's tools get a small parameters schema, so its grammar compiles.
+    True if the call is forced."""
+    choice = body.get("tool_choice")
+    tools = body.get("tools")
+    if choice is None or choice == "none":
+        return False
+    if not isinstance(tools, list) or not tools:
+        body["tool_choice"] = None
+        return False
+    if choice == "auto":
+        return False
+    for tool in tools:
+        tool["function"]["parameters"] = {"type": "object", "properties": {"q": {"type": "string"}}}
+    if isinstance(choice, dict):
+        choice["function"]["name"] = tools[0]["function"]["name"]
+    return True
+
+
+def _constraints(body, chat):
+    """At most one output constraint (a forced tool call counts), of the
+    kind schemathesis chose, with a value that compiles."""
+    kept = chat and _forced_tool_call(body)
+    format_ = body.get("response_format")
+    if isinstance(format_, dict) and format_.get("type") in ("json_object", "json_schema"):
+        if kept:
+            body["response_format"] = None
+        else:
+            if format_["type"] == "json_schema":
+                format_["json_schema"] = {"name": "fuzz", "schema": SAFE_SCHEMA}
+            kept = True
+    structured = body.get("structured_outputs")
+    if isinstance(structured, dict):
+        given = [k for k in SAFE_STRUCTURED if structured.get(k) not in (None, False)]
+        if kept and given:
+            body["structured_outputs"] = None
+        elif given:
+            body["structured_outputs"] = {given[0]: SAFE_STRUCTURED[given[0]]}
+            kept = True
+    for field, safe in SAFE_GUIDED.items():
+        if body.get(field) is None:
+            continue
+        if kept:
+            body[field] = None
+        else:
+            body[field] = safe
+            kept = True
+
+
 @schemathesis.hook
 def map_case(ctx, case):
     meta = case.meta
@@ -142,5 +205,7 @@ def map_case(ctx, case):
         _generation(body)
     if path in ("/v1/chat/completions", "/tokenize"):
         _conversation(body)
+    if path in GENERATION:
+        _constraints(body, chat=path == "/v1/chat/completions")
     case.body = body
     return case

@@ -64,6 +64,11 @@ pub struct Args {
     /// Largest request body accepted (413 above it).
     #[arg(long, default_value_t = 32 * 1024 * 1024)]
     pub max_request_bytes: usize,
+    /// Longest JSON schema, regex, grammar or choice list a request may
+    /// constrain its output with (structured outputs; a forced tool
+    /// call's grammar built from `tools` too); 400 above it.
+    #[arg(long, default_value_t = gdn_http::openai::validate::DEFAULT_MAX_CONSTRAINT_BYTES)]
+    pub max_constraint_bytes: usize,
     /// Open HTTP connections at most (uvicorn's flag); one more is answered
     /// 503 with Retry-After and closed. Lowered at start to what the
     /// file-descriptor limit leaves (raised to its hard limit first).
@@ -234,6 +239,7 @@ impl Args {
                 in_step_snapshots: !self.no_prefix_cache_in_step_snapshots,
             },
             max_request_bytes: self.max_request_bytes,
+            max_constraint_bytes: self.max_constraint_bytes,
             connections: ConnectionLimits {
                 max_connections: self.limit_concurrency,
                 header_read_timeout: Some(self.header_read_timeout).filter(|t| !t.is_zero()),

@@ -7,6 +7,7 @@ use axum::response::Response;
 use minijinja::value::Value;
 use serde_json::Value as Json;
 
+use super::constraint::{chat_client_constraint, chat_constraint};
 use super::generate::{Finish, Generation, PromptSpec};
 use super::logprobs::chat_logprobs;
 use super::request_id::RequestId;
@@ -116,8 +117,9 @@ pub async fn run(
     mut timeline: Timeline,
 ) -> Result<Response, ApiError> {
     let state = &state;
-    let valid = validate_chat(&req, &state.model.defaults, state.model.vocab_size)?;
+    let mut valid = validate_chat(&req, &state.model.defaults, state.model.vocab_size)?;
     state.check_accepting()?;
+    let client_constraint = chat_client_constraint(state, &req, &valid)?;
     let rendered = render_chat(
         state,
         &bytes,
@@ -129,6 +131,14 @@ pub async fn run(
     )?;
     let max_model_len = state.max_model_len()?;
     let max_tokens = resolve_max_tokens(&valid.generation, rendered.ids.len(), max_model_len)?;
+    valid.generation.constraint = chat_constraint(
+        state,
+        &req,
+        &valid,
+        client_constraint,
+        rendered.opens_reasoning,
+    )
+    .await?;
     let mut generation = Generation::submit(
         &state.engine,
         state.model.tokenizer.clone(),

@@ -5,6 +5,7 @@ use axum::body::Bytes;
 use axum::response::Response;
 use serde_json::Value as Json;
 
+use super::constraint::completion_constraint;
 use super::generate::{Generation, PromptSpec};
 use super::logprobs::completion_logprobs;
 use super::request_id::RequestId;
@@ -63,8 +64,9 @@ pub async fn run(
     mut timeline: Timeline,
 ) -> Result<Response, ApiError> {
     let state = &state;
-    let valid = validate_completion(&req, &state.model.defaults, state.model.vocab_size)?;
+    let mut valid = validate_completion(&req, &state.model.defaults, state.model.vocab_size)?;
     state.check_accepting()?;
+    valid.generation.constraint = completion_constraint(state, &req).await?;
     let prompt = req.prompt.as_ref().expect("validated");
     let prompts = prompts(state, prompt, valid.add_special_tokens)?;
     timeline.mark("tokenized");

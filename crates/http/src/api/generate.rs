@@ -153,7 +153,7 @@ impl Generation {
                         ignore_eos: v.ignore_eos,
                     },
                     snapshot_points: prompt.snapshot_points.clone(),
-                    constraint: None,
+                    constraint: v.constraint.clone(),
                 };
                 streams.push(Some(engine.submit(request)?));
                 prompt_tokens.push(prompt.ids.len());

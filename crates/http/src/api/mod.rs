@@ -1,5 +1,6 @@
 //! What the routes do once a request is decoded: chat ([`chat`]) and
-//! completions ([`completions`]) submit engine requests ([`generate`]) and
+//! completions ([`completions`]) submit engine requests ([`generate`]), with
+//! the output constraint a request asks for ([`constraint`]), and
 //! answer through one response path ([`respond`], streamed with [`sse`]);
 //! the small routes ([`info`], [`tokenize`]) answer from the shared state
 //! ([`state`]). The HTTP stack (routing, bodies, request ids) is
@@ -7,6 +8,7 @@
 
 pub mod chat;
 pub mod completions;
+pub mod constraint;
 pub mod generate;
 pub mod info;
 pub mod logprobs;

@@ -52,6 +52,9 @@ pub struct AppState {
     pub model: ModelFiles,
     pub served_model_name: String,
     pub max_request_bytes: usize,
+    /// Longest schema, regex, grammar or choice list (or built tool-call
+    /// grammar) a request may constrain its output with.
+    pub max_constraint_bytes: usize,
     /// Interval of SSE keep-alive comments (`None`: none are sent).
     pub sse_keepalive: Option<std::time::Duration>,
     /// `--request-timeline`: log where each request's first token went.

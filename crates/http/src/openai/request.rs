@@ -4,7 +4,7 @@
 //! value reaches validation and gets a range error naming the field, rather
 //! than a type error.
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value as Json};
 
 #[derive(Debug, Deserialize)]
@@ -51,6 +51,14 @@ pub struct GenerationRequest {
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub response_format: Option<ResponseFormat>,
+    /// vLLM's structured outputs object (one constraint at most).
+    pub structured_outputs: Option<StructuredOutputs>,
+    /// vLLM's older top-level forms of `structured_outputs`.
+    #[serde(default, deserialize_with = "schema_value")]
+    pub guided_json: Option<Json>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
     pub prompt_logprobs: Option<i64>,
     pub best_of: Option<i64>,
     /// Chat: a boolean; completions: the number of top logprobs (0..=20).
@@ -87,10 +95,47 @@ pub const CHAT_ONLY_FIELDS: &[&str] = &[
 /// The fields only completions read: a chat request drops them unread.
 pub const COMPLETIONS_ONLY_FIELDS: &[&str] = &["prompt", "echo", "suffix", "add_special_tokens"];
 
+/// OpenAI's `response_format`: `text`, `json_object` or `json_schema`.
 #[derive(Debug, Deserialize)]
 pub struct ResponseFormat {
     #[serde(rename = "type")]
     pub kind: String,
+    pub json_schema: Option<JsonSchemaFormat>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct JsonSchemaFormat {
+    pub name: Option<String>,
+    pub description: Option<String>,
+    #[serde(default, deserialize_with = "schema_value")]
+    pub schema: Option<Json>,
+    /// Accepted and ignored: the schema is always enforced.
+    pub strict: Option<bool>,
+}
+
+/// A JSON schema field: an object or a boolean, or JSON text of one (what
+/// the text holds is checked where the schema is used); anything else is
+/// refused as the body is read, whether or not the field is used.
+fn schema_value<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Json>, D::Error> {
+    match Option::<Json>::deserialize(d)? {
+        Some(Json::Number(_) | Json::Array(_)) => Err(serde::de::Error::custom(
+            "a JSON schema must be an object or a boolean, or JSON text of one",
+        )),
+        value => Ok(value),
+    }
+}
+
+/// vLLM's `structured_outputs`: each field is one kind of constraint.
+#[derive(Debug, Default, Deserialize)]
+pub struct StructuredOutputs {
+    /// A JSON schema, or JSON text of one.
+    #[serde(default, deserialize_with = "schema_value")]
+    pub json: Option<Json>,
+    pub regex: Option<String>,
+    pub choice: Option<Vec<String>>,
+    /// A Lark (llguidance) grammar.
+    pub grammar: Option<String>,
+    pub json_object: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

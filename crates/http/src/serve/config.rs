@@ -35,6 +35,9 @@ pub struct ServeConfig {
     pub prefix_cache: PrefixCaching,
     /// Largest request body accepted (413 above it).
     pub max_request_bytes: usize,
+    /// Longest schema, regex, grammar or choice list a request may
+    /// constrain its output with (400 above it).
+    pub max_constraint_bytes: usize,
     /// Open connections at most, and how long a connection may idle or
     /// take to send a request head.
     pub connections: ConnectionLimits,
@@ -80,6 +83,7 @@ impl ServeConfig {
                 in_step_snapshots: true,
             },
             max_request_bytes: 32 * 1024 * 1024,
+            max_constraint_bytes: crate::openai::validate::DEFAULT_MAX_CONSTRAINT_BYTES,
             connections: ConnectionLimits::default(),
             sse_keepalive: Some(Duration::from_secs(15)),
             request_timeline: false,

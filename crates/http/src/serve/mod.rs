@@ -85,6 +85,7 @@ fn state_of(
         model,
         served_model_name: config.served_model_name.clone(),
         max_request_bytes: config.max_request_bytes,
+        max_constraint_bytes: config.max_constraint_bytes,
         sse_keepalive: config.sse_keepalive,
         request_timeline: config.request_timeline,
         prefix_caching: config.prefix_cache.enabled,

@@ -6,6 +6,7 @@
 //! tool calls ([`outparse`]). Nothing here knows HTTP or the engine.
 
 pub mod detok;
+pub mod grammar;
 pub mod outparse;
 pub mod preamble;
 pub mod pyjson;

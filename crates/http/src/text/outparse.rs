@@ -57,16 +57,28 @@ pub fn tool_schemas(tools: &[crate::openai::request::Tool]) -> ToolSchemas {
                 .map(|props| {
                     props
                         .iter()
-                        .map(|(k, v)| {
-                            let ty = v.get("type").and_then(|t| t.as_str()).unwrap_or("string");
-                            (k.clone(), ty.to_string())
-                        })
+                        .map(|(k, v)| (k.clone(), parameter_type(v).to_string()))
                         .collect()
                 })
                 .unwrap_or_default();
             (t.function.name.clone(), props)
         })
         .collect()
+}
+
+/// The type a parameter's text is converted by: its schema's `type` when
+/// that is one name, else `string` (vLLM's `qwen3_coder`).
+pub fn parameter_type(schema: &serde_json::Value) -> &str {
+    schema
+        .get("type")
+        .and_then(|t| t.as_str())
+        .unwrap_or("string")
+}
+
+/// Whether a parameter of this type keeps its text as is (other types
+/// are read as numbers, booleans or JSON).
+pub fn is_text_type(ty: &str) -> bool {
+    matches!(ty, "string" | "str" | "text" | "varchar" | "char" | "enum")
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -279,7 +291,7 @@ fn convert_param(text: &str, ty: Option<&str>) -> Value {
         return Value::from(());
     }
     match ty {
-        "string" | "str" | "text" | "varchar" | "char" | "enum" => Value::from(text),
+        t if is_text_type(t) => Value::from(text),
         t if t.starts_with("int") || t.starts_with("uint") || t == "long" || t == "short" => text
             .trim()
             .parse::<i64>()

@@ -1,13 +1,13 @@
 //! Chat requests: messages, roles, content parts, tool-call arguments,
 //! logprobs flags, tools and tool_choice, template flags.
 
-use super::{validate_generation, SamplingDefaults, ValidChat, ValidationError, MAX_TOP_LOGPROBS};
+use super::{
+    validate_generation, ForcedToolCall, SamplingDefaults, ValidChat, ValidationError,
+    MAX_TOP_LOGPROBS,
+};
 use crate::openai::request::{ChatMessage, GenerationRequest, MessageContent, Tool, ToolChoice};
 
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
-
-const TOOL_CHOICE_INSTEAD: &str =
-    "Use tool_choice 'auto' (or leave it out): the model then calls the given tools when it chooses to.";
 
 pub fn validate_chat(
     req: &GenerationRequest,
@@ -63,21 +63,17 @@ pub fn validate_chat(
         }
         None => false,
     };
-    let tools_enabled = match &req.tool_choice {
-        None => tools_given,
-        Some(ToolChoice::Mode(m)) if m == "none" => false,
-        Some(ToolChoice::Mode(m)) if m == "auto" => {
+    let (tools_enabled, forced_tool_call) = match &req.tool_choice {
+        None => (tools_given, None),
+        Some(ToolChoice::Mode(m)) if m == "none" => (false, None),
+        Some(ToolChoice::Mode(m)) if m == "auto" || m == "required" => {
             if !tools_given {
                 return Err(ValidationError::ToolChoiceWithoutTools);
             }
-            true
-        }
-        Some(ToolChoice::Mode(m)) if m == "required" => {
-            return Err(ValidationError::NeedsConstrainedDecoding {
-                field: "tool_choice",
-                value: "'required'".into(),
-                instead: TOOL_CHOICE_INSTEAD,
-            })
+            let forced = (m == "required").then_some(ForcedToolCall::Required {
+                parallel: req.parallel_tool_calls.unwrap_or(true),
+            });
+            (true, forced)
         }
         Some(ToolChoice::Mode(m)) => {
             return Err(ValidationError::UnknownToolChoice {
@@ -85,11 +81,20 @@ pub fn validate_chat(
             })
         }
         Some(ToolChoice::Named(named)) => {
-            return Err(ValidationError::NeedsConstrainedDecoding {
-                field: "tool_choice",
-                value: format!("a named function ('{}')", named.function.name),
-                instead: TOOL_CHOICE_INSTEAD,
-            })
+            if named.kind != "function" {
+                return Err(ValidationError::UnknownToolChoice {
+                    value: format!("type '{}'", named.kind),
+                });
+            }
+            let tools = req
+                .tools
+                .as_deref()
+                .ok_or(ValidationError::ToolChoiceWithoutTools)?;
+            let name = &named.function.name;
+            if !tools.iter().any(|t| &t.function.name == name) {
+                return Err(ValidationError::UnknownTool { name: name.clone() });
+            }
+            (true, Some(ForcedToolCall::Named(name.clone())))
         }
     };
     let add_generation_prompt = req.add_generation_prompt.unwrap_or(true);
@@ -103,6 +108,7 @@ pub fn validate_chat(
     Ok(ValidChat {
         generation,
         tools_enabled,
+        forced_tool_call,
         // continue_final_message implies no generation prompt.
         add_generation_prompt: add_generation_prompt && !continue_final_message,
         continue_final_message,
@@ -192,60 +198,53 @@ mod tests {
     use super::*;
     use crate::openai::request::GenerationRequest;
 
-    fn refusal(extra: &str) -> (String, Option<String>, &'static str) {
+    fn chat(extra: &str) -> Result<ValidChat, ValidationError> {
         let json = format!(
             r#"{{"messages": [{{"role": "user", "content": "hi"}}], "tools": [{{"type": "function", "function": {{"name": "f", "parameters": {{}}}}}}], {extra}}}"#
         );
         let req: GenerationRequest = serde_json::from_str(&json).unwrap();
-        let e = validate_chat(&req, &SamplingDefaults::default(), 1000).unwrap_err();
-        (e.to_string(), e.param(), e.code())
+        validate_chat(&req, &SamplingDefaults::default(), 1000)
     }
 
     #[test]
-    fn what_needs_constrained_decoding_is_refused_saying_so() {
-        for (extra, field, value, instead) in [
-            (
-                r#""tool_choice": {"type": "function", "function": {"name": "f"}}"#,
-                "tool_choice",
-                "a named function ('f')",
-                "tool_choice 'auto'",
-            ),
-            (
-                r#""tool_choice": "required""#,
-                "tool_choice",
-                "'required'",
-                "tool_choice 'auto'",
-            ),
-            (
-                r#""response_format": {"type": "json_object"}"#,
-                "response_format.type",
-                "json_object",
-                "in the prompt",
-            ),
-            (
-                r#""response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}"#,
-                "response_format.type",
-                "json_schema",
-                "in the prompt",
-            ),
-        ] {
-            let (message, param, code) = refusal(extra);
-            assert!(
-                message.starts_with(&format!(
-                    "{field}={value} needs constrained (guided) decoding"
-                )),
-                "{message}"
-            );
-            assert!(message.contains("does not have"), "{message}");
-            assert!(message.contains(instead), "{message}");
-            assert_eq!(param.as_deref(), Some(field));
-            assert_eq!(code, "unsupported_value");
-        }
-        // What needs no constraint is accepted.
+    fn tool_choice_modes() {
+        let v = chat(r#""tool_choice": "required""#).unwrap();
+        assert!(v.tools_enabled);
+        assert_eq!(
+            v.forced_tool_call,
+            Some(ForcedToolCall::Required { parallel: true })
+        );
+        let v = chat(r#""tool_choice": "required", "parallel_tool_calls": false"#).unwrap();
+        assert_eq!(
+            v.forced_tool_call,
+            Some(ForcedToolCall::Required { parallel: false })
+        );
+        let v = chat(r#""tool_choice": {"type": "function", "function": {"name": "f"}}"#).unwrap();
+        assert!(v.tools_enabled);
+        assert_eq!(v.forced_tool_call, Some(ForcedToolCall::Named("f".into())));
+        let v = chat(r#""tool_choice": "auto""#).unwrap();
+        assert!(v.tools_enabled && v.forced_tool_call.is_none());
+        let v = chat(r#""tool_choice": "none""#).unwrap();
+        assert!(!v.tools_enabled && v.forced_tool_call.is_none());
+    }
+
+    #[test]
+    fn a_forcing_tool_choice_needs_the_tool() {
+        let e =
+            chat(r#""tool_choice": {"type": "function", "function": {"name": "g"}}"#).unwrap_err();
+        assert_eq!(e, ValidationError::UnknownTool { name: "g".into() });
+        assert_eq!(e.param().as_deref(), Some("tool_choice.function.name"));
+        let e = chat(r#""tool_choice": "always""#).unwrap_err();
+        assert_eq!(e.param().as_deref(), Some("tool_choice"));
+        let e = chat(r#""tool_choice": {"type": "code", "function": {"name": "f"}}"#).unwrap_err();
+        assert_eq!(e.param().as_deref(), Some("tool_choice"));
         let req: GenerationRequest = serde_json::from_str(
-            r#"{"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "text"}}"#,
+            r#"{"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}"#,
         )
         .unwrap();
-        assert!(validate_chat(&req, &SamplingDefaults::default(), 1000).is_ok());
+        assert_eq!(
+            validate_chat(&req, &SamplingDefaults::default(), 1000),
+            Err(ValidationError::ToolChoiceWithoutTools)
+        );
     }
 }

@@ -60,12 +60,20 @@ pub enum ValidationError {
         field: &'static str,
         value: String,
     },
-    /// A value that only constrained (guided) decoding could honour.
-    NeedsConstrainedDecoding {
+    /// More than one output constraint (the fields that gave them).
+    ConflictingConstraints {
+        fields: Vec<&'static str>,
+    },
+    /// A schema, regex, grammar or choice list over `--max-constraint-bytes`.
+    ConstraintTooLarge {
         field: &'static str,
-        value: String,
-        /// What to send instead.
-        instead: &'static str,
+        bytes: usize,
+        max: usize,
+    },
+    /// The constraint compiler refused it (its message).
+    BadConstraint {
+        field: &'static str,
+        message: String,
     },
     EmptyTools,
     BadToolType {
@@ -74,6 +82,10 @@ pub enum ValidationError {
     },
     UnknownToolChoice {
         value: String,
+    },
+    /// A named tool_choice names no function of `tools`.
+    UnknownTool {
+        name: String,
     },
     ToolChoiceWithoutTools,
     ConflictingFlags {
@@ -146,21 +158,27 @@ impl std::fmt::Display for ValidationError {
             Unsupported { field, value } => {
                 write!(f, "{field}={value} is not supported by this server.")
             }
-            NeedsConstrainedDecoding {
-                field,
-                value,
-                instead,
-            } => write!(
+            ConflictingConstraints { fields } => write!(
                 f,
-                "{field}={value} needs constrained (guided) decoding, which this server does not have: it cannot force the output's shape. {instead}"
+                "Only one output constraint may be given, got {}: keep one of them.",
+                fields.join(", ")
             ),
+            ConstraintTooLarge { field, bytes, max } => write!(
+                f,
+                "{field} is {bytes} bytes long, over the server's limit of {max} bytes (--max-constraint-bytes)."
+            ),
+            BadConstraint { field, message } => write!(f, "Invalid {field}: {message}"),
             EmptyTools => write!(f, "tools must not be an empty list (leave it out instead)."),
             BadToolType { index, kind } => {
                 write!(f, "tools[{index}].type must be 'function', got '{kind}'.")
             }
             UnknownToolChoice { value } => write!(
                 f,
-                "tool_choice must be 'none' or 'auto' (or a named function this server cannot force), got {value}."
+                "tool_choice must be 'none', 'auto', 'required' or a named function, got {value}."
+            ),
+            UnknownTool { name } => write!(
+                f,
+                "tool_choice names the function '{name}', which is not among the given tools."
             ),
             ToolChoiceWithoutTools => write!(f, "tool_choice is set but no tools are given."),
             ConflictingFlags { a, b } => write!(f, "{a} and {b} cannot both be true."),
@@ -192,8 +210,11 @@ impl ValidationError {
                 field.to_string()
             }
             Unsupported { field, .. }
-            | NeedsConstrainedDecoding { field, .. }
+            | ConstraintTooLarge { field, .. }
+            | BadConstraint { field, .. }
             | TokenOutOfVocab { field, .. } => field.to_string(),
+            // The later field: the one to drop.
+            ConflictingConstraints { fields } => fields.last().unwrap_or(&"").to_string(),
             EmptyMessages | Template { .. } => "messages".into(),
             BadRole { index, .. } => format!("messages[{index}].role"),
             BadContentPart { index, part, .. } => format!("messages[{index}].content[{part}]"),
@@ -208,6 +229,7 @@ impl ValidationError {
             MinTokensOverMax { .. } => "min_tokens".into(),
             EmptyTools | BadToolType { .. } => "tools".into(),
             UnknownToolChoice { .. } | ToolChoiceWithoutTools => "tool_choice".into(),
+            UnknownTool { .. } => "tool_choice.function.name".into(),
             ConflictingFlags { b, .. } => b.to_string(),
             EmptyPrompt => "prompt".into(),
             TooManyChoices { .. } => "n".into(),
@@ -221,8 +243,7 @@ impl ValidationError {
             ValidationError::PromptTooLong { .. } | ValidationError::MaxTokensTooLarge { .. } => {
                 "context_length_exceeded"
             }
-            ValidationError::Unsupported { .. }
-            | ValidationError::NeedsConstrainedDecoding { .. } => "unsupported_value",
+            ValidationError::Unsupported { .. } => "unsupported_value",
             ValidationError::Template { .. } => "invalid_chat_template_input",
             ValidationError::MissingToolCallId { .. } => "missing_required_parameter",
             _ => "invalid_value",

@@ -2,13 +2,17 @@
 //! the field, the limit and the value, so the client learns what to change.
 //! Ranges follow vLLM's `SamplingParams._verify_args` and OpenAI's limits.
 
-use engine::SamplingParams;
+use engine::{ConstraintSpec, SamplingParams};
 
 use super::request::{GenerationRequest, StopField};
 
 mod chat;
+mod constraint;
 mod error;
 pub use chat::{validate_chat, validate_messages, validate_tool_types};
+pub use constraint::{
+    check_size, requested_constraint, RequestedConstraint, DEFAULT_MAX_CONSTRAINT_BYTES,
+};
 pub use error::ValidationError;
 
 /// Most top logprobs a request may ask for (vLLM's default max_logprobs).
@@ -52,6 +56,9 @@ pub struct ValidGeneration {
     /// vLLM's `return_token_ids`: `prompt_token_ids` and per choice
     /// `token_ids` (the deltas when streaming).
     pub return_token_ids: bool,
+    /// What the output must match (structured outputs, a forced tool
+    /// call); set by the endpoint once the prompt is known.
+    pub constraint: Option<ConstraintSpec>,
 }
 
 /// A chat request after validation (messages are rendered separately).
@@ -59,9 +66,21 @@ pub struct ValidGeneration {
 pub struct ValidChat {
     pub generation: ValidGeneration,
     pub tools_enabled: bool,
+    /// tool_choice 'required' or a named function: the output is a call.
+    pub forced_tool_call: Option<ForcedToolCall>,
     pub add_generation_prompt: bool,
     pub continue_final_message: bool,
     pub include_reasoning: bool,
+}
+
+/// What a forcing `tool_choice` asks for.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ForcedToolCall {
+    /// 'required': one or more calls of any given tool (one when
+    /// `parallel_tool_calls` is false).
+    Required { parallel: bool },
+    /// One call of this function.
+    Named(String),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -265,15 +284,6 @@ pub fn validate_generation(
             value: k.to_string(),
         });
     }
-    if let Some(format) = &req.response_format {
-        if format.kind != "text" {
-            return Err(ValidationError::NeedsConstrainedDecoding {
-                field: "response_format.type",
-                value: format.kind.clone(),
-                instead: "Ask for the format in the prompt instead (the output is then not guaranteed to follow it).",
-            });
-        }
-    }
     let seed = req.seed.map(|s| s as u64);
     Ok(ValidGeneration {
         sampling: SamplingParams {
@@ -300,6 +310,7 @@ pub fn validate_generation(
         include_usage,
         continuous_usage,
         return_token_ids: req.return_token_ids.unwrap_or(false),
+        constraint: None,
     })
 }
 
