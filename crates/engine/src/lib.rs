@@ -57,7 +57,7 @@ pub use engine::{Drained, Engine, EngineHandle, EngineStartError, RequestStream}
 pub use executor::{
     check_row_snapshots, in_row_order, split_rows, BoxError, CacheGeometry, ExecError, Executor,
     PageId, RowSnapshot, RowSnapshotError, SampleSeed, SampleSpec, SampledToken, SlotId,
-    SnapshotGeometry, SnapshotId, StepRow,
+    SnapshotGeometry, SnapshotId, StateGeometry, StepRow,
 };
 pub use protocol::EngineStats;
 pub use request::{
