@@ -31,6 +31,7 @@ fn gpu_model(f: &Fixture, s: &Arc<CudaStream>) -> GpuModel {
         s.clone(),
         GpuOptions {
             gdn_backend: BackendRequest::Auto,
+            ..GpuOptions::default()
         },
     )
     .unwrap()
