@@ -133,6 +133,15 @@ enum LayerState {
 }
 
 impl CpuState {
+    /// The recurrent state (`[Hv][Dk][Dv]`) of layer `layer`, if that is a
+    /// DeltaNet layer (tests compare the stored states of two runs).
+    pub fn recurrent(&self, layer: usize) -> Option<&[f32]> {
+        match self.layers.get(layer)? {
+            LayerState::Linear { recurrent, .. } => Some(recurrent),
+            LayerState::Full { .. } => None,
+        }
+    }
+
     /// Bytes of the conv and recurrent state (the part a GPU snapshot
     /// holds; the keys and values kept here per sequence are not counted).
     pub fn recurrent_bytes(&self) -> usize {
