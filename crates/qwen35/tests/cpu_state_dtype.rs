@@ -171,3 +171,64 @@ fn the_cpu_executor_takes_the_setting_and_reports_half_the_bytes() {
         assert!(reqs.iter().all(|r| r.done()), "{name}");
     }
 }
+
+#[test]
+fn the_engine_publishes_the_state_dtype_and_bytes_in_its_metrics() {
+    use engine::{Engine, EngineConfig, Executor};
+    use prometheus::Encoder;
+    let name = MODELS[0];
+    let sizing = CpuSizing {
+        num_slots: 3,
+        num_pages: 3 * 16,
+        page_size: 16,
+        max_model_len: 256,
+    };
+    let registry = prometheus::Registry::new();
+    let mut config = EngineConfig::new(vec![]);
+    config.max_num_seqs = sizing.num_slots;
+    let handle = Engine::start(
+        config,
+        move || {
+            let request = StateDtypeRequest::Fixed(StateDtype::Bf16);
+            let exec = CpuExecutor::load_with_state_dtype(&dir(name), sizing, request)
+                .map_err(|e| e.to_string())?;
+            Ok(Box::new(exec) as Box<dyn Executor>)
+        },
+        &registry,
+    )
+    .expect("engine starts");
+    let f = Fixture::load(name);
+    let c = &f.config;
+    let linear = c
+        .layer_types
+        .iter()
+        .filter(|t| **t == LayerType::Linear)
+        .count();
+    let per_slot =
+        linear * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 2;
+    let want = [
+        format!("gdn:recurrent_state_slot_bytes{{dtype=\"bfloat16\"}} {per_slot}"),
+        format!(
+            "gdn:recurrent_state_bytes{{dtype=\"bfloat16\"}} {}",
+            3 * per_slot
+        ),
+    ];
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let mut text = vec![];
+        prometheus::TextEncoder::new()
+            .encode(&registry.gather(), &mut text)
+            .unwrap();
+        let text = String::from_utf8(text).unwrap();
+        if want.iter().all(|w| text.lines().any(|l| l == w)) {
+            assert!(!text.contains("dtype=\"float32\""), "{text}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "{want:?} not in:\n{text}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    drop(handle);
+}
