@@ -122,7 +122,7 @@ fn main() {
             t.len()
         };
         println!(
-            "| {name} (prompt {}, {distinct} distinct tokens generated) | {n} | {equal} / {n} | {} | {max_logit:.2e} ({scale:.2}) | {max_lp:.2e} | {argmax_diff} / {n} | {rel:.2e} |",
+            "| {name} ({}-token prompt, {distinct} distinct tokens generated) | {n} | {equal} / {n} | {} | {max_logit:.2e} ({scale:.2}) | {max_lp:.2e} | {argmax_diff} / {n} | {rel:.2e} |",
             prompt.len(),
             first.map_or("none".to_string(), |p| format!("token {p}")),
         );
