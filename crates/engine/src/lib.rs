@@ -64,7 +64,7 @@ pub use engine::{Drained, Engine, EngineHandle, EngineStartError, RequestStream}
 pub use executor::{
     check_row_snapshots, in_row_order, split_rows, AllowedTokens, BoxError, CacheGeometry,
     ExecError, Executor, PageId, RowSnapshot, RowSnapshotError, SampleSeed, SampleSpec,
-    SampledToken, SlotId, SnapshotGeometry, SnapshotId, StepRow,
+    SampledToken, SlotId, SnapshotGeometry, SnapshotId, StateGeometry, StepRow,
 };
 pub use protocol::EngineStats;
 pub use request::{

@@ -4,7 +4,11 @@
 //! a `model_name` label, as vLLM puts on every series, is the registry's
 //! business (`Registry::new_custom` with constant labels).
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+use crate::executor::StateGeometry;
 
 /// vLLM's request-latency buckets (`v1/metrics/loggers.py`).
 const REQUEST_LATENCY_BUCKETS: &[f64] = &[
@@ -55,6 +59,10 @@ pub struct Metrics {
     pub request_decode_time: Histogram,
     pub state_slots_used: IntGauge,
     pub state_slots_total: IntGauge,
+    /// Label `dtype` (`float32`, `bfloat16`): the recurrent state of every
+    /// slot, and of one slot, in bytes (set once the executor is up).
+    pub recurrent_state_bytes: IntGaugeVec,
+    pub recurrent_state_slot_bytes: IntGaugeVec,
     pub step_duration: Histogram,
     pub tokens_per_step: Histogram,
     pub requests_aborted: IntCounter,
@@ -94,6 +102,17 @@ fn histogram(
 
 fn int_gauge(registry: &Registry, name: &str, help: &str) -> prometheus::Result<IntGauge> {
     let g = IntGauge::new(name, help)?;
+    registry.register(Box::new(g.clone()))?;
+    Ok(g)
+}
+
+fn int_gauge_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> prometheus::Result<IntGaugeVec> {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels)?;
     registry.register(Box::new(g.clone()))?;
     Ok(g)
 }
@@ -196,6 +215,18 @@ impl Metrics {
                 registry,
                 "gdn:state_slots_total",
                 "Recurrent-state slots of the executor.",
+            )?,
+            recurrent_state_bytes: int_gauge_vec(
+                registry,
+                "gdn:recurrent_state_bytes",
+                "Bytes of the DeltaNet recurrent state of every slot, by storage dtype.",
+                &["dtype"],
+            )?,
+            recurrent_state_slot_bytes: int_gauge_vec(
+                registry,
+                "gdn:recurrent_state_slot_bytes",
+                "Bytes of one slot's DeltaNet recurrent state, by storage dtype.",
+                &["dtype"],
             )?,
             step_duration: histogram(
                 registry,
@@ -301,5 +332,21 @@ impl Metrics {
                 MASK_BUCKETS,
             )?,
         })
+    }
+
+    /// The recurrent state's bytes (every slot's and one slot's), under the
+    /// executor's storage dtype; nothing where the executor does not say.
+    pub fn set_state_geometry(&self, state: &StateGeometry, num_slots: usize) {
+        if state.recurrent_dtype.is_empty() {
+            return;
+        }
+        let dtype = [state.recurrent_dtype];
+        let per_slot = state.recurrent_bytes_per_slot;
+        self.recurrent_state_bytes
+            .with_label_values(&dtype)
+            .set((per_slot * num_slots) as i64);
+        self.recurrent_state_slot_bytes
+            .with_label_values(&dtype)
+            .set(per_slot as i64);
     }
 }

@@ -124,6 +124,7 @@ pub(crate) fn run<F>(
     };
     let geometry = executor.geometry();
     let snapshots = executor.snapshot_geometry();
+    let state = executor.state_geometry();
     let config = &shared.config;
     let prefix_cache = PrefixCacheConfig {
         max_snapshots: config
@@ -174,6 +175,17 @@ pub(crate) fn run<F>(
         }
     }
     metrics.state_slots_total.set(geometry.num_slots as i64);
+    if !state.recurrent_dtype.is_empty() {
+        log::info!(
+            "recurrent state: {} bytes a slot in {} ({} bytes a slot with the conv state), {} bytes over {} slots",
+            state.recurrent_bytes_per_slot,
+            state.recurrent_dtype,
+            state.slot_bytes,
+            state.recurrent_bytes_per_slot * geometry.num_slots,
+            geometry.num_slots
+        );
+    }
+    metrics.set_state_geometry(&state, geometry.num_slots);
     shared.running_capacity.store(
         config.max_num_seqs.min(geometry.num_slots),
         Ordering::Release,

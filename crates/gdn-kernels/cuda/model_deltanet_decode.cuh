@@ -4,24 +4,51 @@
 // decode.
 #pragma once
 
+// The recurrent state's storage: f32, or bf16 (half the bytes a step reads
+// and writes). The math is f32 either way: a bf16 state is widened into f32
+// registers on load and rounded to nearest-even bf16 on store, once a step.
+// Four consecutive state values of one row (a lane's k columns) at a time.
+template <typename S> struct StateIo;
+template <> struct StateIo<float> {
+    using Raw = float4;  // as loaded, before widening
+    static __device__ __forceinline__ Raw load(const float* p) {
+        return *reinterpret_cast<const float4*>(p);
+    }
+    static __device__ __forceinline__ float4 widen(const Raw& r) { return r; }
+    static __device__ __forceinline__ void store(float* p, const float4& s) {
+        *reinterpret_cast<float4*>(p) = s;
+    }
+};
+template <> struct StateIo<bf16> {
+    using Raw = uint2;
+    static __device__ __forceinline__ Raw load(const bf16* p) { return load4(p, true); }
+    static __device__ __forceinline__ float4 widen(const Raw& r) {
+        return make_float4(unpack4(r, 0), unpack4(r, 1), unpack4(r, 2), unpack4(r, 3));
+    }
+    static __device__ __forceinline__ void store(bf16* p, const float4& s) {
+        const bf16 v[4] = {bf(s.x), bf(s.y), bf(s.z), bf(s.w)};
+        store4(p, v);
+    }
+};
+
 // One recurrent gated-delta-rule step for a batch of single tokens, in place
 // on the state slots (same math as the GDN oracle):
 //   S = alpha S;  d = beta (v - S k);  S += d k^T;  out = scale S q
 // grid (Hv, N, splits), block 256: one warp per value row, 4 k-columns per
 // lane; block z takes rows [z * 128 / splits, (z + 1) * 128 / splits), so a
-// batch of one still spreads over Hv * splits blocks.
-extern "C" __global__ void gdn_decode_step(bf16* __restrict__ out, float* __restrict__ state,
-                                           const int32_t* __restrict__ seq_slot,
-                                           const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                           const bf16* __restrict__ v,
-                                           const float* __restrict__ alpha,
-                                           const float* __restrict__ beta, int hk, int hv,
-                                           float scale) {
+// batch of one still spreads over Hv * splits blocks. The f32 math of a row
+// runs on the stored state widened (StateIo); the result is stored back.
+template <typename S>
+__device__ __forceinline__ void gdn_decode_step_impl(
+    bf16* __restrict__ out, S* __restrict__ state, const int32_t* __restrict__ seq_slot,
+    const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+    const float* __restrict__ alpha, const float* __restrict__ beta, int hk, int hv,
+    float scale) {
     const int D = kGdnDim;
     const int h = blockIdx.x, n = blockIdx.y;
     const int kh = h / (hv / hk);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    float* S = state + ((int64_t)seq_slot[n] * hv + h) * D * D;
+    S* St = state + ((int64_t)seq_slot[n] * hv + h) * D * D;
     float kk[4], qq[4];
     for (int e = 0; e < 4; ++e) {
         kk[e] = f(k[((int64_t)n * hk + kh) * D + lane * 4 + e]);
@@ -31,17 +58,31 @@ extern "C" __global__ void gdn_decode_step(bf16* __restrict__ out, float* __rest
     const int rows_per_block = D / gridDim.z;
     const int row_end = (blockIdx.z + 1) * rows_per_block;
     for (int row = blockIdx.z * rows_per_block + warp; row < row_end; row += warps) {
-        float4* p = reinterpret_cast<float4*>(S + (int64_t)row * D + lane * 4);
-        float4 s = *p;
+        S* p = St + (int64_t)row * D + lane * 4;
+        float4 s = StateIo<S>::widen(StateIo<S>::load(p));
         s.x *= a; s.y *= a; s.z *= a; s.w *= a;
         const float pred = warp_sum(s.x * kk[0] + s.y * kk[1] + s.z * kk[2] + s.w * kk[3]);
         const float d = b * (f(v[((int64_t)n * hv + h) * D + row]) - pred);
         s.x += d * kk[0]; s.y += d * kk[1]; s.z += d * kk[2]; s.w += d * kk[3];
-        *p = s;
+        StateIo<S>::store(p, s);
+        // The output reads the f32 values, not the rounded ones (f32 math).
         const float o = warp_sum(s.x * qq[0] + s.y * qq[1] + s.z * qq[2] + s.w * qq[3]);
         if (lane == 0) out[((int64_t)n * hv + h) * D + row] = bf(o * scale);
     }
 }
+
+#define GDN_DECODE_STEP(NAME, S)                                                               \
+    extern "C" __global__ void NAME(bf16* __restrict__ out, S* __restrict__ state,            \
+                                    const int32_t* __restrict__ seq_slot,                      \
+                                    const bf16* __restrict__ q, const bf16* __restrict__ k,    \
+                                    const bf16* __restrict__ v,                                \
+                                    const float* __restrict__ alpha,                           \
+                                    const float* __restrict__ beta, int hk, int hv,            \
+                                    float scale) {                                             \
+        gdn_decode_step_impl<S>(out, state, seq_slot, q, k, v, alpha, beta, hk, hv, scale);    \
+    }
+GDN_DECODE_STEP(gdn_decode_step, float)
+GDN_DECODE_STEP(gdn_decode_step_bf16, bf16)
 
 // DeltaNet output norm (HF Qwen3_5RMSNormGated): per value head,
 //   out = bf16( bf16(w * bf16(o / rms(o))) * silu(z) )   (plain weight, not 1 + w)
@@ -108,9 +149,9 @@ namespace {
 constexpr int kFusedThreads = 256;  // one thread per q|k channel of a head group
 constexpr int kFusedWarps = kFusedThreads / 32;
 
-template <int kRowsPerWarp>
+template <int kRowsPerWarp, typename S>
 __device__ __forceinline__ void gdn_decode_fused_impl(
-    bf16* __restrict__ out, float* __restrict__ state, bf16* __restrict__ conv_state,
+    bf16* __restrict__ out, S* __restrict__ state, bf16* __restrict__ conv_state,
     unsigned* __restrict__ arrivals, const bf16* __restrict__ proj, int ld, int col_z,
     int col_b, int col_a, const float* __restrict__ conv_w, const float* __restrict__ a_log,
     const float* __restrict__ dt_bias, const float* __restrict__ norm_w,
@@ -136,12 +177,13 @@ __device__ __forceinline__ void gdn_decode_fused_impl(
     const int row_first = z * kRows;
 
     // 1. This block's state rows, loaded before anything else.
-    float* S = state + (slot * hv + h) * D * D;
+    // (As stored: a bf16 state is widened in step 3, when the rows are used.)
+    S* St = state + (slot * hv + h) * D * D;
     const int row0 = row_first + warp * kRowsPerWarp;
-    float4 st[kRowsPerWarp];
+    typename StateIo<S>::Raw st[kRowsPerWarp];
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; ++i)
-        st[i] = *reinterpret_cast<const float4*>(S + (int64_t)(row0 + i) * D + lane * 4);
+        st[i] = StateIo<S>::load(St + (int64_t)(row0 + i) * D + lane * 4);
 
     // 2. Conv over the old taps and the new input (same order as gdn_conv_prep).
     const bf16* x_row = proj + n * ld;
@@ -210,12 +252,12 @@ __device__ __forceinline__ void gdn_decode_fused_impl(
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; ++i) {
         const int row = row0 + i;
-        float4 s = st[i];
+        float4 s = StateIo<S>::widen(st[i]);
         s.x *= alpha; s.y *= alpha; s.z *= alpha; s.w *= alpha;
         const float pred = warp_sum(s.x * kk[0] + s.y * kk[1] + s.z * kk[2] + s.w * kk[3]);
         const float d = beta * (v_s[row - row_first] - pred);
         s.x += d * kk[0]; s.y += d * kk[1]; s.z += d * kk[2]; s.w += d * kk[3];
-        *reinterpret_cast<float4*>(S + (int64_t)row * D + lane * 4) = s;
+        StateIo<S>::store(St + (int64_t)row * D + lane * 4, s);
         const float o = warp_sum(s.x * qq[0] + s.y * qq[1] + s.z * qq[2] + s.w * qq[3]);
         if (lane == 0) o_head[row] = bf(o * scale);
     }
@@ -262,20 +304,24 @@ __device__ __forceinline__ void gdn_decode_fused_impl(
 }  // namespace
 
 // The fused decode with 4, 2 or 1 blocks per (sequence, value head); see
-// ModelOps::deltanet_decode_fused for which runs when.
-#define GDN_DECODE_FUSED(SPLITS)                                                               \
-    extern "C" __global__ void __launch_bounds__(kFusedThreads) gdn_decode_fused_s##SPLITS(   \
-        bf16* __restrict__ out, float* __restrict__ state, bf16* __restrict__ conv_state,      \
+// ModelOps::deltanet_decode_fused for which runs when. `_bf16`: over a bf16
+// state (StateIo).
+#define GDN_DECODE_FUSED(NAME, SPLITS, S)                                                      \
+    extern "C" __global__ void __launch_bounds__(kFusedThreads) NAME(                         \
+        bf16* __restrict__ out, S* __restrict__ state, bf16* __restrict__ conv_state,          \
         unsigned* __restrict__ arrivals, const bf16* __restrict__ proj, int ld, int col_z,     \
         int col_b, int col_a, const float* __restrict__ conv_w,                                \
         const float* __restrict__ a_log, const float* __restrict__ dt_bias,                    \
         const float* __restrict__ norm_w, const int32_t* __restrict__ seq_slot, int seq0,      \
         int hk, int hv, int kw, float scale, float eps) {                                      \
-        gdn_decode_fused_impl<kGdnDim / (SPLITS * kFusedWarps)>(                               \
+        gdn_decode_fused_impl<kGdnDim / (SPLITS * kFusedWarps), S>(                            \
             out, state, conv_state, arrivals, proj, ld, col_z, col_b, col_a, conv_w, a_log,    \
             dt_bias, norm_w, seq_slot, seq0, hk, hv, kw, scale, eps);                          \
     }
-GDN_DECODE_FUSED(4)
-GDN_DECODE_FUSED(2)
-GDN_DECODE_FUSED(1)
+GDN_DECODE_FUSED(gdn_decode_fused_s4, 4, float)
+GDN_DECODE_FUSED(gdn_decode_fused_s2, 2, float)
+GDN_DECODE_FUSED(gdn_decode_fused_s1, 1, float)
+GDN_DECODE_FUSED(gdn_decode_fused_bf16_s4, 4, bf16)
+GDN_DECODE_FUSED(gdn_decode_fused_bf16_s2, 2, bf16)
+GDN_DECODE_FUSED(gdn_decode_fused_bf16_s1, 1, bf16)
 // --------------------------- end of the fused DeltaNet decode ---------------

@@ -34,16 +34,22 @@ extern "C" __global__ void silu_mul_bf16(bf16* __restrict__ out, const bf16* __r
 }
 
 // dst[dst_rows[n] or n] = src[src_rows[n] or n], rows of `width` elements
-// (state slots to and from a packed batch, last tokens to the lm_head).
+// (state slots to and from a packed batch, last tokens to the lm_head). The
+// mixed-type instances widen a bf16 state's slots into the GDN prefill's f32
+// initial state and round its f32 final state back to nearest-even bf16.
 // grid (N, ceil(width / 1024)), block 256.
-template <typename T>
-__device__ void copy_rows_impl(T* dst, const int32_t* dst_rows, const T* src,
+__device__ __forceinline__ float convert_elem(float x, float*) { return x; }
+__device__ __forceinline__ bf16 convert_elem(bf16 x, bf16*) { return x; }
+__device__ __forceinline__ float convert_elem(bf16 x, float*) { return f(x); }
+__device__ __forceinline__ bf16 convert_elem(float x, bf16*) { return bf(x); }
+template <typename TD, typename TS>
+__device__ void copy_rows_impl(TD* dst, const int32_t* dst_rows, const TS* src,
                                const int32_t* src_rows, int64_t width) {
     const int n = blockIdx.x;
     const int64_t d = dst_rows ? dst_rows[n] : n, s = src_rows ? src_rows[n] : n;
     const int64_t begin = (int64_t)blockIdx.y * 1024;
     for (int64_t e = begin + threadIdx.x; e < width && e < begin + 1024; e += blockDim.x)
-        dst[d * width + e] = src[s * width + e];
+        dst[d * width + e] = convert_elem(src[s * width + e], (TD*)nullptr);
 }
 extern "C" __global__ void copy_rows_f32(float* dst, const int32_t* dst_rows, const float* src,
                                          const int32_t* src_rows, int64_t width) {
@@ -51,6 +57,16 @@ extern "C" __global__ void copy_rows_f32(float* dst, const int32_t* dst_rows, co
 }
 extern "C" __global__ void copy_rows_bf16(bf16* dst, const int32_t* dst_rows, const bf16* src,
                                           const int32_t* src_rows, int64_t width) {
+    copy_rows_impl(dst, dst_rows, src, src_rows, width);
+}
+extern "C" __global__ void copy_rows_bf16_to_f32(float* dst, const int32_t* dst_rows,
+                                                 const bf16* src, const int32_t* src_rows,
+                                                 int64_t width) {
+    copy_rows_impl(dst, dst_rows, src, src_rows, width);
+}
+extern "C" __global__ void copy_rows_f32_to_bf16(bf16* dst, const int32_t* dst_rows,
+                                                 const float* src, const int32_t* src_rows,
+                                                 int64_t width) {
     copy_rows_impl(dst, dst_rows, src, src_rows, width);
 }
 

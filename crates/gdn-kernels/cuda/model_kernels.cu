@@ -6,7 +6,8 @@
 //
 // Numerics follow Hugging Face's bf16 forward (transformers 5.17,
 // modeling_qwen3_5.py): activations are stored in bf16 wherever HF stores
-// them, arithmetic inside a kernel is fp32, recurrent state is fp32. No fast
+// them, arithmetic inside a kernel is fp32, recurrent state is fp32 (or, as
+// a setting, stored in bf16 with fp32 math: see StateIo). No fast
 // math: RoPE angles of positions > 4096 need the precise sinf/cosf.
 //
 // Shared layouts (packed varlen batch of N sequences, T tokens):
@@ -16,7 +17,7 @@
 //   positions[T]     absolute position of each token in its sequence
 //   block_table[N, max_blocks]  KV-cache page of each page-sized run of positions
 //   conv state       bf16 [slots, kw-1, C], oldest input first
-//   recurrent state  f32 [slots, Hv, 128 (v), 128 (k)], k contiguous (FlashInfer's)
+//   recurrent state  f32 or bf16 [slots, Hv, 128 (v), 128 (k)], k contiguous (FlashInfer's)
 //   KV cache         bf16 [pages, page_size, Hkv, D]
 
 #include <cuda_bf16.h>

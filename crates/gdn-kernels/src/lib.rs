@@ -18,7 +18,8 @@
 //!   (scale is applied by the op); `v`, `output`: bf16 `[T, Hv, 128]`
 //! - `alpha` (linear decay `exp(g)`), `beta`: f32 `[T, Hv]`
 //! - `cu_seqlens`: `[N + 1]` token offsets, on the host
-//! - recurrent state: f32 `[N, Hv, 128 (v), 128 (k)]`, k contiguous
+//! - recurrent state: f32 `[N, Hv, 128 (v), 128 (k)]`, k contiguous (the
+//!   slots of the model ops may store it in bf16: [`StateDtype`])
 //! - `Hv = r * Hqk`; value head `h` reads q/k head `h / r`.
 
 mod attention_select;
@@ -34,6 +35,7 @@ pub mod oracle;
 mod prefill;
 mod sampling;
 mod skinny;
+mod state;
 mod swiglu;
 
 mod bundle_embed {
@@ -54,6 +56,7 @@ pub use oracle::{GdnGeometry, HEAD_DIM};
 pub use prefill::{GdnPrefill, PrefillBuffers};
 pub use sampling::{DeviceSampler, RowSampling, SampledRow, TokenAdjustment, MAX_TOP_LOGPROBS};
 pub use skinny::{SkinnyConfig, SkinnyLinear, SKINNY_MAX_ROWS};
+pub use state::{HostState, RecurrentState, StateDtype};
 pub use swiglu::{swiglu_route, SwigluGemm, SwigluRequest, SwigluRoute, SWIGLU_FUSED_MIN_ROWS};
 
 /// The C ABI version these bindings speak; checked against the linked launcher.

@@ -11,6 +11,15 @@
 //!   f32 arithmetic and the bf16 rounding points (below);
 //! - slots outside the batch are untouched, and bad input is refused.
 //!
+//! The same checks run over a bf16 state (`StateDtype::Bf16`: f32 math,
+//! the state stored rounded to bf16), on the fused op and on the unfused
+//! ops (conv, recurrent step, gated norm), whose numerics are the fused
+//! op's. A bf16 state element passes when it lies in
+//! [round(s - u), round(s + u)] (u its f32 distance, as for the outputs);
+//! the outputs keep their bounds, since they read the f32 values before
+//! the store rounds them. The copies that widen a bf16 state for the GDN
+//! prefill and round its final state back are checked exactly.
+//!
 //! Skips without a GPU (`GDN_REQUIRE_GPU=1` makes that a failure).
 //!
 //! The bound: the reference rounds to bf16 where HF (and the kernel) store
@@ -27,7 +36,10 @@
 //! within its distance. The recurrent state of each step starts from the
 //! GPU's state of the step before, so distances do not compound.
 
-use gdn_kernels::{BatchLayout, DeltaNetShape, DeltaNetWeights, DeviceBatch, ModelOps, HEAD_DIM};
+use gdn_kernels::{
+    BatchLayout, DeltaNetInputs, DeltaNetShape, DeltaNetWeights, DeviceBatch, ModelOps,
+    RecurrentState, StateDtype, HEAD_DIM,
+};
 use gdn_kernels_testkit::{gpu_stream, Rng};
 use half::bf16;
 
@@ -242,21 +254,37 @@ impl std::fmt::Display for Stats {
     }
 }
 
-/// Asserts one sequence's step against the reference; returns the
-/// reference's conv state after it.
+/// Asserts one sequence's step against the reference, the state stored in
+/// `dtype`; returns the reference's conv state after it.
 fn check_step(
     shape: DeltaNetShape,
     weights: &Weights,
     step: StepInputs,
     got: &Got,
+    dtype: StateDtype,
     what: &str,
     stats: &mut Stats,
 ) -> Vec<f64> {
     let want = reference(shape, weights, step.x, step.conv, step.state);
     assert_eq!(got.conv_state, want.conv_state, "{what}: conv state");
     for (i, &g) in got.state.iter().enumerate() {
-        let err = (g as f64 - want.state[i]).abs();
         let tol = want.state_tol[i];
+        if dtype == StateDtype::Bf16 {
+            let (lo, hi) = (
+                round_bf16(want.state[i] - tol),
+                round_bf16(want.state[i] + tol),
+            );
+            assert!(
+                (lo..=hi).contains(&(g as f64)),
+                "{what}: bf16 state [{}, {}, {}]: got {g}, want within [{lo}, {hi}] (exact {})",
+                i / (D * D),
+                i / D % D,
+                i % D,
+                want.state[i]
+            );
+            continue;
+        }
+        let err = (g as f64 - want.state[i]).abs();
         assert!(
             err <= tol,
             "{what}: state [{}, {}, {}]: got {g}, want {} +- {tol:.3e}",
@@ -283,8 +311,18 @@ fn check_step(
     want.conv_state
 }
 
+/// Which ops run the decode step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Path {
+    Fused,
+    /// deltanet_conv, deltanet_decode, deltanet_out_norm.
+    Unfused,
+}
+
 struct Case {
     shape: DeltaNetShape,
+    dtype: StateDtype,
+    path: Path,
     seqs: usize,
     steps: usize,
     /// Sequences whose results are compared (all when empty).
@@ -333,11 +371,18 @@ fn run_case(ops: &ModelOps, case: &Case, seed: u64) -> usize {
     );
     // Random states, filled on the device (the two-launch case holds GBs).
     let mut conv_state = stream.alloc_zeros::<bf16>(num_slots * conv_len).unwrap();
-    let mut state = stream.alloc_zeros::<f32>(num_slots * state_len).unwrap();
+    let mut state_f32 = stream.alloc_zeros::<f32>(num_slots * state_len).unwrap();
     ops.fill_uniform_bf16(&mut conv_state, seed, 2.0, 0.0)
         .unwrap();
-    ops.fill_uniform_f32(&mut state, seed + 1, 0.5, 0.0)
+    ops.fill_uniform_f32(&mut state_f32, seed + 1, 0.5, 0.0)
         .unwrap();
+    let mut state = match case.dtype {
+        StateDtype::F32 => RecurrentState::F32(state_f32),
+        StateDtype::Bf16 => {
+            let host = stream.clone_dtoh(&state_f32).unwrap();
+            RecurrentState::from_f32(stream, StateDtype::Bf16, &host).unwrap()
+        }
+    };
     let slot_of = |buf_len: usize, slot: usize| slot * buf_len..(slot + 1) * buf_len;
     let get_conv = |cs: &cudarc::driver::CudaSlice<bf16>, slot: usize| {
         bf16s(
@@ -346,10 +391,10 @@ fn run_case(ops: &ModelOps, case: &Case, seed: u64) -> usize {
                 .unwrap(),
         )
     };
-    let get_state = |st: &cudarc::driver::CudaSlice<f32>, slot: usize| -> Vec<f32> {
-        stream
-            .clone_dtoh(&st.slice(slot_of(state_len, slot)))
+    let get_state = |st: &RecurrentState, slot: usize| -> Vec<f32> {
+        st.to_host(stream, slot_of(state_len, slot))
             .unwrap()
+            .to_f32()
     };
     let bystanders = [0, num_slots - 1];
     let bystander_before: Vec<(Vec<f64>, Vec<f32>)> = bystanders
@@ -399,18 +444,40 @@ fn run_case(ops: &ModelOps, case: &Case, seed: u64) -> usize {
             dt_bias: &dt_bias,
             norm: &norm,
         };
-        ops.deltanet_decode_fused(
-            &batch,
-            shape,
-            &proj,
-            w,
-            &mut conv_state,
-            &mut state,
-            &mut out,
-            scale,
-            EPS,
-        )
-        .unwrap();
+        match case.path {
+            Path::Fused => ops
+                .deltanet_decode_fused(
+                    &batch,
+                    shape,
+                    &proj,
+                    w,
+                    &mut conv_state,
+                    &mut state,
+                    &mut out,
+                    scale,
+                    EPS,
+                )
+                .unwrap(),
+            Path::Unfused => {
+                let hk = shape.qk_heads;
+                let mut inputs = DeltaNetInputs {
+                    q: stream.alloc_zeros(n * hk * D).unwrap(),
+                    k: stream.alloc_zeros(n * hk * D).unwrap(),
+                    v: stream.alloc_zeros(n * hv * D).unwrap(),
+                    alpha: stream.alloc_zeros(n * hv).unwrap(),
+                    beta: stream.alloc_zeros(n * hv).unwrap(),
+                };
+                let (cw, al, dt) = (&conv_w, &a_log, &dt_bias);
+                let cs = &mut conv_state;
+                ops.deltanet_conv(&batch, shape, &proj, cw, al, dt, cs, &mut inputs)
+                    .unwrap();
+                let mut core = stream.alloc_zeros::<bf16>(n * hv * D).unwrap();
+                ops.deltanet_decode(&batch, shape, &inputs, &mut state, &mut core, scale)
+                    .unwrap();
+                ops.deltanet_out_norm(shape, &core, &proj, &norm, &mut out, EPS)
+                    .unwrap();
+            }
+        }
         let got_out = stream.clone_dtoh(&out).unwrap();
         for (ci, &s) in check.iter().enumerate() {
             let x = bf16s(&proj_host[s * ld..(s + 1) * ld]);
@@ -425,7 +492,8 @@ fn run_case(ops: &ModelOps, case: &Case, seed: u64) -> usize {
                 conv: &ref_conv[ci],
                 state: &before[ci],
             };
-            ref_conv[ci] = check_step(shape, &weights, step_in, &got, &what, &mut stats);
+            let (dtype, stats) = (case.dtype, &mut stats);
+            ref_conv[ci] = check_step(shape, &weights, step_in, &got, dtype, &what, stats);
         }
     }
     for (&b, before) in bystanders.iter().zip(&bystander_before) {
@@ -440,8 +508,8 @@ fn run_case(ops: &ModelOps, case: &Case, seed: u64) -> usize {
         );
     }
     println!(
-        "{shape:?} n {n} ({splits} splits), {} steps: {stats}",
-        case.steps
+        "{shape:?} {:?} {} state, n {n} ({splits} splits), {} steps: {stats}",
+        case.path, case.dtype, case.steps
     );
     splits
 }
@@ -469,13 +537,17 @@ fn fused_decode_matches_the_f64_reference_on_every_split_count() {
     sizes.push(3);
     let mut used = vec![];
     for (i, &n) in sizes.iter().enumerate() {
-        let case = Case {
-            shape: qwen_4b,
-            seqs: n,
-            steps: 3,
-            check: vec![],
-        };
-        used.push(run_case(&ops, &case, 40 + i as u64));
+        for dtype in [StateDtype::F32, StateDtype::Bf16] {
+            let case = Case {
+                shape: qwen_4b,
+                dtype,
+                path: Path::Fused,
+                seqs: n,
+                steps: 3,
+                check: vec![],
+            };
+            used.push(run_case(&ops, &case, 40 + i as u64));
+        }
     }
     used.sort();
     used.dedup();
@@ -503,13 +575,17 @@ fn fused_decode_matches_the_f64_reference_at_other_shapes() {
     .into_iter()
     .enumerate()
     {
-        let case = Case {
-            shape: sh,
-            seqs: n,
-            steps: 3,
-            check: vec![],
-        };
-        run_case(&ops, &case, 60 + i as u64);
+        for dtype in [StateDtype::F32, StateDtype::Bf16] {
+            let case = Case {
+                shape: sh,
+                dtype,
+                path: Path::Fused,
+                seqs: n,
+                steps: 3,
+                check: vec![],
+            };
+            run_case(&ops, &case, 60 + i as u64);
+        }
     }
 }
 
@@ -523,11 +599,114 @@ fn fused_decode_across_two_launches_matches_the_reference() {
     // take two; the sequences at both ends of each launch are compared.
     let case = Case {
         shape: shape(128, 128, 4),
+        dtype: StateDtype::F32,
+        path: Path::Fused,
         seqs: 513,
         steps: 2,
         check: vec![0, 1, 511, 512],
     };
     run_case(&ops, &case, 80);
+}
+
+#[test]
+fn unfused_decode_step_matches_the_f64_reference_on_both_state_dtypes() {
+    let Some(stream) = gpu_stream() else {
+        return;
+    };
+    let ops = ModelOps::new(stream).unwrap();
+    for (i, (sh, n)) in [
+        (shape(16, 32, 4), 3),
+        (shape(16, 48, 4), 9),
+        (shape(2, 6, 2), 5),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for dtype in [StateDtype::F32, StateDtype::Bf16] {
+            let case = Case {
+                shape: sh,
+                dtype,
+                path: Path::Unfused,
+                seqs: n,
+                steps: 3,
+                check: vec![],
+            };
+            run_case(&ops, &case, 90 + i as u64);
+        }
+    }
+}
+
+/// The GDN prefill's state copies over a bf16 pool: slots widened exactly
+/// into the packed f32 batch, and the packed f32 state rounded to nearest-
+/// even bf16 into the slots (ties included), other slots untouched.
+#[test]
+fn bf16_state_widens_and_narrows_around_the_prefill() {
+    let Some(stream) = gpu_stream() else {
+        return;
+    };
+    let ops = ModelOps::new(stream.clone()).unwrap();
+    let per = 3 * 1024 + 5; // more than one block of 1024 a row
+    let slots = [3i32, 0];
+    let num_slots = 4;
+    let mut rng = Rng::new(7);
+    let pool_host: Vec<f32> = (0..num_slots * per)
+        .map(|_| rng.uniform(-4.0, 4.0))
+        .collect();
+    let mut pool = RecurrentState::from_f32(&stream, StateDtype::Bf16, &pool_host).unwrap();
+    let pool_before = pool.to_host(&stream, 0..num_slots * per).unwrap().to_f32();
+    let layout = BatchLayout {
+        tokens: vec![0; 2],
+        cu_seqlens: vec![0, 1, 2],
+        start_positions: vec![0; 2],
+        slots: slots.to_vec(),
+        block_table: vec![0, 1],
+        max_blocks: 1,
+        page_size: 16,
+        padding: None,
+    };
+    let batch = DeviceBatch::upload(&stream, &layout).unwrap();
+    let mut packed = stream.alloc_zeros::<f32>(2 * per).unwrap();
+    ops.move_state(&batch, &mut pool, &mut packed, per, true)
+        .unwrap();
+    let widened = stream.clone_dtoh(&packed).unwrap();
+    for (n, &slot) in slots.iter().enumerate() {
+        let want = &pool_before[slot as usize * per..(slot as usize + 1) * per];
+        assert!(
+            widened[n * per..(n + 1) * per] == *want,
+            "slot {slot} widened"
+        );
+    }
+    // Final states with ties (odd multiples of half a bf16 step) and values
+    // between, as the prefill would leave them.
+    let last: Vec<f32> = (0..2 * per)
+        .map(|i| match i % 3 {
+            0 => 1.0 + 2f32.powi(-8),
+            1 => -(1.0 + 3.0 * 2f32.powi(-8)),
+            _ => rng.uniform(-4.0, 4.0),
+        })
+        .collect();
+    stream.memcpy_htod(&last, &mut packed).unwrap();
+    ops.move_state(&batch, &mut pool, &mut packed, per, false)
+        .unwrap();
+    let after = pool.to_host(&stream, 0..num_slots * per).unwrap().to_f32();
+    for slot in 0..num_slots {
+        let got = &after[slot * per..(slot + 1) * per];
+        match slots.iter().position(|&s| s as usize == slot) {
+            Some(n) => {
+                for (e, (&g, &x)) in got.iter().zip(&last[n * per..(n + 1) * per]).enumerate() {
+                    assert_eq!(
+                        g,
+                        bf16::from_f32(x).to_f32(),
+                        "slot {slot} [{e}]: {x} narrowed"
+                    );
+                }
+            }
+            None => assert!(
+                got == &pool_before[slot * per..(slot + 1) * per],
+                "bystander {slot}"
+            ),
+        }
+    }
 }
 
 #[test]
@@ -547,11 +726,12 @@ fn fused_decode_refuses_bad_input_before_touching_state() {
         norm: &norm,
     };
     let mut conv_state = stream.alloc_zeros::<bf16>(3 * sh.conv_state_len()).unwrap();
-    let mut state = stream
+    let mut state_f32 = stream
         .alloc_zeros::<f32>(3 * sh.recurrent_state_len())
         .unwrap();
-    ops.fill_uniform_f32(&mut state, 5, 1.0, 0.0).unwrap();
-    let state_before = stream.clone_dtoh(&state).unwrap();
+    ops.fill_uniform_f32(&mut state_f32, 5, 1.0, 0.0).unwrap();
+    let state_before = stream.clone_dtoh(&state_f32).unwrap();
+    let mut state = RecurrentState::F32(state_f32);
     let layout = |lens: &[i32], slots: &[i32]| BatchLayout {
         tokens: vec![0; lens.iter().sum::<i32>() as usize],
         cu_seqlens: std::iter::once(0)
@@ -599,7 +779,8 @@ fn fused_decode_refuses_bad_input_before_touching_state() {
     for (err, what) in cases {
         assert!(err.contains(what), "expected a {what} error, got: {err}");
     }
-    assert!(stream.clone_dtoh(&state).unwrap() == state_before);
+    let all = 0..state.len();
+    assert!(state.to_host(&stream, all).unwrap().to_f32() == state_before);
 }
 
 /// The reference and its bounds, checked themselves: the fused kernel's
@@ -666,7 +847,15 @@ fn emulated_kernel_passes_the_reference_checks() {
                     state: &to64(&state_before[slot * sl..(slot + 1) * sl]),
                 };
                 let what = format!("emulated {sh:?} n {n} step {step} seq {s}");
-                check_step(sh, &weights, step_in, &got, &what, &mut stats);
+                check_step(
+                    sh,
+                    &weights,
+                    step_in,
+                    &got,
+                    StateDtype::F32,
+                    &what,
+                    &mut stats,
+                );
             }
         }
         println!("emulated {sh:?} n {n}, {steps} steps: {stats}");

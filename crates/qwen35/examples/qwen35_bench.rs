@@ -22,7 +22,9 @@
 //! its tokenizer gave), `--swiglu unfused,auto` (the MLP gate/up + SwiGLU
 //! routes each prefill length is timed with, in that order: side by side in
 //! one run; default `auto`), `--model DIR` (a Hugging Face checkpoint's weights
-//! instead of random ones: the served model's own). `mixed` times a step of decode rows
+//! instead of random ones: the served model's own), `--state-dtype
+//! auto|float32|bfloat16` (the recurrent state's storage, as the server's
+//! `--mamba-ssm-cache-dtype`; the memory floor follows it). `mixed` times a step of decode rows
 //! plus one 512-token prefill chunk against the two run as separate steps
 //! (eagerly, both): a mixed step should cost what its parts cost.
 
@@ -108,6 +110,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .position(|a| a == "--model")
         .and_then(|i| args.get(i + 1))
         .map(std::path::PathBuf::from);
+    let state_dtype: qwen35::StateDtypeRequest = args
+        .iter()
+        .position(|a| a == "--state-dtype")
+        .and_then(|i| args.get(i + 1))
+        .map_or(Ok(qwen35::StateDtypeRequest::Auto), |v| v.parse())?;
+    let options = GpuOptions {
+        state_dtype,
+        ..GpuOptions::default()
+    };
     let stream = GpuModel::default_stream()?;
     let ctx = stream.context().clone();
     let name = ctx.name()?;
@@ -142,12 +153,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(dir) => {
             let config = Config::from_file(&dir.join("config.json"))?;
             let weights = qwen35::Weights::open(dir)?;
-            let model = GpuModel::load(config, &weights, stream.clone(), GpuOptions::default())?;
+            let model = GpuModel::load(config, &weights, stream.clone(), options)?;
             (model, format!("{}", dir.display()))
         }
         None => {
             let config = Config::from_json(qwen35::config::QWEN35_4B_TEXT)?;
-            let model = GpuModel::random(config, 7, stream.clone(), GpuOptions::default())?;
+            let model = GpuModel::random(config, 7, stream.clone(), options)?;
             (model, "random bf16 weights".to_string())
         }
     };
@@ -299,7 +310,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let floor = (weight_bytes_read + batch * per_seq) as f64 / copy_bw;
                 let kv_floor = (batch * context * page_bytes / PAGE) as f64 / copy_bw;
                 println!(
-                    "{{\"decode_batch\": {batch}, \"cuda_graphs\": {graphs}, \"context\": {context}, \"attention\": {attention:?}, \"step_ms\": {:.3}, \"tokens_per_s\": {:.0}, \"weights_roofline_ms\": {:.3}, \"fraction_of_roofline\": {:.2}, \"kv_floor_ms\": {:.3}, \"memory_floor_ms\": {:.3}, \"step_over_floor\": {:.2}}}",
+                    "{{\"decode_batch\": {batch}, \"cuda_graphs\": {graphs}, \"context\": {context}, \"attention\": {attention:?}, \"state_dtype\": \"{}\", \"step_ms\": {:.3}, \"tokens_per_s\": {:.0}, \"weights_roofline_ms\": {:.3}, \"fraction_of_roofline\": {:.2}, \"kv_floor_ms\": {:.3}, \"memory_floor_ms\": {:.3}, \"step_over_floor\": {:.2}}}",
+                    model.state_dtype(),
                     dt * 1e3,
                     batch as f64 / dt,
                     roofline * 1e3,

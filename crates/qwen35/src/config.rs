@@ -8,6 +8,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::error::LoadError;
+use crate::state_dtype::{self, StateDtype};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LayerType {
@@ -39,6 +40,9 @@ pub struct Config {
     pub layer_types: Vec<LayerType>,
     /// True for the `qwen3_5` layout: weights live under `model.language_model.`.
     pub vision_language: bool,
+    /// `mamba_ssm_dtype`: how the DeltaNet recurrent state is stored (f32
+    /// where the config does not say; see `state_dtype::from_config`).
+    pub mamba_ssm_dtype: StateDtype,
 }
 
 #[derive(Deserialize)]
@@ -80,6 +84,7 @@ struct RawText {
     hidden_act: Option<String>,
     attention_bias: Option<bool>,
     num_experts: Option<usize>,
+    mamba_ssm_dtype: Option<serde_json::Value>,
 }
 
 fn d4() -> usize {
@@ -103,6 +108,7 @@ struct RawTop {
     model_type: Option<String>,
     text_config: Option<serde_json::Value>,
     tie_word_embeddings: Option<bool>,
+    mamba_ssm_dtype: Option<serde_json::Value>,
 }
 
 fn unsupported(what: String) -> LoadError {
@@ -125,6 +131,7 @@ impl Config {
         let json = |what: String| move |source: serde_json::Error| LoadError::Json { what, source };
         let top: RawTop = serde_json::from_str(text).map_err(json(origin.to_string()))?;
         let model_type = top.model_type.clone().unwrap_or_default();
+        let top_state_dtype = top.mamba_ssm_dtype.clone();
         let (raw, vision_language, top_tie): (RawText, bool, Option<bool>) = match model_type
             .as_str()
         {
@@ -219,6 +226,10 @@ impl Config {
                     .collect()
             }
         };
+        // The flat layout's top level is its text config.
+        let top_state_dtype = top_state_dtype.filter(|_| vision_language);
+        let mamba_ssm_dtype =
+            state_dtype::from_config(raw.mamba_ssm_dtype.as_ref(), top_state_dtype.as_ref())?;
         let c = Config {
             vocab_size: raw.vocab_size,
             hidden_size: raw.hidden_size,
@@ -238,6 +249,7 @@ impl Config {
             tie_word_embeddings: top_tie.or(raw.tie_word_embeddings).unwrap_or(false),
             layer_types,
             vision_language,
+            mamba_ssm_dtype,
         };
         c.validate()?;
         Ok(c)
@@ -362,6 +374,54 @@ mod tests {
         let vl = serde_json::json!({"model_type": "qwen3_5", "text_config": text, "tie_word_embeddings": true});
         let c = Config::from_json(&vl.to_string()).unwrap();
         assert!(c.vision_language && c.tie_word_embeddings);
+    }
+
+    #[test]
+    fn mamba_ssm_dtype_is_read_from_either_level_and_defaults_to_float32() {
+        let text: serde_json::Value = serde_json::from_str(TEXT).unwrap();
+        let read = |v: &serde_json::Value| Config::from_json(&v.to_string());
+        // Absent everywhere: f32 (HF's; vLLM would take the model dtype).
+        assert_eq!(read(&text).unwrap().mamba_ssm_dtype, StateDtype::F32);
+        let mut flat = text.clone();
+        flat["mamba_ssm_dtype"] = "bfloat16".into();
+        assert_eq!(read(&flat).unwrap().mamba_ssm_dtype, StateDtype::Bf16);
+        flat["mamba_ssm_dtype"] = "float32".into();
+        assert_eq!(read(&flat).unwrap().mamba_ssm_dtype, StateDtype::F32);
+        // VL layout: at the top level, inside text_config, and both
+        // (text_config's wins: it is the text model's config).
+        let top = serde_json::json!({"model_type": "qwen3_5", "text_config": text,
+            "mamba_ssm_dtype": "bfloat16"});
+        assert_eq!(read(&top).unwrap().mamba_ssm_dtype, StateDtype::Bf16);
+        let mut inner = serde_json::json!({"model_type": "qwen3_5", "text_config": text});
+        inner["text_config"]["mamba_ssm_dtype"] = "bfloat16".into();
+        assert_eq!(read(&inner).unwrap().mamba_ssm_dtype, StateDtype::Bf16);
+        let mut both = top.clone();
+        both["text_config"]["mamba_ssm_dtype"] = "float32".into();
+        assert_eq!(read(&both).unwrap().mamba_ssm_dtype, StateDtype::F32);
+    }
+
+    #[test]
+    fn a_bad_mamba_ssm_dtype_is_refused_naming_field_and_value() {
+        let text: serde_json::Value = serde_json::from_str(TEXT).unwrap();
+        for (value, needle) in [
+            (
+                serde_json::json!("float16"),
+                "mamba_ssm_dtype = \"float16\"",
+            ),
+            (serde_json::json!(32), "mamba_ssm_dtype = 32"),
+            (serde_json::json!("auto"), "mamba_ssm_dtype = \"auto\""),
+        ] {
+            let mut flat = text.clone();
+            flat["mamba_ssm_dtype"] = value.clone();
+            let err = Config::from_json(&flat.to_string())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(needle) && err.contains("bfloat16"), "{err}");
+            let mut vl = serde_json::json!({"model_type": "qwen3_5", "text_config": text});
+            vl["text_config"]["mamba_ssm_dtype"] = value;
+            let err = Config::from_json(&vl.to_string()).unwrap_err().to_string();
+            assert!(err.contains("text_config.mamba_ssm_dtype"), "{err}");
+        }
     }
 
     #[test]

@@ -3,10 +3,16 @@
 //! by one (Gated DeltaNet in its recurrent form, attention over a growing
 //! KV cache), so prefill, chunked prefill and decode are the same code path.
 //! Written for clarity, not speed: only for tiny models.
+//!
+//! With a bf16 state dtype ([`CpuModel::with_state_dtype`]) the recurrent
+//! state is rounded to bf16 after every token, as the GPU's decode step
+//! stores it (the GPU prefill rounds once per chunk, at its end): the
+//! oracle of the bf16 state, and how its drift is measured without a GPU.
 
 use crate::config::{Config, LayerType};
 use crate::error::{LoadError, RunError};
 use crate::row_logits::RowLogits;
+use crate::state_dtype::StateDtype;
 use crate::weights::Weights;
 
 /// Row-major `[rows, cols]` matrix times vector: `out[r] = sum_c w[r, c] x[c]`.
@@ -99,6 +105,8 @@ pub struct CpuModel {
     /// `None` when tied to `embed_tokens`.
     lm_head: Option<Vec<f32>>,
     inv_freq: Vec<f32>,
+    /// How the recurrent state is stored between tokens (the math is f32).
+    state_dtype: StateDtype,
 }
 
 /// Per-sequence state: conv and recurrent state of every DeltaNet layer, the
@@ -125,6 +133,15 @@ enum LayerState {
 }
 
 impl CpuState {
+    /// The recurrent state (`[Hv][Dk][Dv]`) of layer `layer`, if that is a
+    /// DeltaNet layer (tests compare the stored states of two runs).
+    pub fn recurrent(&self, layer: usize) -> Option<&[f32]> {
+        match self.layers.get(layer)? {
+            LayerState::Linear { recurrent, .. } => Some(recurrent),
+            LayerState::Full { .. } => None,
+        }
+    }
+
     /// Bytes of the conv and recurrent state (the part a GPU snapshot
     /// holds; the keys and values kept here per sequence are not counted).
     pub fn recurrent_bytes(&self) -> usize {
@@ -215,13 +232,26 @@ impl CpuModel {
             .map(|i| (1.0 / c.rope_theta.powf((2 * i) as f64 / rot as f64)) as f32)
             .collect();
         Ok(CpuModel {
-            config,
             embed_tokens,
             layers,
             norm,
             lm_head,
             inv_freq,
+            state_dtype: config.mamba_ssm_dtype,
+            config,
         })
+    }
+
+    /// The same model with its recurrent state stored in `dtype` (the
+    /// config's `mamba_ssm_dtype` unless set here).
+    pub fn with_state_dtype(mut self, dtype: StateDtype) -> CpuModel {
+        self.state_dtype = dtype;
+        self
+    }
+
+    /// How the recurrent state is stored between tokens.
+    pub fn state_dtype(&self) -> StateDtype {
+        self.state_dtype
     }
 
     pub fn new_state(&self) -> CpuState {
@@ -295,7 +325,12 @@ impl CpuModel {
                 let normed = rms_norm_zc(&x, &layer.input_layernorm, c.rms_norm_eps);
                 let mixed = match (&layer.mixer, ls) {
                     (Mixer::Linear(g), LayerState::Linear { conv, recurrent }) => {
-                        g.step(c, &normed, conv, recurrent)
+                        let out = g.step(c, &normed, conv, recurrent);
+                        if self.state_dtype != StateDtype::F32 {
+                            let dtype = self.state_dtype;
+                            recurrent.iter_mut().for_each(|x| *x = dtype.stored(*x));
+                        }
+                        out
                     }
                     (Mixer::Full(a), LayerState::Full { keys, values }) => {
                         a.step(c, &self.inv_freq, &normed, state.position, keys, values)

@@ -4,7 +4,8 @@
 //!   chunks of 16 (mixed decode + prefill steps, then decode-only steps),
 //!   with and without decode CUDA graphs: the greedy token at each position
 //!   passes HF's bf16 gate (regret) and the returned logprobs match HF's
-//!   (mean and p99 of |ours - HF| over the returned top 5);
+//!   (mean and p99 of |ours - HF| over the returned top 5), with both
+//!   recurrent-state dtypes (f32; bf16 storage with f32 math);
 //! - the page pool sized from free memory fits the fraction asked for;
 //! - a row at the wrong position for its slot is refused and changes nothing;
 //! - step timing (the request timeline) reports every step's phases within
@@ -18,6 +19,7 @@ use cudarc::driver::CudaStream;
 use engine::{ExecError, Executor, PageId, SlotId, StepRow};
 use qwen35::engine_exec::{GpuExecutor, GpuSizing, PagePool};
 use qwen35::gpu::{GpuModel, GpuOptions};
+use qwen35::{StateDtype, StateDtypeRequest};
 use qwen35_testkit::drive::{run, Request};
 use qwen35_testkit::gate::{MAX_MEAN_ABS, MAX_P99_ABS, MAX_REGRET};
 use qwen35_testkit::{Fixture, MODELS};
@@ -31,13 +33,17 @@ fn stream() -> Option<Arc<CudaStream>> {
 }
 
 fn executor(f: &Fixture, s: &Arc<CudaStream>, slots: usize, pages: PagePool) -> GpuExecutor {
-    let model = GpuModel::load(
-        f.config.clone(),
-        &f.weights,
-        s.clone(),
-        GpuOptions::default(),
-    )
-    .unwrap();
+    executor_with(f, s, slots, pages, GpuOptions::default())
+}
+
+fn executor_with(
+    f: &Fixture,
+    s: &Arc<CudaStream>,
+    slots: usize,
+    pages: PagePool,
+    options: GpuOptions,
+) -> GpuExecutor {
+    let model = GpuModel::load(f.config.clone(), &f.weights, s.clone(), options).unwrap();
     GpuExecutor::new(
         model,
         GpuSizing {
@@ -101,7 +107,8 @@ impl Stats {
 #[test]
 fn teacher_forced_greedy_through_the_executor_passes_the_hf_bf16_gate() {
     let Some(s) = stream() else { return };
-    for name in MODELS {
+    let dtypes = [StateDtype::F32, StateDtype::Bf16];
+    for (name, dtype) in MODELS.iter().flat_map(|n| dtypes.map(|d| (*n, d))) {
         let f = Fixture::load(name);
         let short: Vec<(usize, &Vec<u32>)> = f
             .prompts
@@ -110,12 +117,13 @@ fn teacher_forced_greedy_through_the_executor_passes_the_hf_bf16_gate() {
             .filter(|(_, p)| p.len() > 1 && p.len() <= 128)
             .collect();
         for graphs in [false, true] {
-            let mut exec = executor(
-                &f,
-                &s,
-                short.len(),
-                PagePool::Fixed(short.len() * PAGES_PER_SLOT),
-            );
+            let options = GpuOptions {
+                state_dtype: StateDtypeRequest::Fixed(dtype),
+                ..GpuOptions::default()
+            };
+            let pages = PagePool::Fixed(short.len() * PAGES_PER_SLOT);
+            let mut exec = executor_with(&f, &s, short.len(), pages, options);
+            assert_eq!(exec.state_geometry().recurrent_dtype, dtype.name());
             if graphs {
                 let sizes = exec.capture_decode_graphs(8).unwrap();
                 assert_eq!(sizes.first(), Some(&1), "{name}");
@@ -157,7 +165,9 @@ fn teacher_forced_greedy_through_the_executor_passes_the_hf_bf16_gate() {
                 let (ids, lps) = f.golden(*i);
                 stats.add(r, &ids, &lps);
             }
-            stats.check(&format!("{name} executor (graphs: {graphs}) vs HF bf16"));
+            stats.check(&format!(
+                "{name} executor ({dtype} state, graphs: {graphs}) vs HF bf16"
+            ));
         }
     }
 }

@@ -12,6 +12,10 @@
 //! - decode CUDA graphs (padded batch buckets captured up front) against HF
 //!   and the eager decode, without touching a bystander slot.
 //!
+//! Every test runs with both recurrent-state dtypes (f32, and bf16 storage
+//! with f32 math: `--mamba-ssm-cache-dtype bfloat16`) against the same
+//! goldens and limits.
+//!
 //! The tests allocate slots and pages with `qwen35_testkit::alloc::Seqs` (the
 //! engine's allocator does it in the server).
 //!
@@ -24,23 +28,46 @@ use cudarc::driver::CudaStream;
 use engine::{PageId, SlotId};
 use gdn_kernels::{Backend, BackendRequest, SwigluRequest};
 use qwen35::gpu::{GpuCache, GpuModel, GpuOptions};
-use qwen35::RowLogits;
+use qwen35::{RowLogits, StateDtype, StateDtypeRequest};
 use qwen35_testkit::alloc::Seqs;
 use qwen35_testkit::gate::{compare, consistency, topk, GateStats};
 use qwen35_testkit::{Fixture, MODELS};
 
-/// The fixture's model on the GPU of `stream`, with the given GDN backend.
-fn gpu_model(f: &Fixture, stream: &Arc<CudaStream>, backend: BackendRequest) -> GpuModel {
-    GpuModel::load(
+/// The recurrent-state dtypes every gate runs with.
+const STATE_DTYPES: [StateDtype; 2] = [StateDtype::F32, StateDtype::Bf16];
+
+/// Every fixture model with every state dtype (announced on stdout, so a
+/// failing assertion's output names the dtype).
+fn models_and_dtypes() -> impl Iterator<Item = (&'static str, StateDtype)> {
+    MODELS.iter().flat_map(|&name| {
+        STATE_DTYPES.into_iter().map(move |dtype| {
+            println!("-- {name}, {dtype} recurrent state");
+            (name, dtype)
+        })
+    })
+}
+
+/// The fixture's model on the GPU of `stream`, with the given GDN backend
+/// and recurrent-state dtype.
+fn gpu_model(
+    f: &Fixture,
+    stream: &Arc<CudaStream>,
+    backend: BackendRequest,
+    dtype: StateDtype,
+) -> GpuModel {
+    let model = GpuModel::load(
         f.config.clone(),
         &f.weights,
         stream.clone(),
         GpuOptions {
             gdn_backend: backend,
+            state_dtype: StateDtypeRequest::Fixed(dtype),
             ..Default::default()
         },
     )
-    .unwrap()
+    .unwrap();
+    assert_eq!(model.state_dtype(), dtype);
+    model
 }
 
 fn stream() -> Option<Arc<CudaStream>> {
@@ -86,7 +113,7 @@ fn expected_backend(stream: &Arc<CudaStream>) -> Backend {
 #[test]
 fn every_prompt_passes_the_hf_bf16_gate_on_both_gdn_backends() {
     let Some(s) = stream() else { return };
-    for name in MODELS {
+    for (name, dtype) in models_and_dtypes() {
         let f = Fixture::load(name);
         let mut requests = vec![
             (BackendRequest::Auto, expected_backend(&s)),
@@ -96,7 +123,7 @@ fn every_prompt_passes_the_hf_bf16_gate_on_both_gdn_backends() {
             requests.push((BackendRequest::FlashInfer, Backend::FlashInfer));
         }
         for (request, backend) in requests {
-            let mut model = gpu_model(&f, &s, request);
+            let mut model = gpu_model(&f, &s, request, dtype);
             assert_eq!(model.gdn_backend(), backend, "{name}: {request:?}");
             for (i, p) in f.prompts.iter().enumerate() {
                 let logits = run_chunks(&mut model, &[p]);
@@ -127,9 +154,9 @@ fn every_prompt_passes_the_hf_bf16_gate_on_both_swiglu_routes() {
     }
     // Auto fuses only prompts of at least SWIGLU_FUSED_MIN_ROWS tokens (the
     // 4100-token one): forcing each route runs every prompt through both.
-    for name in MODELS {
+    for (name, dtype) in models_and_dtypes() {
         let f = Fixture::load(name);
-        let mut model = gpu_model(&f, &s, BackendRequest::Auto);
+        let mut model = gpu_model(&f, &s, BackendRequest::Auto, dtype);
         for request in [SwigluRequest::Fused, SwigluRequest::Unfused] {
             model.set_swiglu_request(request);
             for (i, p) in f.prompts.iter().enumerate() {
@@ -149,9 +176,9 @@ fn every_prompt_passes_the_hf_bf16_gate_on_both_swiglu_routes() {
 #[test]
 fn a_mixed_batch_equals_its_prompts_one_by_one_and_slots_are_reused_clean() {
     let Some(s) = stream() else { return };
-    for name in MODELS {
+    for (name, dtype) in models_and_dtypes() {
         let f = Fixture::load(name);
-        let mut model = gpu_model(&f, &s, BackendRequest::Auto);
+        let mut model = gpu_model(&f, &s, BackendRequest::Auto, dtype);
         let short: Vec<&Vec<u32>> = f.prompts.iter().filter(|p| p.len() <= 128).collect();
         let alone: Vec<Vec<Vec<f32>>> =
             short.iter().map(|p| run_chunks(&mut model, &[p])).collect();
@@ -191,9 +218,9 @@ fn a_mixed_batch_equals_its_prompts_one_by_one_and_slots_are_reused_clean() {
 #[test]
 fn chunked_prefill_equals_unchunked() {
     let Some(s) = stream() else { return };
-    for name in MODELS {
+    for (name, dtype) in models_and_dtypes() {
         let f = Fixture::load(name);
-        let mut model = gpu_model(&f, &s, BackendRequest::Auto);
+        let mut model = gpu_model(&f, &s, BackendRequest::Auto, dtype);
         for (i, p) in f.prompts.iter().enumerate() {
             let splits: &[usize] = match p.len() {
                 128 => &[64, 37, 1],
@@ -222,9 +249,9 @@ fn chunked_prefill_equals_unchunked() {
 #[test]
 fn prefill_then_decode_matches_hf_cached_decode_alone_and_batched() {
     let Some(s) = stream() else { return };
-    for name in MODELS {
+    for (name, dtype) in models_and_dtypes() {
         let f = Fixture::load(name);
-        let mut model = gpu_model(&f, &s, BackendRequest::Auto);
+        let mut model = gpu_model(&f, &s, BackendRequest::Auto, dtype);
         let (ids, prefix, steps, others) = f.decode_setup();
         let mut cache = model.new_cache(1 + others.len(), 64, 16).unwrap();
         let mut seqs = Seqs::all_of(&cache);
@@ -271,61 +298,64 @@ fn decode_deep_into_a_long_prompt_matches_hf_teacher_forced_eager_and_graphed() 
         .enumerate()
         .find(|(_, p)| p.len() > 4096)
         .expect("text_gva2 has a long prompt");
-    let mut model = gpu_model(&f, &s, BackendRequest::Auto);
-    let prefix = 4000;
-    let pages = p.len().div_ceil(16) + 1;
-    let mut run = |graphs: bool| {
-        // One more slot and page for the graphs' padding rows.
-        let mut cache = model.new_cache(2, pages + 1, 16).unwrap();
-        if graphs {
-            model
-                .capture_decode_graphs(
-                    &mut cache,
-                    &[1],
-                    p.len() + 16,
-                    SlotId(1),
-                    PageId(pages as u32),
-                )
-                .unwrap();
-            assert_eq!(cache.decode_graph_batch_sizes(), vec![1]);
-        }
-        let mut seqs = Seqs::new(1, pages, 16);
-        let id = seqs.add();
-        let mut rows = seqs
-            .step(
-                &mut model,
-                &mut cache,
-                &[(id, &p[..prefix])],
-                RowLogits::Last,
-            )
-            .unwrap();
-        for j in prefix..p.len() {
-            rows.extend(
-                seqs.step(
+    for dtype in STATE_DTYPES {
+        println!("-- text_gva2, {dtype} recurrent state");
+        let mut model = gpu_model(&f, &s, BackendRequest::Auto, dtype);
+        let prefix = 4000;
+        let pages = p.len().div_ceil(16) + 1;
+        let mut run = |graphs: bool| {
+            // One more slot and page for the graphs' padding rows.
+            let mut cache = model.new_cache(2, pages + 1, 16).unwrap();
+            if graphs {
+                model
+                    .capture_decode_graphs(
+                        &mut cache,
+                        &[1],
+                        p.len() + 16,
+                        SlotId(1),
+                        PageId(pages as u32),
+                    )
+                    .unwrap();
+                assert_eq!(cache.decode_graph_batch_sizes(), vec![1]);
+            }
+            let mut seqs = Seqs::new(1, pages, 16);
+            let id = seqs.add();
+            let mut rows = seqs
+                .step(
                     &mut model,
                     &mut cache,
-                    &[(id, &p[j..j + 1])],
+                    &[(id, &p[..prefix])],
                     RowLogits::Last,
                 )
-                .unwrap(),
+                .unwrap();
+            for j in prefix..p.len() {
+                rows.extend(
+                    seqs.step(
+                        &mut model,
+                        &mut cache,
+                        &[(id, &p[j..j + 1])],
+                        RowLogits::Last,
+                    )
+                    .unwrap(),
+                );
+            }
+            rows
+        };
+        let eager = run(false);
+        let graphed = run(true);
+        let (ids, lps) = f.golden(i);
+        for (what, rows) in [("eager", &eager), ("graphed", &graphed)] {
+            let st = compare(rows, &ids[prefix - 1..], &lps[prefix - 1..]);
+            report(
+                &format!("text_gva2 {what} decode at positions {prefix}..{}", p.len()),
+                &st,
             );
+            assert!(st.passes(), "{what}: {st:?}");
         }
-        rows
-    };
-    let eager = run(false);
-    let graphed = run(true);
-    let (ids, lps) = f.golden(i);
-    for (what, rows) in [("eager", &eager), ("graphed", &graphed)] {
-        let st = compare(rows, &ids[prefix - 1..], &lps[prefix - 1..]);
-        report(
-            &format!("text_gva2 {what} decode at positions {prefix}..{}", p.len()),
-            &st,
-        );
-        assert!(st.passes(), "{what}: {st:?}");
+        let st = consistency(&graphed, &eager);
+        report("text_gva2 deep decode, graphed vs eager", &st);
+        assert!(st.consistent(), "{st:?}");
     }
-    let st = consistency(&graphed, &eager);
-    report("text_gva2 deep decode, graphed vs eager", &st);
-    assert!(st.consistent(), "{st:?}");
 }
 
 /// Prefills `ids[..prefix]` in a fresh sequence, then decodes `steps` tokens
@@ -377,9 +407,9 @@ fn decode_graphs_match_hf_and_the_eager_decode_and_leave_other_slots_alone() {
     let Some(s) = stream() else { return };
     let s = s.context().new_stream().unwrap();
     const BUCKETS: [usize; 4] = [1, 2, 4, 8];
-    for name in MODELS {
+    for (name, dtype) in models_and_dtypes() {
         let f = Fixture::load(name);
-        let mut model = gpu_model(&f, &s, BackendRequest::Auto);
+        let mut model = gpu_model(&f, &s, BackendRequest::Auto, dtype);
         let (ids, prefix, steps, others) = f.decode_setup();
         let n = 1 + others.len();
         assert!(n <= 8, "{name}: the buckets hold the batched decode");

@@ -4,7 +4,9 @@
 //!   logits, in scrambled row order) equals the same rows run as separate
 //!   steps, and passes the HF bf16 gates;
 //! - a slot exported to the host and imported into another slot, or copied
-//!   to another slot, continues exactly like the original;
+//!   to another slot, continues exactly like the original, with either
+//!   recurrent-state dtype (a bf16 snapshot holds bf16 values, and half
+//!   the recurrent bytes);
 //! - a refused step (bad token, page beyond the cache, slot twice, the
 //!   graphs' padding slot) changes no state.
 
@@ -14,7 +16,7 @@ use cudarc::driver::CudaStream;
 use engine::{PageId, SlotId};
 use gdn_kernels::BackendRequest;
 use qwen35::gpu::{GpuCache, GpuModel, GpuOptions, LogitsTo, Row, StepError};
-use qwen35::RowLogits;
+use qwen35::{RowLogits, StateDtype, StateDtypeRequest};
 use qwen35_testkit::gate::{compare, consistency};
 use qwen35_testkit::{Fixture, MODELS};
 
@@ -25,12 +27,17 @@ fn stream() -> Option<Arc<CudaStream>> {
 }
 
 fn gpu_model(f: &Fixture, s: &Arc<CudaStream>) -> GpuModel {
+    gpu_model_with(f, s, StateDtypeRequest::Auto)
+}
+
+fn gpu_model_with(f: &Fixture, s: &Arc<CudaStream>, state_dtype: StateDtypeRequest) -> GpuModel {
     GpuModel::load(
         f.config.clone(),
         &f.weights,
         s.clone(),
         GpuOptions {
             gdn_backend: BackendRequest::Auto,
+            state_dtype,
             ..Default::default()
         },
     )
@@ -156,9 +163,11 @@ fn a_mixed_step_equals_its_rows_run_separately() {
 #[test]
 fn slots_export_import_and_copy_continue_exactly() {
     let Some(s) = stream() else { return };
-    for name in MODELS {
+    let dtypes = [StateDtype::F32, StateDtype::Bf16];
+    for (name, dtype) in MODELS.iter().flat_map(|n| dtypes.map(|d| (*n, d))) {
+        println!("-- {name}, {dtype} recurrent state");
         let f = Fixture::load(name);
-        let mut model = gpu_model(&f, &s);
+        let mut model = gpu_model_with(&f, &s, StateDtypeRequest::Fixed(dtype));
         let (ids, prefix, steps, _) = f.decode_setup();
         let mut cache = model.new_cache(4, 64, PAGE).unwrap();
         let p = pages_of(0);
@@ -168,7 +177,15 @@ fn slots_export_import_and_copy_continue_exactly() {
             &[row(0, 0, &ids[..prefix], &p, RowLogits::Last)],
         );
         let parked = cache.export_slot(SlotId(0)).unwrap();
-        assert!(parked.bytes() > 0);
+        // A snapshot holds the slot's bytes in the cache's dtype.
+        assert_eq!(parked.state_dtype(), Some(dtype), "{name}");
+        assert_eq!(parked.bytes(), model.slot_and_page_bytes(PAGE).0, "{name}");
+        let rec = parked.recurrent_f32(0).unwrap();
+        assert!(rec.iter().any(|&x| x != 0.0), "{name}: an empty state");
+        if dtype == StateDtype::Bf16 {
+            let is_bf16 = |x: f32| half::bf16::from_f32(x).to_f32() == x;
+            assert!(rec.iter().all(|&x| is_bf16(x)), "{name}");
+        }
         let continue_in = |model: &mut GpuModel, cache: &mut GpuCache, slot: u32| {
             (prefix..prefix + steps)
                 .flat_map(|j| {
@@ -228,7 +245,7 @@ fn slots_export_import_and_copy_continue_exactly() {
         // Refusals: out-of-range slots, another model's state.
         assert!(cache.copy_slot(SlotId(4), SlotId(0)).is_err());
         assert!(cache.export_slot(SlotId(9)).is_err());
-        let other_model = gpu_model(&f, &s);
+        let other_model = gpu_model_with(&f, &s, StateDtypeRequest::Fixed(dtype));
         let mut foreign = other_model.new_cache(4, 64, PAGE).unwrap();
         assert!(foreign.import_slot(SlotId(0), &parked).is_err());
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use gdn_http::http::ConnectionLimits;
 use gdn_http::serve::{PrefixCaching, ServeConfig};
+use qwen35::StateDtypeRequest;
 
 use crate::memory::{parse_state_budget, StateBudget};
 
@@ -157,6 +158,18 @@ pub struct Args {
     /// 2 x --max-num-seqs.
     #[arg(long, value_parser = parse_state_budget)]
     pub prefix_cache_state_budget: Option<StateBudget>,
+    /// How the DeltaNet recurrent state is stored (vLLM's flag): `auto`
+    /// takes config.json's `mamba_ssm_dtype` (float32 where it has none),
+    /// `float32` keeps Hugging Face's f32, `bfloat16` stores it in bf16
+    /// with f32 math: half the state memory and traffic (README: "Recurrent
+    /// state dtype" gives the drift measured against f32).
+    #[arg(long, default_value = "auto", value_parser = parse_state_dtype)]
+    pub mamba_ssm_cache_dtype: StateDtypeRequest,
+}
+
+/// `--mamba-ssm-cache-dtype`'s value.
+fn parse_state_dtype(text: &str) -> Result<StateDtypeRequest, qwen35::UnknownStateDtype> {
+    text.parse()
 }
 
 /// A duration flag that is not a number of seconds.
@@ -350,6 +363,30 @@ mod tests {
             assert!(
                 Args::try_parse_from(["gdn-server", "--timeout-keep-alive", bad]).is_err(),
                 "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn mamba_ssm_cache_dtype_takes_vllms_values_and_refuses_others() {
+        use qwen35::StateDtype;
+        assert_eq!(parse(&[]).mamba_ssm_cache_dtype, StateDtypeRequest::Auto);
+        for (value, want) in [
+            ("auto", StateDtypeRequest::Auto),
+            ("float32", StateDtypeRequest::Fixed(StateDtype::F32)),
+            ("bfloat16", StateDtypeRequest::Fixed(StateDtype::Bf16)),
+        ] {
+            let args = parse(&["--mamba-ssm-cache-dtype", value]);
+            assert_eq!(args.mamba_ssm_cache_dtype, want, "{value}");
+        }
+        for bad in ["float16", "bf16", "FLOAT32", ""] {
+            let err = Args::try_parse_from(["gdn-server", "--mamba-ssm-cache-dtype", bad])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("--mamba-ssm-cache-dtype")
+                    && err.contains("auto, float32 or bfloat16"),
+                "{bad}: {err}"
             );
         }
     }

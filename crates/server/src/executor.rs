@@ -11,6 +11,7 @@ use gdn_http::serve::{ExecutorFactory, ExecutorSpec};
 use gdn_http::startup::Startup;
 use qwen35::engine_exec::{CacheRoom, CpuExecutor, CpuSizing, GpuExecutor, GpuSizing, PagePool};
 use qwen35::gpu::{CudaStream, GpuModel, GpuOptions};
+use qwen35::StateDtypeRequest;
 
 use crate::cli::{Args, Device};
 use crate::memory::{activation_reserve, kv_page_bytes, StateBudget};
@@ -47,6 +48,8 @@ struct Plan {
     activation_reserve: usize,
     /// The prefix cache's snapshot pool (`None`: prefix caching off).
     snapshots: Option<StateBudget>,
+    /// `--mamba-ssm-cache-dtype`.
+    state_dtype: StateDtypeRequest,
 }
 
 /// The executor `--device` asks for, over `spec`'s model directory (built
@@ -75,6 +78,7 @@ pub fn pick(args: &Args, spec: ExecutorSpec<'_>) -> Result<ExecutorFactory, Exec
         gpu_memory_utilization: args.gpu_memory_utilization,
         activation_reserve: activation_reserve(args.max_num_batched_tokens, args.max_num_seqs),
         snapshots: args.prefix_caching().then(|| args.state_budget()),
+        state_dtype: args.mamba_ssm_cache_dtype,
     };
     Ok(Box::new(move || Ok(build(&plan, &startup)?)))
 }
@@ -114,7 +118,9 @@ fn cpu(plan: &Plan, startup: &Startup) -> Result<Box<dyn Executor>, ExecutorErro
         plan.dir.display()
     );
     let executor = startup
-        .time("cpu_model_load", || CpuExecutor::load(&plan.dir, sizing))
+        .time("cpu_model_load", || {
+            CpuExecutor::load_with_state_dtype(&plan.dir, sizing, plan.state_dtype)
+        })
         .map_err(ExecutorError::Cpu)?;
     let snapshots = plan.snapshots.map_or(0, |budget| {
         // A CPU snapshot also holds the sequence's keys and values (they
@@ -153,7 +159,10 @@ fn gpu(
     let mut executor = GpuExecutor::load_with_snapshot_pool(
         &plan.dir,
         stream,
-        GpuOptions::default(),
+        GpuOptions {
+            state_dtype: plan.state_dtype,
+            ..GpuOptions::default()
+        },
         sizing,
         |slot_bytes, room| snapshots.map_or(0, |budget| budget.snapshots(slot_bytes, room)),
     )

@@ -26,6 +26,20 @@ pub struct SnapshotGeometry {
     pub snapshot_bytes: usize,
 }
 
+/// How the executor stores its slots' recurrent state (for the start-up log
+/// and the metrics; the engine sizes nothing from it). Plain numbers: the
+/// engine knows no device types.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StateGeometry {
+    /// The recurrent state's storage dtype, in config.json's / vLLM's
+    /// spelling (`float32`, `bfloat16`); empty where the executor does not say.
+    pub recurrent_dtype: &'static str,
+    /// Bytes of one slot's recurrent state (every DeltaNet layer).
+    pub recurrent_bytes_per_slot: usize,
+    /// Bytes of one slot's whole state (recurrent and conv state).
+    pub slot_bytes: usize,
+}
+
 /// What an executor holds; the engine's allocator hands these out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CacheGeometry {

@@ -11,7 +11,7 @@ mod rows;
 pub use allowed::AllowedTokens;
 pub(crate) use allowed::PendingMask;
 pub use error::ExecError;
-pub use geometry::{CacheGeometry, PageId, SlotId, SnapshotGeometry, SnapshotId};
+pub use geometry::{CacheGeometry, PageId, SlotId, SnapshotGeometry, SnapshotId, StateGeometry};
 pub use row_snapshots::{check_row_snapshots, in_row_order, split_rows, Pass, RowSnapshotError};
 pub use rows::{RowSnapshot, SampleSeed, SampleSpec, SampledToken, StepRow};
 
@@ -29,6 +29,11 @@ pub trait Executor {
     /// Runs one forward over `rows` (each slot at most once) and returns one
     /// [`SampledToken`] per row with `sample: Some(..)`, in row order.
     fn step(&mut self, rows: &[StepRow<'_>]) -> Result<Vec<SampledToken>, ExecError>;
+
+    /// How the slots' recurrent state is stored (the default: not said).
+    fn state_geometry(&self) -> StateGeometry {
+        StateGeometry::default()
+    }
 
     /// The snapshot pool; an executor without one keeps the default (none)
     /// and the engine never calls the methods below.

@@ -69,13 +69,14 @@ impl ModelOps {
     }
 
     /// One recurrent step for a batch of single tokens, in place on the
-    /// recurrent state slots (`[slots, Hv, 128, 128]` f32).
+    /// recurrent state slots (`[slots, Hv, 128, 128]`, f32 math on either
+    /// storage dtype).
     pub fn deltanet_decode(
         &self,
         batch: &DeviceBatch,
         shape: DeltaNetShape,
         inputs: &DeltaNetInputs,
-        state: &mut CudaSlice<f32>,
+        state: &mut RecurrentState,
         out: &mut CudaSlice<bf16>,
         scale: f32,
     ) -> Result<(), GdnError> {
@@ -100,8 +101,17 @@ impl ModelOps {
         }
         exact(OP, "out", out.len(), n * hv * HEAD_DIM)?;
         let (hk_, hv_) = (hk as i32, hv as i32);
-        let mut b = self.stream.launch_builder(&self.f.decode_step);
-        b.arg(out).arg(state).arg(&batch.seq_slot);
+        let func = match state {
+            RecurrentState::F32(_) => &self.f.decode_step,
+            RecurrentState::Bf16(_) => &self.f.decode_step_bf16,
+        };
+        let mut b = self.stream.launch_builder(func);
+        b.arg(out);
+        match state {
+            RecurrentState::F32(s) => b.arg(s),
+            RecurrentState::Bf16(s) => b.arg(s),
+        };
+        b.arg(&batch.seq_slot);
         b.arg(&inputs.q).arg(&inputs.k).arg(&inputs.v);
         b.arg(&inputs.alpha)
             .arg(&inputs.beta)
@@ -111,7 +121,8 @@ impl ModelOps {
         // Four blocks per (sequence, head), 32 value rows each.
         let mut cfg = grid(hv, n, 256, 0);
         cfg.grid_dim.2 = 4;
-        // SAFETY: matches gdn_decode_step; lengths and slots checked.
+        // SAFETY: matches gdn_decode_step(_bf16) (the state's element type
+        // picked the kernel); lengths and slots checked.
         unsafe { b.launch(cfg) }.during(OP)?;
         Ok(())
     }
@@ -178,7 +189,8 @@ impl ModelOps {
     /// [`ModelOps::deltanet_decode`]) and the gated output norm (as
     /// [`ModelOps::deltanet_out_norm`], `eps`), into `out` (`[N, Hv, 128]`).
     /// `proj` is `[N, shape.proj_width()]`; state layouts are the unfused
-    /// ops' (`[slots, kernel - 1, conv_dim]` bf16, `[slots, Hv, 128, 128]` f32).
+    /// ops' (`[slots, kernel - 1, conv_dim]` bf16, `[slots, Hv, 128, 128]`
+    /// in the state's dtype).
     #[allow(clippy::too_many_arguments)]
     pub fn deltanet_decode_fused(
         &self,
@@ -187,7 +199,7 @@ impl ModelOps {
         proj: &CudaSlice<bf16>,
         weights: DeltaNetWeights,
         conv_state: &mut CudaSlice<bf16>,
-        state: &mut CudaSlice<f32>,
+        state: &mut RecurrentState,
         out: &mut CudaSlice<bf16>,
         scale: f32,
         eps: f32,
@@ -210,7 +222,11 @@ impl ModelOps {
         )?;
         exact(OP, "out", out.len(), n * hv * HEAD_DIM)?;
         let splits = self.deltanet_decode_splits(n, shape);
-        let func = &self.f.decode_fused[splits.trailing_zeros() as usize];
+        let by_splits = match state {
+            RecurrentState::F32(_) => &self.f.decode_fused,
+            RecurrentState::Bf16(_) => &self.f.decode_fused_bf16,
+        };
+        let func = &by_splits[splits.trailing_zeros() as usize];
         let [ld_, cz, cb, ca, hk_, hv_, kw] = [
             ld,
             shape.col_z(),
@@ -229,10 +245,12 @@ impl ModelOps {
             let count = per_launch.min(n - seq0);
             let first = i32_of(OP, "batch", seq0)?;
             let mut b = self.stream.launch_builder(func);
-            b.arg(&mut *out)
-                .arg(&mut *state)
-                .arg(&mut *conv_state)
-                .arg(&self.fused_arrivals);
+            b.arg(&mut *out);
+            match &mut *state {
+                RecurrentState::F32(s) => b.arg(s),
+                RecurrentState::Bf16(s) => b.arg(s),
+            };
+            b.arg(&mut *conv_state).arg(&self.fused_arrivals);
             b.arg(proj).arg(&ld_).arg(&cz).arg(&cb).arg(&ca);
             b.arg(weights.conv)
                 .arg(weights.a_log)
@@ -242,7 +260,8 @@ impl ModelOps {
             b.arg(&hk_).arg(&hv_).arg(&kw).arg(&scale).arg(&eps);
             let mut cfg = grid(hv, count, 256, 0);
             cfg.grid_dim.2 = splits as u32;
-            // SAFETY: matches gdn_decode_fused_s{splits}; every length and
+            // SAFETY: matches gdn_decode_fused(_bf16)_s{splits} (the state's
+            // element type picked the kernel); every length and
             // slot id checked above; 256 threads (one per q|k channel of a
             // head group); `count * hk` arrival counters, all zero between
             // launches on this stream.

@@ -16,6 +16,7 @@ use crate::batch::DeviceBatch;
 use crate::dispatch::cubin_for;
 use crate::error::{invalid, During, GdnError, Op};
 use crate::oracle::HEAD_DIM;
+use crate::state::RecurrentState;
 
 mod attention;
 mod deltanet;
@@ -227,9 +228,11 @@ struct Functions {
     conv_prep_k4: CudaFunction,
     conv_update: CudaFunction,
     decode_step: CudaFunction,
+    decode_step_bf16: CudaFunction,
     gated_rmsnorm: CudaFunction,
-    /// By blocks per (sequence, value head): 1, 2, 4.
+    /// By blocks per (sequence, value head): 1, 2, 4; f32 and bf16 state.
     decode_fused: [CudaFunction; 3],
+    decode_fused_bf16: [CudaFunction; 3],
     attn_prep: CudaFunction,
     /// By head dim 32, 64, 128, 256: one token per block (decode) and
     /// tensor-core query tiles (prefill).
@@ -244,6 +247,9 @@ struct Functions {
     silu_mul: CudaFunction,
     copy_f32: CudaFunction,
     copy_bf16: CudaFunction,
+    /// A bf16 state's slots to an f32 packed batch and back.
+    widen_bf16: CudaFunction,
+    narrow_f32: CudaFunction,
     fill_bf16: CudaFunction,
     fill_f32: CudaFunction,
 }
@@ -325,11 +331,17 @@ impl ModelOps {
             conv_prep_k4: l("gdn_conv_prep_k4")?,
             conv_update: l("gdn_conv_state_update")?,
             decode_step: l("gdn_decode_step")?,
+            decode_step_bf16: l("gdn_decode_step_bf16")?,
             gated_rmsnorm: l("gated_rmsnorm_bf16")?,
             decode_fused: [
                 l("gdn_decode_fused_s1")?,
                 l("gdn_decode_fused_s2")?,
                 l("gdn_decode_fused_s4")?,
+            ],
+            decode_fused_bf16: [
+                l("gdn_decode_fused_bf16_s1")?,
+                l("gdn_decode_fused_bf16_s2")?,
+                l("gdn_decode_fused_bf16_s4")?,
             ],
             attn_prep: l("attn_prep")?,
             attention: [
@@ -356,6 +368,8 @@ impl ModelOps {
             silu_mul: l("silu_mul_bf16")?,
             copy_f32: l("copy_rows_f32")?,
             copy_bf16: l("copy_rows_bf16")?,
+            widen_bf16: l("copy_rows_bf16_to_f32")?,
+            narrow_f32: l("copy_rows_f32_to_bf16")?,
             fill_bf16: l("fill_uniform_bf16")?,
             fill_f32: l("fill_uniform_f32")?,
         };
@@ -569,12 +583,15 @@ impl ModelOps {
         Ok(())
     }
 
-    /// Copies each sequence's recurrent state slot into a packed
-    /// `[N, per_slot]` buffer (`to_packed`), or back.
+    /// Copies each sequence's recurrent state slot into a packed f32
+    /// `[N, per_slot]` buffer (`to_packed`: the GDN prefill's initial
+    /// state), or back (its final state). A bf16 pool is widened on the way
+    /// out and rounded to nearest-even bf16 on the way back: the prefill
+    /// kernels read and write f32 states only.
     pub fn move_state(
         &self,
         batch: &DeviceBatch,
-        pool_buf: &mut CudaSlice<f32>,
+        pool_buf: &mut RecurrentState,
         packed: &mut CudaSlice<f32>,
         per_slot: usize,
         to_packed: bool,
@@ -583,20 +600,30 @@ impl ModelOps {
         pool(OP, "pool", pool_buf.len(), per_slot, batch.max_slot)?;
         exact(OP, "packed", packed.len(), batch.num_seqs * per_slot)?;
         let (w, null) = (per_slot as i64, 0u64);
-        let mut b = self.stream.launch_builder(&self.f.copy_f32);
+        let func = match (&*pool_buf, to_packed) {
+            (RecurrentState::F32(_), _) => &self.f.copy_f32,
+            (RecurrentState::Bf16(_), true) => &self.f.widen_bf16,
+            (RecurrentState::Bf16(_), false) => &self.f.narrow_f32,
+        };
+        let mut b = self.stream.launch_builder(func);
         if to_packed {
-            b.arg(packed)
-                .arg(&null)
-                .arg(&*pool_buf)
-                .arg(&batch.seq_slot);
+            b.arg(packed).arg(&null);
+            match &*pool_buf {
+                RecurrentState::F32(p) => b.arg(p),
+                RecurrentState::Bf16(p) => b.arg(p),
+            };
+            b.arg(&batch.seq_slot);
         } else {
-            b.arg(pool_buf)
-                .arg(&batch.seq_slot)
-                .arg(&*packed)
-                .arg(&null);
+            match pool_buf {
+                RecurrentState::F32(p) => b.arg(p),
+                RecurrentState::Bf16(p) => b.arg(p),
+            };
+            b.arg(&batch.seq_slot).arg(&*packed).arg(&null);
         }
         b.arg(&w);
-        // SAFETY: matches copy_rows_f32; slot ids checked against the pool.
+        // SAFETY: matches copy_rows_f32 / copy_rows_bf16_to_f32 /
+        // copy_rows_f32_to_bf16 (picked by the pool's element type and the
+        // direction); slot ids checked against the pool.
         unsafe { b.launch(grid(batch.num_seqs, per_slot.div_ceil(1024), 256, 0)) }.during(OP)?;
         Ok(())
     }

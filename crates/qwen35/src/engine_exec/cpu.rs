@@ -21,6 +21,7 @@ use crate::config::Config;
 use crate::cpu::{CpuModel, CpuState};
 use crate::error::{LoadError, RunError};
 use crate::row_logits::RowLogits;
+use crate::state_dtype::StateDtypeRequest;
 use crate::weights::Weights;
 
 /// What the CPU executor offers the engine's allocator.
@@ -86,9 +87,23 @@ impl CpuExecutor {
 
     /// Loads a Hugging Face model directory (`config.json` and safetensors).
     pub fn load(dir: &Path, sizing: CpuSizing) -> Result<CpuExecutor, LoadError> {
+        Self::load_with_state_dtype(dir, sizing, StateDtypeRequest::Auto)
+    }
+
+    /// [`CpuExecutor::load`] with the recurrent state stored as `state_dtype`
+    /// asks (`Auto`: the config's `mamba_ssm_dtype`).
+    pub fn load_with_state_dtype(
+        dir: &Path,
+        sizing: CpuSizing,
+        state_dtype: StateDtypeRequest,
+    ) -> Result<CpuExecutor, LoadError> {
         let config = Config::from_file(&dir.join("config.json"))?;
+        let dtype = state_dtype.resolve(config.mamba_ssm_dtype);
         let weights = Weights::open(dir)?;
-        Self::new(CpuModel::load(config, &weights)?, sizing)
+        Self::new(
+            CpuModel::load(config, &weights)?.with_state_dtype(dtype),
+            sizing,
+        )
     }
 
     pub fn model(&self) -> &CpuModel {
@@ -108,6 +123,25 @@ impl Executor for CpuExecutor {
             0
         } else {
             usize::MAX
+        }
+    }
+
+    fn state_geometry(&self) -> engine::StateGeometry {
+        // The CPU state holds f32 values (rounded to the dtype after every
+        // token); the bytes are what the dtype stores, as a GPU slot would.
+        let c = &self.model.config;
+        let linear = c
+            .layer_types
+            .iter()
+            .filter(|t| **t == crate::config::LayerType::Linear)
+            .count();
+        let dtype = self.model.state_dtype();
+        let per_layer = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim;
+        let conv = (c.linear_conv_kernel_dim - 1) * c.linear_conv_dim() * 2;
+        engine::StateGeometry {
+            recurrent_dtype: dtype.name(),
+            recurrent_bytes_per_slot: linear * per_layer * dtype.bytes(),
+            slot_bytes: linear * (per_layer * dtype.bytes() + conv),
         }
     }
 

@@ -359,6 +359,14 @@ impl Executor for GpuExecutor {
         }
     }
 
+    fn state_geometry(&self) -> engine::StateGeometry {
+        engine::StateGeometry {
+            recurrent_dtype: self.model.state_dtype().name(),
+            recurrent_bytes_per_slot: self.model.recurrent_bytes_per_slot(),
+            slot_bytes: self.slot_bytes,
+        }
+    }
+
     fn snapshot_geometry(&self) -> engine::SnapshotGeometry {
         engine::SnapshotGeometry {
             num_snapshots: self.snapshot_held.len(),

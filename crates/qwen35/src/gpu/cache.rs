@@ -1,5 +1,6 @@
 //! Per-sequence GPU state addressed by id: `num_slots` state slots (DeltaNet
-//! conv state in bf16 and recurrent state in f32, one slot per live
+//! conv state in bf16 and recurrent state in the model's state dtype, f32
+//! or bf16 (`gdn_kernels::StateDtype`), one slot per live
 //! sequence) and `num_pages` KV-cache pages of `page_size` positions for the
 //! attention layers. Which sequence owns which slot and pages is not known
 //! here: the caller (the engine's allocator) decides and passes the ids with
@@ -9,7 +10,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use engine::{PageId, SlotId};
-use gdn_kernels::{AttentionShape, DeltaNetShape};
+use gdn_kernels::{AttentionShape, DeltaNetShape, HostState, RecurrentState, StateDtype};
 use half::bf16;
 
 use crate::error::{LoadError, RunError};
@@ -24,8 +25,8 @@ pub struct GpuCache {
     pub(crate) page_size: usize,
     /// Per DeltaNet layer: `[slots, kw-1, conv_dim]` bf16.
     pub(crate) conv: Vec<CudaSlice<bf16>>,
-    /// Per DeltaNet layer: `[slots, Hv, 128, 128]` f32.
-    pub(crate) recurrent: Vec<CudaSlice<f32>>,
+    /// Per DeltaNet layer: `[slots, Hv, 128, 128]` in the state dtype.
+    pub(crate) recurrent: Vec<RecurrentState>,
     /// Per attention layer: `[pages, page_size, Hkv, D]` bf16.
     pub(crate) keys: Vec<CudaSlice<bf16>>,
     pub(crate) values: Vec<CudaSlice<bf16>>,
@@ -42,27 +43,45 @@ pub struct GpuCache {
 pub struct SlotState {
     model_id: u64,
     conv: Vec<Vec<bf16>>,
-    recurrent: Vec<Vec<f32>>,
+    recurrent: Vec<HostState>,
 }
 
 impl SlotState {
     /// Bytes held on the host.
     pub fn bytes(&self) -> usize {
         let c: usize = self.conv.iter().map(|c| c.len() * 2).sum();
-        let r: usize = self.recurrent.iter().map(|r| r.len() * 4).sum();
+        let r: usize = self.recurrent.iter().map(HostState::bytes).sum();
         c + r
+    }
+
+    /// The recurrent state of DeltaNet layer `layer` (by index among the
+    /// DeltaNet layers), widened to f32 (tests compare states with it).
+    pub fn recurrent_f32(&self, layer: usize) -> Option<Vec<f32>> {
+        self.recurrent.get(layer).map(HostState::to_f32)
+    }
+
+    /// The dtype the recurrent state was stored in.
+    pub fn state_dtype(&self) -> Option<StateDtype> {
+        self.recurrent.first().map(HostState::dtype)
     }
 }
 
-/// Device bytes of one slot and of one page (for sizing a cache from free memory).
+/// Device bytes of one slot's recurrent state (every DeltaNet layer) in `dtype`.
+pub(crate) fn recurrent_bytes(dn: DeltaNetShape, linear: usize, dtype: StateDtype) -> usize {
+    linear * dn.recurrent_state_len() * dtype.bytes()
+}
+
+/// Device bytes of one slot and of one page (for sizing a cache from free
+/// memory); the recurrent state in `dtype`.
 pub(crate) fn slot_and_page_bytes(
     dn: DeltaNetShape,
     attn: AttentionShape,
     layers: (usize, usize),
     page_size: usize,
+    dtype: StateDtype,
 ) -> (usize, usize) {
     let (linear, full) = layers;
-    let slot = linear * (dn.conv_state_len() * 2 + dn.recurrent_state_len() * 4);
+    let slot = linear * dn.conv_state_len() * 2 + recurrent_bytes(dn, linear, dtype);
     let page = full * 2 * attn.page_len(page_size) * 2;
     (slot, page)
 }
@@ -78,6 +97,7 @@ impl GpuCache {
         num_slots: usize,
         num_pages: usize,
         page_size: usize,
+        dtype: StateDtype,
     ) -> Result<GpuCache, LoadError> {
         if num_slots == 0 || page_size == 0 || num_pages == 0 {
             return Err(LoadError::Sizing(
@@ -98,7 +118,7 @@ impl GpuCache {
             .map(|_| alloc_bf16(num_pages * page_len))
             .collect::<Result<_, _>>()?;
         let recurrent = (0..linear)
-            .map(|_| stream.alloc_zeros::<f32>(num_slots * dn.recurrent_state_len()))
+            .map(|_| RecurrentState::zeros(&stream, dtype, num_slots * dn.recurrent_state_len()))
             .collect::<Result<_, _>>()?;
         Ok(GpuCache {
             model_id,
@@ -117,6 +137,13 @@ impl GpuCache {
 
     pub fn num_slots(&self) -> usize {
         self.num_slots
+    }
+
+    /// How the recurrent state is stored.
+    pub fn state_dtype(&self) -> StateDtype {
+        self.recurrent
+            .first()
+            .map_or(StateDtype::default(), RecurrentState::dtype)
     }
 
     pub fn num_pages(&self) -> usize {
@@ -149,8 +176,7 @@ impl GpuCache {
                 .memset_zeros(&mut conv.slice_mut(s * c..(s + 1) * c))?;
         }
         for rec in &mut self.recurrent {
-            self.stream
-                .memset_zeros(&mut rec.slice_mut(s * r..(s + 1) * r))?;
+            rec.zero(&self.stream, s * r..(s + 1) * r)?;
         }
         Ok(())
     }
@@ -167,7 +193,7 @@ impl GpuCache {
             copy_within(&self.stream, conv, c, f, t)?;
         }
         for rec in &mut self.recurrent {
-            copy_within(&self.stream, rec, r, f, t)?;
+            rec.copy_block(&self.stream, r, f, t)?;
         }
         Ok(())
     }
@@ -205,7 +231,7 @@ impl GpuCache {
         let recurrent = self
             .recurrent
             .iter()
-            .map(|b| self.stream.clone_dtoh(&b.slice(s * r..(s + 1) * r)))
+            .map(|b| b.to_host(&self.stream, s * r..(s + 1) * r))
             .collect::<Result<_, _>>()?;
         Ok(SlotState {
             model_id: self.model_id,
@@ -224,13 +250,18 @@ impl GpuCache {
             ));
         }
         let (c, r) = (self.dn.conv_state_len(), self.dn.recurrent_state_len());
+        if state.state_dtype() != self.recurrent.first().map(RecurrentState::dtype) {
+            return Err(RunError::InvalidInput(
+                "the slot state was exported from a cache of another state dtype".into(),
+            ));
+        }
         for (dst, src) in self.conv.iter_mut().zip(&state.conv) {
             self.stream
                 .memcpy_htod(src, &mut dst.slice_mut(s * c..(s + 1) * c))?;
         }
         for (dst, src) in self.recurrent.iter_mut().zip(&state.recurrent) {
-            self.stream
-                .memcpy_htod(src, &mut dst.slice_mut(s * r..(s + 1) * r))?;
+            // Same model and dtype (checked above): the layouts agree.
+            dst.write_host(&self.stream, s * r, src)?;
         }
         // The copies read pageable host memory that the caller may drop.
         self.stream.synchronize()?;
@@ -265,4 +296,34 @@ fn copy_within<T: cudarc::driver::DeviceRepr>(
         stream.memcpy_dtod(&hi_block, &mut lo_block)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bf16_state_halves_the_recurrent_bytes_of_a_slot() {
+        // Qwen3.5-4B: 24 DeltaNet layers (32 value heads), 8 attention layers.
+        let dn = DeltaNetShape {
+            qk_heads: 16,
+            v_heads: 32,
+            conv_kernel: 4,
+        };
+        let attn = AttentionShape {
+            q_heads: 16,
+            kv_heads: 4,
+            head_dim: 256,
+            rotary_dim: 64,
+        };
+        let per = |dtype| recurrent_bytes(dn, 24, dtype);
+        assert_eq!(per(StateDtype::F32), 24 * 32 * 128 * 128 * 4);
+        assert_eq!(per(StateDtype::Bf16) * 2, per(StateDtype::F32));
+        let (f32_slot, f32_page) = slot_and_page_bytes(dn, attn, (24, 8), 16, StateDtype::F32);
+        let (bf16_slot, bf16_page) = slot_and_page_bytes(dn, attn, (24, 8), 16, StateDtype::Bf16);
+        assert_eq!(f32_slot - bf16_slot, per(StateDtype::Bf16));
+        // The conv state (bf16 either way) and the pages do not change.
+        assert_eq!(bf16_slot - per(StateDtype::Bf16), 24 * 3 * 8192 * 2);
+        assert_eq!(f32_page, bf16_page);
+    }
 }

@@ -6,7 +6,9 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use gdn_kernels::{DeltaNetInputs, DeviceBatch, GdnPrefill, GemmShape, ModelOps, PrefillBuffers};
+use gdn_kernels::{
+    DeltaNetInputs, DeviceBatch, GdnPrefill, GemmShape, ModelOps, PrefillBuffers, RecurrentState,
+};
 use half::bf16;
 
 use super::plan::Batches;
@@ -202,14 +204,17 @@ fn copy_rows<T: cudarc::driver::DeviceRepr>(
 }
 
 /// The GDN prefill op over `batch`, its initial state gathered from the
-/// slots and its final state scattered back.
+/// slots and its final state scattered back. The op takes and leaves f32
+/// states: a bf16 state is widened into the f32 scratch and the final
+/// state rounded back to bf16 by the gather and scatter (the math stays
+/// f32 within a chunk; the state is rounded once, at its end).
 #[allow(clippy::too_many_arguments)]
 fn prefill_core(
     ops: &ModelOps,
     gdn: &mut GdnPrefill,
     batch: &DeviceBatch,
     inputs: &DeltaNetInputs,
-    (state, per): (&mut CudaSlice<f32>, usize),
+    (state, per): (&mut RecurrentState, usize),
     core: &mut CudaSlice<bf16>,
     scale: f32,
 ) -> Result<(), RunError> {

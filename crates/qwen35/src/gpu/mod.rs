@@ -42,6 +42,7 @@ use crate::config::{Config, LayerType};
 pub use crate::error::StepError;
 use crate::error::{DeviceError, LoadError, RunError};
 pub use crate::row_logits::RowLogits;
+use crate::state_dtype::{StateDtype, StateDtypeRequest};
 use crate::timing::PhaseTimes;
 use crate::weights::Weights;
 
@@ -55,6 +56,9 @@ pub struct GpuOptions {
     /// tensor-core decode for decode batches; see gdn_kernels'
     /// attention_select). Benchmarks force one to compare whole steps.
     pub attention: AttentionRequest,
+    /// How the DeltaNet recurrent state is stored (`Auto`: the config's
+    /// `mamba_ssm_dtype`; see [`crate::state_dtype`]).
+    pub state_dtype: StateDtypeRequest,
 }
 
 impl Default for GpuOptions {
@@ -62,6 +66,7 @@ impl Default for GpuOptions {
         GpuOptions {
             gdn_backend: BackendRequest::Auto,
             attention: AttentionRequest::Auto,
+            state_dtype: StateDtypeRequest::Auto,
         }
     }
 }
@@ -135,6 +140,8 @@ pub struct GpuModel {
     gdn: GdnPrefill,
     dn: DeltaNetShape,
     attn: AttentionShape,
+    /// How its caches store the recurrent state.
+    state_dtype: StateDtype,
     embed: CudaSlice<bf16>,
     lm_head: Option<CudaSlice<bf16>>,
     norm: CudaSlice<f32>,
@@ -279,6 +286,7 @@ impl GpuModel {
     ) -> Result<GpuModel, LoadError> {
         let c = &config;
         let (dn, attn) = shapes(c)?;
+        let state_dtype = options.state_dtype.resolve(c.mamba_ssm_dtype);
         // Note for callers: this switches cudarc's event tracking off for the
         // whole context (buffers allocated afterwards on other streams of it
         // get no automatic cross-stream ordering either).
@@ -407,6 +415,7 @@ impl GpuModel {
             gdn,
             dn,
             attn,
+            state_dtype,
             embed,
             lm_head,
             norm,
@@ -492,7 +501,18 @@ impl GpuModel {
     /// Device bytes of one state slot and of one KV page of `page_size`
     /// positions (to size a cache from free memory).
     pub fn slot_and_page_bytes(&self, page_size: usize) -> (usize, usize) {
-        cache::slot_and_page_bytes(self.dn, self.attn, self.layer_counts(), page_size)
+        let (layers, dtype) = (self.layer_counts(), self.state_dtype);
+        cache::slot_and_page_bytes(self.dn, self.attn, layers, page_size, dtype)
+    }
+
+    /// How the caches of this model store the recurrent state.
+    pub fn state_dtype(&self) -> StateDtype {
+        self.state_dtype
+    }
+
+    /// Device bytes of one slot's recurrent state (every DeltaNet layer).
+    pub fn recurrent_bytes_per_slot(&self) -> usize {
+        cache::recurrent_bytes(self.dn, self.layer_counts().0, self.state_dtype)
     }
 
     /// Device state: `num_slots` state slots and `num_pages` KV pages of
@@ -522,6 +542,7 @@ impl GpuModel {
             num_slots,
             num_pages,
             page_size,
+            self.state_dtype,
         )
     }
 
