@@ -55,9 +55,9 @@ mod worker;
 pub use config::{ConfigError, EngineConfig};
 pub use engine::{Drained, Engine, EngineHandle, EngineStartError, RequestStream};
 pub use executor::{
-    check_row_snapshots, in_row_order, split_rows, BoxError, CacheGeometry, ExecError, Executor,
-    PageId, RowSnapshot, RowSnapshotError, SampleSeed, SampleSpec, SampledToken, SlotId,
-    SnapshotGeometry, SnapshotId, StepRow,
+    check_row_snapshots, in_row_order, split_rows, AllowedTokens, BoxError, CacheGeometry,
+    ExecError, Executor, PageId, RowSnapshot, RowSnapshotError, SampleSeed, SampleSpec,
+    SampledToken, SlotId, SnapshotGeometry, SnapshotId, StepRow,
 };
 pub use protocol::EngineStats;
 pub use request::{

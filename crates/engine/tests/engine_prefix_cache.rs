@@ -503,6 +503,7 @@ fn the_fake_catches_a_wrong_restore_or_a_missing_page_copy() {
             prompt_len: history.len(),
             seed: SampleSeed { seed: 0, draw: 0 },
             banned: &[],
+            allowed: None,
         };
         fake.step(&[StepRow {
             slot: SlotId(slot),

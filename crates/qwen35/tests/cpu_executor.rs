@@ -190,6 +190,7 @@ fn a_row_at_the_wrong_position_is_refused_and_changes_nothing() {
         prompt_len: 33,
         seed: SampleSeed { seed: 7, draw: 0 },
         banned: &[],
+        allowed: None,
     };
     let tokens = &p[32..33];
     let row = |slot: u32, start: usize, pages| StepRow {

@@ -353,6 +353,7 @@ fn a_wrong_restore_changes_the_logits() {
                 prompt_len: history.len(),
                 seed: SampleSeed { seed: 0, draw: 0 },
                 banned: &[],
+                allowed: None,
             };
             exec.step(&[StepRow {
                 snapshots: &[],

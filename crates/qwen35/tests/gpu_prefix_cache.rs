@@ -100,6 +100,7 @@ fn step(exec: &mut GpuExecutor, rows: &[RowSpec<'_>]) -> Vec<SampledToken> {
                 prompt_len: history.len(),
                 seed: SampleSeed { seed: 0, draw: 0 },
                 banned: &[],
+                allowed: None,
             }),
         })
         .collect();
@@ -570,6 +571,7 @@ fn run_step(exec: &mut dyn Executor, rows: &[PieceSpec<'_>]) -> Vec<SampledToken
                     prompt_len: history.len(),
                     seed: SampleSeed { seed: 0, draw: 0 },
                     banned: &[],
+                    allowed: None,
                 }),
                 snapshots,
             },

@@ -181,6 +181,7 @@ impl Case {
             prompt_len: self.prompt_len,
             seed: self.seed,
             banned: &self.banned,
+            allowed: None,
         }
     }
 }
@@ -613,6 +614,7 @@ fn the_executor_samples_on_the_device_what_the_cpu_sampler_draws_from_host_logit
                     draw: step,
                 },
                 banned: &banned[i],
+                allowed: None,
             })
             .collect();
         let rows: Vec<StepRow> = (0..n)

@@ -2,11 +2,13 @@
 //! which sequence sits in which state slot, which KV pages it owns and which
 //! tokens run in a step; an executor only runs the rows it is given on the
 //! device buffers those ids address, and samples where asked.
+mod allowed;
 mod error;
 mod geometry;
 mod row_snapshots;
 mod rows;
 
+pub use allowed::AllowedTokens;
 pub use error::ExecError;
 pub use geometry::{CacheGeometry, PageId, SlotId, SnapshotGeometry, SnapshotId};
 pub use row_snapshots::{check_row_snapshots, in_row_order, split_rows, Pass, RowSnapshotError};

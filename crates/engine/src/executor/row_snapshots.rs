@@ -200,6 +200,7 @@ mod tests {
             prompt_len: 1,
             seed: SampleSeed { seed: 0, draw: 0 },
             banned: &[],
+            allowed: None,
         };
         let tokens: Vec<u32> = (0..10).collect();
         let pages = [PageId(0), PageId(1), PageId(2)];

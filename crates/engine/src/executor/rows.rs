@@ -1,6 +1,7 @@
 //! One step as the executor sees it: its rows, what to sample after each,
 //! and what comes back.
 
+use super::allowed::AllowedTokens;
 use super::geometry::{PageId, SlotId, SnapshotId};
 use crate::request::SamplingParams;
 
@@ -27,6 +28,9 @@ pub struct SampleSpec<'a> {
     /// Tokens that may not be sampled (EOS and stop ids while `min_tokens`
     /// is not reached).
     pub banned: &'a [u32],
+    /// The tokens a constrained row may sample (structured outputs);
+    /// `None`: every token.
+    pub allowed: Option<&'a AllowedTokens>,
 }
 
 /// One sequence's part of a step.

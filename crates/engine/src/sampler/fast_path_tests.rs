@@ -259,6 +259,7 @@ fn fast_paths_equal_the_reference_on_random_rows() {
                 draw: rng.below(100),
             },
             banned: &banned,
+            allowed: None,
         };
         if !row.iter().any(|x| x.is_finite()) && params.temperature >= GREEDY_TEMPERATURE {
             continue; // both panic: nothing to draw from
@@ -303,6 +304,7 @@ fn greedy_argmax_takes_the_lowest_id_of_a_tie_across_lanes() {
         prompt_len: 0,
         seed: SampleSeed { seed: 1, draw: 0 },
         banned: &[],
+        allowed: None,
     };
     for (first, second) in [(3, 19), (40, 73), (5, 100), (99, 100)] {
         let mut row = vec![0.0f32; 101];
@@ -328,6 +330,7 @@ fn rows_sampled_on_threads_come_back_in_row_order() {
         prompt_len: 0,
         seed: SampleSeed { seed: 1, draw: 0 },
         banned: &[],
+        allowed: None,
     };
     // Row i peaks at id (7 * i) % 64.
     let rows: Vec<Vec<f32>> = (0..23)
@@ -419,6 +422,7 @@ fn sampler_speed() {
             prompt_len: 256,
             seed: SampleSeed { seed: 3, draw: 0 },
             banned: &[],
+            allowed: None,
         };
         assert_eq!(
             sample(&row, &spec).token,
@@ -442,6 +446,7 @@ fn sampler_speed() {
         prompt_len: 0,
         seed: SampleSeed { seed: 3, draw: 0 },
         banned: &[],
+        allowed: None,
     };
     let specs = vec![&spec; rows.len()];
     let threads = std::thread::available_parallelism()

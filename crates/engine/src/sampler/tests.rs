@@ -30,6 +30,7 @@ fn spec<'a>(params: &'a SamplingParams, history: &'a [u32], prompt_len: usize) -
         prompt_len,
         seed: SampleSeed { seed: 7, draw: 0 },
         banned: &[],
+        allowed: None,
     }
 }
 

@@ -80,6 +80,7 @@ impl Scheduler {
                             draw: seq.output_len() as u64,
                         },
                         banned,
+                        allowed: None,
                     }),
                     snapshots: &row.snapshots,
                 }

@@ -53,6 +53,7 @@ pub fn lone_run(request: &GenerateRequest, eos: &[u32], vocab_size: usize) -> Ve
                 draw: out.len() as u64,
             },
             banned: &banned,
+            allowed: None,
         };
         let token = sampler::sample(&fake_logits(&history, vocab_size), &spec).token;
         history.push(token);

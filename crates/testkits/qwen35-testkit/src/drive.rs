@@ -112,6 +112,7 @@ pub fn step(exec: &mut dyn Executor, reqs: &mut [Request]) -> Result<bool, ExecE
                         draw: r.out.len() as u64,
                     },
                     banned: &[],
+                    allowed: None,
                 }),
             }
         })
