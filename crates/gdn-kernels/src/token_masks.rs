@@ -104,10 +104,11 @@ impl MaskUpload {
         }
         let pinned = self.pinned.as_mut().expect("allocated above");
         let host = &mut pinned.as_mut_slice().during(OP)?[..total];
-        host.fill(0);
+        host[rows.len() * w..].fill(0);
         for (dst, src) in host.chunks_exact_mut(w).zip(rows) {
             let n = src.len().min(w);
             dst[..n].copy_from_slice(&src[..n]);
+            dst[n..].fill(0);
         }
         let device = self.device.as_mut().expect("allocated above");
         // Exactly `total` words (cudarc copies the source's whole length):
