@@ -84,6 +84,11 @@ inline bool check(uint32_t index, const Case& c, const uint32_t* out, bool verbo
     bool ok = out[0] == c.want && close(lp, c.want_lp);
     for (size_t i = 0; i < c.top.size() && ok; ++i)
         ok = out[2 + i] == c.top[i].first && close(word_float(out[2 + kMaxTop + i]), c.top[i].second);
+    // A masked row's list ends where the CPU's does: the entries after it are
+    // not finite (src/sampling.rs drops them).
+    const int asked = c.p.logprobs < 0 ? 0 : std::min<int>(std::min(c.p.logprobs, kMaxTop), (int)c.vocab);
+    for (int i = (int)c.top.size(); i < asked && ok && !c.mask.empty(); ++i)
+        ok = !std::isfinite(word_float(out[2 + kMaxTop + i]));
     if (ok) return true;
     const RowParams& p = c.p;
     printf("case %u (vocab %u): kernel %u logprob %g, cpu %u logprob %g (T %g top_k %u top_p %g min_p %g "

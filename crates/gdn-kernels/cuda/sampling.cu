@@ -10,10 +10,13 @@
 // every step below is its definition, computed in a different order.
 //   0. a row with a bitmask reads every token whose bit is clear as -inf,
 //      before anything else: the logprobs are the masked row's log-softmax
-//      (vLLM's), and penalties, bans and the draw see only allowed tokens.
-//      The mask is applied where a value is read (never written back), so
-//      it costs no pass of its own and a masked token's logit is not even
-//      loaded; a row without one runs the unmasked instantiation;
+//      (vLLM's), its top list only the finite ones (the allowed tokens),
+//      and penalties, bans and the draw see only allowed tokens; should
+//      every allowed token be -inf, the row takes the lowest allowed id
+//      (the constraint holds whatever the logits). The mask is applied
+//      where a value is read (never written back), so it costs no pass of
+//      its own and a disallowed logit is not even loaded; a row without
+//      one runs the unmasked instantiation;
 //   1. logprobs (if asked): raw max, log-sum-exp (exp of the f32 difference,
 //      summed in f64), the top L raw logprobs by (value desc, id asc);
 //   2. adjustments in place: repetition (x > 0 ? x / r : x * r), then
@@ -92,9 +95,11 @@ __device__ __forceinline__ float sanitize(float x) { return isnan(x) ? -INFINITY
 // set (bit i % 32 of word i / 32). The 32 lanes of a warp read consecutive
 // tokens, so one word serves the whole warp.
 struct AllTokens {
+    static constexpr bool kMasked = false;
     __device__ __forceinline__ bool allowed(int) const { return true; }
 };
 struct AllowedBits {
+    static constexpr bool kMasked = true;
     const uint32_t* words;
     __device__ __forceinline__ bool allowed(int i) const { return (words[i >> 5] >> (i & 31)) & 1u; }
 };
@@ -182,6 +187,23 @@ __device__ float block_max(float x) {
     return warp_max(s[threadIdx.x & 31]);
 }
 
+// The lowest id below n that `bits` allows; `none` if it allows none. The
+// whole block calls it.
+__device__ int lowest_allowed(const AllowedBits bits, int n, int none) {
+    int first = 0x7fffffff;
+    for (int w = (int)threadIdx.x; w < (n + 31) / 32; w += kThreads) {
+        const uint32_t b = bits.words[w];
+        const int t = w * 32 + __ffs((int)b) - 1;
+        if (b != 0u && t < n) {
+            first = t;  // this thread's words ascend: its first hit is its lowest
+            break;
+        }
+    }
+    double v = first < n ? 0.0 : -INFINITY;
+    block_best(v, first);
+    return v == 0.0 ? first : none;
+}
+
 // What the draw keeps of the row: the min-p survivors, cut by top-k and
 // top-p once their thresholds are known.
 struct Keep {
@@ -250,9 +272,17 @@ __device__ __forceinline__ void sample_row(float* __restrict__ x, int n, const R
                 if ((xi < pv || (xi == pv && i > pi)) && better(xi, i, v, id)) v = xi, id = i;
             }
             block_best(v, id);
+            const float lp = (float)(v - log_norm);
+            if (Mask::kMasked && !isfinite(lp)) {
+                // The allowed tokens are listed: the rest (all after them)
+                // are marked NaN and not searched for.
+                if (tid == 0)
+                    for (int rest = r; rest < top; ++rest) o[2 + kMaxTop + rest] = __float_as_uint(NAN);
+                break;
+            }
             if (tid == 0) {
                 o[2 + r] = (uint32_t)id;
-                o[2 + kMaxTop + r] = __float_as_uint((float)(v - log_norm));
+                o[2 + kMaxTop + r] = __float_as_uint(lp);
             }
             pv = v, pi = id;
         }
@@ -448,6 +478,10 @@ __device__ __forceinline__ void sample_row(float* __restrict__ x, int n, const R
     }
     // Never an index outside the row (the H200 read x[0x7fffffff] once).
     if (token < 0 || token >= n) token = 0;
+    if constexpr (Mask::kMasked) {
+        // Every allowed token is -inf (the argmax fell back to id 0).
+        if (!tokens.allowed(token)) token = lowest_allowed(tokens, n, token);
+    }
 
     if (tid == 0) {
         o[0] = (uint32_t)token;

@@ -79,7 +79,8 @@ pub struct SampledRow {
     pub token: u32,
     /// The chosen token's raw logprob; NaN when not asked.
     pub logprob: f32,
-    /// The best raw logprobs, best first (lower id first on ties).
+    /// The best raw logprobs, best first (lower id first on ties); a
+    /// constrained row's finite ones only (fewer when it allows fewer).
     pub top_logprobs: Vec<(u32, f32)>,
 }
 
@@ -232,16 +233,21 @@ impl DeviceSampler {
     }
 }
 
-/// One row's result words.
+/// One row's result words. A constrained row's top list holds its finite
+/// entries only (its allowed tokens; the kernel marks the rest NaN).
 fn decode(row: &RowSampling, w: &[u32], vocab: usize) -> SampledRow {
     let top = row.logprobs.map_or(0, |k| (k as usize).min(vocab));
     let m = MAX_TOP_LOGPROBS as usize;
+    let mut top_logprobs: Vec<(u32, f32)> = (0..top)
+        .map(|i| (w[2 + i], f32::from_bits(w[2 + m + i])))
+        .collect();
+    if row.mask_row.is_some() {
+        top_logprobs.retain(|e| e.1.is_finite());
+    }
     SampledRow {
         token: w[0],
         logprob: f32::from_bits(w[1]),
-        top_logprobs: (0..top)
-            .map(|i| (w[2 + i], f32::from_bits(w[2 + m + i])))
-            .collect(),
+        top_logprobs,
     }
 }
 
@@ -405,6 +411,24 @@ mod tests {
         );
         assert_eq!(params[1].logprobs, -1);
         assert!(params.iter().all(|p| p.mask_row == NO_MASK));
+    }
+
+    #[test]
+    fn a_constrained_row_lists_its_finite_alternatives_only() {
+        let mut words = vec![0u32; OUT_WORDS];
+        let m = MAX_TOP_LOGPROBS as usize;
+        for (i, (id, lp)) in [(4, -0.5f32), (2, -1.0), (0, f32::NAN)].iter().enumerate() {
+            words[2 + i] = *id;
+            words[2 + m + i] = lp.to_bits();
+        }
+        let mut r = row(0, &[]);
+        r.logprobs = Some(3);
+        assert_eq!(decode(&r, &words, 10).top_logprobs.len(), 3);
+        r.mask_row = Some(0);
+        assert_eq!(
+            decode(&r, &words, 10).top_logprobs,
+            vec![(4, -0.5), (2, -1.0)]
+        );
     }
 
     #[test]

@@ -359,7 +359,7 @@ fn clone_case(c: &Case) -> Case {
         prompt_len: c.prompt_len,
         banned: c.banned.clone(),
         seed: c.seed,
-        allowed: c.allowed.clone(),
+        allowed: masks::copy(&c.allowed),
     }
 }
 
@@ -568,8 +568,8 @@ fn the_executor_samples_on_the_device_what_the_cpu_sampler_draws_from_host_logit
 
 /// The GPU executor's device sampling against the CPU sampler on the
 /// runtime's host logits; with `constrain`, every other row carries a
-/// random allowed-token mask each step (the CPU sampler then samples the
-/// masked host row, `masks::premasked`).
+/// random allowed-token mask each step (the answer by the definition:
+/// `masks::answer` on the host row).
 fn executor_against_host_logits(constrain: bool) {
     let Some(s) = gdn_kernels_testkit::gpu_stream() else {
         return;
@@ -677,16 +677,16 @@ fn executor_against_host_logits(constrain: bool) {
             .step_logits(&mut cache, &model_rows, LogitsTo::Host)
             .unwrap();
         for i in 0..n {
-            let c = masks::premasked(&Case {
+            let c = Case {
                 row: host.row(i).to_vec(),
                 params: params[i].clone(),
                 history: histories[i].clone(),
                 prompt_len: prompts[i].len(),
                 banned: banned[i].clone(),
                 seed: specs[i].seed,
-                allowed: allowed[i].clone(),
-            });
-            let want = sampler::sample(&c.row, &c.spec());
+                allowed: masks::copy(&allowed[i]),
+            };
+            let want = masks::answer(&c);
             if let Some(a) = &allowed[i] {
                 assert!(
                     a.is_allowed(got[i].token),
@@ -700,7 +700,8 @@ fn executor_against_host_logits(constrain: bool) {
                 top_logprobs: got[i].top_logprobs.clone(),
             };
             let mut tally = Tally::default();
-            compare(&c, &g, &want, &format!("step {step} row {i}"), &mut tally);
+            let what = format!("step {step} row {i}");
+            compare(&masks::premasked(&c), &g, &want, &what, &mut tally);
             assert_eq!(tally.boundary, 0, "step {step} row {i}: a boundary case");
             compared += 1;
         }
@@ -723,7 +724,7 @@ fn the_executor_sends_the_masks_of_constrained_rows_to_the_device_sampler() {
 /// random test's first calls, and the CPU sampler's answers to `EMIT`, for
 /// `checks/sampling_emulation/run.sh` (the layout its main.cpp reads).
 /// With `MASKS`, half the `PLAN` cases get a random allowed-token mask (the
-/// answer is the CPU sampler's on the masked row, `masks::premasked`).
+/// answer by the definition, `masks::answer`).
 #[test]
 #[ignore]
 fn emit_cases_for_the_cpu_emulation() {
@@ -777,8 +778,7 @@ fn emit_cases_for_the_cpu_emulation() {
     for (vocab, c) in cases {
         {
             let spec = c.spec();
-            let oracle = masks::premasked(&c);
-            let want = sampler::sample(&oracle.row, &oracle.spec());
+            let want = masks::answer(&c);
             let adj = sampler::adjustments(&spec, vocab);
             let p = &c.params;
             let mut put = |b: &[u8]| out.extend_from_slice(b);

@@ -7,7 +7,7 @@
 /// The tokens a constrained row may sample: bit `t % 32` of word `t / 32`
 /// set means token `t` is allowed. Rows narrower than the executor's logits
 /// width disallow the tokens beyond it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct AllowedTokens {
     words: Vec<u32>,
 }
