@@ -1,6 +1,6 @@
 // The case file that `gpu_sampling.rs::emit_cases_for_the_cpu_emulation`
-// writes (one row of logits, its parameters and adjustments, the CPU
-// sampler's answer), read the same way by the CPU emulation (main.cpp) and
+// writes (one row of logits, its parameters, adjustments and allowed-token
+// mask, the CPU sampler's answer), read the same way by the CPU emulation (main.cpp) and
 // the device harness (device_main.cu). Include after sampling.cu (it needs
 // RowParams, Adjustment and kOutWords).
 #pragma once
@@ -30,6 +30,7 @@ struct Case {
     std::vector<float> x;
     RowParams p{};
     std::vector<Adjustment> adj;  // at least one entry (a kernel argument)
+    std::vector<uint32_t> mask;   // empty: every token allowed (p.mask_row kNoMask)
     uint32_t want;
     float want_lp;
     std::vector<std::pair<uint32_t, float>> top;
@@ -56,6 +57,9 @@ inline Case read(Reader& r) {
         c.adj[i].subtract = r.get<float>();
     }
     c.p.adj_end = na;
+    c.mask.resize(r.get<uint32_t>());
+    for (auto& w : c.mask) w = r.get<uint32_t>();
+    c.p.mask_row = c.mask.empty() ? kNoMask : 0;
     c.want = r.get<uint32_t>();
     c.want_lp = r.get<float>();
     c.top.resize(r.get<uint32_t>());
@@ -80,12 +84,17 @@ inline bool check(uint32_t index, const Case& c, const uint32_t* out, bool verbo
     bool ok = out[0] == c.want && close(lp, c.want_lp);
     for (size_t i = 0; i < c.top.size() && ok; ++i)
         ok = out[2 + i] == c.top[i].first && close(word_float(out[2 + kMaxTop + i]), c.top[i].second);
+    // A masked row's list ends where the CPU's does: the entries after it are
+    // not finite (src/sampling.rs drops them).
+    const int asked = c.p.logprobs < 0 ? 0 : std::min<int>(std::min(c.p.logprobs, kMaxTop), (int)c.vocab);
+    for (int i = (int)c.top.size(); i < asked && ok && !c.mask.empty(); ++i)
+        ok = !std::isfinite(word_float(out[2 + kMaxTop + i]));
     if (ok) return true;
     const RowParams& p = c.p;
     printf("case %u (vocab %u): kernel %u logprob %g, cpu %u logprob %g (T %g top_k %u top_p %g min_p %g "
-           "repetition %g logprobs %d, %u adjustments)\n",
+           "repetition %g logprobs %d, %u adjustments, %s)\n",
            index, c.vocab, out[0], lp, c.want, c.want_lp, p.temperature, p.top_k, p.top_p, p.min_p,
-           p.repetition_penalty, p.logprobs, p.adj_end);
+           p.repetition_penalty, p.logprobs, p.adj_end, c.mask.empty() ? "no mask" : "masked");
     if (verbose)
         for (size_t i = 0; i < c.top.size(); ++i)
             printf("  top %zu: kernel %u (%g, x %g) cpu %u (%g, x %g)\n", i, out[2 + i],

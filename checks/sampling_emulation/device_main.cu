@@ -55,12 +55,18 @@ int main(int argc, char** argv) {
         Adjustment* adj = upload(c.adj);
         uint32_t* out;
         CHECK(cudaMalloc(&out, kOutWords * 4));
-        sample_rows<<<1, kThreads>>>(x, c.vocab, p, adj, out);
+        uint32_t* mask = nullptr;
+        if (c.mask.empty()) {
+            sample_rows<<<1, kThreads>>>(x, c.vocab, p, adj, out);
+        } else {
+            mask = upload(c.mask);
+            sample_rows_masked<<<1, kThreads>>>(x, c.vocab, p, adj, mask, (int64_t)c.mask.size(), out);
+        }
         CHECK(cudaGetLastError());
         std::vector<uint32_t> host(kOutWords);
         CHECK(cudaMemcpy(host.data(), out, kOutWords * 4, cudaMemcpyDeviceToHost));
         bad_alone += !cases::check(first + i, c, host.data(), verbose);
-        cudaFree(x), cudaFree(p), cudaFree(adj), cudaFree(out);
+        cudaFree(x), cudaFree(p), cudaFree(adj), cudaFree(out), cudaFree(mask);
     }
     printf("alone: %u rows, %d differ from the CPU sampler\n", kept, bad_alone);
     // Together: runs of equal vocabulary in one launch, rows in file order.
@@ -71,8 +77,14 @@ int main(int argc, char** argv) {
         std::vector<float> xs;
         std::vector<RowParams> ps;
         std::vector<Adjustment> adjs;
+        std::vector<uint32_t> masks;  // the masked rows' words, in row order
+        const size_t mask_words = (vocab + 31) / 32;
         for (uint32_t i = b; i < e; ++i) {
             RowParams p = all[i].p;
+            if (!all[i].mask.empty()) {
+                p.mask_row = (uint32_t)(masks.size() / mask_words);
+                masks.insert(masks.end(), all[i].mask.begin(), all[i].mask.end());
+            }
             p.logits_row = i - b;
             p.adj_begin = (uint32_t)adjs.size();
             p.adj_end = p.adj_begin + all[i].p.adj_end;
@@ -86,13 +98,19 @@ int main(int argc, char** argv) {
         Adjustment* adj = upload(adjs);
         uint32_t* out;
         CHECK(cudaMalloc(&out, (e - b) * kOutWords * 4));
-        sample_rows<<<e - b, kThreads>>>(x, vocab, p, adj, out);
+        uint32_t* mask = nullptr;
+        if (masks.empty()) {
+            sample_rows<<<e - b, kThreads>>>(x, vocab, p, adj, out);
+        } else {
+            mask = upload(masks);
+            sample_rows_masked<<<e - b, kThreads>>>(x, vocab, p, adj, mask, (int64_t)mask_words, out);
+        }
         CHECK(cudaGetLastError());
         std::vector<uint32_t> host((e - b) * kOutWords);
         CHECK(cudaMemcpy(host.data(), out, host.size() * 4, cudaMemcpyDeviceToHost));
         for (uint32_t i = b; i < e; ++i)
             bad_together += !cases::check(first + i, all[i], &host[(i - b) * kOutWords], false);
-        cudaFree(x), cudaFree(p), cudaFree(adj), cudaFree(out);
+        cudaFree(x), cudaFree(p), cudaFree(adj), cudaFree(out), cudaFree(mask);
         b = e;
     }
     printf("together: %u rows, %d differ from the CPU sampler\n", kept, bad_together);

@@ -11,8 +11,10 @@
 #include "cases.h"
 
 namespace {
-// One block of 1024 threads over one row.
-void launch(float* x, uint32_t vocab, const RowParams* p, Adjustment* adj, uint32_t* out) {
+// One block of 1024 threads over one row (the masked kernel when `mask`
+// has words).
+void launch(float* x, uint32_t vocab, const RowParams* p, Adjustment* adj,
+            const std::vector<uint32_t>& mask, uint32_t* out) {
     std::barrier<> block(1024);
     g_block = &block;
     std::vector<std::unique_ptr<std::barrier<>>> warps;
@@ -22,10 +24,15 @@ void launch(float* x, uint32_t vocab, const RowParams* p, Adjustment* adj, uint3
     }
     blockIdx.x = 0;
     std::vector<std::thread> threads;
+    const uint32_t* words = mask.data();
+    const int64_t mask_words = (int64_t)mask.size();
     for (unsigned t = 0; t < 1024; ++t)
         threads.emplace_back([=] {
             threadIdx.x = t;
-            sample_rows(x, vocab, p, adj, out);
+            if (mask_words == 0)
+                sample_rows(x, vocab, p, adj, out);
+            else
+                sample_rows_masked(x, vocab, p, adj, words, mask_words, out);
         });
     for (auto& t : threads) t.join();
 }
@@ -46,7 +53,7 @@ int main(int argc, char** argv) {
     for (uint32_t i = 0; i < n; ++i) {
         cases::Case c = cases::read(r);
         std::vector<uint32_t> out(kOutWords, 0xdeadbeefu);
-        launch(c.x.data(), c.vocab, &c.p, c.adj.data(), out.data());
+        launch(c.x.data(), c.vocab, &c.p, c.adj.data(), c.mask, out.data());
         bad += !cases::check(i, c, out.data(), false);
     }
     printf("%u rows, %d differ from the CPU sampler\n", n, bad);

@@ -4,7 +4,8 @@
 # the CPU sampler's answers, main.cpp runs sampling.cu over them through
 # cuda_shim.h (1024 OS threads per row: slow, about 0.5-1 s a row on 2 cores).
 # Arguments: PLAN entries (`vocab`x`rows`), default a mix of small
-# vocabularies, two full Qwen3.5 rows and rows of ties; exits 1 on a difference.
+# vocabularies, two full Qwen3.5 rows, rows of ties and rows with
+# allowed-token masks (half of them masked); exits 1 on a difference.
 # REPLAY=<calls> instead runs the random GPU test's first calls row for row.
 # device_main.cu is the same harness for the GPU machine (nvcc there; see
 # docs/gpu-tests.md): the kernel source as nvcc compiles it, on the device.
@@ -29,3 +30,6 @@ EMIT=$PWD/$out/cases.bin PLAN=$plan SEED=${SEED:-3} \
 EMIT=$PWD/$out/ties.bin PLAN=3000x20 SEED=${SEED:-3} TIES=1 \
   cargo test -q -p qwen35 --test gpu_sampling -- --ignored emit_cases_for_the_cpu_emulation --nocapture
 "$out/emulate" "$out/ties.bin"
+EMIT=$PWD/$out/masks.bin PLAN=7x20,40x20,1025x10,3000x6 SEED=${SEED:-3} MASKS=1 \
+  cargo test -q -p qwen35 --test gpu_sampling -- --ignored emit_cases_for_the_cpu_emulation --nocapture
+"$out/emulate" "$out/masks.bin"

@@ -1,12 +1,22 @@
 // Sampling on the device: one block per row of logits picks the row's token
 // (greedy, or temperature, min-p, top-k, top-p and a seeded draw), with
-// penalties and bans given as a sparse list per row, and the raw
+// penalties and bans given as a sparse list per row, an optional bitmask of
+// the tokens a row may sample (structured outputs), and the raw
 // log-probabilities when asked. Compiled ahead of time into plain cubins
 // (sm_80 .. sm_120, no PTX), launched by name from src/sampling.rs, which
 // owns the launch geometry and checks every buffer and index first.
 //
 // The oracle is the engine's CPU sampler (crates/engine/src/sampler.rs):
 // every step below is its definition, computed in a different order.
+//   0. a row with a bitmask reads every token whose bit is clear as -inf,
+//      before anything else: the logprobs are the masked row's log-softmax
+//      (vLLM's), its top list only the finite ones (the allowed tokens),
+//      and penalties, bans and the draw see only allowed tokens; should
+//      every allowed token be -inf, the row takes the lowest allowed id
+//      (the constraint holds whatever the logits). The mask is applied
+//      where a value is read (never written back), so it costs no pass of
+//      its own and a disallowed logit is not even loaded; a row without
+//      one runs the unmasked instantiation;
 //   1. logprobs (if asked): raw max, log-sum-exp (exp of the f32 difference,
 //      summed in f64), the top L raw logprobs by (value desc, id asc);
 //   2. adjustments in place: repetition (x > 0 ? x / r : x * r), then
@@ -41,6 +51,7 @@ constexpr int kOutWords = 2 + 2 * kMaxTop;
 constexpr float kGreedyTemperature = 1e-5f;
 constexpr uint32_t kRepetition = 1, kBan = 2;
 constexpr uint64_t kGamma = 0x9E3779B97F4A7C15ull;
+constexpr uint32_t kNoMask = 0xffffffffu;
 
 // Host twin: `SampleRowParams` in src/sampling.rs (#[repr(C)]).
 struct RowParams {
@@ -48,7 +59,8 @@ struct RowParams {
     float temperature, top_p, min_p, repetition_penalty;
     uint32_t top_k;
     int32_t logprobs;  // -1: none
-    uint32_t logits_row, adj_begin, adj_end, pad;
+    uint32_t logits_row, adj_begin, adj_end;
+    uint32_t mask_row;  // row of the masks; kNoMask: every token allowed
 };
 
 // Host twin: `SampleAdjustment`. `raw` and `saved` are written here.
@@ -77,6 +89,27 @@ __device__ __forceinline__ double race_score(float x, float max, float t, double
 }
 
 __device__ __forceinline__ float sanitize(float x) { return isnan(x) ? -INFINITY : x; }
+
+// Which tokens a row may sample: every one (rows without a mask: the code
+// of an unconstrained row is the code without masks), or those whose bit is
+// set (bit i % 32 of word i / 32). The 32 lanes of a warp read consecutive
+// tokens, so one word serves the whole warp.
+struct AllTokens {
+    static constexpr bool kMasked = false;
+    __device__ __forceinline__ bool allowed(int) const { return true; }
+};
+struct AllowedBits {
+    static constexpr bool kMasked = true;
+    const uint32_t* words;
+    __device__ __forceinline__ bool allowed(int i) const { return (words[i >> 5] >> (i & 31)) & 1u; }
+};
+
+// What the sampler sees of token i: NaN and disallowed tokens as -inf (a
+// disallowed logit is not loaded).
+template <class Mask>
+__device__ __forceinline__ float value(const float* x, int i, Mask tokens) {
+    return tokens.allowed(i) ? sanitize(x[i]) : -INFINITY;
+}
 
 // Order-preserving key of a non-NaN float (-0 folded into +0), so that
 // equal keys are equal values.
@@ -154,6 +187,23 @@ __device__ float block_max(float x) {
     return warp_max(s[threadIdx.x & 31]);
 }
 
+// The lowest id below n that `bits` allows; `none` if it allows none. The
+// whole block calls it.
+__device__ int lowest_allowed(const AllowedBits bits, int n, int none) {
+    int first = 0x7fffffff;
+    for (int w = (int)threadIdx.x; w < (n + 31) / 32; w += kThreads) {
+        const uint32_t b = bits.words[w];
+        const int t = w * 32 + __ffs((int)b) - 1;
+        if (b != 0u && t < n) {
+            first = t;  // this thread's words ascend: its first hit is its lowest
+            break;
+        }
+    }
+    double v = first < n ? 0.0 : -INFINITY;
+    block_best(v, first);
+    return v == 0.0 ? first : none;
+}
+
 // What the draw keeps of the row: the min-p survivors, cut by top-k and
 // top-p once their thresholds are known.
 struct Keep {
@@ -181,34 +231,34 @@ struct Keep {
 
 }  // namespace
 
-// One block of kThreads per output row. `logits` rows are adjusted in place.
-extern "C" __global__ void __launch_bounds__(kThreads)
-    sample_rows(float* __restrict__ logits, int64_t vocab, const RowParams* __restrict__ params,
-                Adjustment* __restrict__ adj, uint32_t* __restrict__ out) {
+// One row: `x` its `n` logits (adjusted in place), `o` its kOutWords
+// output words, `tokens` the ones it may sample. Each instantiation has its
+// own shared scratch (both together are under 8 KB).
+template <class Mask>
+__device__ __forceinline__ void sample_row(float* __restrict__ x, int n, const RowParams p,
+                                           Adjustment* __restrict__ adj, uint32_t* __restrict__ o,
+                                           Mask tokens) {
     __shared__ uint32_t hist_count[256];
     __shared__ double hist_mass[256];
     __shared__ uint32_t s_word[4];
     __shared__ double s_mass;
     __shared__ int s_cut;
     __shared__ int warp_count[kWarps];
-
-    const RowParams p = params[blockIdx.x];
-    float* x = logits + (int64_t)p.logits_row * vocab;
-    uint32_t* o = out + (int64_t)blockIdx.x * kOutWords;
-    const int n = (int)vocab;
     const int tid = threadIdx.x, lane = tid & 31;
 
     // 1. Raw log-probabilities.
     double log_norm = 0.0;
     if (p.logprobs >= 0) {
         float m = -INFINITY;
-        for (int i = tid; i < n; i += kThreads) m = fmaxf(m, x[i]);  // fmaxf skips NaN
+        for (int i = tid; i < n; i += kThreads)
+            if (tokens.allowed(i)) m = fmaxf(m, x[i]);  // fmaxf skips NaN
         m = block_max(m);
         if (!isfinite(m)) {
             log_norm = m;
         } else {
             double s = 0.0;
-            for (int i = tid; i < n; i += kThreads) s += exp((double)(sanitize(x[i]) - m));
+            for (int i = tid; i < n; i += kThreads)
+                if (tokens.allowed(i)) s += exp((double)(sanitize(x[i]) - m));
             log_norm = (double)m + log(block_sum(s));
         }
         const int top = min(p.logprobs, min(kMaxTop, n));
@@ -218,13 +268,21 @@ extern "C" __global__ void __launch_bounds__(kThreads)
             double v = -INFINITY;
             int id = 0x7fffffff;
             for (int i = tid; i < n; i += kThreads) {
-                const double xi = sanitize(x[i]);
+                const double xi = value(x, i, tokens);
                 if ((xi < pv || (xi == pv && i > pi)) && better(xi, i, v, id)) v = xi, id = i;
             }
             block_best(v, id);
+            const float lp = (float)(v - log_norm);
+            if (Mask::kMasked && !isfinite(lp)) {
+                // The allowed tokens are listed: the rest (all after them)
+                // are marked NaN and not searched for.
+                if (tid == 0)
+                    for (int rest = r; rest < top; ++rest) o[2 + kMaxTop + rest] = __float_as_uint(NAN);
+                break;
+            }
             if (tid == 0) {
                 o[2 + r] = (uint32_t)id;
-                o[2 + kMaxTop + r] = __float_as_uint((float)(v - log_norm));
+                o[2 + kMaxTop + r] = __float_as_uint(lp);
             }
             pv = v, pi = id;
         }
@@ -235,7 +293,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     int any_ban = 0;
     for (uint32_t e = p.adj_begin + tid; e < p.adj_end; e += kThreads) {
         Adjustment& a = adj[e];
-        float v = sanitize(x[a.token]);
+        float v = value(x, (int)a.token, tokens);
         a.raw = v;
         if (a.flags & kRepetition) v = v > 0.f ? __fdiv_rn(v, p.repetition_penalty)
                                                : __fmul_rn(v, p.repetition_penalty);
@@ -254,7 +312,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     int best_id = 0x7fffffff;
     int finite = 0;
     for (int i = tid; i < n; i += kThreads) {
-        const float v = sanitize(x[i]);
+        const float v = value(x, i, tokens);
         finite |= isfinite(v);
         if (better(v, i, best, best_id)) best = v, best_id = i;
     }
@@ -264,7 +322,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
         __syncthreads();
         best = -INFINITY, best_id = 0x7fffffff;
         for (int i = tid; i < n; i += kThreads) {
-            const float v = sanitize(x[i]);
+            const float v = value(x, i, tokens);
             if (better(v, i, best, best_id)) best = v, best_id = i;
         }
     }
@@ -278,7 +336,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
         // Top-k: the k-th largest survivor's key, 8 bits at a time.
         if (p.top_k > 0) {
             int count = 0;
-            for (int i = tid; i < n; i += kThreads) count += k.survives(sanitize(x[i]));
+            for (int i = tid; i < n; i += kThreads) count += k.survives(value(x, i, tokens));
             count = (int)block_sum((double)count);
             if ((uint32_t)count > p.top_k) {
                 uint32_t prefix = 0, mask = 0, rank = p.top_k;
@@ -287,7 +345,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
                     __syncthreads();
                     for (int base = 0; base < n; base += kThreads) {
                         const int i = base + tid;
-                        const float v = i < n ? sanitize(x[i]) : -INFINITY;
+                        const float v = i < n ? value(x, i, tokens) : -INFINITY;
                         const uint32_t key = order_key(v);
                         const bool in = i < n && (key & mask) == prefix && k.survives(v);
                         const uint32_t d = in ? (key >> shift) & 255u : 256u + lane;
@@ -320,7 +378,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
         if (p.top_p < 1.f) {
             double total = 0.0;
             for (int i = tid; i < n; i += kThreads) {
-                const float v = sanitize(x[i]);
+                const float v = value(x, i, tokens);
                 if (k.kept_before_p(v)) total += k.weight(v);
             }
             const double limit = (double)p.top_p * block_sum(total);
@@ -331,7 +389,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
                 for (int d = tid; d < 256; d += kThreads) hist_count[d] = 0, hist_mass[d] = 0.0;
                 __syncthreads();
                 for (int i = tid; i < n; i += kThreads) {
-                    const float v = sanitize(x[i]);
+                    const float v = value(x, i, tokens);
                     const uint32_t key = order_key(v);
                     if ((key & mask) == prefix && k.kept_before_p(v)) {
                         const uint32_t d = (key >> shift) & 255u;
@@ -383,7 +441,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
                 uint32_t seen = 0;
                 for (int base = 0; base < n; base += kThreads) {
                     const int i = base + tid;
-                    const bool tie = i < n && order_key(sanitize(x[i])) == prefix;
+                    const bool tie = i < n && order_key(value(x, i, tokens)) == prefix;
                     const int c = __syncthreads_count(tie);
                     if (seen + (uint32_t)c >= take) {
                         const uint32_t ballot = __ballot_sync(0xffffffffu, tie);
@@ -407,7 +465,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
         double score = -INFINITY;
         int id = 0x7fffffff;
         for (int i = tid; i < n; i += kThreads) {
-            const float v = sanitize(x[i]);
+            const float v = value(x, i, tokens);
             if (!k.kept(v, i)) continue;
             const double s = race_score(v, row_max, p.temperature, race_uniform(key, (uint32_t)i));
             if (better(s, i, score, id)) score = s, id = i;
@@ -420,6 +478,10 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     }
     // Never an index outside the row (the H200 read x[0x7fffffff] once).
     if (token < 0 || token >= n) token = 0;
+    if constexpr (Mask::kMasked) {
+        // Every allowed token is -inf (the argmax fell back to id 0).
+        if (!tokens.allowed(token)) token = lowest_allowed(tokens, n, token);
+    }
 
     if (tid == 0) {
         o[0] = (uint32_t)token;
@@ -427,7 +489,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
         if (p.logprobs >= 0) {
             // The raw value: an adjusted token's was kept in its entry
             // (entries are sorted by id).
-            float raw = sanitize(x[token]);
+            float raw = value(x, token, tokens);
             uint32_t lo = p.adj_begin, hi = p.adj_end;
             while (lo < hi) {
                 const uint32_t mid = (lo + hi) / 2;
@@ -439,4 +501,33 @@ extern "C" __global__ void __launch_bounds__(kThreads)
         }
         o[1] = __float_as_uint(lp);
     }
+}
+
+// One block of kThreads per output row. `logits` rows are adjusted in place.
+// Launched when no row of the step has a mask (mask_row is not read).
+extern "C" __global__ void __launch_bounds__(kThreads)
+    sample_rows(float* __restrict__ logits, int64_t vocab, const RowParams* __restrict__ params,
+                Adjustment* __restrict__ adj, uint32_t* __restrict__ out) {
+    const RowParams p = params[blockIdx.x];
+    sample_row(logits + (int64_t)p.logits_row * vocab, (int)vocab, p, adj,
+               out + (int64_t)blockIdx.x * kOutWords, AllTokens{});
+}
+
+// sample_rows for a step with masks: `masks` is [mask rows, mask_words]
+// u32 (mask_words covers the vocabulary), read by the rows whose mask_row
+// is not kNoMask; the others sample as sample_rows does. A kernel of its
+// own so that steps without masks run sample_rows's code alone: with both
+// instantiations in one kernel, ptxas (CUDA 13, -O3, sm_90) spills
+// registers at the 1024-thread bound, and sample_rows alone spills none.
+extern "C" __global__ void __launch_bounds__(kThreads)
+    sample_rows_masked(float* __restrict__ logits, int64_t vocab, const RowParams* __restrict__ params,
+                       Adjustment* __restrict__ adj, const uint32_t* __restrict__ masks, int64_t mask_words,
+                       uint32_t* __restrict__ out) {
+    const RowParams p = params[blockIdx.x];
+    float* x = logits + (int64_t)p.logits_row * vocab;
+    uint32_t* o = out + (int64_t)blockIdx.x * kOutWords;
+    if (p.mask_row != kNoMask)
+        sample_row(x, (int)vocab, p, adj, o, AllowedBits{masks + (int64_t)p.mask_row * mask_words});
+    else
+        sample_row(x, (int)vocab, p, adj, o, AllTokens{});
 }

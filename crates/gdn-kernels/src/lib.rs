@@ -1,7 +1,8 @@
 //! The GPU kernels of the Qwen3.5 runtime, from the verified bundle: Gated
 //! DeltaNet (GDN) chunked prefill ([`GdnPrefill`]), our model kernels
 //! ([`ModelOps`]: norms, DeltaNet conv/decode step, paged attention, SwiGLU),
-//! sampling on the device ([`DeviceSampler`]) and linear layers ([`Gemm`]:
+//! sampling on the device ([`DeviceSampler`], with allowed-token masks:
+//! [`TokenMasks`], [`MaskUpload`]) and linear layers ([`Gemm`]:
 //! cuBLAS, or our skinny kernels ([`SkinnyLinear`]) for the few-row calls
 //! its measured rule names; the MLP's gate/up + SwiGLU fused into one GEMM
 //! on SM 9.0, [`SwigluGemm`]).
@@ -37,6 +38,7 @@ mod sampling;
 mod skinny;
 mod state;
 mod swiglu;
+mod token_masks;
 
 mod bundle_embed {
     include!(concat!(env!("OUT_DIR"), "/bundle_embed.rs"));
@@ -58,6 +60,7 @@ pub use sampling::{DeviceSampler, RowSampling, SampledRow, TokenAdjustment, MAX_
 pub use skinny::{SkinnyConfig, SkinnyLinear, SKINNY_MAX_ROWS};
 pub use state::{HostState, RecurrentState, StateDtype};
 pub use swiglu::{swiglu_route, SwigluGemm, SwigluRequest, SwigluRoute, SWIGLU_FUSED_MIN_ROWS};
+pub use token_masks::{mask_words, MaskUpload, TokenMasks};
 
 /// The C ABI version these bindings speak; checked against the linked launcher.
 pub const ABI_VERSION: u32 = ffi::prefill::GDN_ABI_VERSION;

@@ -4,9 +4,11 @@
 //! host instead of a vocabulary-sized row. The semantics are the engine's
 //! CPU sampler's (`engine::sampler`, the oracle of the GPU tests): greedy
 //! below temperature 1e-5, else min-p, top-k, top-p and an exponential race
-//! keyed by (seed, draw, token id). This module alone knows the kernel's
-//! name, argument structs and launch geometry, and checks every argument
-//! before launching.
+//! keyed by (seed, draw, token id). A row may carry a bitmask of the tokens
+//! it may sample (structured outputs, [`TokenMasks`]): its other tokens are
+//! -inf before anything else, its logprobs those of the masked row. This
+//! module alone knows the kernels' names, argument structs and launch
+//! geometry, and checks every argument before launching.
 
 use std::sync::Arc;
 
@@ -18,6 +20,7 @@ use cudarc::nvrtc::Ptx;
 
 use crate::dispatch::cubin_for;
 use crate::error::{invalid, During, GdnError, Op};
+use crate::token_masks::TokenMasks;
 
 const UNIT: &str = "sampling";
 const OP: Op = Op::SampleRows;
@@ -29,6 +32,8 @@ pub const MAX_TOP_LOGPROBS: u32 = 20;
 const OUT_WORDS: usize = 2 + 2 * MAX_TOP_LOGPROBS as usize;
 const REPETITION: u32 = 1;
 const BAN: u32 = 2;
+/// `mask_row` of a row without a mask (`kNoMask`).
+const NO_MASK: u32 = u32::MAX;
 
 /// One token's change before sampling (the engine's sparse form of
 /// penalties and bans): repetition penalty, then `x -= subtract`, then the
@@ -63,6 +68,9 @@ pub struct RowSampling<'a> {
     pub draw: u64,
     /// By strictly ascending token id, every id below the vocabulary size.
     pub adjustments: &'a [TokenAdjustment],
+    /// The row of the call's [`TokenMasks`] naming the tokens this row may
+    /// sample; `None`: every token.
+    pub mask_row: Option<usize>,
 }
 
 /// One row's result.
@@ -71,7 +79,8 @@ pub struct SampledRow {
     pub token: u32,
     /// The chosen token's raw logprob; NaN when not asked.
     pub logprob: f32,
-    /// The best raw logprobs, best first (lower id first on ties).
+    /// The best raw logprobs, best first (lower id first on ties); a
+    /// constrained row's finite ones only (fewer when it allows fewer).
     pub top_logprobs: Vec<(u32, f32)>,
 }
 
@@ -90,7 +99,7 @@ struct RowParamsC {
     logits_row: u32,
     adj_begin: u32,
     adj_end: u32,
-    pad: u32,
+    mask_row: u32,
 }
 
 /// `Adjustment` of sampling.cu (`raw` and `saved` are the kernel's scratch).
@@ -116,6 +125,7 @@ const _: () = assert!(std::mem::size_of::<AdjustmentC>() == 20);
 pub struct DeviceSampler {
     stream: Arc<CudaStream>,
     sample: CudaFunction,
+    sample_masked: CudaFunction,
     _module: Arc<CudaModule>,
     pinned: Option<PinnedHostSlice<u32>>,
 }
@@ -129,9 +139,11 @@ impl DeviceSampler {
             .load_module(Ptx::from_binary(cubin.to_vec()))
             .during(OP)?;
         let sample = module.load_function("sample_rows").during(OP)?;
+        let sample_masked = module.load_function("sample_rows_masked").during(OP)?;
         Ok(DeviceSampler {
             stream,
             sample,
+            sample_masked,
             _module: module,
             pinned: None,
         })
@@ -144,17 +156,21 @@ impl DeviceSampler {
     /// Samples every row of `rows` from `logits` (`[n, vocab]` f32 on this
     /// sampler's stream, after the work that wrote them), results in
     /// `rows` order. The logits rows named are changed (penalties and bans
-    /// are applied in place). One small device-to-host copy, then waits.
+    /// are applied in place). `masks` (on this stream, after the work that
+    /// wrote them) holds the rows' `mask_row`s; `None` when no row has one.
+    /// One small device-to-host copy, then waits.
     pub fn sample(
         &mut self,
         logits: &mut CudaSlice<f32>,
         vocab: usize,
         rows: &[RowSampling<'_>],
+        masks: Option<&TokenMasks<'_>>,
     ) -> Result<Vec<SampledRow>, GdnError> {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let (params, adjustments) = flatten(logits.len(), vocab, rows)?;
+        let mask_rows = masks.map(|m| m.rows(vocab)).transpose()?;
+        let (params, adjustments) = flatten(logits.len(), vocab, rows, mask_rows)?;
         let s = &self.stream;
         let params_dev = s.clone_htod(&params).during(OP)?;
         // A kernel argument must point somewhere even with no adjustments.
@@ -167,20 +183,31 @@ impl DeviceSampler {
         let words = rows.len() * OUT_WORDS;
         let mut out = s.alloc_zeros::<u32>(words).during(OP)?;
         let v = vocab as i64;
-        let mut b = s.launch_builder(&self.sample);
+        // Only a call whose rows use masks takes the masked kernel.
+        let masks = masks.filter(|_| rows.iter().any(|r| r.mask_row.is_some()));
+        let words_per_row = masks.map_or(0, |m| m.words_per_row as i64);
+        let mut b = s.launch_builder(match masks {
+            Some(_) => &self.sample_masked,
+            None => &self.sample,
+        });
         b.arg(&mut *logits)
             .arg(&v)
             .arg(&params_dev)
-            .arg(&mut adj_dev)
-            .arg(&mut out);
+            .arg(&mut adj_dev);
+        if let Some(m) = masks {
+            b.arg(&m.words).arg(&words_per_row);
+        }
+        b.arg(&mut out);
         let cfg = LaunchConfig {
             grid_dim: (rows.len() as u32, 1, 1),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: matches sample_rows(logits, vocab, params, adj, out);
-        // every logits row, adjustment range and token id was checked by
-        // `flatten`; one block per row, `OUT_WORDS` words of `out` each.
+        // SAFETY: matches sample_rows(logits, vocab, params, adj, out), or
+        // sample_rows_masked(logits, vocab, params, adj, masks, words, out);
+        // every logits row, adjustment range, token id and mask row was
+        // checked by `flatten` (and the masks' layout by `rows`); one block
+        // per row, `OUT_WORDS` words of `out` each.
         unsafe { b.launch(cfg) }.during(OP)?;
         if self.pinned.as_ref().is_none_or(|p| p.len() < words) {
             // SAFETY: written by the copy below before it is read.
@@ -206,25 +233,32 @@ impl DeviceSampler {
     }
 }
 
-/// One row's result words.
+/// One row's result words. A constrained row's top list holds its finite
+/// entries only (its allowed tokens; the kernel marks the rest NaN).
 fn decode(row: &RowSampling, w: &[u32], vocab: usize) -> SampledRow {
     let top = row.logprobs.map_or(0, |k| (k as usize).min(vocab));
     let m = MAX_TOP_LOGPROBS as usize;
+    let mut top_logprobs: Vec<(u32, f32)> = (0..top)
+        .map(|i| (w[2 + i], f32::from_bits(w[2 + m + i])))
+        .collect();
+    if row.mask_row.is_some() {
+        top_logprobs.retain(|e| e.1.is_finite());
+    }
     SampledRow {
         token: w[0],
         logprob: f32::from_bits(w[1]),
-        top_logprobs: (0..top)
-            .map(|i| (w[2 + i], f32::from_bits(w[2 + m + i])))
-            .collect(),
+        top_logprobs,
     }
 }
 
 /// Checks `rows` against the logits buffer (`len` floats of `vocab`-sized
-/// rows) and lays them out as the kernel reads them.
+/// rows) and the number of mask rows (`None`: no masks given), and lays
+/// them out as the kernel reads them.
 fn flatten(
     len: usize,
     vocab: usize,
     rows: &[RowSampling<'_>],
+    mask_rows: Option<usize>,
 ) -> Result<(Vec<RowParamsC>, Vec<AdjustmentC>), GdnError> {
     let err = |i: usize, m: String| Err(invalid(OP, "rows", format!("row {i}: {m}")));
     if vocab == 0 || vocab > i32::MAX as usize || len % vocab != 0 {
@@ -269,6 +303,14 @@ fn flatten(
         if let Some((name, x, _)) = checks.iter().find(|c| !c.2) {
             return err(i, format!("{name} {x} out of range"));
         }
+        let mask_row = match (r.mask_row, mask_rows) {
+            (None, _) => NO_MASK,
+            (Some(m), None) => return err(i, format!("mask row {m}, but no masks given")),
+            (Some(m), Some(n)) if m >= n || m >= NO_MASK as usize => {
+                return err(i, format!("mask row {m} of {n}"))
+            }
+            (Some(m), Some(_)) => m as u32,
+        };
         if r.logprobs.is_some_and(|k| k > MAX_TOP_LOGPROBS) {
             return err(
                 i,
@@ -314,7 +356,7 @@ fn flatten(
             logits_row: r.logits_row as u32,
             adj_begin: begin as u32,
             adj_end: adjustments.len() as u32,
-            pad: 0,
+            mask_row,
         });
     }
     Ok((params, adjustments))
@@ -336,6 +378,7 @@ mod tests {
             seed: 0,
             draw: 0,
             adjustments,
+            mask_row: None,
         }
     }
 
@@ -349,14 +392,14 @@ mod tests {
     }
 
     fn refused(len: usize, vocab: usize, rows: &[RowSampling]) -> String {
-        flatten(len, vocab, rows).unwrap_err().to_string()
+        flatten(len, vocab, rows, None).unwrap_err().to_string()
     }
 
     #[test]
     fn rows_are_laid_out_with_their_adjustment_ranges() {
         let a = [adj(1), adj(4)];
         let b = [adj(0)];
-        let (params, adjs) = flatten(30, 10, &[row(2, &a), row(0, &[]), row(1, &b)]).unwrap();
+        let (params, adjs) = flatten(30, 10, &[row(2, &a), row(0, &[]), row(1, &b)], None).unwrap();
         let ranges: Vec<(u32, u32, u32)> = params
             .iter()
             .map(|p| (p.logits_row, p.adj_begin, p.adj_end))
@@ -367,6 +410,40 @@ mod tests {
             vec![(1, 3), (4, 3), (0, 3)]
         );
         assert_eq!(params[1].logprobs, -1);
+        assert!(params.iter().all(|p| p.mask_row == NO_MASK));
+    }
+
+    #[test]
+    fn a_constrained_row_lists_its_finite_alternatives_only() {
+        let mut words = vec![0u32; OUT_WORDS];
+        let m = MAX_TOP_LOGPROBS as usize;
+        for (i, (id, lp)) in [(4, -0.5f32), (2, -1.0), (0, f32::NAN)].iter().enumerate() {
+            words[2 + i] = *id;
+            words[2 + m + i] = lp.to_bits();
+        }
+        let mut r = row(0, &[]);
+        r.logprobs = Some(3);
+        assert_eq!(decode(&r, &words, 10).top_logprobs.len(), 3);
+        r.mask_row = Some(0);
+        assert_eq!(
+            decode(&r, &words, 10).top_logprobs,
+            vec![(4, -0.5), (2, -1.0)]
+        );
+    }
+
+    #[test]
+    fn mask_rows_are_passed_and_checked_against_the_masks_given() {
+        let mut masked = row(1, &[]);
+        masked.mask_row = Some(1);
+        let (params, _) = flatten(20, 10, &[row(0, &[]), masked], Some(2)).unwrap();
+        assert_eq!(
+            params.iter().map(|p| p.mask_row).collect::<Vec<_>>(),
+            vec![NO_MASK, 1]
+        );
+        let why = flatten(20, 10, &[masked], Some(1)).unwrap_err().to_string();
+        assert!(why.contains("mask row 1 of 1"), "{why}");
+        let why = flatten(20, 10, &[masked], None).unwrap_err().to_string();
+        assert!(why.contains("no masks given"), "{why}");
     }
 
     #[test]
@@ -386,6 +463,6 @@ mod tests {
         r.logprobs = Some(21);
         assert!(refused(10, 10, &[r]).contains("logprobs"));
         r.logprobs = Some(20);
-        assert!(flatten(10, 10, &[r]).is_ok());
+        assert!(flatten(10, 10, &[r], None).is_ok());
     }
 }

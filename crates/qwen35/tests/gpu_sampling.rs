@@ -11,7 +11,8 @@
 //!   to 1e-12), at most 1 in 10,000 rows, each printed;
 //! - the kernel is deterministic run to run;
 //! - the GPU executor's device-sampled tokens equal the CPU sampler applied
-//!   to the runtime's host logits for the same rows.
+//!   to the runtime's host logits for the same rows;
+//! - rows with allowed-token masks (structured outputs), in `masks`.
 //!
 //! Not a test: `emit_cases_for_the_cpu_emulation` (ignored) writes random
 //! cases with the CPU sampler's answers for `checks/sampling_emulation`,
@@ -22,12 +23,16 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 use engine::sampler::{self, race_key, race_score, race_uniform, GREEDY_TEMPERATURE};
 use engine::{
-    Executor, PageId, SampleSeed, SampleSpec, SampledToken, SamplingParams, SlotId, StepRow,
+    AllowedTokens, Executor, PageId, SampleSeed, SampleSpec, SampledToken, SamplingParams, SlotId,
+    StepRow,
 };
-use gdn_kernels::{DeviceSampler, RowSampling, SampledRow, TokenAdjustment};
+use gdn_kernels::{DeviceSampler, MaskUpload, RowSampling, SampledRow, TokenAdjustment};
 use qwen35::engine_exec::{GpuExecutor, GpuSizing, PagePool};
 use qwen35::gpu::{GpuModel, GpuOptions, LogitsTo, Row};
 use qwen35::RowLogits;
+
+#[path = "gpu_sampling/masks.rs"]
+mod masks;
 
 const QWEN35_VOCAB: usize = 248_320;
 const LOGPROB_TOLERANCE: f32 = 1e-4;
@@ -127,7 +132,8 @@ fn random_params(rng: &mut Rng) -> SamplingParams {
     p
 }
 
-/// One random case: a row, its parameters, history, bans and seed.
+/// One random case: a row, its parameters, history, bans, seed and the
+/// tokens it may sample (`None`: every one).
 struct Case {
     row: Vec<f32>,
     params: SamplingParams,
@@ -135,6 +141,7 @@ struct Case {
     prompt_len: usize,
     banned: Vec<u32>,
     seed: SampleSeed,
+    allowed: Option<AllowedTokens>,
 }
 
 impl Case {
@@ -171,6 +178,7 @@ impl Case {
                 seed: rng.next(),
                 draw: rng.below(1000),
             },
+            allowed: None,
         }
     }
 
@@ -181,7 +189,7 @@ impl Case {
             prompt_len: self.prompt_len,
             seed: self.seed,
             banned: &self.banned,
-            allowed: None,
+            allowed: self.allowed.as_ref(),
         }
     }
 }
@@ -199,7 +207,8 @@ fn adjustments(spec: &SampleSpec, vocab: usize) -> Vec<TokenAdjustment> {
 }
 
 /// Samples `cases` on the device, the logits rows in a shuffled order (so
-/// that `logits_row` is honoured).
+/// that `logits_row` is honoured); the cases with allowed tokens send
+/// their masks (mask rows in case order).
 fn sample_on_device(
     sampler: &mut DeviceSampler,
     s: &Arc<CudaStream>,
@@ -216,12 +225,14 @@ fn sample_on_device(
     let mut logits = s.clone_htod(&host).unwrap();
     let specs: Vec<SampleSpec> = cases.iter().map(Case::spec).collect();
     let adjs: Vec<Vec<TokenAdjustment>> = specs.iter().map(|sp| adjustments(sp, vocab)).collect();
+    let mut constrained = 0..;
     let rows: Vec<RowSampling> = specs
         .iter()
         .zip(&slots)
         .zip(&adjs)
         .map(|((sp, &slot), a)| {
             let p = sp.params;
+            let mask_row = sp.allowed.and_then(|_| constrained.next());
             RowSampling {
                 logits_row: slot,
                 temperature: p.temperature,
@@ -233,13 +244,20 @@ fn sample_on_device(
                 seed: sp.seed.seed,
                 draw: sp.seed.draw,
                 adjustments: a,
+                mask_row,
             }
         })
         .collect();
+    let allowed: Vec<&[u32]> = cases
+        .iter()
+        .filter_map(|c| c.allowed.as_ref().map(AllowedTokens::words))
+        .collect();
+    let mut upload = MaskUpload::new();
+    let masks = (!allowed.is_empty()).then(|| upload.upload(s, vocab, &allowed).unwrap());
     // Which call failed matters (a fault is reported for the whole call):
     // `emit_cases_for_the_cpu_emulation` with REPLAY replays it on the CPU.
     sampler
-        .sample(&mut logits, vocab, &rows)
+        .sample(&mut logits, vocab, &rows, masks.as_ref())
         .unwrap_or_else(|e| panic!("{n} rows of vocab {vocab}: {e}"))
 }
 
@@ -341,6 +359,7 @@ fn clone_case(c: &Case) -> Case {
         prompt_len: c.prompt_len,
         banned: c.banned.clone(),
         seed: c.seed,
+        allowed: masks::copy(&c.allowed),
     }
 }
 
@@ -463,6 +482,7 @@ fn hand_made_rows_with_known_answers() {
         seed: 1,
         draw: 0,
         adjustments: &[],
+        mask_row: None,
     };
     let ban = |token| TokenAdjustment {
         token,
@@ -496,7 +516,7 @@ fn hand_made_rows_with_known_answers() {
     rows[3].adjustments = &rep;
     rows[3].repetition_penalty = 2.0;
     rows[4].temperature = 1.0; // nothing finite: like greedy
-    let got = sampler.sample(&mut logits, vocab, &rows).unwrap();
+    let got = sampler.sample(&mut logits, vocab, &rows, None).unwrap();
     let tokens: Vec<u32> = got.iter().map(|r| r.token).collect();
     assert_eq!(tokens, vec![1, 4, 1, 4, 0]);
     // Raw logprobs of row 0: log-softmax of [0, 3, -inf, 3, 1, -1].
@@ -543,6 +563,14 @@ fn the_kernel_is_deterministic_run_to_run() {
 
 #[test]
 fn the_executor_samples_on_the_device_what_the_cpu_sampler_draws_from_host_logits() {
+    executor_against_host_logits(false);
+}
+
+/// The GPU executor's device sampling against the CPU sampler on the
+/// runtime's host logits; with `constrain`, every other row carries a
+/// random allowed-token mask each step (the answer by the definition:
+/// `masks::answer` on the host row).
+fn executor_against_host_logits(constrain: bool) {
     let Some(s) = gdn_kernels_testkit::gpu_stream() else {
         return;
     };
@@ -604,6 +632,13 @@ fn the_executor_samples_on_the_device_what_the_cpu_sampler_draws_from_host_logit
     for step in 0..4u64 {
         let inputs: Vec<Vec<u32>> = (0..n).map(|i| histories[i][starts[i]..].to_vec()).collect();
         let banned: Vec<Vec<u32>> = (0..n).map(|_| vec![rng.below(50) as u32]).collect();
+        let vocab = exec.geometry().vocab_size;
+        let allowed: Vec<Option<AllowedTokens>> = (0..n)
+            .map(|i| {
+                (constrain && i % 2 == 1)
+                    .then(|| AllowedTokens::ready(masks::random_density_mask(&mut rng, vocab)))
+            })
+            .collect();
         let specs: Vec<SampleSpec> = (0..n)
             .map(|i| SampleSpec {
                 params: &params[i],
@@ -614,7 +649,7 @@ fn the_executor_samples_on_the_device_what_the_cpu_sampler_draws_from_host_logit
                     draw: step,
                 },
                 banned: &banned[i],
-                allowed: None,
+                allowed: allowed[i].as_ref(),
             })
             .collect();
         let rows: Vec<StepRow> = (0..n)
@@ -642,7 +677,6 @@ fn the_executor_samples_on_the_device_what_the_cpu_sampler_draws_from_host_logit
             .step_logits(&mut cache, &model_rows, LogitsTo::Host)
             .unwrap();
         for i in 0..n {
-            let want = sampler::sample(host.row(i), &specs[i]);
             let c = Case {
                 row: host.row(i).to_vec(),
                 params: params[i].clone(),
@@ -650,14 +684,24 @@ fn the_executor_samples_on_the_device_what_the_cpu_sampler_draws_from_host_logit
                 prompt_len: prompts[i].len(),
                 banned: banned[i].clone(),
                 seed: specs[i].seed,
+                allowed: masks::copy(&allowed[i]),
             };
+            let want = masks::answer(&c);
+            if let Some(a) = &allowed[i] {
+                assert!(
+                    a.is_allowed(got[i].token),
+                    "step {step} row {i}: token {} not allowed",
+                    got[i].token
+                );
+            }
             let g = SampledRow {
                 token: got[i].token,
                 logprob: got[i].logprob,
                 top_logprobs: got[i].top_logprobs.clone(),
             };
             let mut tally = Tally::default();
-            compare(&c, &g, &want, &format!("step {step} row {i}"), &mut tally);
+            let what = format!("step {step} row {i}");
+            compare(&masks::premasked(&c), &g, &want, &what, &mut tally);
             assert_eq!(tally.boundary, 0, "step {step} row {i}: a boundary case");
             compared += 1;
         }
@@ -669,17 +713,25 @@ fn the_executor_samples_on_the_device_what_the_cpu_sampler_draws_from_host_logit
     println!("{compared} executor rows equal to the CPU sampler on host logits");
 }
 
+#[test]
+fn the_executor_sends_the_masks_of_constrained_rows_to_the_device_sampler() {
+    executor_against_host_logits(true);
+}
+
 /// Not a test: writes `PLAN` (`vocab x rows,...`) random cases of seed
 /// `SEED` (and with `TIES`, rows of three tied values with top-p / top-k
 /// cutting inside the ties), or with `REPLAY=<calls>` the rows of the
 /// random test's first calls, and the CPU sampler's answers to `EMIT`, for
 /// `checks/sampling_emulation/run.sh` (the layout its main.cpp reads).
+/// With `MASKS`, half the `PLAN` cases get a random allowed-token mask (the
+/// answer by the definition, `masks::answer`).
 #[test]
 #[ignore]
 fn emit_cases_for_the_cpu_emulation() {
     let path = std::env::var("EMIT").expect("EMIT=<output file>");
     let seed = std::env::var("SEED").map_or(3, |s| s.parse().unwrap());
     let ties = std::env::var_os("TIES").is_some();
+    let with_masks = std::env::var_os("MASKS").is_some();
     let mut rng = Rng(seed);
     let mut cases: Vec<(usize, Case)> = vec![];
     if let Ok(calls) = std::env::var("REPLAY") {
@@ -714,6 +766,9 @@ fn emit_cases_for_the_cpu_emulation() {
                         c.params.top_k = (vocab / 6 + rng.below(vocab as u64 / 2) as usize) as u32;
                     }
                 }
+                if with_masks && rng.below(2) == 0 {
+                    c.allowed = Some(AllowedTokens::ready(masks::random_mask(&mut rng, &c.row)));
+                }
                 cases.push((vocab, c));
             }
         }
@@ -723,7 +778,7 @@ fn emit_cases_for_the_cpu_emulation() {
     for (vocab, c) in cases {
         {
             let spec = c.spec();
-            let want = sampler::sample(&c.row, &spec);
+            let want = masks::answer(&c);
             let adj = sampler::adjustments(&spec, vocab);
             let p = &c.params;
             let mut put = |b: &[u8]| out.extend_from_slice(b);
@@ -742,6 +797,14 @@ fn emit_cases_for_the_cpu_emulation() {
                 put(&(u32::from(a.repetition) | (u32::from(a.ban) << 1)).to_le_bytes());
                 put(&a.subtract.to_le_bytes());
             }
+            // The mask: its words (covering the vocabulary), 0 without one.
+            let words = c.allowed.as_ref().map_or(Vec::new(), |a| {
+                let mut w = a.words().to_vec();
+                w.resize(gdn_kernels::mask_words(vocab), 0);
+                w
+            });
+            put(&(words.len() as u32).to_le_bytes());
+            words.iter().for_each(|w| put(&w.to_le_bytes()));
             put(&want.token.to_le_bytes());
             put(&want.logprob.to_le_bytes());
             put(&(want.top_logprobs.len() as u32).to_le_bytes());

@@ -5,6 +5,9 @@
 //! only, their logits stay where the lm_head wrote them, and the sampling
 //! kernel (`gdn_kernels::DeviceSampler`, the engine's CPU sampler as its
 //! oracle) brings back a few bytes per row (token, logprob, top list).
+//! Constrained rows (`SampleSpec::allowed`) send their allowed-token masks
+//! with the sampling launch, which runs after the forward (outside the
+//! decode CUDA graphs): a step without constrained rows sends none.
 //! In-step snapshots (`StepRow::snapshots`) split the step into passes
 //! (`engine::split_rows`): a forward per piece, the state copied into the
 //! snapshot's slot between them on the step stream.
@@ -17,7 +20,7 @@ use engine::{
     check_row_snapshots, in_row_order, split_rows, CacheGeometry, ExecError, Executor, PageId,
     SampleSpec, SampledToken, SlotId, StepPhases, StepRow,
 };
-use gdn_kernels::{DeviceSampler, RowSampling, TokenAdjustment};
+use gdn_kernels::{DeviceSampler, MaskUpload, RowSampling, TokenAdjustment};
 
 use super::checks::{check_rows, check_starts};
 use crate::config::Config;
@@ -83,6 +86,8 @@ pub struct GpuExecutor {
     /// the wrong state.
     held: Vec<Option<usize>>,
     sampler: DeviceSampler,
+    /// The constrained rows' allowed-token masks on their way to the sampler.
+    masks: MaskUpload,
     /// Where start-up time went: loading (when [`GpuExecutor::load`] made
     /// it), the model's own phases, the cache, the graph captures.
     startup_phases: PhaseTimes,
@@ -178,6 +183,7 @@ impl GpuExecutor {
             slot_bytes,
             held: vec![None; num_slots],
             sampler,
+            masks: MaskUpload::new(),
             startup_phases,
             timing: false,
             last_phases: None,
@@ -519,6 +525,7 @@ impl GpuExecutor {
             .map(|spec| device_adjustments(spec, vocab))
             .collect();
         let sampler = &mut self.sampler;
+        let mask_upload = &mut self.masks;
         let sampled = self
             .model
             .step_device(&mut self.cache, &model_rows, |logits, at| {
@@ -529,13 +536,31 @@ impl GpuExecutor {
                         specs.len()
                     ))));
                 }
+                // The constrained rows' masks, in row order: mask row k is
+                // the k-th constrained row's.
+                let mut constrained = 0..;
                 let wanted: Vec<RowSampling> = specs
                     .iter()
                     .zip(at)
                     .zip(&adjustments)
-                    .map(|((spec, &row), adj)| row_sampling(spec, row, adj))
+                    .map(|((spec, &row), adj)| {
+                        let mask_row = spec.allowed.and_then(|_| constrained.next());
+                        row_sampling(spec, row, adj, mask_row)
+                    })
                     .collect();
-                Ok(sampler.sample(logits, vocab, &wanted)?)
+                let allowed: Vec<&[u32]> = specs
+                    .iter()
+                    .filter_map(|spec| spec.allowed)
+                    // `words` may wait for the engine's mask pool: asked
+                    // only now, with the forward already queued.
+                    .map(|a| a.words())
+                    .collect();
+                let masks = if allowed.is_empty() {
+                    None
+                } else {
+                    Some(mask_upload.upload(sampler.stream(), vocab, &allowed)?)
+                };
+                Ok(sampler.sample(logits, vocab, &wanted, masks.as_ref())?)
             })?;
         Ok(sampled
             .into_iter()
@@ -578,11 +603,13 @@ pub(crate) fn device_adjustments(spec: &SampleSpec, vocab: usize) -> Vec<TokenAd
         .collect()
 }
 
-/// One row's sampling request to the kernel, reading logits row `row`.
+/// One row's sampling request to the kernel, reading logits row `row` (and
+/// mask row `mask_row` of the call's masks, when constrained).
 pub(crate) fn row_sampling<'a>(
     spec: &SampleSpec,
     row: usize,
     adjustments: &'a [TokenAdjustment],
+    mask_row: Option<usize>,
 ) -> RowSampling<'a> {
     let p = spec.params;
     RowSampling {
@@ -596,5 +623,6 @@ pub(crate) fn row_sampling<'a>(
         seed: spec.seed.seed,
         draw: spec.seed.draw,
         adjustments,
+        mask_row,
     }
 }
