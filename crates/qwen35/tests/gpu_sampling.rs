@@ -31,8 +31,8 @@ use qwen35::engine_exec::{GpuExecutor, GpuSizing, PagePool};
 use qwen35::gpu::{GpuModel, GpuOptions, LogitsTo, Row};
 use qwen35::RowLogits;
 
-#[path = "gpu_sampling/masks.rs"]
-mod masks;
+mod sampling_masks;
+use sampling_masks as masks;
 
 const QWEN35_VOCAB: usize = 248_320;
 const LOGPROB_TOLERANCE: f32 = 1e-4;
