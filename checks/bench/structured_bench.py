@@ -12,19 +12,19 @@ mask time) read from /metrics around each constrained run.
 The goal (the structured-outputs issue): constrained ITL at most 1.05x of
 unconstrained at c = 1-64 on the H200's random 4B checkpoint. Prints one
 JSON object per (mode, concurrency) and a summary line per concurrency.
-Needs the `openai` package (checks/server/requirements.txt installs it).
+Standard library only (the GPU machine has no package index).
 Requests pass `ignore_eos` and `min_tokens` where unconstrained (so both
 modes stream about `--max-tokens` tokens); a constrained output ends where
 its grammar does, so its ITL is over the tokens it streamed.
 """
 import argparse
-import asyncio
+import http.client
 import json
 import statistics
 import time
+import urllib.parse
 import urllib.request
-
-from openai import AsyncOpenAI
+from concurrent.futures import ThreadPoolExecutor
 
 # A mid-size schema: nested objects, an array of objects, enums, bounded
 # numbers, a string pattern, required and optional fields.
@@ -76,64 +76,64 @@ def metrics(base):
     return out
 
 
-async def one(client, model, max_tokens, constrained, seed):
+def one(args, constrained, seed):
+    """One streamed chat request: (TTFT, inter-token gaps, complete JSON)."""
     # No thinking block: the constraint applies to the answer, which a
     # random model would otherwise never reach.
-    extra = {"seed": seed, "chat_template_kwargs": {"enable_thinking": False}}
-    kwargs = {}
+    body = {
+        "model": args.model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": args.max_tokens,
+        "temperature": 1.0,
+        "seed": seed,
+        "stream": True,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
     if constrained:
-        kwargs["response_format"] = {
+        body["response_format"] = {
             "type": "json_schema",
             "json_schema": {"name": "account", "schema": SCHEMA, "strict": True},
         }
     else:
-        extra.update({"ignore_eos": True, "min_tokens": max_tokens})
+        body.update({"ignore_eos": True, "min_tokens": args.max_tokens})
+    url = urllib.parse.urlparse(args.base)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=600)
     start = time.perf_counter()
-    stamps = []
-    text = []
-    stream = await client.chat.completions.create(
-        model=model,
-        messages=[{"role": "user", "content": PROMPT}],
-        max_tokens=max_tokens,
-        temperature=1.0,
-        stream=True,
-        extra_body=extra,
-        **kwargs,
-    )
-    async for chunk in stream:
-        delta = chunk.choices[0].delta if chunk.choices else None
-        piece = delta and (delta.content or getattr(delta, "reasoning_content", None))
-        if piece:
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
+    stamps, text = [], []
+    for raw in resp:
+        line = raw.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        choices = json.loads(line[6:]).get("choices") or [{}]
+        delta = choices[0].get("delta") or {}
+        if delta.get("content") or delta.get("reasoning_content"):
             stamps.append(time.perf_counter())
-            if delta.content:
-                text.append(delta.content)
+            text.append(delta.get("content") or "")
+    conn.close()
     ttft = stamps[0] - start if stamps else float("nan")
-    itls = [b - a for a, b in zip(stamps, stamps[1:])]
-    valid = None
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    complete = None
     if constrained:
         try:
             json.loads("".join(text))
-            valid = True
+            complete = True
         except ValueError:
-            valid = False
-    return ttft, itls, valid
+            complete = False
+    return ttft, gaps, complete
 
 
-async def run(args, c, constrained):
-    client = AsyncOpenAI(base_url=f"{args.base}/v1", api_key="none", max_retries=0)
-    sem = asyncio.Semaphore(c)
+def run(args, c, constrained):
     n = max(args.requests, c)
-
-    async def bounded(i):
-        async with sem:
-            return await one(client, args.model, args.max_tokens, constrained, 1000 + i)
-
     before = metrics(args.base)
     t0 = time.perf_counter()
-    results = await asyncio.gather(*(bounded(i) for i in range(n)))
+    with ThreadPoolExecutor(max_workers=c) as pool:
+        results = list(pool.map(lambda i: one(args, constrained, 1000 + i), range(n)))
     wall = time.perf_counter() - t0
     after = metrics(args.base)
-    await client.close()
     ttfts = [r[0] for r in results]
     itls = [x for r in results for x in r[1]]
     row = {
@@ -149,7 +149,9 @@ async def run(args, c, constrained):
         # Outputs whose JSON is complete (the rest stopped at max_tokens: a
         # random model can fill a long string field before its grammar ends).
         row["complete_json"] = sum(1 for r in results if r[2])
-        row["server"] = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+        row["server"] = {
+            k: after.get(k, 0) - before.get(k, 0) for k in after if "_bucket" not in k
+        }
     print(json.dumps(row), flush=True)
     return row
 
@@ -163,8 +165,8 @@ def main():
     p.add_argument("--max-tokens", type=int, default=256)
     args = p.parse_args()
     for c in [int(x) for x in args.concurrency.split(",")]:
-        free = asyncio.run(run(args, c, False))
-        bound = asyncio.run(run(args, c, True))
+        free = run(args, c, False)
+        bound = run(args, c, True)
         ratio = (
             bound["itl_p50_ms"] / free["itl_p50_ms"]
             if bound["itl_p50_ms"] and free["itl_p50_ms"]

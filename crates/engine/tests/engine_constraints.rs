@@ -490,3 +490,29 @@ async fn prefix_cache_hits_leave_constrained_outputs_unchanged() {
         serde_json::from_str::<Value>(&text).expect("parses");
     }
 }
+
+/// A compiler read on its own thread (the server's start does not wait for
+/// the vocabulary) serves the first request once the read is done; one
+/// whose vocabulary cannot be read refuses every constraint as unsupported.
+#[test]
+fn a_compiler_read_in_the_background_serves_once_read() {
+    let spawned = StructuredOutputs::spawn_from_tokenizer_file(
+        DEMO_TOKENIZER.into(),
+        EOS.to_vec(),
+        ConstraintLimits::default(),
+    );
+    assert_eq!(spawned.vocab_size(), 635);
+    let started = start_compiling(wide(4, 64, 16), 4, spawned);
+    let choice = ConstraintSpec::Choice(vec!["yes".into(), "no".into()]);
+    started.handle.check_constraint(&choice).expect("compiles");
+
+    let missing = StructuredOutputs::spawn_from_tokenizer_file(
+        "/nonexistent/tokenizer.json".into(),
+        EOS.to_vec(),
+        ConstraintLimits::default(),
+    );
+    assert_eq!(missing.vocab_size(), 0);
+    let started = start_compiling(wide(4, 64, 16), 4, missing);
+    let e = started.handle.check_constraint(&choice).unwrap_err();
+    assert!(matches!(e, ConstraintError::Unsupported), "{e}");
+}

@@ -4,9 +4,9 @@
 //! once).
 
 use std::collections::VecDeque;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use llguidance::api::TopLevelGrammar;
@@ -64,14 +64,53 @@ pub enum StructuredOutputsError {
 
 /// The compiler of constraints for one tokenizer: cheap to clone (shared),
 /// given to the engine through [`crate::EngineConfig::structured_outputs`].
+/// Built at once ([`Self::from_tokenizer_json`]) or on a thread of its own
+/// ([`Self::spawn_from_tokenizer_file`]: reading a 248k vocabulary takes
+/// over a second, which a server's start should not wait for); its first
+/// use waits for that build.
 #[derive(Clone)]
 pub struct StructuredOutputs {
-    inner: Arc<Inner>,
+    source: Arc<Source>,
+    limits: ConstraintLimits,
+}
+
+/// The compiler, or the build that will give it.
+struct Source {
+    ready: OnceLock<Result<Inner, String>>,
+    building: Mutex<Option<mpsc::Receiver<Result<Inner, StructuredOutputsError>>>>,
+}
+
+impl Source {
+    fn built(inner: Inner) -> Self {
+        Source {
+            ready: OnceLock::from(Ok(inner)),
+            building: Mutex::new(None),
+        }
+    }
+
+    /// The compiler, waiting for its build; `Err` (the build's error) when
+    /// it failed.
+    fn get(&self) -> Result<&Inner, &str> {
+        self.ready
+            .get_or_init(|| {
+                let pending = self
+                    .building
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take();
+                match pending.map(|rx| rx.recv()) {
+                    Some(Ok(Ok(inner))) => Ok(inner),
+                    Some(Ok(Err(why))) => Err(why.to_string()),
+                    Some(Err(_)) | None => Err("the vocabulary's reader stopped".to_string()),
+                }
+            })
+            .as_ref()
+            .map_err(String::as_str)
+    }
 }
 
 struct Inner {
     factory: ParserFactory,
-    limits: ConstraintLimits,
     /// Most recently used last.
     cache: Mutex<VecDeque<(String, TokenParser)>>,
 }
@@ -94,6 +133,57 @@ impl StructuredOutputs {
         eos_token_ids: &[u32],
         limits: ConstraintLimits,
     ) -> Result<Self, StructuredOutputsError> {
+        let inner = Inner::from_tokenizer_json(json, eos_token_ids, &limits)?;
+        Ok(StructuredOutputs {
+            source: Arc::new(Source::built(inner)),
+            limits,
+        })
+    }
+
+    /// [`Self::from_tokenizer_file`] on a thread of its own: returns at
+    /// once; the first compile waits for the vocabulary, and a vocabulary
+    /// that cannot be read makes every constraint
+    /// [`ConstraintError::Unsupported`] (and is logged).
+    pub fn spawn_from_tokenizer_file(
+        path: PathBuf,
+        eos_token_ids: Vec<u32>,
+        limits: ConstraintLimits,
+    ) -> Self {
+        let (done, building) = mpsc::channel();
+        let for_build = limits.clone();
+        let spawned = std::thread::Builder::new()
+            .name("gdn-vocab".into())
+            .spawn(move || {
+                let built = std::fs::read_to_string(&path)
+                    .map_err(|source| StructuredOutputsError::Read {
+                        path: path.display().to_string(),
+                        source,
+                    })
+                    .and_then(|json| Inner::from_tokenizer_json(&json, &eos_token_ids, &for_build));
+                if let Err(why) = &built {
+                    log::warn!("structured outputs are off: {why}");
+                }
+                let _ = done.send(built);
+            });
+        if let Err(e) = spawned {
+            log::warn!("structured outputs are off: could not start the vocabulary's reader: {e}");
+        }
+        StructuredOutputs {
+            source: Arc::new(Source {
+                ready: OnceLock::new(),
+                building: Mutex::new(Some(building)),
+            }),
+            limits,
+        }
+    }
+}
+
+impl Inner {
+    fn from_tokenizer_json(
+        json: &str,
+        eos_token_ids: &[u32],
+        limits: &ConstraintLimits,
+    ) -> Result<Inner, StructuredOutputsError> {
         let value: serde_json::Value =
             serde_json::from_str(json).map_err(StructuredOutputsError::Json)?;
         let words = llguidance::token_bytes_from_tokenizer_json(&value)
@@ -119,15 +209,14 @@ impl StructuredOutputs {
             .map_err(|e| StructuredOutputsError::Vocabulary(e.to_string()))?;
         factory.quiet();
         factory.limits_mut().max_grammar_size = limits.max_grammar_size;
-        Ok(StructuredOutputs {
-            inner: Arc::new(Inner {
-                factory,
-                limits,
-                cache: Mutex::new(VecDeque::new()),
-            }),
+        Ok(Inner {
+            factory,
+            cache: Mutex::new(VecDeque::new()),
         })
     }
+}
 
+impl StructuredOutputs {
     /// [`Self::from_tokenizer_json`] of the file at `path`.
     pub fn from_tokenizer_file(
         path: &Path,
@@ -144,19 +233,27 @@ impl StructuredOutputs {
 
     /// Tokens the tokenizer knows (ids from here up to the logits' width
     /// are never allowed).
+    /// Waits for a spawned build; 0 when it failed.
     pub fn vocab_size(&self) -> usize {
-        self.inner.factory.tok_env().tok_trie().vocab_size()
+        self.source
+            .get()
+            .map_or(0, |inner| inner.factory.tok_env().tok_trie().vocab_size())
     }
 
     pub fn limits(&self) -> &ConstraintLimits {
-        &self.inner.limits
+        &self.limits
+    }
+
+    /// The compiler, waiting for a spawned build.
+    fn inner(&self) -> Result<&Inner, ConstraintError> {
+        self.source.get().map_err(|_| ConstraintError::Unsupported)
     }
 
     /// Compiles `spec` (or takes it from the cache).
     pub(crate) fn compile(&self, spec: &ConstraintSpec) -> Result<Compiled, ConstraintError> {
         let kind = spec.kind();
         let (text, grammar) = grammar_of(spec)?;
-        let limit = self.inner.limits.max_text_bytes;
+        let limit = self.limits.max_text_bytes;
         if text.len() > limit {
             return Err(ConstraintError::TooLarge {
                 kind,
@@ -165,20 +262,26 @@ impl StructuredOutputs {
             });
         }
         let key = format!("{kind}\0{text}");
-        if let Some(parser) = self.cached(&key) {
+        if let Some(parser) = self.cached(&key)? {
             return Ok(Compiled(parser));
         }
-        let inner = self.inner.clone();
+        let source = self.source.clone();
         let (done, result) = mpsc::channel();
         let invalid = |message: String| ConstraintError::Invalid { kind, message };
         std::thread::Builder::new()
             .name("gdn-grammar".into())
             .spawn(move || {
-                let parser = inner.factory.create_parser(grammar);
-                let _ = done.send(parser.map_err(|e| e.to_string()));
+                let parser = match source.get() {
+                    Ok(inner) => inner
+                        .factory
+                        .create_parser(grammar)
+                        .map_err(|e| e.to_string()),
+                    Err(why) => Err(why.to_string()),
+                };
+                let _ = done.send(parser);
             })
             .map_err(|e| invalid(format!("could not start the compiler: {e}")))?;
-        let timeout = self.inner.limits.compile_timeout;
+        let timeout = self.limits.compile_timeout;
         match result.recv_timeout(timeout) {
             Ok(Ok(parser)) => {
                 self.remember(key, &parser);
@@ -193,21 +296,30 @@ impl StructuredOutputs {
         }
     }
 
-    fn cached(&self, key: &str) -> Option<TokenParser> {
-        let mut cache = self.inner.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let at = cache.iter().position(|(k, _)| k == key)?;
+    fn cached(&self, key: &str) -> Result<Option<TokenParser>, ConstraintError> {
+        let mut cache = self
+            .inner()?
+            .cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let Some(at) = cache.iter().position(|(k, _)| k == key) else {
+            return Ok(None);
+        };
         let entry = cache.remove(at).expect("found above");
         let parser = entry.1.clone();
         cache.push_back(entry);
-        Some(parser)
+        Ok(Some(parser))
     }
 
     fn remember(&self, key: String, parser: &TokenParser) {
-        let capacity = self.inner.limits.cache_entries;
+        let capacity = self.limits.cache_entries;
+        let Ok(inner) = self.inner() else {
+            return;
+        };
         if capacity == 0 {
             return;
         }
-        let mut cache = self.inner.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = inner.cache.lock().unwrap_or_else(|e| e.into_inner());
         cache.retain(|(k, _)| *k != key);
         while cache.len() >= capacity {
             cache.pop_front();
@@ -217,7 +329,8 @@ impl StructuredOutputs {
 
     /// Compiled grammars in the cache.
     pub fn cached_grammars(&self) -> usize {
-        self.inner.cache.lock().map(|c| c.len()).unwrap_or(0)
+        self.inner()
+            .map_or(0, |inner| inner.cache.lock().map(|c| c.len()).unwrap_or(0))
     }
 }
 
@@ -262,7 +375,7 @@ impl std::fmt::Debug for StructuredOutputs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StructuredOutputs")
             .field("vocab_size", &self.vocab_size())
-            .field("limits", &self.inner.limits)
+            .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
 }
@@ -271,7 +384,7 @@ impl std::fmt::Debug for StructuredOutputs {
 /// compares by identity).
 impl PartialEq for StructuredOutputs {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner)
+        Arc::ptr_eq(&self.source, &other.source)
     }
 }
 

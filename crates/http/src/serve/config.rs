@@ -135,21 +135,19 @@ pub fn engine_config(
 }
 
 /// The engine's compiler of structured-output constraints over the
-/// model's tokenizer.json; `None` (constrained requests then get a 400)
-/// when llguidance cannot read the vocabulary, which is logged.
+/// model's tokenizer.json, read on a thread of its own (a 248k vocabulary
+/// takes over a second: the server's start does not wait for it; the first
+/// constrained request does). A vocabulary llguidance cannot read is
+/// logged, and constrained requests then get a 400.
 pub(super) fn structured_outputs(
     dir: &std::path::Path,
     eos_token_ids: &[u32],
 ) -> Option<StructuredOutputs> {
-    let path = dir.join("tokenizer.json");
-    match StructuredOutputs::from_tokenizer_file(&path, eos_token_ids, ConstraintLimits::default())
-    {
-        Ok(compiler) => Some(compiler),
-        Err(why) => {
-            log::warn!("structured outputs are off: {why}");
-            None
-        }
-    }
+    Some(StructuredOutputs::spawn_from_tokenizer_file(
+        dir.join("tokenizer.json"),
+        eos_token_ids.to_vec(),
+        ConstraintLimits::default(),
+    ))
 }
 
 /// Where a chat prompt's state is worth keeping: right after the final
