@@ -76,7 +76,7 @@ pub struct StructuredOutputs {
 
 /// The compiler, or the build that will give it.
 struct Source {
-    ready: OnceLock<Result<Inner, String>>,
+    ready: OnceLock<Result<Inner, StructuredOutputsError>>,
     building: Mutex<Option<mpsc::Receiver<Result<Inner, StructuredOutputsError>>>>,
 }
 
@@ -90,7 +90,7 @@ impl Source {
 
     /// The compiler, waiting for its build; `Err` (the build's error) when
     /// it failed.
-    fn get(&self) -> Result<&Inner, &str> {
+    fn get(&self) -> Result<&Inner, &StructuredOutputsError> {
         self.ready
             .get_or_init(|| {
                 let pending = self
@@ -99,13 +99,13 @@ impl Source {
                     .unwrap_or_else(|e| e.into_inner())
                     .take();
                 match pending.map(|rx| rx.recv()) {
-                    Some(Ok(Ok(inner))) => Ok(inner),
-                    Some(Ok(Err(why))) => Err(why.to_string()),
-                    Some(Err(_)) | None => Err("the vocabulary's reader stopped".to_string()),
+                    Some(Ok(built)) => built,
+                    Some(Err(_)) | None => Err(StructuredOutputsError::Vocabulary(
+                        "the vocabulary's reader stopped".into(),
+                    )),
                 }
             })
             .as_ref()
-            .map_err(String::as_str)
     }
 }
 
