@@ -56,6 +56,7 @@ inline __nv_bfloat16 __float2bfloat16(float f) {
 struct float4 { float x, y, z, w; };
 struct uint2 { unsigned x, y; };
 inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 using std::min;
 inline uint2 __ldcg(const uint2* p) { return *p; }
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
