@@ -25,42 +25,12 @@ import time
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-# A mid-size schema: nested objects, an array of objects, enums, bounded
-# numbers, a string pattern, required and optional fields.
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 40},
-        "id": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
-        "status": {"enum": ["active", "suspended", "closed"]},
-        "score": {"type": "number", "minimum": 0, "maximum": 100},
-        "address": {
-            "type": "object",
-            "properties": {
-                "street": {"type": "string", "maxLength": 60},
-                "city": {"type": "string", "maxLength": 40},
-                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
-            },
-            "required": ["street", "city"],
-        },
-        "orders": {
-            "type": "array",
-            "maxItems": 8,
-            "items": {
-                "type": "object",
-                "properties": {
-                    "sku": {"type": "string", "maxLength": 12},
-                    "qty": {"type": "integer", "minimum": 1, "maximum": 99},
-                    "gift": {"type": "boolean"},
-                },
-                "required": ["sku", "qty"],
-            },
-        },
-        "notes": {"type": "string", "maxLength": 200},
-    },
-    "required": ["name", "id", "status", "score", "address", "orders"],
-}
+# A mid-size schema (nested objects, an array of objects, enums, bounded
+# numbers, a string pattern, required and optional fields), shared with
+# the engine's `constraint_cost` example.
+SCHEMA = json.loads((Path(__file__).parent / "structured_schema.json").read_text())
 
 PROMPT = "Describe a customer account as JSON."
 

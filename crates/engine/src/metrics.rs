@@ -87,6 +87,9 @@ pub struct Metrics {
     pub structured_output_mask_waits: IntCounter,
     pub structured_output_steps_waited: IntCounter,
     pub structured_output_mask_seconds: Histogram,
+    pub structured_output_steps_late: IntCounter,
+    pub structured_output_wait_seconds: Histogram,
+    pub structured_output_advance_seconds: Histogram,
 }
 
 fn histogram(
@@ -318,12 +321,29 @@ impl Metrics {
             structured_output_mask_waits: int_counter(
                 registry,
                 "gdn:structured_output_mask_waits_total",
-                "Token masks not ready when the sampler needed them (the step waited).",
+                "Token masks not ready when the sampler asked for them (it blocked, perhaps while the device still ran the forward).",
             )?,
             structured_output_steps_waited: int_counter(
                 registry,
                 "gdn:structured_output_steps_waited_total",
-                "Steps that waited for at least one token mask after the forward.",
+                "Steps whose sampler blocked for at least one token mask.",
+            )?,
+            structured_output_steps_late: int_counter(
+                registry,
+                "gdn:structured_output_steps_late_total",
+                "Steps delayed by a token mask: it arrived after the device had finished the forward.",
+            )?,
+            structured_output_wait_seconds: histogram(
+                registry,
+                "gdn:structured_output_wait_seconds",
+                "Time a step's sampler blocked for its token masks (steps that blocked).",
+                MASK_BUCKETS,
+            )?,
+            structured_output_advance_seconds: histogram(
+                registry,
+                "gdn:structured_output_advance_seconds",
+                "Time the engine thread spent advancing a step's matchers with the sampled tokens.",
+                MASK_BUCKETS,
             )?,
             structured_output_mask_seconds: histogram(
                 registry,

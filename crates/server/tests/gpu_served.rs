@@ -1,7 +1,7 @@
 //! The HF gates through the server (the GPU test skips without a GPU;
 //! `GDN_REQUIRE_GPU=1` makes a missing GPU a failure). For each committed
 //! fixture model the server app starts in-process the way `gdn-server`
-//! starts it (`serve::prepare` with the binary's executor picker), with
+//! starts it (tests/served), with
 //! `--num-gpu-blocks-override 6`: 6 KV pages of 16 positions for requests of
 //! up to 5 pages each, so the engine must preempt. Token-id prompts go to
 //! `/v1/completions` (temperature 0, `ignore_eos`, `return_token_ids`), first
@@ -23,26 +23,22 @@
 
 use qwen35_testkit as common;
 
-use std::path::Path;
+mod served;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use engine::Executor;
+
 use axum::body::Body;
 use axum::http::{Request as HttpRequest, StatusCode};
-use clap::Parser;
 use common::drive::{run, Request};
 use common::{Fixture, MODELS};
-use engine::{EngineState, Executor};
 use gdn_http::api::AppState;
-use gdn_http::http::router;
-use gdn_server::cli::Args;
-use gdn_server::executor;
-use gdn_server::{prepare, Prepared};
-use http_body_util::BodyExt;
 use qwen35::engine_exec::{CpuExecutor, CpuSizing, GpuExecutor, GpuSizing, PagePool};
 use qwen35::gpu::{GpuModel, GpuOptions};
 use serde_json::{json, Value as Json};
-use tower::ServiceExt;
+use served::Device;
 
 const PAGE: usize = 16;
 /// Output tokens per request.
@@ -51,21 +47,6 @@ const OUT: usize = 40;
 const NEAR_TIE: f32 = 0.05;
 /// KV pages of the served engine: 3 + 3 + 5 pages are needed at once.
 const TINY_POOL: usize = 6;
-
-#[derive(Clone, Copy, Debug)]
-enum Device {
-    Gpu,
-    Cpu,
-}
-
-impl Device {
-    fn flag(self) -> &'static str {
-        match self {
-            Device::Gpu => "gpu",
-            Device::Cpu => "cpu",
-        }
-    }
-}
 
 /// The fixture prompts the test serves (those that fit 64-token chunks, as
 /// in gpu_engine.rs).
@@ -113,56 +94,6 @@ fn alone(device: Device, f: &Fixture, prompts: &[Vec<u32>]) -> Vec<Request> {
         .collect()
 }
 
-/// The server on `dir` with the tiny page pool, once its model has loaded.
-/// The fixtures have no chat template; completions do not use one, but the
-/// server needs one to start, so the demo's is passed (embedded: the GPU
-/// machine runs this binary away from the build's source tree).
-async fn start_server(device: Device, dir: &Path) -> Prepared {
-    let template = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(template.path(), include_str!("../demo/chat_template.jinja")).unwrap();
-    let pool = TINY_POOL.to_string();
-    let args = Args::parse_from([
-        "gdn-server",
-        "--model",
-        dir.to_str().unwrap(),
-        "--chat-template",
-        template.path().to_str().unwrap(),
-        "--device",
-        device.flag(),
-        "--max-model-len",
-        "128",
-        "--max-num-seqs",
-        "8",
-        "--max-num-batched-tokens",
-        "24",
-        "--block-size",
-        "16",
-        "--num-gpu-blocks-override",
-        &pool,
-    ]);
-    let prepared = prepare(&args, executor::pick).expect("the server starts");
-    let until = Instant::now() + Duration::from_secs(300);
-    loop {
-        match prepared.state.engine.state() {
-            EngineState::Ready => break,
-            EngineState::Dead(why) => panic!("the engine failed to load: {why}"),
-            state => assert!(
-                Instant::now() < until,
-                "the engine did not finish loading: {state:?}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    prepared
-}
-
-async fn send(state: &Arc<AppState>, req: HttpRequest<Body>) -> (StatusCode, Vec<u8>) {
-    let resp = router(state.clone()).oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (status, bytes.to_vec())
-}
-
 fn ids(v: &Json) -> Vec<u32> {
     v.as_array()
         .unwrap_or_else(|| panic!("not a list of token ids: {v}"))
@@ -182,7 +113,7 @@ async fn complete(state: Arc<AppState>, prompt: Vec<u32>, stream: bool) -> Vec<u
         .header("content-type", "application/json")
         .body(Body::from(body.to_string()))
         .unwrap();
-    let (status, bytes) = send(&state, req).await;
+    let (status, bytes) = served::send(&state, req).await;
     let text = String::from_utf8(bytes).unwrap();
     assert_eq!(status, StatusCode::OK, "{text}");
     if !stream {
@@ -221,20 +152,6 @@ async fn complete(state: Arc<AppState>, prompt: Vec<u32>, stream: bool) -> Vec<u
     tokens
 }
 
-/// A sample of the server's `/metrics` (unlabelled series).
-async fn metric(state: &Arc<AppState>, name: &str) -> f64 {
-    let req = HttpRequest::get("/metrics").body(Body::empty()).unwrap();
-    let (status, bytes) = send(state, req).await;
-    assert_eq!(status, StatusCode::OK);
-    let text = String::from_utf8(bytes).unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 /// Tokens compared against the alone run, and whether the served sequence
 /// left it (at a near-tie; anything else fails).
 fn compare(what: &str, alone: &Request, served: &[u32]) -> (usize, bool) {
@@ -262,7 +179,7 @@ async fn gate(device: Device, name: &str) {
     let prompts = prompts(&f);
     let reference = alone(device, &f, &prompts);
     drop(f);
-    let server = start_server(device, &common::dir(name)).await;
+    let server = served::start(device, &common::dir(name), TINY_POOL, 128, 24).await;
     let state = server.state.clone();
 
     let mut served: Vec<(String, usize, Vec<u32>)> = vec![];
@@ -294,7 +211,7 @@ async fn gate(device: Device, name: &str) {
         compared += n;
         divergences += diverged as usize;
     }
-    let preemptions = metric(&state, "vllm:num_preemptions_total").await;
+    let preemptions = served::metric(&state, "vllm:num_preemptions_total").await;
     assert!(
         preemptions > 0.0,
         "{name}: the tiny pool was meant to preempt: {:?}",
@@ -310,8 +227,11 @@ async fn gate(device: Device, name: &str) {
         assert!(Instant::now() < until, "{name}: engine not idle: {s:?}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert_eq!(metric(&state, "gdn:state_slots_used").await, 0.0);
-    assert_eq!(metric(&state, "vllm:kv_cache_usage_perc").await, 0.0);
+    assert_eq!(served::metric(&state, "gdn:state_slots_used").await, 0.0);
+    assert_eq!(
+        served::metric(&state, "vllm:kv_cache_usage_perc").await,
+        0.0
+    );
     println!(
         "{name} ({device:?}): {} requests, {compared} tokens compared, {preemptions} preemptions, {divergences} divergences at near-ties",
         served.len()

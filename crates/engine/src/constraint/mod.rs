@@ -11,6 +11,8 @@
 //! - `pool.rs`: the mask pool: threads that compute the step's masks while
 //!   the executor runs the forward ([`crate::AllowedTokens`] blocks a
 //!   sampler only if its mask is late).
+//! - `cost.rs`: what a constraint costs per token (masks and advances
+//!   timed on random walks), for `examples/constraint_cost.rs`.
 //! - `step.rs`: the engine thread's side: masks handed out for a step, the
 //!   matchers advanced with what was sampled, and the counts `/metrics`
 //!   shows.
@@ -22,6 +24,7 @@
 //! before its next mask.
 
 mod compile;
+mod cost;
 mod matcher;
 mod pool;
 mod step;
@@ -32,6 +35,7 @@ use thiserror::Error;
 
 pub(crate) use compile::Compiled;
 pub use compile::{ConstraintLimits, StructuredOutputs, StructuredOutputsError};
+pub use cost::WalkCost;
 pub(crate) use step::StepConstraints;
 
 /// What a request's output must match (the HTTP layer builds it from

@@ -15,7 +15,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaEvent, CudaStream};
 use engine::{
     check_row_snapshots, in_row_order, split_rows, CacheGeometry, ExecError, Executor, PageId,
     SampleSpec, SampledToken, SlotId, StepPhases, StepRow,
@@ -88,6 +88,9 @@ pub struct GpuExecutor {
     sampler: DeviceSampler,
     /// The constrained rows' allowed-token masks on their way to the sampler.
     masks: MaskUpload,
+    /// Recorded behind the forward before the masks are asked for: a mask
+    /// that arrives once it has completed was late (the device waited).
+    forward_queued: Option<CudaEvent>,
     /// Where start-up time went: loading (when [`GpuExecutor::load`] made
     /// it), the model's own phases, the cache, the graph captures.
     startup_phases: PhaseTimes,
@@ -184,6 +187,7 @@ impl GpuExecutor {
             held: vec![None; num_slots],
             sampler,
             masks: MaskUpload::new(),
+            forward_queued: None,
             startup_phases,
             timing: false,
             last_phases: None,
@@ -526,6 +530,7 @@ impl GpuExecutor {
             .collect();
         let sampler = &mut self.sampler;
         let mask_upload = &mut self.masks;
+        let forward_queued = &mut self.forward_queued;
         let sampled = self
             .model
             .step_device(&mut self.cache, &model_rows, |logits, at| {
@@ -548,12 +553,18 @@ impl GpuExecutor {
                         row_sampling(spec, row, adj, mask_row)
                     })
                     .collect();
+                let forward_done = if specs.iter().any(|spec| spec.allowed.is_some()) {
+                    Some(recorded(forward_queued, sampler.stream())?)
+                } else {
+                    None
+                };
                 let allowed: Vec<&[u32]> = specs
                     .iter()
                     .filter_map(|spec| spec.allowed)
                     // `words` may wait for the engine's mask pool: asked
-                    // only now, with the forward already queued.
-                    .map(|a| a.words())
+                    // only now, with the forward already queued; a wait
+                    // that outlasts the forward is counted as late.
+                    .map(|a| a.words_while(|| forward_done.is_some_and(|e| !e.is_complete())))
                     .collect();
                 let masks = if allowed.is_empty() {
                     None
@@ -587,6 +598,19 @@ impl GpuExecutor {
             Err(lost) => ExecError::Fatal(format!("{e}; then {lost}")),
         }
     }
+}
+
+/// `event` (created on first use) recorded on `stream` now.
+fn recorded<'e>(
+    event: &'e mut Option<CudaEvent>,
+    stream: &Arc<CudaStream>,
+) -> Result<&'e CudaEvent, StepError> {
+    if event.is_none() {
+        *event = Some(stream.context().new_event(None)?);
+    }
+    let event = event.as_ref().expect("created above");
+    event.record(stream)?;
+    Ok(event)
 }
 
 /// The engine's sparse penalties and bans of one row, as the kernel takes
