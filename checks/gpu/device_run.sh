@@ -8,7 +8,8 @@
 #   crosscheck our backends against FLA's Triton kernel on shared inputs
 #   bench      our two backends and FLA, side by side
 #   repro      `gdn-gen verify` with the machine's own nvcc under /usr/local/cuda
-#   fixtures   regenerate the Qwen3.5 fixtures with HF transformers (fixtures.tar)
+#   fixtures   regenerate the Qwen3.5 fixtures with HF transformers (fixtures.tar;
+#              the MoE ones in moe_fixtures.tar)
 #   qwen35     qwen35's unit tests (the staged weight upload on the GPU), the
 #              Qwen3.5 GPU gates, step-seam, executor, engine and prefix-cache tests, and the
 #              fixtures served by gdn-server (on the fixtures just made, else the
@@ -64,8 +65,12 @@ if has fixtures; then
   # Without fla-core on the path: HF must run its pure-torch paths (and FLA's
   # Triton kernels cannot take the CPU tensors of the fp32 reference).
   env -u PYTHONPATH PYTHONUNBUFFERED=1 python3 checks/fixtures/make_qwen35_fixtures.py /tmp/fixtures > /tmp/generation.log 2>&1 || rc=1
-  cp /tmp/generation.log /tmp/fixtures/ 2>/dev/null
-  tar -cf "$OUT/fixtures.tar" -C /tmp fixtures && tail -3 /tmp/generation.log
+  env -u PYTHONPATH PYTHONUNBUFFERED=1 python3 checks/fixtures/make_qwen35_moe_fixtures.py /tmp/fixtures > /tmp/generation_moe.log 2>&1 || rc=1
+  cp /tmp/generation.log /tmp/generation_moe.log /tmp/fixtures/ 2>/dev/null
+  # Two archives, each under the size of one file that comes back.
+  tar -cf "$OUT/fixtures.tar" -C /tmp --exclude='fixtures/moe_*' --exclude=generation_moe.log fixtures
+  tar -cf "$OUT/moe_fixtures.tar" -C /tmp fixtures/generation_moe.log $(cd /tmp && ls -d fixtures/moe_*)
+  tail -3 /tmp/generation.log /tmp/generation_moe.log
   export QWEN35_FIXTURES=/tmp/fixtures
 fi
 # cuBLAS is loaded at run time (libcublas.so.13): the toolkit's or torch's copy.
