@@ -97,7 +97,8 @@ def one(args, constrained, seed):
 
 
 def run(args, c, constrained):
-    n = max(args.requests, c)
+    # Two waves at least: the first wave's start-up is not the steady state.
+    n = max(args.requests, 2 * c)
     before = metrics(args.base)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=c) as pool:
@@ -112,6 +113,8 @@ def run(args, c, constrained):
         "requests": n,
         "ttft_p50_ms": statistics.median(ttfts) * 1e3,
         "itl_p50_ms": statistics.median(itls) * 1e3 if itls else None,
+        "itl_mean_ms": statistics.fmean(itls) * 1e3 if itls else None,
+        "output_tok_per_s": sum(len(r[1]) + 1 for r in results) / wall,
         "output_tokens": sum(len(r[1]) + 1 for r in results),
         "wall_s": wall,
     }
@@ -142,7 +145,19 @@ def main():
             if bound["itl_p50_ms"] and free["itl_p50_ms"]
             else None
         )
-        print(json.dumps({"concurrency": c, "itl_constrained_over_free": ratio}), flush=True)
+        server = bound["server"]
+        steps = server.get("gdn:structured_output_steps_total", 0)
+        per_step = lambda k: server.get(k, 0) / steps if steps else None  # noqa: E731
+        print(json.dumps({
+            "concurrency": c,
+            "itl_constrained_over_free": ratio,
+            # Steps whose sampler blocked for a mask, and those it delayed
+            # (the mask came after the device had finished the forward).
+            "steps_waited_frac": per_step("gdn:structured_output_steps_waited_total"),
+            "steps_late_frac": per_step("gdn:structured_output_steps_late_total"),
+            "mask_ms_per_step": (per_step("gdn:structured_output_mask_seconds_sum") or 0) * 1e3,
+            "advance_ms_per_step": (per_step("gdn:structured_output_advance_seconds_sum") or 0) * 1e3,
+        }), flush=True)
 
 
 if __name__ == "__main__":
