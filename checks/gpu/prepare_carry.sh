@@ -28,7 +28,7 @@ cp "$(test_binary gdn-kernels gpu_swiglu_gemm)" .carry/bin/gpu_swiglu_gemm
 for t in gpu_forward gpu_steps gpu_executor gpu_engine gpu_sampling gpu_prefix_cache gpu_snapshot_share; do
   cp "$(test_binary qwen35 $t)" .carry/bin/$t
 done
-cp "$(test_binary gdn-server gpu_served)" .carry/bin/gpu_served
+for t in gpu_served gpu_served_structured; do cp "$(test_binary gdn-server $t)" .carry/bin/$t; done
 # qwen35's unit tests: the staged weight upload's GPU test among them.
 cargo test --release -p qwen35 --lib --no-run --message-format=json 2>/dev/null \
   | python3 -c 'import json,sys; print([j["executable"] for j in map(json.loads, sys.stdin) if j.get("executable")][-1])' \
