@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! cargo run --release -p gdn-engine --example constraint_cost -- \
-//!     --tokenizer tokenizer.json --eos 248046,248044 --schema schema.json
+//!     --tokenizer tokenizer.json --eos 248046,248044 --schema schema.json \
+//!     --threads 1,2 --lexer-copies 1,2,0
 //! ```
 
 use std::path::PathBuf;
@@ -33,14 +34,22 @@ struct Args {
     tokens: usize,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Threads walking at once, each walk's matcher from the grammar cache
+    /// (as the mask pool's requests); comma separated for a sweep.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    threads: Vec<usize>,
+    /// Lexer copies a cached grammar's requests share (ConstraintLimits::
+    /// lexer_copies; 0: one per request); comma separated for a sweep.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    lexer_copies: Vec<usize>,
 }
 
-fn summary(name: &str, mut v: Vec<Duration>) {
+fn summary(row: &str, name: &str, mut v: Vec<Duration>) {
     v.sort();
     let at = |q: f64| v[((v.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e6;
     let mean = v.iter().sum::<Duration>().as_secs_f64() * 1e6 / v.len() as f64;
     println!(
-        "| {name} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {mean:.1} |",
+        "| {row} | {name} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {mean:.1} |",
         v.len(),
         at(0.5),
         at(0.9),
@@ -51,25 +60,35 @@ fn summary(name: &str, mut v: Vec<Duration>) {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    let compiler = StructuredOutputs::from_tokenizer_file(
-        &args.tokenizer,
-        &args.eos,
-        ConstraintLimits::default(),
-    )?;
+    let tokenizer = std::fs::read_to_string(&args.tokenizer)?;
     let schema: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&args.schema)?)?;
-    let width = args.width.unwrap_or(compiler.vocab_size());
     let spec = ConstraintSpec::JsonSchema(schema);
-    let cost = compiler.walk_cost(&spec, args.walks, args.tokens, width, args.seed)?;
-    if cost.masks.is_empty() || cost.advances.is_empty() {
-        return Err("the grammar allowed no token".into());
-    }
     println!(
-        "{} walks of at most {} tokens at width {width}: {} finished by the grammar",
-        args.walks, args.tokens, cost.finished
+        "| lexer copies | threads | per token | n | p50 us | p90 us | p99 us | max us | mean us |"
     );
-    println!("| per token | n | p50 us | p90 us | p99 us | max us | mean us |");
-    println!("|---|---|---|---|---|---|---|");
-    summary("mask", cost.masks);
-    summary("advance", cost.advances);
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for &lexer_copies in &args.lexer_copies {
+        for &threads in &args.threads {
+            // A compiler of its own: an empty grammar cache each time.
+            let limits = ConstraintLimits {
+                lexer_copies,
+                ..ConstraintLimits::default()
+            };
+            let compiler = StructuredOutputs::from_tokenizer_json(&tokenizer, &args.eos, limits)?;
+            let width = args.width.unwrap_or(compiler.vocab_size());
+            let cost =
+                compiler.walk_cost(&spec, args.walks, args.tokens, width, args.seed, threads)?;
+            if cost.masks.is_empty() || cost.advances.is_empty() {
+                return Err("the grammar allowed no token".into());
+            }
+            let row = format!("{lexer_copies} | {threads}");
+            summary(&row, "mask", cost.masks);
+            summary(&row, "advance", cost.advances);
+            eprintln!(
+                "{lexer_copies} lexer copies, {threads} threads: {} walks of at most {} tokens at width {width}, {} ended by the grammar",
+                args.walks, args.tokens, cost.finished
+            );
+        }
+    }
     Ok(())
 }

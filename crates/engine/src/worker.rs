@@ -192,9 +192,7 @@ pub(crate) fn run<F>(
     );
     let constraints = config.structured_outputs.as_ref().map(|_| {
         let threads = match config.mask_threads {
-            0 => std::thread::available_parallelism()
-                .map_or(1, |n| n.get() / 2)
-                .clamp(1, 8),
+            0 => crate::constraint::default_mask_threads(),
             n => n,
         };
         StepConstraints::new(threads, geometry.vocab_size)

@@ -29,6 +29,14 @@ pub struct ConstraintLimits {
     pub compile_timeout: Duration,
     /// Compiled grammars kept, least recently used dropped first.
     pub cache_entries: usize,
+    /// Copies of a cached grammar's lexer that its requests share, round
+    /// robin. A lexer is behind one mutex, held through a whole mask, and
+    /// keeps the automaton states its requests have built: one copy for
+    /// all serialises the masks of every request on that grammar across
+    /// the mask pool; one per request makes each build its automaton anew.
+    /// As many as the pool has threads balances the two (0: one each;
+    /// measured in docs/results/, see docs/performance.md).
+    pub lexer_copies: usize,
 }
 
 impl Default for ConstraintLimits {
@@ -41,6 +49,7 @@ impl Default for ConstraintLimits {
             max_grammar_size: 500_000,
             compile_timeout: Duration::from_secs(10),
             cache_entries: 64,
+            lexer_copies: super::default_mask_threads(),
         }
     }
 }
@@ -112,7 +121,40 @@ impl Source {
 struct Inner {
     factory: ParserFactory,
     /// Most recently used last.
-    cache: Mutex<VecDeque<(String, TokenParser)>>,
+    cache: Mutex<VecDeque<Cached>>,
+}
+
+/// A cached grammar: its lexer copies ([`ConstraintLimits::lexer_copies`];
+/// the first is the parser as compiled) and the copy the next request
+/// shares.
+struct Cached {
+    key: String,
+    copies: Vec<TokenParser>,
+    next: usize,
+}
+
+impl Cached {
+    fn new(key: String, parser: &TokenParser, copies: usize) -> Self {
+        // A plain clone shares the lexer; a deep clone has its own.
+        let copies = (0..copies.max(1)).map(|_| parser.deep_clone()).collect();
+        Cached {
+            key,
+            copies,
+            next: 0,
+        }
+    }
+
+    /// A matcher's parser: sharing the next lexer copy, or (no sharing)
+    /// a lexer of its own.
+    fn hand_out(&mut self, share: bool) -> TokenParser {
+        let at = self.next % self.copies.len();
+        self.next = self.next.wrapping_add(1);
+        if share {
+            self.copies[at].clone()
+        } else {
+            self.copies[at].deep_clone()
+        }
+    }
 }
 
 /// A compiled constraint, ready to start a matcher.
@@ -302,15 +344,17 @@ impl StructuredOutputs {
             .cache
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let Some(at) = cache.iter().position(|(k, _)| k == key) else {
+        let Some(at) = cache.iter().position(|c| c.key == key) else {
             return Ok(None);
         };
-        let entry = cache.remove(at).expect("found above");
-        let parser = entry.1.clone();
+        let mut entry = cache.remove(at).expect("found above");
+        let parser = entry.hand_out(self.limits.lexer_copies > 0);
         cache.push_back(entry);
         Ok(Some(parser))
     }
 
+    /// Caches a compile; the request that compiled it keeps the parser as
+    /// compiled (its own lexer).
     fn remember(&self, key: String, parser: &TokenParser) {
         let capacity = self.limits.cache_entries;
         let Ok(inner) = self.inner() else {
@@ -320,11 +364,11 @@ impl StructuredOutputs {
             return;
         }
         let mut cache = inner.cache.lock().unwrap_or_else(|e| e.into_inner());
-        cache.retain(|(k, _)| *k != key);
+        cache.retain(|c| c.key != key);
         while cache.len() >= capacity {
             cache.pop_front();
         }
-        cache.push_back((key, parser.clone()));
+        cache.push_back(Cached::new(key, parser, self.limits.lexer_copies));
     }
 
     /// Compiled grammars in the cache.

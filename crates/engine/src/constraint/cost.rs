@@ -21,10 +21,12 @@ pub struct WalkCost {
 
 impl StructuredOutputs {
     /// Walks `walks` random outputs of at most `tokens` tokens through
-    /// `spec`'s grammar: at each token the mask at `width`, then a token
-    /// drawn uniformly among the allowed ones (seeded by `seed`), then the
-    /// matcher's advance. A random model at temperature 1 behaves alike
-    /// (any allowed token is as likely as another).
+    /// `spec`'s grammar, spread over `threads` threads as the mask pool
+    /// spreads requests (each walk's matcher from the grammar cache, as a
+    /// request's is): at each token the mask at `width`, then a token drawn
+    /// uniformly among the allowed ones (seeded by `seed` and the walk),
+    /// then the matcher's advance. A random model at temperature 1 behaves
+    /// alike (any allowed token is as likely as another).
     pub fn walk_cost(
         &self,
         spec: &ConstraintSpec,
@@ -32,38 +34,76 @@ impl StructuredOutputs {
         tokens: usize,
         width: usize,
         seed: u64,
+        threads: usize,
     ) -> Result<WalkCost, ConstraintError> {
+        // Compiled once up front: the walks take it from the cache.
+        self.compile(spec)?;
+        let threads = threads.clamp(1, walks.max(1));
+        let parts: Vec<Result<WalkCost, ConstraintError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    let mine: Vec<usize> = (t..walks).step_by(threads).collect();
+                    scope.spawn(move || {
+                        let mut cost = WalkCost::default();
+                        for walk in mine {
+                            let seed = seed.wrapping_add(walk as u64);
+                            self.walk(spec, tokens, width, seed, &mut cost)?;
+                        }
+                        Ok(cost)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a walk panicked"))
+                .collect()
+        });
         let mut cost = WalkCost::default();
-        let mut state = seed;
-        for _ in 0..walks {
-            let mut matcher = RequestMatcher::new(self.compile(spec)?);
-            for _ in 0..tokens {
-                let started = Instant::now();
-                let Ok(words) = matcher.mask(width) else {
-                    break;
-                };
-                cost.masks.push(started.elapsed());
-                let allowed: Vec<u32> = (0..width as u32)
-                    .filter(|&t| words[t as usize / 32] >> (t % 32) & 1 == 1)
-                    .collect();
-                if allowed.is_empty() {
-                    break;
-                }
-                // A 64-bit LCG (Knuth's constants): reproducible draws.
-                state = state
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                let token = allowed[(state >> 33) as usize % allowed.len()];
-                let started = Instant::now();
-                let stopped = matcher.advance(token);
-                cost.advances.push(started.elapsed());
-                if stopped.unwrap_or(true) {
-                    cost.finished += 1;
-                    break;
-                }
-            }
+        for part in parts {
+            let part = part?;
+            cost.masks.extend(part.masks);
+            cost.advances.extend(part.advances);
+            cost.finished += part.finished;
         }
         Ok(cost)
+    }
+
+    fn walk(
+        &self,
+        spec: &ConstraintSpec,
+        tokens: usize,
+        width: usize,
+        seed: u64,
+        cost: &mut WalkCost,
+    ) -> Result<(), ConstraintError> {
+        let mut matcher = RequestMatcher::new(self.compile(spec)?);
+        let mut state = seed;
+        for _ in 0..tokens {
+            let started = Instant::now();
+            let Ok(words) = matcher.mask(width) else {
+                break;
+            };
+            cost.masks.push(started.elapsed());
+            let allowed: Vec<u32> = (0..width as u32)
+                .filter(|&t| words[t as usize / 32] >> (t % 32) & 1 == 1)
+                .collect();
+            if allowed.is_empty() {
+                break;
+            }
+            // A 64-bit LCG (Knuth's constants): reproducible draws.
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let token = allowed[(state >> 33) as usize % allowed.len()];
+            let started = Instant::now();
+            let stopped = matcher.advance(token);
+            cost.advances.push(started.elapsed());
+            if stopped.unwrap_or(true) {
+                cost.finished += 1;
+                break;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -84,7 +124,7 @@ mod tests {
         )
         .unwrap();
         let spec = ConstraintSpec::Choice(vec!["yes".into(), "no".into()]);
-        let cost = compiler.walk_cost(&spec, 5, 50, 640, 7).unwrap();
+        let cost = compiler.walk_cost(&spec, 5, 50, 640, 7, 2).unwrap();
         // Each walk spells a choice and then may only end: every walk
         // finishes well inside 50 tokens, with a mask before each advance.
         assert_eq!(cost.finished, 5);

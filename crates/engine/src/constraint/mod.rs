@@ -38,6 +38,15 @@ pub use compile::{ConstraintLimits, StructuredOutputs, StructuredOutputsError};
 pub use cost::WalkCost;
 pub(crate) use step::StepConstraints;
 
+/// The mask pool's threads when the engine's configuration leaves it to
+/// the machine: half its cores, from 1 to 8 (the other half serve the
+/// engine thread and the HTTP side).
+pub(crate) fn default_mask_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get() / 2)
+        .clamp(1, 8)
+}
+
 /// What a request's output must match (the HTTP layer builds it from
 /// `response_format`, `structured_outputs`, `guided_*` or a forced tool call).
 #[derive(Clone, Debug, PartialEq)]
