@@ -227,7 +227,9 @@ impl ModelOps {
     /// expert when given. `x` and `out` are `[T, H]`. Runs the kernels
     /// `path` names ([`moe_path`]'s choice for [`MoePath::Auto`]) and
     /// returns which ran. Leaves the routing in `scratch`
-    /// ([`MoeScratch::ids`], [`MoeScratch::weights`]).
+    /// ([`MoeScratch::ids`], [`MoeScratch::weights`]). `out` is the layer's
+    /// delta, as the dense MLP's down projection is: the caller adds it to
+    /// the residual with [`ModelOps::add_rmsnorm`].
     #[allow(clippy::too_many_arguments)]
     pub fn moe_experts(
         &self,
