@@ -281,8 +281,9 @@ __device__ void moe_gemv_impl(bf16* __restrict__ out, const bf16* __restrict__ i
 // two accumulators, combined element by element in the epilogue: the two
 // fragments have the same type, so their elements pair up). Per k step of
 // 32, the A rows (gathered by row) and the B rows go to padded shared tiles
-// through 16-byte loads (K % 32 == 0), rows and columns past the tile as
-// zeros; each of the 4 warps multiplies a 32 x 32 quarter.
+// through 16-byte loads (K % 32 == 0; the next step's are in flight during
+// this step's MMAs), rows and columns past the tile as zeros; each of the
+// 4 warps multiplies a 32 x 32 quarter.
 // grid (tile bound, ceil(N / 64)), block 128.
 template <bool SWIGLU>
 __device__ void moe_gemm_tc_impl(bf16* __restrict__ out, const bf16* __restrict__ in,
@@ -335,21 +336,28 @@ __device__ void moe_gemm_tc_impl(bf16* __restrict__ out, const bf16* __restrict_
 #pragma unroll
             for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[b][i][j], 0.f);
 
+    // The next k step's global loads are issued into registers before the
+    // MMAs of the current one, so their latency overlaps the tensor cores.
     const uint4 zero = make_uint4(0, 0, 0, 0);
+    uint4 a_next[kARounds], b_next[kBRounds];
+    auto fetch = [&](int k0) {
+#pragma unroll
+        for (int i = 0; i < kARounds; ++i)
+            a_next[i] = a_src[i] ? *reinterpret_cast<const uint4*>(a_src[i] + k0) : zero;
+#pragma unroll
+        for (int i = 0; i < kBRounds; ++i)
+            b_next[i] = b_src[i] ? *reinterpret_cast<const uint4*>(b_src[i] + k0) : zero;
+    };
+    fetch(0);
     for (int k0 = 0; k0 < K; k0 += kMoeTcK) {
 #pragma unroll
-        for (int i = 0; i < kARounds; ++i) {
-            const int r = (tid >> 2) + 32 * i;
-            *reinterpret_cast<uint4*>(sA + r * kMoeTcLds + chunk * 8) =
-                a_src[i] ? *reinterpret_cast<const uint4*>(a_src[i] + k0) : zero;
-        }
+        for (int i = 0; i < kARounds; ++i)
+            *reinterpret_cast<uint4*>(sA + ((tid >> 2) + 32 * i) * kMoeTcLds + chunk * 8) = a_next[i];
 #pragma unroll
-        for (int i = 0; i < kBRounds; ++i) {
-            const int j = (tid >> 2) + 32 * i;
-            *reinterpret_cast<uint4*>(sB + j * kMoeTcLds + chunk * 8) =
-                b_src[i] ? *reinterpret_cast<const uint4*>(b_src[i] + k0) : zero;
-        }
+        for (int i = 0; i < kBRounds; ++i)
+            *reinterpret_cast<uint4*>(sB + ((tid >> 2) + 32 * i) * kMoeTcLds + chunk * 8) = b_next[i];
         __syncthreads();
+        if (k0 + kMoeTcK < K) fetch(k0 + kMoeTcK);
 #pragma unroll
         for (int kk = 0; kk < kMoeTcK; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a[2];
