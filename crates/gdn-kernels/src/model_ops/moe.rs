@@ -170,6 +170,15 @@ impl MoeScratch {
         })
     }
 
+    /// Device bytes [`MoeScratch::new`] allocates for `max_tokens` tokens
+    /// of `shape` (for the caller's memory sizing): mostly the permuted
+    /// intermediate and expert outputs, `max_tokens * k * (I + H)` bf16.
+    pub fn device_bytes(shape: MoeShape, max_tokens: usize) -> usize {
+        let pairs = max_tokens * shape.top_k;
+        let tiles = tile_bound(pairs, GEMV_TILE_ROWS, shape.experts);
+        pairs * 4 * 4 + (3 * tiles + 1) * 4 + pairs * (shape.inter + shape.hidden) * 2
+    }
+
     pub fn shape(&self) -> MoeShape {
         self.shape
     }
@@ -374,6 +383,13 @@ mod tests {
             let worst = (touched - 1) + rest.div_ceil(rows);
             assert!(tile_bound(pairs, rows, experts) >= worst);
         }
+    }
+
+    #[test]
+    fn the_scratch_of_a_35b_prefill_chunk_is_its_two_permuted_buffers() {
+        let bytes = MoeScratch::device_bytes(QWEN35_35B_A3B, 8192);
+        let permuted = 8192 * 8 * (512 + 2048) * 2;
+        assert!(bytes > permuted && bytes < permuted + (2 << 20), "{bytes}");
     }
 
     #[test]
