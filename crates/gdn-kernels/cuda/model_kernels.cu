@@ -1,5 +1,6 @@
 // The Qwen3.5 model kernels around the GEMMs and the GDN prefill: embedding,
-// norms, the DeltaNet conv/gate/decode steps, attention over a paged KV cache.
+// norms, the DeltaNet conv/gate/decode steps, attention over a paged KV cache,
+// the routed experts of the MoE layers.
 // Compiled ahead of time into plain cubins (sm_80 .. sm_120, no PTX), loaded
 // with cuModuleLoadData and launched by name from src/model_ops/, which owns
 // every launch geometry and checks every buffer length before launching.
@@ -34,3 +35,4 @@
 #include "model_attention.cuh"
 #include "model_attention_decode_tc.cuh"
 #include "model_elementwise.cuh"
+#include "model_moe.cuh"

@@ -51,6 +51,9 @@ pub enum Op {
     /// Paged attention (ours or FlashInfer's), and [`crate::AttentionShape::check`].
     Attention,
     AttentionPrep,
+    /// [`crate::ModelOps::moe_experts`], [`crate::MoeScratch`] and
+    /// [`crate::MoeShape::check`]: the routed experts of a MoE layer.
+    MoeExperts,
     /// [`crate::DeviceSampler`].
     SampleRows,
 }
@@ -80,6 +83,7 @@ impl Op {
             Op::DeltaNetOutNorm => "deltanet_out_norm",
             Op::Attention => "attention",
             Op::AttentionPrep => "attention_prep",
+            Op::MoeExperts => "moe_experts",
             Op::SampleRows => "sample_rows",
         }
     }

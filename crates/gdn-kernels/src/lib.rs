@@ -53,7 +53,10 @@ pub use dsl::flashinfer_would_use_cp;
 pub use error::{ErrorKind, GdnError, Ineligible, Op};
 pub use gemm::{route_in, Gemm, LinearRoute, SkinnyRule, SKINNY_RULES};
 pub use linear::{GemmOutput, GemmShape};
-pub use model_ops::{AttentionShape, DeltaNetInputs, DeltaNetShape, DeltaNetWeights, ModelOps};
+pub use model_ops::{
+    moe_path, AttentionShape, DeltaNetInputs, DeltaNetShape, DeltaNetWeights, ModelOps, MoeExperts,
+    MoePath, MoeScratch, MoeShape, SharedExpertOutput, MOE_MAX_EXPERTS, MOE_MAX_TOP_K,
+};
 pub use oracle::{GdnGeometry, HEAD_DIM};
 pub use prefill::{GdnPrefill, PrefillBuffers};
 pub use sampling::{DeviceSampler, RowSampling, SampledRow, TokenAdjustment, MAX_TOP_LOGPROBS};

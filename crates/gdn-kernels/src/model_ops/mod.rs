@@ -20,6 +20,12 @@ use crate::state::RecurrentState;
 
 mod attention;
 mod deltanet;
+mod moe;
+
+pub use moe::{
+    moe_path, MoeExperts, MoePath, MoeScratch, MoeShape, SharedExpertOutput, MOE_MAX_EXPERTS,
+    MOE_MAX_TOP_K,
+};
 
 const UNIT: &str = "model_kernels";
 const MAX_CONV_TAPS: usize = 8;
@@ -252,6 +258,7 @@ struct Functions {
     narrow_f32: CudaFunction,
     fill_bf16: CudaFunction,
     fill_f32: CudaFunction,
+    moe: moe::MoeFunctions,
 }
 
 /// The DeltaNet per-token inputs the conv step produces and the prefill /
@@ -372,6 +379,15 @@ impl ModelOps {
             narrow_f32: l("copy_rows_f32_to_bf16")?,
             fill_bf16: l("fill_uniform_bf16")?,
             fill_f32: l("fill_uniform_f32")?,
+            moe: moe::MoeFunctions {
+                topk_softmax: l("moe_topk_softmax")?,
+                route: l("moe_route")?,
+                gemv_gate_up: l("moe_gemv_gate_up")?,
+                gemv_down: l("moe_gemv_down")?,
+                gemm_gate_up: l("moe_gemm_gate_up")?,
+                gemm_down: l("moe_gemm_down")?,
+                combine: l("moe_combine")?,
+            },
         };
         let multiprocessors = ctx
             .attribute(

@@ -1,0 +1,432 @@
+//! The routed experts of a Qwen3.5 MoE layer (transformers' qwen3_5_moe):
+//! top-k softmax routing, the grouping of (token, slot) pairs by expert,
+//! the grouped expert GEMMs with SwiGLU, and the weighted un-permute
+//! (`cuda/model_moe.cuh` has the kernels and their rounding). The caller
+//! computes the router logits and the shared expert with its dense ops.
+//!
+//! Graph-safe: the grouping is planned on the device into a
+//! [`MoeScratch`] allocated once for the largest batch, and every launch's
+//! grid is sized from the batch's token count alone, so a captured graph
+//! replays with any routing.
+
+use super::*;
+
+/// Most experts a layer may have (the top-k kernel keeps E probabilities
+/// per token in one warp's registers; the routing counts them in shared
+/// memory).
+pub const MOE_MAX_EXPERTS: usize = 512;
+/// Most experts a token may pick (one warp argmax round each).
+pub const MOE_MAX_TOP_K: usize = 16;
+/// Rows of a GEMV tile (`moe_gemv_*`'s kMoeGemvRows).
+const GEMV_TILE_ROWS: usize = 8;
+/// Output columns of a GEMV block: 8 warps of 2.
+const GEMV_BLOCK_COLS: usize = 16;
+/// Rows and columns of a tensor-core tile (`moe_gemm_*`'s kMoeTcRows and
+/// kMoeTcCols).
+const TC_TILE_ROWS: usize = 64;
+const TC_TILE_COLS: usize = 64;
+/// Tokens per block of the top-k kernel (a warp each).
+const TOPK_TOKENS_PER_BLOCK: usize = 8;
+
+/// Shape of one MoE layer's routed experts. Weights are bf16: `gate_up`
+/// `[E, 2I, H]` (gate rows `0..I`, up rows `I..2I`), `down` `[E, H, I]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeShape {
+    /// E: experts in the layer.
+    pub experts: usize,
+    /// k: experts each token picks.
+    pub top_k: usize,
+    /// H: the model's hidden size.
+    pub hidden: usize,
+    /// I: each expert's intermediate size.
+    pub inter: usize,
+}
+
+impl MoeShape {
+    /// Elements of all experts' fused gate/up weights, `[E, 2I, H]`.
+    pub fn gate_up_len(&self) -> usize {
+        self.experts * 2 * self.inter * self.hidden
+    }
+    /// Elements of all experts' down weights, `[E, H, I]`.
+    pub fn down_len(&self) -> usize {
+        self.experts * self.hidden * self.inter
+    }
+    /// Whether the MoE kernels support this shape: E in 1..=512, k in
+    /// 1..=min(16, E), H and I positive multiples of 32 (the tensor-core
+    /// kernels' k step; the other kernels need multiples of 8).
+    pub fn check(&self) -> Result<(), GdnError> {
+        let ok = (1..=MOE_MAX_EXPERTS).contains(&self.experts)
+            && (1..=MOE_MAX_TOP_K.min(self.experts)).contains(&self.top_k)
+            && self.hidden > 0
+            && self.hidden % 32 == 0
+            && self.inter > 0
+            && self.inter % 32 == 0;
+        ok.then_some(()).ok_or_else(|| {
+            invalid(
+                Op::MoeExperts,
+                "shape",
+                format!(
+                    "unsupported {self:?} (E 1..=512, k 1..=min(16, E), H and I positive multiples of 32)"
+                ),
+            )
+        })
+    }
+}
+
+/// Which expert kernels run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoePath {
+    /// [`moe_path`]'s choice for the batch.
+    Auto,
+    /// GEMV-style kernels: each tile of at most 8 rows of one expert reads
+    /// that expert's weights once (decode: a few rows per expert).
+    Gemv,
+    /// Tensor-core tiles of 64 rows (prefill: many rows per expert).
+    TensorCore,
+}
+
+/// The expert kernels for `tokens` tokens of `shape`: GEMV while the
+/// average expert gets at most 8 rows (`tokens * k <= 8 * E`: a GEMV tile
+/// holds 8 rows, so each touched expert's weights are read about once),
+/// tensor cores beyond. A placeholder until `moe_bench` measures both paths
+/// on the H200 (docs/performance.md gets the table and the measured
+/// crossover).
+pub fn moe_path(tokens: usize, shape: MoeShape) -> MoePath {
+    if tokens * shape.top_k <= GEMV_TILE_ROWS * shape.experts {
+        MoePath::Gemv
+    } else {
+        MoePath::TensorCore
+    }
+}
+
+/// Tiles the routing may produce for `pairs` (token, slot) pairs in runs
+/// of at most `rows`: each expert's last tile may be partial, and at most
+/// min(E, pairs) experts have rows.
+fn tile_bound(pairs: usize, rows: usize, experts: usize) -> usize {
+    pairs.div_ceil(rows) + experts.min(pairs)
+}
+
+/// Device buffers of [`ModelOps::moe_experts`] for up to `max_tokens`
+/// tokens of one [`MoeShape`]: allocated once, reused by every layer and
+/// step (the routing, the intermediate rows and the expert outputs of the
+/// current call), so a captured graph keeps the same addresses.
+pub struct MoeScratch {
+    shape: MoeShape,
+    max_tokens: usize,
+    /// `[T, k]`: each token's experts, best first.
+    ids: CudaSlice<i32>,
+    /// `[T, k]`: their renormalised probabilities (fp32, before HF's bf16 cast).
+    weights: CudaSlice<f32>,
+    /// `[T k]`: the pair (t k + slot) at each row of the permuted order.
+    sorted_pair: CudaSlice<i32>,
+    /// `[T k]`: the permuted row of each pair.
+    pair_row: CudaSlice<i32>,
+    /// The tile list: expert, first row and end row of each tile.
+    tile_expert: CudaSlice<i32>,
+    tile_row: CudaSlice<i32>,
+    tile_end: CudaSlice<i32>,
+    /// `[1]`: tiles in the list.
+    num_tiles: CudaSlice<i32>,
+    /// `[T k, I]`: SwiGLU outputs, permuted rows.
+    act: CudaSlice<bf16>,
+    /// `[T k, H]`: expert outputs, permuted rows.
+    y: CudaSlice<bf16>,
+}
+
+impl MoeScratch {
+    /// Buffers for up to `max_tokens` tokens of `shape` on `stream` (the
+    /// stream the ops launch on).
+    pub fn new(
+        stream: &Arc<CudaStream>,
+        shape: MoeShape,
+        max_tokens: usize,
+    ) -> Result<Self, GdnError> {
+        const OP: Op = Op::MoeExperts;
+        shape.check()?;
+        let pairs = max_tokens * shape.top_k;
+        if max_tokens == 0 || i32::try_from(pairs * shape.hidden.max(shape.inter)).is_err() {
+            return Err(invalid(
+                OP,
+                "max_tokens",
+                format!(
+                    "{max_tokens}: needs 1 or more, and max_tokens * k * max(H, I) within i32 (row offsets)"
+                ),
+            ));
+        }
+        let tiles = tile_bound(pairs, GEMV_TILE_ROWS, shape.experts);
+        Ok(MoeScratch {
+            shape,
+            max_tokens,
+            ids: stream.alloc_zeros(pairs).during(OP)?,
+            weights: stream.alloc_zeros(pairs).during(OP)?,
+            sorted_pair: stream.alloc_zeros(pairs).during(OP)?,
+            pair_row: stream.alloc_zeros(pairs).during(OP)?,
+            tile_expert: stream.alloc_zeros(tiles).during(OP)?,
+            tile_row: stream.alloc_zeros(tiles).during(OP)?,
+            tile_end: stream.alloc_zeros(tiles).during(OP)?,
+            num_tiles: stream.alloc_zeros(1).during(OP)?,
+            act: stream.alloc_zeros(pairs * shape.inter).during(OP)?,
+            y: stream.alloc_zeros(pairs * shape.hidden).during(OP)?,
+        })
+    }
+
+    /// Device bytes [`MoeScratch::new`] allocates for `max_tokens` tokens
+    /// of `shape` (for the caller's memory sizing): mostly the permuted
+    /// intermediate and expert outputs, `max_tokens * k * (I + H)` bf16.
+    pub fn device_bytes(shape: MoeShape, max_tokens: usize) -> usize {
+        let pairs = max_tokens * shape.top_k;
+        let tiles = tile_bound(pairs, GEMV_TILE_ROWS, shape.experts);
+        pairs * 4 * 4 + (3 * tiles + 1) * 4 + pairs * (shape.inter + shape.hidden) * 2
+    }
+
+    pub fn shape(&self) -> MoeShape {
+        self.shape
+    }
+
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+
+    /// `[max_tokens, k]`: the experts of the last call's tokens (its first
+    /// `T k` elements), best first; ties go to the lower expert index.
+    pub fn ids(&self) -> &CudaSlice<i32> {
+        &self.ids
+    }
+
+    /// `[max_tokens, k]`: the routing weights matching [`MoeScratch::ids`],
+    /// renormalised to sum 1 per token, in fp32.
+    pub fn weights(&self) -> &CudaSlice<f32> {
+        &self.weights
+    }
+}
+
+/// All experts' weights of one layer (see [`MoeShape`] for the layouts).
+#[derive(Clone, Copy)]
+pub struct MoeExperts<'a> {
+    pub gate_up: &'a CudaSlice<bf16>,
+    pub down: &'a CudaSlice<bf16>,
+}
+
+/// The shared expert's output `[T, H]` and its gate logits `[T]` (the
+/// `shared_expert_gate` projection, before the sigmoid), which
+/// [`ModelOps::moe_experts`] adds as `sigmoid(gate) * out`.
+#[derive(Clone, Copy)]
+pub struct SharedExpertOutput<'a> {
+    pub out: &'a CudaSlice<bf16>,
+    pub gate: &'a CudaSlice<bf16>,
+}
+
+/// The kernels of this module.
+pub(super) struct MoeFunctions {
+    pub topk_softmax: CudaFunction,
+    pub route: CudaFunction,
+    pub gemv_gate_up: CudaFunction,
+    pub gemv_down: CudaFunction,
+    pub gemm_gate_up: CudaFunction,
+    pub gemm_down: CudaFunction,
+    pub combine: CudaFunction,
+}
+
+impl ModelOps {
+    /// The routed experts of a MoE layer for `T = x.len() / H` tokens:
+    /// `out[t] = sum_s w[t, s] * down_e(silu(gate_e x[t]) * up_e x[t])`
+    /// over the token's top-k experts `e` of softmax(`router_logits[t]`)
+    /// (`[T, E]`, bf16, from the caller's router GEMM), the weights
+    /// renormalised to sum 1; plus `sigmoid(gate) * out` of the shared
+    /// expert when given. `x` and `out` are `[T, H]`. Runs the kernels
+    /// `path` names ([`moe_path`]'s choice for [`MoePath::Auto`]) and
+    /// returns which ran. Leaves the routing in `scratch`
+    /// ([`MoeScratch::ids`], [`MoeScratch::weights`]). `out` is the layer's
+    /// delta, as the dense MLP's down projection is: the caller adds it to
+    /// the residual with [`ModelOps::add_rmsnorm`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_experts(
+        &self,
+        x: &CudaSlice<bf16>,
+        router_logits: &CudaSlice<bf16>,
+        experts: MoeExperts<'_>,
+        shared: Option<SharedExpertOutput<'_>>,
+        scratch: &mut MoeScratch,
+        out: &mut CudaSlice<bf16>,
+        path: MoePath,
+    ) -> Result<MoePath, GdnError> {
+        const OP: Op = Op::MoeExperts;
+        let shape = scratch.shape;
+        let (e, k, h, i) = (shape.experts, shape.top_k, shape.hidden, shape.inter);
+        let t = x.len() / h;
+        exact(OP, "x", x.len(), t * h)?;
+        if t > scratch.max_tokens {
+            return Err(invalid(
+                OP,
+                "x",
+                format!(
+                    "{t} tokens; the scratch holds at most {}",
+                    scratch.max_tokens
+                ),
+            ));
+        }
+        exact(OP, "router_logits", router_logits.len(), t * e)?;
+        exact(OP, "gate_up", experts.gate_up.len(), shape.gate_up_len())?;
+        exact(OP, "down", experts.down.len(), shape.down_len())?;
+        exact(OP, "out", out.len(), t * h)?;
+        if let Some(s) = shared {
+            exact(OP, "shared.out", s.out.len(), t * h)?;
+            exact(OP, "shared.gate", s.gate.len(), t)?;
+        }
+        let path = match path {
+            MoePath::Auto => moe_path(t, shape),
+            chosen => chosen,
+        };
+        if t == 0 {
+            return Ok(path);
+        }
+        let f = &self.f.moe;
+        let pairs = t * k;
+        let [t_, e_, k_, h_, i_, pairs_] = [t, e, k, h, i, pairs].map(|v| v as i32);
+
+        // 1. Top-k softmax per token.
+        let mut b = self.stream.launch_builder(&f.topk_softmax);
+        b.arg(router_logits).arg(&t_).arg(&e_).arg(&k_);
+        b.arg(&mut scratch.ids).arg(&mut scratch.weights);
+        // SAFETY: matches moe_topk_softmax(logits, tokens, experts, top_k,
+        // ids, weights); logits hold T E, ids and weights at least T k
+        // (T <= max_tokens); E <= 512 and k <= min(16, E) (shape.check).
+        let blocks = t.div_ceil(TOPK_TOKENS_PER_BLOCK);
+        unsafe { b.launch(grid(blocks, 1, 32 * TOPK_TOKENS_PER_BLOCK as u32, 0)) }.during(OP)?;
+
+        // 2. Group the pairs by expert into tiles of the path's rows.
+        let (tile_rows, block_cols) = match path {
+            MoePath::Gemv => (GEMV_TILE_ROWS, GEMV_BLOCK_COLS),
+            _ => (TC_TILE_ROWS, TC_TILE_COLS),
+        };
+        let tile_rows_ = tile_rows as i32;
+        let mut b = self.stream.launch_builder(&f.route);
+        b.arg(&scratch.ids).arg(&pairs_).arg(&e_).arg(&tile_rows_);
+        b.arg(&mut scratch.sorted_pair).arg(&mut scratch.pair_row);
+        b.arg(&mut scratch.tile_expert).arg(&mut scratch.tile_row);
+        b.arg(&mut scratch.tile_end).arg(&mut scratch.num_tiles);
+        // SAFETY: matches moe_route; ids are the top-k kernel's (< E); the
+        // tile list holds tile_bound(pairs, 8, E) entries, at least what
+        // any routing of these pairs in tiles of >= 8 rows writes; one
+        // block of 1024 threads (the kernel's scan assumes it).
+        unsafe { b.launch(grid(1, 1, 1024, 0)) }.during(OP)?;
+
+        // 3. gate_up + SwiGLU, then down, over the tile list.
+        let tiles = tile_bound(pairs, tile_rows, e);
+        let (gate_up_fn, down_fn, threads) = match path {
+            MoePath::Gemv => (&f.gemv_gate_up, &f.gemv_down, 256),
+            _ => (&f.gemm_gate_up, &f.gemm_down, 128),
+        };
+        let mut b = self.stream.launch_builder(gate_up_fn);
+        b.arg(&mut scratch.act)
+            .arg(x)
+            .arg(&scratch.sorted_pair)
+            .arg(&k_);
+        b.arg(experts.gate_up).arg(&h_).arg(&i_);
+        b.arg(&scratch.tile_expert).arg(&scratch.tile_row);
+        b.arg(&scratch.tile_end).arg(&scratch.num_tiles);
+        // SAFETY: matches moe_gemv_gate_up / moe_gemm_gate_up (out, in,
+        // row_src, src_div, w, K = H, N = I, tiles); the grid covers the
+        // tile bound (blocks past num_tiles exit) and I's column blocks;
+        // rows index act (T k rows) and, through sorted_pair / k, x (T
+        // rows); H % 32 == 0 and I % 32 == 0 (shape.check) keep the
+        // 16-byte loads aligned.
+        unsafe { b.launch(grid(tiles, i.div_ceil(block_cols), threads, 0)) }.during(OP)?;
+        let (null, one) = (0u64, 1i32);
+        let mut b = self.stream.launch_builder(down_fn);
+        b.arg(&mut scratch.y).arg(&scratch.act).arg(&null).arg(&one);
+        b.arg(experts.down).arg(&i_).arg(&h_);
+        b.arg(&scratch.tile_expert).arg(&scratch.tile_row);
+        b.arg(&scratch.tile_end).arg(&scratch.num_tiles);
+        // SAFETY: matches moe_gemv_down / moe_gemm_down (K = I, N = H, no
+        // row gather); as above.
+        unsafe { b.launch(grid(tiles, h.div_ceil(block_cols), threads, 0)) }.during(OP)?;
+
+        // 4. Weighted un-permute (+ the gated shared expert).
+        let mut b = self.stream.launch_builder(&f.combine);
+        b.arg(out).arg(&scratch.y).arg(&scratch.pair_row);
+        b.arg(&scratch.weights).arg(&k_).arg(&h_);
+        match shared {
+            Some(s) => b.arg(s.out).arg(s.gate),
+            None => b.arg(&null).arg(&null),
+        };
+        // SAFETY: matches moe_combine(out, y, pair_row, weights, top_k,
+        // hidden, shared, shared_gate); pair_row < T k rows of y; H % 8 == 0.
+        unsafe { b.launch(grid(t, 1, 256, 0)) }.during(OP)?;
+        Ok(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const QWEN35_35B_A3B: MoeShape = MoeShape {
+        experts: 256,
+        top_k: 8,
+        hidden: 2048,
+        inter: 512,
+    };
+
+    #[test]
+    fn the_tile_bound_covers_every_routing() {
+        // Worst case: every touched expert ends with a partial tile.
+        for (pairs, rows, experts) in [
+            (1usize, 8usize, 256usize),
+            (8, 8, 256),
+            (64, 8, 8),
+            (8000, 64, 256),
+        ] {
+            let touched = experts.min(pairs);
+            // `touched` experts with one row each except one with the rest.
+            let rest = pairs - (touched - 1);
+            let worst = (touched - 1) + rest.div_ceil(rows);
+            assert!(tile_bound(pairs, rows, experts) >= worst);
+        }
+    }
+
+    #[test]
+    fn the_scratch_of_a_35b_prefill_chunk_is_its_two_permuted_buffers() {
+        let bytes = MoeScratch::device_bytes(QWEN35_35B_A3B, 8192);
+        let permuted = 8192 * 8 * (512 + 2048) * 2;
+        assert!(bytes > permuted && bytes < permuted + (2 << 20), "{bytes}");
+    }
+
+    #[test]
+    fn the_path_rule_takes_gemv_for_decode_and_tensor_cores_for_prefill() {
+        assert_eq!(moe_path(1, QWEN35_35B_A3B), MoePath::Gemv);
+        assert_eq!(moe_path(128, QWEN35_35B_A3B), MoePath::Gemv);
+        assert_eq!(moe_path(1024, QWEN35_35B_A3B), MoePath::TensorCore);
+    }
+
+    #[test]
+    fn shapes_outside_the_kernels_are_refused_with_the_rule() {
+        QWEN35_35B_A3B.check().unwrap();
+        for bad in [
+            MoeShape {
+                experts: 513,
+                ..QWEN35_35B_A3B
+            },
+            MoeShape {
+                top_k: 17,
+                ..QWEN35_35B_A3B
+            },
+            MoeShape {
+                experts: 4,
+                top_k: 5,
+                ..QWEN35_35B_A3B
+            },
+            MoeShape {
+                hidden: 2040,
+                ..QWEN35_35B_A3B
+            },
+            MoeShape {
+                inter: 0,
+                ..QWEN35_35B_A3B
+            },
+        ] {
+            let err = bad.check().unwrap_err().to_string();
+            assert!(err.contains("multiples of 32"), "{err}");
+        }
+    }
+}
