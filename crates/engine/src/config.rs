@@ -39,9 +39,9 @@ pub struct EngineConfig {
     /// (`None`: constrained requests are refused with
     /// [`crate::ConstraintError::Unsupported`]).
     pub structured_outputs: Option<StructuredOutputs>,
-    /// Threads computing token masks while the executor runs a step, and
-    /// advancing the matchers after it (0: half the machine's cores, from
-    /// 1 to 8: the other half serve the engine thread and the HTTP side;
+    /// Threads computing token masks while the executor runs a step (0:
+    /// half the machine's cores, from 1 to 8: the other half serve the
+    /// engine thread and the HTTP side;
     /// [`crate::ConstraintLimits::lexer_copies`] defaults to the same).
     pub mask_threads: usize,
 }

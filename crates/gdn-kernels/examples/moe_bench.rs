@@ -75,9 +75,13 @@ struct Layer {
 }
 
 fn main() -> Res<()> {
-    let Some(stream) = gpu_stream() else {
+    let Some(default) = gpu_stream() else {
         return Ok(());
     };
+    // A stream of its own: the legacy default stream cannot be captured,
+    // and every timing below is a captured graph (which also shows the op
+    // is graph-safe).
+    let stream = default.context().new_stream()?;
     let ops = ModelOps::new(stream.clone())?;
     let bandwidth = copy_bandwidth(&stream)?;
     let (h, i, k) = (SHAPE.hidden, SHAPE.inter, SHAPE.top_k);

@@ -169,7 +169,6 @@ impl StepConstraints {
             .iter()
             .zip(&masks.allowed)
             .filter(|(r, _)| r.sample);
-        let mut moves = Vec::new();
         for ((row, allowed), token) in sampling_rows.zip(sampled) {
             if allowed.is_none() || advanced.failed.iter().any(|(id, _)| *id == row.id) {
                 continue;
@@ -178,57 +177,19 @@ impl StepConstraints {
                 continue;
             };
             tracked.given += 1;
-            moves.push((row.id, tracked.matcher.clone(), token.token));
-        }
-        for (id, outcome) in self.advance_all(moves) {
-            match outcome {
-                Ok(true) => advanced.stopped.push(id),
+            // On this thread: an advance takes a few microseconds, less
+            // than handing it to the pool and waking a thread for it
+            // (measured both ways: docs/results/h200-2026-12-03-s11).
+            let mut matcher = tracked.matcher.lock().unwrap_or_else(|e| e.into_inner());
+            match matcher.advance(token.token) {
+                Ok(true) => advanced.stopped.push(row.id),
                 Ok(false) => {}
-                Err(error) => advanced.failed.push((id, error)),
+                Err(error) => advanced.failed.push((row.id, error)),
             }
         }
         metrics
             .structured_output_advance_seconds
             .observe(started.elapsed().as_secs_f64());
         advanced
-    }
-}
-
-type Move = (RequestId, Arc<Mutex<RequestMatcher>>, u32);
-
-impl StepConstraints {
-    /// Gives each matcher its sampled token; the outcomes in the moves'
-    /// order. The engine thread waits for these before it commits the
-    /// step, so several are spread over the pool (a matcher's advance is
-    /// cheap but 64 of them in a row are not: docs/results/ has the
-    /// per-token costs).
-    fn advance_all(&self, moves: Vec<Move>) -> Vec<(RequestId, Result<bool, MatcherError>)> {
-        let advance = |matcher: &Mutex<RequestMatcher>, token| {
-            catch_unwind(AssertUnwindSafe(|| {
-                let mut matcher = matcher.lock().unwrap_or_else(|e| e.into_inner());
-                matcher.advance(token)
-            }))
-            .unwrap_or_else(|_| Err(MatcherError("the matcher panicked".into())))
-        };
-        if moves.len() <= 1 {
-            return moves
-                .into_iter()
-                .map(|(id, matcher, token)| (id, advance(&matcher, token)))
-                .collect();
-        }
-        let (done, outcomes) = mpsc::channel();
-        let count = moves.len();
-        for (index, (id, matcher, token)) in moves.into_iter().enumerate() {
-            let done = done.clone();
-            self.pool.run(move || {
-                let _ = done.send((index, id, advance(&matcher, token)));
-            });
-        }
-        let mut ordered: Vec<_> = outcomes.iter().take(count).collect();
-        ordered.sort_by_key(|(index, _, _)| *index);
-        ordered
-            .into_iter()
-            .map(|(_, id, outcome)| (id, outcome))
-            .collect()
     }
 }
