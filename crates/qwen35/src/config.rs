@@ -1,6 +1,8 @@
-//! `config.json` of a Qwen3.5 dense checkpoint, in either layout:
-//! `qwen3_5` (vision-language, text settings under `text_config`) or
-//! `qwen3_5_text` (flat). Field names are HF's; anything this runtime does not
+//! `config.json` of a Qwen3.5 checkpoint, dense or mixture-of-experts, in
+//! either layout: vision-language (`qwen3_5` / `qwen3_5_moe`, text settings
+//! under `text_config`) or text-only (`qwen3_5_text` / `qwen3_5_moe_text`,
+//! flat). Field names and defaults are HF's (transformers'
+//! `configuration_qwen3_5{,_moe}.py`); anything this runtime does not
 //! implement is refused here with the reason.
 
 use std::path::Path;
@@ -18,11 +20,49 @@ pub enum LayerType {
     Full,
 }
 
+/// The sparse MLP of a mixture-of-experts model (every decoder layer has
+/// one; HF's `Qwen3_5MoeSparseMoeBlock`): a softmax router picks
+/// `num_experts_per_tok` of `num_experts` SwiGLU experts per token, their
+/// weights renormalised to sum 1, plus one shared SwiGLU expert scaled by
+/// `sigmoid(shared_expert_gate(x))`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    pub num_experts_per_tok: usize,
+    /// Each routed expert's intermediate width.
+    pub moe_intermediate_size: usize,
+    /// The shared expert's intermediate width.
+    pub shared_expert_intermediate_size: usize,
+}
+
+/// Which MLP the decoder layers have: what `/v1/models` and the startup log
+/// report. `Display` gives `dense` or `MoE (8 experts, top-2)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Architecture {
+    Dense,
+    Moe(MoeConfig),
+}
+
+impl std::fmt::Display for Architecture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Architecture::Dense => f.write_str("dense"),
+            Architecture::Moe(m) => write!(
+                f,
+                "MoE ({} experts, top-{}, shared expert)",
+                m.num_experts, m.num_experts_per_tok
+            ),
+        }
+    }
+}
+
 /// The text model's settings, validated and with defaults resolved.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     pub vocab_size: usize,
     pub hidden_size: usize,
+    /// The dense MLP's intermediate width; 0 for a MoE model, whose layers
+    /// have no dense MLP (see `moe`).
     pub intermediate_size: usize,
     pub num_hidden_layers: usize,
     pub num_attention_heads: usize,
@@ -43,6 +83,9 @@ pub struct Config {
     /// `mamba_ssm_dtype`: how the DeltaNet recurrent state is stored (f32
     /// where the config does not say; see `state_dtype::from_config`).
     pub mamba_ssm_dtype: StateDtype,
+    /// The experts of a `qwen3_5_moe` / `qwen3_5_moe_text` model; `None`
+    /// for a dense one.
+    pub moe: Option<MoeConfig>,
 }
 
 #[derive(Deserialize)]
@@ -57,7 +100,8 @@ struct RawText {
     model_type: Option<String>,
     vocab_size: usize,
     hidden_size: usize,
-    intermediate_size: usize,
+    /// Required of dense configs; MoE configs have none.
+    intermediate_size: Option<usize>,
     num_hidden_layers: usize,
     num_attention_heads: usize,
     num_key_value_heads: usize,
@@ -84,6 +128,15 @@ struct RawText {
     hidden_act: Option<String>,
     attention_bias: Option<bool>,
     num_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    shared_expert_intermediate_size: Option<usize>,
+    /// Not in HF's Qwen3.5 MoE config (its router always renormalises);
+    /// read so that a config asking otherwise is refused.
+    norm_topk_prob: Option<bool>,
+    /// Likewise absent from HF's Qwen3.5 MoE config (every layer is sparse).
+    decoder_sparse_step: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
     mamba_ssm_dtype: Option<serde_json::Value>,
 }
 
@@ -115,6 +168,55 @@ fn unsupported(what: String) -> LoadError {
     LoadError::UnsupportedConfig(what)
 }
 
+/// The MoE section of a `qwen3_5_moe_text` config, with HF's defaults
+/// (those of Qwen3.5-35B-A3B) and the variants HF's Qwen3.5 MoE model
+/// cannot express refused.
+fn moe_config(raw: &RawText) -> Result<MoeConfig, LoadError> {
+    if raw.norm_topk_prob == Some(false) {
+        return Err(unsupported(
+            "norm_topk_prob = false: Qwen3.5 MoE routing always renormalises the top-k \
+             weights"
+                .into(),
+        ));
+    }
+    if let Some(step) = raw.decoder_sparse_step.filter(|&s| s != 1) {
+        return Err(unsupported(format!(
+            "decoder_sparse_step = {step}: Qwen3.5 MoE has experts in every layer"
+        )));
+    }
+    if let Some(layers) = raw.mlp_only_layers.as_ref().filter(|l| !l.is_empty()) {
+        return Err(unsupported(format!(
+            "mlp_only_layers = {layers:?}: Qwen3.5 MoE has experts in every layer"
+        )));
+    }
+    let m = MoeConfig {
+        num_experts: raw.num_experts.unwrap_or(256),
+        num_experts_per_tok: raw.num_experts_per_tok.unwrap_or(8),
+        moe_intermediate_size: raw.moe_intermediate_size.unwrap_or(512),
+        shared_expert_intermediate_size: raw.shared_expert_intermediate_size.unwrap_or(512),
+    };
+    for (name, v) in [
+        ("num_experts", m.num_experts),
+        ("num_experts_per_tok", m.num_experts_per_tok),
+        ("moe_intermediate_size", m.moe_intermediate_size),
+        (
+            "shared_expert_intermediate_size",
+            m.shared_expert_intermediate_size,
+        ),
+    ] {
+        if v == 0 {
+            return Err(unsupported(format!("{name} must be positive, got 0")));
+        }
+    }
+    if m.num_experts_per_tok > m.num_experts {
+        return Err(unsupported(format!(
+            "num_experts_per_tok {} exceeds num_experts {}",
+            m.num_experts_per_tok, m.num_experts
+        )));
+    }
+    Ok(m)
+}
+
 impl Config {
     pub fn from_file(path: &Path) -> Result<Config, LoadError> {
         let text = std::fs::read_to_string(path).map_err(|e| LoadError::io(path, e))?;
@@ -132,47 +234,67 @@ impl Config {
         let top: RawTop = serde_json::from_str(text).map_err(json(origin.to_string()))?;
         let model_type = top.model_type.clone().unwrap_or_default();
         let top_state_dtype = top.mamba_ssm_dtype.clone();
-        let (raw, vision_language, top_tie): (RawText, bool, Option<bool>) = match model_type
-            .as_str()
-        {
-            "qwen3_5" => {
-                let tc = top
-                    .text_config
-                    .ok_or_else(|| unsupported("model_type qwen3_5 without text_config".into()))?;
-                (
-                    serde_json::from_value(tc).map_err(json(format!("{origin}: text_config")))?,
-                    true,
-                    top.tie_word_embeddings,
-                )
-            }
-            "qwen3_5_text" => (
-                serde_json::from_str(text).map_err(json(origin.to_string()))?,
-                false,
-                None,
-            ),
-            "qwen3_5_moe" | "qwen3_5_moe_text" => {
-                return Err(unsupported(format!(
-                    "model_type {model_type}: mixture-of-experts models are not supported"
-                )))
-            }
+        // (vision-language, MoE) of each accepted model_type; the VL ones
+        // nest the text config, whose model_type is the text-only one.
+        let (vision_language, is_moe) = match model_type.as_str() {
+            "qwen3_5" => (true, false),
+            "qwen3_5_text" => (false, false),
+            "qwen3_5_moe" => (true, true),
+            "qwen3_5_moe_text" => (false, true),
             other => {
                 return Err(unsupported(format!(
-                    "model_type {other:?}: expected qwen3_5 or qwen3_5_text"
+                    "model_type {other:?}: expected qwen3_5, qwen3_5_text, qwen3_5_moe or \
+                     qwen3_5_moe_text"
                 )))
             }
         };
+        let text_type = if is_moe {
+            "qwen3_5_moe_text"
+        } else {
+            "qwen3_5_text"
+        };
+        let (raw, top_tie): (RawText, Option<bool>) = if vision_language {
+            let tc = top.text_config.ok_or_else(|| {
+                unsupported(format!("model_type {model_type} without text_config"))
+            })?;
+            (
+                serde_json::from_value(tc).map_err(json(format!("{origin}: text_config")))?,
+                top.tie_word_embeddings,
+            )
+        } else {
+            (
+                serde_json::from_str(text).map_err(json(origin.to_string()))?,
+                None,
+            )
+        };
         if let Some(mt) = &raw.model_type {
-            if vision_language && mt != "qwen3_5_text" {
+            if vision_language && mt != text_type {
                 return Err(unsupported(format!(
-                    "text_config.model_type {mt:?}: expected qwen3_5_text"
+                    "text_config.model_type {mt:?}: expected {text_type} under {model_type}"
                 )));
             }
         }
-        if raw.num_experts.unwrap_or(0) > 0 {
-            return Err(unsupported(
-                "num_experts > 0: mixture-of-experts models are not supported".into(),
-            ));
-        }
+        let moe = if is_moe {
+            Some(moe_config(&raw)?)
+        } else {
+            if raw.num_experts.unwrap_or(0) > 0 {
+                return Err(unsupported(format!(
+                    "num_experts > 0 in a dense {model_type} config: a mixture-of-experts \
+                     checkpoint has model_type qwen3_5_moe or qwen3_5_moe_text"
+                )));
+            }
+            None
+        };
+        let intermediate_size = match (raw.intermediate_size, is_moe) {
+            (Some(i), false) => i,
+            (None, false) => {
+                return Err(unsupported(
+                    "intermediate_size is missing (a dense model's MLP width)".into(),
+                ))
+            }
+            // MoE layers have no dense MLP; a value in the file is unused.
+            (_, true) => 0,
+        };
         if let Some(act) = &raw.hidden_act {
             if act != "silu" {
                 return Err(unsupported(format!(
@@ -233,7 +355,7 @@ impl Config {
         let c = Config {
             vocab_size: raw.vocab_size,
             hidden_size: raw.hidden_size,
-            intermediate_size: raw.intermediate_size,
+            intermediate_size,
             num_hidden_layers: raw.num_hidden_layers,
             num_attention_heads: raw.num_attention_heads,
             num_key_value_heads: raw.num_key_value_heads,
@@ -250,6 +372,7 @@ impl Config {
             layer_types,
             vision_language,
             mamba_ssm_dtype,
+            moe,
         };
         c.validate()?;
         Ok(c)
@@ -265,10 +388,18 @@ impl Config {
                 self.num_hidden_layers
             ),
         )?;
+        if self.moe.is_none() {
+            rule(
+                self.intermediate_size > 0,
+                format!(
+                    "intermediate_size must be positive, got {}",
+                    self.intermediate_size
+                ),
+            )?;
+        }
         for (name, v) in [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
-            ("intermediate_size", self.intermediate_size),
             ("num_hidden_layers", self.num_hidden_layers),
             ("linear_num_value_heads", self.linear_num_value_heads),
             ("num_attention_heads", self.num_attention_heads),
@@ -313,6 +444,17 @@ impl Config {
             self.linear_num_value_heads
                 .checked_mul(self.linear_key_head_dim)
                 .and_then(|x| x.checked_mul(self.linear_value_head_dim)),
+            // A fused expert tensor [E, 2I, H], and the shared expert.
+            self.moe.map_or(Some(0), |m| {
+                m.num_experts
+                    .checked_mul(m.moe_intermediate_size)
+                    .and_then(|x| x.checked_mul(2))
+                    .and_then(|x| x.checked_mul(self.hidden_size))
+            }),
+            self.moe.map_or(Some(0), |m| {
+                m.shared_expert_intermediate_size
+                    .checked_mul(self.hidden_size)
+            }),
         ];
         rule(
             products.iter().all(Option::is_some),
@@ -321,6 +463,11 @@ impl Config {
         let rot = self.rotary_dim();
         rule(rot % 2 == 0 && rot <= self.head_dim, format!(
             "rotary dim {rot} (head_dim {} x partial_rotary_factor {}) must be even and <= head_dim", self.head_dim, self.partial_rotary_factor))
+    }
+
+    /// Dense or MoE, with the experts' counts.
+    pub fn architecture(&self) -> Architecture {
+        self.moe.map_or(Architecture::Dense, Architecture::Moe)
     }
 
     /// Dimensions of each attention head that RoPE rotates.
@@ -334,6 +481,20 @@ impl Config {
             + self.linear_num_value_heads * self.linear_value_head_dim
     }
 }
+
+/// Qwen3.5-35B-A3B's text config (the shapes of Hugging Face
+/// `Qwen/Qwen3.5-35B-A3B`, text part): the MoE benchmarks' random model.
+pub const QWEN35_35B_A3B_TEXT: &str = r#"{
+  "model_type": "qwen3_5_moe_text", "vocab_size": 248320, "hidden_size": 2048,
+  "num_hidden_layers": 40, "full_attention_interval": 4,
+  "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+  "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+  "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+  "num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
+  "shared_expert_intermediate_size": 512, "mamba_ssm_dtype": "float32",
+  "rms_norm_eps": 1e-6, "tie_word_embeddings": false, "hidden_act": "silu",
+  "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25}
+}"#;
 
 /// Qwen3.5-4B's text config (the shapes of Hugging Face `Qwen/Qwen3.5-4B`,
 /// text part): benchmarks build a random-weight model of this size.
@@ -471,10 +632,10 @@ mod tests {
             (
                 "model_type",
                 serde_json::json!("qwen3_5_moe"),
-                "mixture-of-experts",
+                "qwen3_5_moe without text_config",
             ),
             ("model_type", serde_json::json!("llama"), "\"llama\""),
-            ("num_experts", serde_json::json!(8), "mixture-of-experts"),
+            ("num_experts", serde_json::json!(8), "qwen3_5_moe_text"),
             ("hidden_act", serde_json::json!("gelu"), "gelu"),
             (
                 "layer_types",
@@ -507,5 +668,147 @@ mod tests {
         assert_eq!(c.layer_types[3], LayerType::Full);
         assert_eq!((c.rotary_dim(), c.linear_conv_dim()), (64, 8192));
         assert!(c.tie_word_embeddings);
+    }
+
+    /// TEXT as a MoE text config: 8 experts, top-2.
+    fn moe_text() -> serde_json::Value {
+        let mut v: serde_json::Value = serde_json::from_str(TEXT).unwrap();
+        let o = v.as_object_mut().unwrap();
+        o.remove("intermediate_size");
+        o.insert("model_type".into(), "qwen3_5_moe_text".into());
+        o.insert("num_experts".into(), 8.into());
+        o.insert("num_experts_per_tok".into(), 2.into());
+        o.insert("moe_intermediate_size".into(), 24.into());
+        o.insert("shared_expert_intermediate_size".into(), 40.into());
+        v
+    }
+
+    #[test]
+    fn moe_configs_are_read_in_both_layouts() {
+        let want = MoeConfig {
+            num_experts: 8,
+            num_experts_per_tok: 2,
+            moe_intermediate_size: 24,
+            shared_expert_intermediate_size: 40,
+        };
+        let flat = Config::from_json(&moe_text().to_string()).unwrap();
+        assert_eq!((flat.moe, flat.vision_language), (Some(want), false));
+        assert_eq!(flat.intermediate_size, 0);
+        assert_eq!(flat.architecture(), Architecture::Moe(want));
+        assert_eq!(
+            flat.architecture().to_string(),
+            "MoE (8 experts, top-2, shared expert)"
+        );
+        let vl = serde_json::json!({"model_type": "qwen3_5_moe", "text_config": moe_text(),
+            "tie_word_embeddings": true});
+        let vl = Config::from_json(&vl.to_string()).unwrap();
+        assert_eq!((vl.moe, vl.vision_language), (Some(want), true));
+        assert!(vl.tie_word_embeddings);
+        let dense = Config::from_json(TEXT).unwrap();
+        assert_eq!(dense.architecture().to_string(), "dense");
+    }
+
+    #[test]
+    fn moe_fields_default_to_hf_values() {
+        let mut v = moe_text();
+        let o = v.as_object_mut().unwrap();
+        for k in [
+            "num_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+            "shared_expert_intermediate_size",
+        ] {
+            o.remove(k);
+        }
+        // A leftover dense width is ignored, not refused.
+        o.insert("intermediate_size".into(), 96.into());
+        let c = Config::from_json(&v.to_string()).unwrap();
+        assert_eq!(
+            c.moe,
+            Some(MoeConfig {
+                num_experts: 256,
+                num_experts_per_tok: 8,
+                moe_intermediate_size: 512,
+                shared_expert_intermediate_size: 512,
+            })
+        );
+        assert_eq!(c.intermediate_size, 0);
+    }
+
+    #[test]
+    fn moe_configs_we_cannot_run_are_refused_with_the_reason() {
+        for (key, value, needle) in [
+            (
+                "num_experts",
+                serde_json::json!(0),
+                "num_experts must be positive",
+            ),
+            (
+                "num_experts_per_tok",
+                serde_json::json!(9),
+                "num_experts_per_tok 9 exceeds num_experts 8",
+            ),
+            (
+                "moe_intermediate_size",
+                serde_json::json!(0),
+                "moe_intermediate_size must be positive",
+            ),
+            (
+                "shared_expert_intermediate_size",
+                serde_json::json!(0),
+                "shared_expert_intermediate_size must be positive",
+            ),
+            (
+                "norm_topk_prob",
+                serde_json::json!(false),
+                "norm_topk_prob = false",
+            ),
+            (
+                "decoder_sparse_step",
+                serde_json::json!(2),
+                "decoder_sparse_step = 2",
+            ),
+            (
+                "mlp_only_layers",
+                serde_json::json!([0, 3]),
+                "mlp_only_layers = [0, 3]",
+            ),
+            ("num_experts", serde_json::json!(usize::MAX / 4), "overflow"),
+        ] {
+            let mut v = moe_text();
+            v[key] = value;
+            let err = Config::from_json(&v.to_string()).unwrap_err().to_string();
+            assert!(err.contains(needle), "{key}: {err}");
+        }
+        // Harmless spellings of HF's behaviour are accepted.
+        let mut v = moe_text();
+        v["norm_topk_prob"] = true.into();
+        v["decoder_sparse_step"] = 1.into();
+        v["mlp_only_layers"] = serde_json::json!([]);
+        v["router_aux_loss_coef"] = 0.001.into();
+        assert!(Config::from_json(&v.to_string()).is_ok());
+        // The VL layout's text config must be the MoE text config, and a
+        // dense text config must not sit under a MoE top level.
+        let dense: serde_json::Value = serde_json::from_str(TEXT).unwrap();
+        let vl = serde_json::json!({"model_type": "qwen3_5_moe", "text_config": dense});
+        let err = Config::from_json(&vl.to_string()).unwrap_err().to_string();
+        assert!(err.contains("expected qwen3_5_moe_text"), "{err}");
+        let vl = serde_json::json!({"model_type": "qwen3_5", "text_config": moe_text()});
+        let err = Config::from_json(&vl.to_string()).unwrap_err().to_string();
+        assert!(err.contains("expected qwen3_5_text"), "{err}");
+        // A dense config needs its MLP width.
+        let mut v = dense.clone();
+        v.as_object_mut().unwrap().remove("intermediate_size");
+        let err = Config::from_json(&v.to_string()).unwrap_err().to_string();
+        assert!(err.contains("intermediate_size is missing"), "{err}");
+    }
+
+    #[test]
+    fn the_35b_a3b_benchmark_config_has_the_published_shapes() {
+        let c = Config::from_json(QWEN35_35B_A3B_TEXT).unwrap();
+        let m = c.moe.unwrap();
+        assert_eq!((m.num_experts, m.num_experts_per_tok), (256, 8));
+        assert_eq!((c.layer_types.len(), c.hidden_size), (40, 2048));
+        assert!(!c.tie_word_embeddings);
     }
 }

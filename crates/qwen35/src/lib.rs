@@ -15,7 +15,7 @@ pub mod timing;
 pub mod tokenizer;
 pub mod weights;
 
-pub use config::{Config, LayerType};
+pub use config::{Architecture, Config, LayerType, MoeConfig};
 pub use cpu::{CpuModel, CpuState};
 pub use error::{DeviceError, LoadError, RunError};
 pub use row_logits::RowLogits;
