@@ -8,6 +8,7 @@ pub mod config;
 pub mod cpu;
 pub mod engine_exec;
 mod error;
+pub mod experts;
 pub mod gpu;
 mod row_logits;
 pub mod state_dtype;
