@@ -1,7 +1,7 @@
-//! Qwen3.5 dense models: config, checkpoint loading, tokenizer, the f32 CPU
-//! reference forward, and the bf16 GPU runtime (`gpu`), which runs on the
-//! semantic ops of `gdn_kernels`; `engine_exec` drives either as an
-//! executor of the serving engine. Loading fails with a [`LoadError`],
+//! Qwen3.5 models (dense and MoE): config, checkpoint loading, tokenizer,
+//! the f32 CPU reference forward, and the bf16 GPU runtime (`gpu`, dense
+//! only so far), which runs on the semantic ops of `gdn_kernels`;
+//! `engine_exec` drives either as an executor of the serving engine. Loading fails with a [`LoadError`],
 //! running with a [`RunError`]; a kernel's own error stays their cause.
 
 pub mod config;
