@@ -128,6 +128,10 @@ struct DecoderLayer {
     mlp: Ffn,
 }
 
+/// `[layer][token]`: the experts a MoE layer chose for a token, best
+/// first, with their renormalised weights.
+pub type Routes = Vec<Vec<Vec<(usize, f32)>>>;
+
 pub struct CpuModel {
     pub config: Config,
     embed_tokens: Vec<f32>,
@@ -317,6 +321,31 @@ impl CpuModel {
         state: &mut CpuState,
         which: RowLogits,
     ) -> Result<Vec<Vec<f32>>, RunError> {
+        self.run(tokens, state, which, None)
+    }
+
+    /// [`CpuModel::forward`] that also returns every MoE layer's routing:
+    /// `routes[layer][token]` = the chosen experts, best first, with their
+    /// renormalised weights (empty for a dense model's layers). The
+    /// routing is what a MoE forward's tests compare first (a flipped
+    /// expert moves the logits by far more than rounding does).
+    pub fn forward_with_routes(
+        &self,
+        tokens: &[u32],
+        state: &mut CpuState,
+    ) -> Result<(Vec<Vec<f32>>, Routes), RunError> {
+        let mut routes = vec![vec![]; self.layers.len()];
+        let logits = self.run(tokens, state, RowLogits::All, Some(&mut routes))?;
+        Ok((logits, routes))
+    }
+
+    fn run(
+        &self,
+        tokens: &[u32],
+        state: &mut CpuState,
+        which: RowLogits,
+        mut routes: Option<&mut Routes>,
+    ) -> Result<Vec<Vec<f32>>, RunError> {
         let c = &self.config;
         let kinds_match = state.layers.len() == self.layers.len()
             && state.layers.iter().zip(&self.layers).all(|(s, l)| {
@@ -342,7 +371,7 @@ impl CpuModel {
         for (i, &tok) in tokens.iter().enumerate() {
             let t = tok as usize;
             let mut x = self.embed_tokens[t * c.hidden_size..(t + 1) * c.hidden_size].to_vec();
-            for (layer, ls) in self.layers.iter().zip(state.layers.iter_mut()) {
+            for (li, (layer, ls)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
                 let normed = rms_norm_zc(&x, &layer.input_layernorm, c.rms_norm_eps);
                 let mixed = match (&layer.mixer, ls) {
                     (Mixer::Linear(g), LayerState::Linear { conv, recurrent }) => {
@@ -362,7 +391,13 @@ impl CpuModel {
                 let normed = rms_norm_zc(&x, &layer.post_attention_layernorm, c.rms_norm_eps);
                 let down = match &layer.mlp {
                     Ffn::Dense(m) => m.forward(&normed),
-                    Ffn::Moe(m) => m.forward(&normed),
+                    Ffn::Moe(m) => {
+                        let (out, chosen) = m.forward(&normed);
+                        if let Some(routes) = routes.as_deref_mut() {
+                            routes[li].push(chosen);
+                        }
+                        out
+                    }
                 };
                 x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
             }

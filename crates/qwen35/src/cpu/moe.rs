@@ -53,14 +53,16 @@ impl SparseMoe {
         })
     }
 
-    /// One token's MoE output for the normed hidden state `x`.
-    pub(super) fn forward(&self, x: &[f32]) -> Vec<f32> {
+    /// One token's MoE output for the normed hidden state `x`, and the
+    /// experts chosen (best first, with their weights).
+    pub(super) fn forward(&self, x: &[f32]) -> (Vec<f32>, Vec<(usize, f32)>) {
         let (i, h) = (self.config.moe_intermediate_size, x.len());
         let logits = matvec(&self.router, x, self.config.num_experts);
-        let mut chosen = route(&logits, self.config.num_experts_per_tok);
-        chosen.sort_by_key(|c| c.0);
+        let chosen = route(&logits, self.config.num_experts_per_tok);
+        let mut by_expert = chosen.clone();
+        by_expert.sort_by_key(|c| c.0);
         let mut out = vec![0.0f32; h];
-        for (e, weight) in chosen {
+        for (e, weight) in by_expert {
             let expert = &self.experts[e];
             let gate_up = matvec(&expert.gate_up, x, 2 * i);
             let act: Vec<f32> = gate_up[..i]
@@ -78,7 +80,7 @@ impl SparseMoe {
         out.iter_mut()
             .zip(&shared)
             .for_each(|(o, s)| *o += gate * s);
-        out
+        (out, chosen)
     }
 }
 

@@ -113,6 +113,12 @@ impl Fixture {
         rows(&self.reference, key, f32::from_le_bytes)
     }
 
+    /// A 2-D int32 tensor of the reference as ids (the MoE fixtures'
+    /// `router_topk.<layer>.<i>`: HF's chosen experts, best first).
+    pub fn reference_ids(&self, key: &str) -> Vec<Vec<u32>> {
+        rows(&self.reference, key, |b| i32::from_le_bytes(b) as u32)
+    }
+
     /// The decode fixture: the prompt, prefix length, decode steps, and the
     /// other short prompts that decode alongside it in batched runs.
     pub fn decode_setup(&self) -> (&[u32], usize, usize, Vec<&Vec<u32>>) {
