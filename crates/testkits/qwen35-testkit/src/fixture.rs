@@ -13,7 +13,7 @@ pub const MODELS: [&str; 3] = ["text_gva2", "vl_gva1_sharded", "text_gva3_untied
 /// The tiny MoE models of tests/fixtures (8 experts, top-2, a shared
 /// expert): VL layout with fused 3-D expert tensors, sharded; text-only
 /// layout with per-expert matrices. Their HF fp32 references are made on
-/// the CPU; they have no bf16 goldens yet.
+/// the CPU, their bf16 goldens (when present) on a GPU.
 pub const MOE_MODELS: [&str; 2] = ["moe_vl_fused", "moe_text_per_expert"];
 
 /// HF's top-k per position: token ids and log-probabilities, best first.
