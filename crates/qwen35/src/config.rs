@@ -1,6 +1,8 @@
-//! `config.json` of a Qwen3.5 dense checkpoint, in either layout:
-//! `qwen3_5` (vision-language, text settings under `text_config`) or
-//! `qwen3_5_text` (flat). Field names are HF's; anything this runtime does not
+//! `config.json` of a Qwen3.5 checkpoint, dense or mixture-of-experts, in
+//! either layout: vision-language (`qwen3_5` / `qwen3_5_moe`, text settings
+//! under `text_config`) or text-only (`qwen3_5_text` / `qwen3_5_moe_text`,
+//! flat). Field names and defaults are HF's (transformers'
+//! `configuration_qwen3_5{,_moe}.py`); anything this runtime does not
 //! implement is refused here with the reason.
 
 use std::path::Path;
@@ -9,6 +11,10 @@ use serde::Deserialize;
 
 use crate::error::LoadError;
 use crate::state_dtype::{self, StateDtype};
+
+mod moe;
+
+pub use moe::{Architecture, MoeConfig, QWEN35_35B_A3B_TEXT};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LayerType {
@@ -23,6 +29,8 @@ pub enum LayerType {
 pub struct Config {
     pub vocab_size: usize,
     pub hidden_size: usize,
+    /// The dense MLP's intermediate width; 0 for a MoE model, whose layers
+    /// have no dense MLP (see `moe`).
     pub intermediate_size: usize,
     pub num_hidden_layers: usize,
     pub num_attention_heads: usize,
@@ -43,6 +51,9 @@ pub struct Config {
     /// `mamba_ssm_dtype`: how the DeltaNet recurrent state is stored (f32
     /// where the config does not say; see `state_dtype::from_config`).
     pub mamba_ssm_dtype: StateDtype,
+    /// The experts of a `qwen3_5_moe` / `qwen3_5_moe_text` model; `None`
+    /// for a dense one.
+    pub moe: Option<MoeConfig>,
 }
 
 #[derive(Deserialize)]
@@ -57,7 +68,8 @@ struct RawText {
     model_type: Option<String>,
     vocab_size: usize,
     hidden_size: usize,
-    intermediate_size: usize,
+    /// Required of dense configs; MoE configs have none.
+    intermediate_size: Option<usize>,
     num_hidden_layers: usize,
     num_attention_heads: usize,
     num_key_value_heads: usize,
@@ -84,6 +96,15 @@ struct RawText {
     hidden_act: Option<String>,
     attention_bias: Option<bool>,
     num_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    shared_expert_intermediate_size: Option<usize>,
+    /// Not in HF's Qwen3.5 MoE config (its router always renormalises);
+    /// read so that a config asking otherwise is refused.
+    norm_topk_prob: Option<bool>,
+    /// Likewise absent from HF's Qwen3.5 MoE config (every layer is sparse).
+    decoder_sparse_step: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
     mamba_ssm_dtype: Option<serde_json::Value>,
 }
 
@@ -132,47 +153,67 @@ impl Config {
         let top: RawTop = serde_json::from_str(text).map_err(json(origin.to_string()))?;
         let model_type = top.model_type.clone().unwrap_or_default();
         let top_state_dtype = top.mamba_ssm_dtype.clone();
-        let (raw, vision_language, top_tie): (RawText, bool, Option<bool>) = match model_type
-            .as_str()
-        {
-            "qwen3_5" => {
-                let tc = top
-                    .text_config
-                    .ok_or_else(|| unsupported("model_type qwen3_5 without text_config".into()))?;
-                (
-                    serde_json::from_value(tc).map_err(json(format!("{origin}: text_config")))?,
-                    true,
-                    top.tie_word_embeddings,
-                )
-            }
-            "qwen3_5_text" => (
-                serde_json::from_str(text).map_err(json(origin.to_string()))?,
-                false,
-                None,
-            ),
-            "qwen3_5_moe" | "qwen3_5_moe_text" => {
-                return Err(unsupported(format!(
-                    "model_type {model_type}: mixture-of-experts models are not supported"
-                )))
-            }
+        // (vision-language, MoE) of each accepted model_type; the VL ones
+        // nest the text config, whose model_type is the text-only one.
+        let (vision_language, is_moe) = match model_type.as_str() {
+            "qwen3_5" => (true, false),
+            "qwen3_5_text" => (false, false),
+            "qwen3_5_moe" => (true, true),
+            "qwen3_5_moe_text" => (false, true),
             other => {
                 return Err(unsupported(format!(
-                    "model_type {other:?}: expected qwen3_5 or qwen3_5_text"
+                    "model_type {other:?}: expected qwen3_5, qwen3_5_text, qwen3_5_moe or \
+                     qwen3_5_moe_text"
                 )))
             }
         };
+        let text_type = if is_moe {
+            "qwen3_5_moe_text"
+        } else {
+            "qwen3_5_text"
+        };
+        let (raw, top_tie): (RawText, Option<bool>) = if vision_language {
+            let tc = top.text_config.ok_or_else(|| {
+                unsupported(format!("model_type {model_type} without text_config"))
+            })?;
+            (
+                serde_json::from_value(tc).map_err(json(format!("{origin}: text_config")))?,
+                top.tie_word_embeddings,
+            )
+        } else {
+            (
+                serde_json::from_str(text).map_err(json(origin.to_string()))?,
+                None,
+            )
+        };
         if let Some(mt) = &raw.model_type {
-            if vision_language && mt != "qwen3_5_text" {
+            if vision_language && mt != text_type {
                 return Err(unsupported(format!(
-                    "text_config.model_type {mt:?}: expected qwen3_5_text"
+                    "text_config.model_type {mt:?}: expected {text_type} under {model_type}"
                 )));
             }
         }
-        if raw.num_experts.unwrap_or(0) > 0 {
-            return Err(unsupported(
-                "num_experts > 0: mixture-of-experts models are not supported".into(),
-            ));
-        }
+        let moe = if is_moe {
+            Some(moe::moe_config(&raw)?)
+        } else {
+            if raw.num_experts.unwrap_or(0) > 0 {
+                return Err(unsupported(format!(
+                    "num_experts > 0 in a dense {model_type} config: a mixture-of-experts \
+                     checkpoint has model_type qwen3_5_moe or qwen3_5_moe_text"
+                )));
+            }
+            None
+        };
+        let intermediate_size = match (raw.intermediate_size, is_moe) {
+            (Some(i), false) => i,
+            (None, false) => {
+                return Err(unsupported(
+                    "intermediate_size is missing (a dense model's MLP width)".into(),
+                ))
+            }
+            // MoE layers have no dense MLP; a value in the file is unused.
+            (_, true) => 0,
+        };
         if let Some(act) = &raw.hidden_act {
             if act != "silu" {
                 return Err(unsupported(format!(
@@ -233,7 +274,7 @@ impl Config {
         let c = Config {
             vocab_size: raw.vocab_size,
             hidden_size: raw.hidden_size,
-            intermediate_size: raw.intermediate_size,
+            intermediate_size,
             num_hidden_layers: raw.num_hidden_layers,
             num_attention_heads: raw.num_attention_heads,
             num_key_value_heads: raw.num_key_value_heads,
@@ -250,6 +291,7 @@ impl Config {
             layer_types,
             vision_language,
             mamba_ssm_dtype,
+            moe,
         };
         c.validate()?;
         Ok(c)
@@ -265,10 +307,18 @@ impl Config {
                 self.num_hidden_layers
             ),
         )?;
+        if self.moe.is_none() {
+            rule(
+                self.intermediate_size > 0,
+                format!(
+                    "intermediate_size must be positive, got {}",
+                    self.intermediate_size
+                ),
+            )?;
+        }
         for (name, v) in [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
-            ("intermediate_size", self.intermediate_size),
             ("num_hidden_layers", self.num_hidden_layers),
             ("linear_num_value_heads", self.linear_num_value_heads),
             ("num_attention_heads", self.num_attention_heads),
@@ -313,6 +363,17 @@ impl Config {
             self.linear_num_value_heads
                 .checked_mul(self.linear_key_head_dim)
                 .and_then(|x| x.checked_mul(self.linear_value_head_dim)),
+            // A fused expert tensor [E, 2I, H], and the shared expert.
+            self.moe.map_or(Some(0), |m| {
+                m.num_experts
+                    .checked_mul(m.moe_intermediate_size)
+                    .and_then(|x| x.checked_mul(2))
+                    .and_then(|x| x.checked_mul(self.hidden_size))
+            }),
+            self.moe.map_or(Some(0), |m| {
+                m.shared_expert_intermediate_size
+                    .checked_mul(self.hidden_size)
+            }),
         ];
         rule(
             products.iter().all(Option::is_some),
@@ -321,6 +382,11 @@ impl Config {
         let rot = self.rotary_dim();
         rule(rot % 2 == 0 && rot <= self.head_dim, format!(
             "rotary dim {rot} (head_dim {} x partial_rotary_factor {}) must be even and <= head_dim", self.head_dim, self.partial_rotary_factor))
+    }
+
+    /// Dense or MoE, with the experts' counts.
+    pub fn architecture(&self) -> Architecture {
+        self.moe.map_or(Architecture::Dense, Architecture::Moe)
     }
 
     /// Dimensions of each attention head that RoPE rotates.
@@ -471,10 +537,10 @@ mod tests {
             (
                 "model_type",
                 serde_json::json!("qwen3_5_moe"),
-                "mixture-of-experts",
+                "qwen3_5_moe without text_config",
             ),
             ("model_type", serde_json::json!("llama"), "\"llama\""),
-            ("num_experts", serde_json::json!(8), "mixture-of-experts"),
+            ("num_experts", serde_json::json!(8), "qwen3_5_moe_text"),
             ("hidden_act", serde_json::json!("gelu"), "gelu"),
             (
                 "layer_types",

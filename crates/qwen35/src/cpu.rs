@@ -1,4 +1,5 @@
-//! The f32 CPU reference forward of Qwen3.5: the oracle for the GPU runtime's
+//! The f32 CPU reference forward of Qwen3.5 (dense and MoE; the MoE block
+//! is in `moe`): the oracle for the GPU runtime's
 //! tests and the runtime CI can test the model with. It processes tokens one
 //! by one (Gated DeltaNet in its recurrent form, attention over a growing
 //! KV cache), so prefill, chunked prefill and decode are the same code path.
@@ -8,6 +9,8 @@
 //! state is rounded to bf16 after every token, as the GPU's decode step
 //! stores it (the GPU prefill rounds once per chunk, at its end): the
 //! oracle of the bf16 state, and how its drift is measured without a GPU.
+
+mod moe;
 
 use crate::config::{Config, LayerType};
 use crate::error::{LoadError, RunError};
@@ -57,10 +60,38 @@ fn rms_norm_zc(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
     x.iter().zip(w).map(|(v, w)| v * r * (1.0 + w)).collect()
 }
 
+/// A SwiGLU MLP: `down(silu(gate(x)) * up(x))` (the dense layers' MLP and
+/// a MoE layer's shared expert).
 struct Mlp {
     gate: Vec<f32>,
     up: Vec<f32>,
     down: Vec<f32>,
+    intermediate: usize,
+}
+
+impl Mlp {
+    /// `{prefix}.{gate,up,down}_proj.weight`.
+    fn load(w: &Weights, prefix: &str, intermediate: usize, h: usize) -> Result<Mlp, LoadError> {
+        Ok(Mlp {
+            gate: w.get(&format!("{prefix}.gate_proj.weight"), &[intermediate, h])?,
+            up: w.get(&format!("{prefix}.up_proj.weight"), &[intermediate, h])?,
+            down: w.get(&format!("{prefix}.down_proj.weight"), &[h, intermediate])?,
+            intermediate,
+        })
+    }
+
+    fn forward(&self, x: &[f32]) -> Vec<f32> {
+        let gate = matvec(&self.gate, x, self.intermediate);
+        let up = matvec(&self.up, x, self.intermediate);
+        let act: Vec<f32> = gate.iter().zip(&up).map(|(g, u)| silu(*g) * u).collect();
+        matvec(&self.down, &act, x.len())
+    }
+}
+
+/// A decoder layer's MLP: dense, or the sparse MoE block.
+enum Ffn {
+    Dense(Mlp),
+    Moe(Box<moe::SparseMoe>),
 }
 
 struct GatedDeltaNet {
@@ -94,8 +125,12 @@ struct DecoderLayer {
     input_layernorm: Vec<f32>,
     post_attention_layernorm: Vec<f32>,
     mixer: Mixer,
-    mlp: Mlp,
+    mlp: Ffn,
 }
+
+/// `[layer][token]`: the experts a MoE layer chose for a token, best
+/// first, with their renormalised weights.
+pub type Routes = Vec<Vec<Vec<(usize, f32)>>>;
 
 pub struct CpuModel {
     pub config: Config,
@@ -204,19 +239,9 @@ impl CpuModel {
                 post_attention_layernorm: w
                     .get(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
                 mixer,
-                mlp: Mlp {
-                    gate: w.get(
-                        &format!("{p}.mlp.gate_proj.weight"),
-                        &[c.intermediate_size, h],
-                    )?,
-                    up: w.get(
-                        &format!("{p}.mlp.up_proj.weight"),
-                        &[c.intermediate_size, h],
-                    )?,
-                    down: w.get(
-                        &format!("{p}.mlp.down_proj.weight"),
-                        &[h, c.intermediate_size],
-                    )?,
+                mlp: match c.moe {
+                    None => Ffn::Dense(Mlp::load(w, &format!("{p}.mlp"), c.intermediate_size, h)?),
+                    Some(m) => Ffn::Moe(Box::new(moe::SparseMoe::load(w, i, m, h)?)),
                 },
             });
         }
@@ -296,6 +321,31 @@ impl CpuModel {
         state: &mut CpuState,
         which: RowLogits,
     ) -> Result<Vec<Vec<f32>>, RunError> {
+        self.run(tokens, state, which, None)
+    }
+
+    /// [`CpuModel::forward`] that also returns every MoE layer's routing:
+    /// `routes[layer][token]` = the chosen experts, best first, with their
+    /// renormalised weights (empty for a dense model's layers). The
+    /// routing is what a MoE forward's tests compare first (a flipped
+    /// expert moves the logits by far more than rounding does).
+    pub fn forward_with_routes(
+        &self,
+        tokens: &[u32],
+        state: &mut CpuState,
+    ) -> Result<(Vec<Vec<f32>>, Routes), RunError> {
+        let mut routes = vec![vec![]; self.layers.len()];
+        let logits = self.run(tokens, state, RowLogits::All, Some(&mut routes))?;
+        Ok((logits, routes))
+    }
+
+    fn run(
+        &self,
+        tokens: &[u32],
+        state: &mut CpuState,
+        which: RowLogits,
+        mut routes: Option<&mut Routes>,
+    ) -> Result<Vec<Vec<f32>>, RunError> {
         let c = &self.config;
         let kinds_match = state.layers.len() == self.layers.len()
             && state.layers.iter().zip(&self.layers).all(|(s, l)| {
@@ -321,7 +371,7 @@ impl CpuModel {
         for (i, &tok) in tokens.iter().enumerate() {
             let t = tok as usize;
             let mut x = self.embed_tokens[t * c.hidden_size..(t + 1) * c.hidden_size].to_vec();
-            for (layer, ls) in self.layers.iter().zip(state.layers.iter_mut()) {
+            for (li, (layer, ls)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
                 let normed = rms_norm_zc(&x, &layer.input_layernorm, c.rms_norm_eps);
                 let mixed = match (&layer.mixer, ls) {
                     (Mixer::Linear(g), LayerState::Linear { conv, recurrent }) => {
@@ -339,11 +389,16 @@ impl CpuModel {
                 };
                 x.iter_mut().zip(&mixed).for_each(|(a, b)| *a += b);
                 let normed = rms_norm_zc(&x, &layer.post_attention_layernorm, c.rms_norm_eps);
-                let m = &layer.mlp;
-                let gate = matvec(&m.gate, &normed, c.intermediate_size);
-                let up = matvec(&m.up, &normed, c.intermediate_size);
-                let act: Vec<f32> = gate.iter().zip(&up).map(|(g, u)| silu(*g) * u).collect();
-                let down = matvec(&m.down, &act, c.hidden_size);
+                let down = match &layer.mlp {
+                    Ffn::Dense(m) => m.forward(&normed),
+                    Ffn::Moe(m) => {
+                        let (out, chosen) = m.forward(&normed);
+                        if let Some(routes) = routes.as_deref_mut() {
+                            routes[li].push(chosen);
+                        }
+                        out
+                    }
+                };
                 x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
             }
             state.position += 1;

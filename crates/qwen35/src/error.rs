@@ -67,6 +67,13 @@ pub enum LoadError {
         expected: Vec<usize>,
         actual: Vec<usize>,
     },
+    /// A MoE layer whose experts are stored both as fused 3-D tensors and
+    /// per expert (a checkpoint uses one layout per layer).
+    #[error(
+        "tensors {fused} and {per_expert} store one layer's experts in two layouts \
+         (fused 3-D tensors and per-expert matrices): a checkpoint must use one"
+    )]
+    MixedExpertLayouts { fused: String, per_expert: String },
     #[error("tensor {tensor} has dtype {actual}, expected BF16, F16 or F32")]
     WrongDtype { tensor: String, actual: String },
     #[error("safetensors: {}: {source}", path.display())]

@@ -1,13 +1,14 @@
-//! Qwen3.5 dense models: config, checkpoint loading, tokenizer, the f32 CPU
-//! reference forward, and the bf16 GPU runtime (`gpu`), which runs on the
-//! semantic ops of `gdn_kernels`; `engine_exec` drives either as an
-//! executor of the serving engine. Loading fails with a [`LoadError`],
+//! Qwen3.5 models (dense and MoE): config, checkpoint loading, tokenizer,
+//! the f32 CPU reference forward, and the bf16 GPU runtime (`gpu`, dense
+//! only so far), which runs on the semantic ops of `gdn_kernels`;
+//! `engine_exec` drives either as an executor of the serving engine. Loading fails with a [`LoadError`],
 //! running with a [`RunError`]; a kernel's own error stays their cause.
 
 pub mod config;
 pub mod cpu;
 pub mod engine_exec;
 mod error;
+pub mod experts;
 pub mod gpu;
 mod row_logits;
 pub mod state_dtype;
@@ -15,8 +16,8 @@ pub mod timing;
 pub mod tokenizer;
 pub mod weights;
 
-pub use config::{Config, LayerType};
-pub use cpu::{CpuModel, CpuState};
+pub use config::{Architecture, Config, LayerType, MoeConfig};
+pub use cpu::{CpuModel, CpuState, Routes};
 pub use error::{DeviceError, LoadError, RunError};
 pub use row_logits::RowLogits;
 pub use state_dtype::{StateDtype, StateDtypeRequest, UnknownStateDtype};

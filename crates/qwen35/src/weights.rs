@@ -131,6 +131,16 @@ impl Weights {
         self.names.contains_key(name)
     }
 
+    /// The first (sorted) name that starts with `prefix` and is not one of
+    /// `except`: how a layer's expert layout is told apart.
+    pub fn first_with_prefix(&self, prefix: &str, except: &[&str]) -> Option<&str> {
+        self.names
+            .keys()
+            .filter(|n| n.starts_with(prefix) && !except.contains(&n.as_str()))
+            .min()
+            .map(String::as_str)
+    }
+
     /// The bytes of tensor `name` as stored, checked against `shape` and
     /// for a float dtype (bf16, f16 or f32).
     pub fn raw(&self, name: &str, shape: &[usize]) -> Result<RawTensor<'_>, LoadError> {

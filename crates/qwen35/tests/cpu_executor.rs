@@ -1,5 +1,5 @@
 //! The CPU executor driven directly with engine rows, on the committed
-//! fixtures (tiny random Qwen3.5 models):
+//! fixtures (tiny random Qwen3.5 models, dense and MoE):
 //! - greedy tokens through the executor (all prompts at once, chunked, in
 //!   mixed steps) equal the CPU reference forward's own greedy loop, and the
 //!   reported logprobs equal that forward's log-softmax;
@@ -14,7 +14,7 @@ use engine::{ExecError, Executor, PageId, SampleSeed, SampleSpec, SlotId, StepRo
 use qwen35::engine_exec::{CpuExecutor, CpuSizing};
 use qwen35::CpuModel;
 use qwen35_testkit::drive::{run, step, Request};
-use qwen35_testkit::{Fixture, MODELS};
+use qwen35_testkit::{Fixture, MODELS, MOE_MODELS};
 
 const PAGE: usize = 16;
 /// Pages per slot: 4096 positions (the long prompt is not used here).
@@ -82,7 +82,7 @@ fn reference_greedy(model: &CpuModel, prompt: &[u32], n: usize) -> Vec<(u32, f32
 #[test]
 fn greedy_tokens_through_the_executor_equal_the_reference_forward() {
     const OUT: usize = 10;
-    for name in MODELS {
+    for name in MODELS.into_iter().chain(MOE_MODELS) {
         let f = Fixture::load(name);
         let reference = CpuModel::load(f.config.clone(), &f.weights).unwrap();
         let mut exec = executor(&f);
@@ -118,7 +118,7 @@ fn greedy_tokens_through_the_executor_equal_the_reference_forward() {
 
 #[test]
 fn chunked_prefill_equals_unchunked() {
-    for name in MODELS {
+    for name in MODELS.into_iter().chain(MOE_MODELS) {
         let f = Fixture::load(name);
         let mut exec = executor(&f);
         for p in short_prompts(&f).iter().filter(|p| p.len() > 8) {
@@ -140,7 +140,7 @@ fn chunked_prefill_equals_unchunked() {
 
 #[test]
 fn start_zero_resets_a_used_slot() {
-    for name in MODELS {
+    for name in MODELS.into_iter().chain(MOE_MODELS) {
         let f = Fixture::load(name);
         let prompts = short_prompts(&f);
         let (a, b) = (&prompts[prompts.len() - 1], &prompts[prompts.len() - 2]);

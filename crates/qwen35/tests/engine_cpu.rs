@@ -1,5 +1,5 @@
 //! The engine on the CPU executor with the committed fixtures (tiny random
-//! Qwen3.5 models): concurrent greedy requests, chunked under a small token
+//! Qwen3.5 models, dense and MoE): concurrent greedy requests, chunked under a small token
 //! budget (mixed decode + prefill steps) and preempted by a tiny page pool,
 //! each get exactly the tokens of the CPU reference forward's own greedy
 //! loop on that request alone; slots and pages are all free afterwards.
@@ -13,7 +13,7 @@ use engine::{
 use engine_testkit::finished_tokens;
 use qwen35::engine_exec::{CpuExecutor, CpuSizing};
 use qwen35::{CpuModel, Weights};
-use qwen35_testkit::{Fixture, MODELS};
+use qwen35_testkit::{Fixture, MODELS, MOE_MODELS};
 
 const PAGE: usize = 16;
 
@@ -107,7 +107,7 @@ fn workload(f: &Fixture) -> Vec<GenerateRequest> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_chunked_requests_get_the_reference_tokens() {
-    for name in MODELS {
+    for name in MODELS.into_iter().chain(MOE_MODELS) {
         let f = Fixture::load(name);
         let model = CpuModel::load(f.config.clone(), &f.weights).unwrap();
         let reqs = workload(&f);
@@ -140,7 +140,13 @@ async fn concurrent_chunked_requests_get_the_reference_tokens() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preempted_requests_continue_as_if_never_preempted() {
-    let f = Fixture::load(MODELS[0]);
+    for name in [MODELS[0], MOE_MODELS[0]] {
+        preempted_requests_continue(name).await;
+    }
+}
+
+async fn preempted_requests_continue(name: &str) {
+    let f = Fixture::load(name);
     let model = CpuModel::load(f.config.clone(), &f.weights).unwrap();
     // Short prompts, long outputs: sequences outgrow the pool while they
     // decode. 24 pages of 4 positions; each request needs 11 to 20.
@@ -166,7 +172,7 @@ async fn preempted_requests_continue_as_if_never_preempted() {
         assert_eq!(
             g,
             &reference(&model, &r.prompt, 40),
-            "{} prompt tokens",
+            "{name}: {} prompt tokens",
             r.prompt.len()
         );
     }
@@ -174,7 +180,7 @@ async fn preempted_requests_continue_as_if_never_preempted() {
     println!("{stats:?}");
     assert!(
         stats.preemptions > 0,
-        "the page pool was meant to force preemption: {stats:?}"
+        "{name}: the page pool was meant to force preemption: {stats:?}"
     );
     handle.shutdown(Duration::from_secs(5)).await;
 }

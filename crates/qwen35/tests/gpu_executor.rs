@@ -11,7 +11,9 @@
 //! - step timing (the request timeline) reports every step's phases within
 //!   the call's wall time, and changes no token;
 //! - the device's memory pool keeps its memory across steps (release
-//!   threshold: none), so the same work twice reserves nothing new.
+//!   threshold: none), so the same work twice reserves nothing new;
+//! - a MoE checkpoint is refused with the reason, not run (the GPU MoE
+//!   layer is not built yet).
 
 use std::sync::Arc;
 
@@ -22,7 +24,7 @@ use qwen35::gpu::{GpuModel, GpuOptions};
 use qwen35::{StateDtype, StateDtypeRequest};
 use qwen35_testkit::drive::{run, Request};
 use qwen35_testkit::gate::{MAX_MEAN_ABS, MAX_P99_ABS, MAX_REGRET};
-use qwen35_testkit::{Fixture, MODELS};
+use qwen35_testkit::{Fixture, MODELS, MOE_MODELS};
 
 const PAGE: usize = 16;
 const PAGES_PER_SLOT: usize = 16;
@@ -314,4 +316,25 @@ fn the_memory_pool_keeps_its_memory_across_steps() {
     // The same work again reserves nothing new.
     assert_eq!(free_after_again, free_after_run);
     assert_eq!(reqs[0].tokens(), again[0].tokens());
+}
+
+#[test]
+fn a_moe_checkpoint_is_refused_with_the_reason() {
+    let Some(s) = stream() else { return };
+    for name in MOE_MODELS {
+        let f = Fixture::load(name);
+        let err = GpuModel::load(
+            f.config.clone(),
+            &f.weights,
+            s.clone(),
+            GpuOptions::default(),
+        )
+        .err()
+        .unwrap_or_else(|| panic!("{name}: a MoE model loaded on the GPU"))
+        .to_string();
+        assert!(
+            err.contains("MoE (8 experts, top-2, shared expert)") && err.contains("not built yet"),
+            "{name}: {err}"
+        );
+    }
 }

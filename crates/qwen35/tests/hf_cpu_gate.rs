@@ -1,11 +1,19 @@
 //! The CPU gate: the f32 CPU reference forward against Hugging Face
-//! transformers 5.17's fp32 logits on tiny random Qwen3.5 models (text and
-//! vision-language layouts; GVA ratios 1, 2, 3; tied and untied lm_head;
-//! single-file and sharded weights). Fixtures: tests/fixtures/, made by
-//! checks/fixtures/make_qwen35_fixtures.py (provenance in each prompts.json).
+//! transformers' fp32 logits on tiny random Qwen3.5 models: dense (5.17;
+//! text and vision-language layouts; GVA ratios 1, 2, 3; tied and untied
+//! lm_head; single-file and sharded weights) and MoE (5.24; 8 experts,
+//! top-2, shared expert; VL layout with fused experts, sharded, and
+//! text-only with per-expert tensors). Fixtures: tests/fixtures/, made by
+//! checks/fixtures/make_qwen35_fixtures.py and make_qwen35_moe_fixtures.py
+//! (provenance in each prompts.json).
 
 use qwen35::{CpuModel, TextTokenizer};
-use qwen35_testkit::{dir, MODELS};
+use qwen35_testkit::{dir, MODELS, MOE_MODELS};
+
+/// Every fixture the gate runs on, dense and MoE.
+fn all_models() -> impl Iterator<Item = &'static str> {
+    MODELS.into_iter().chain(MOE_MODELS)
+}
 
 /// Max |ours - HF| over every logit (logits are O(3)). Both sides compute in
 /// f32 from the same bf16-representable weights and differ only in summation
@@ -48,7 +56,7 @@ fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 
 #[test]
 fn teacher_forced_logits_match_hf_fp32() {
-    for name in MODELS {
+    for name in all_models() {
         let f = load(name);
         let short = f.prompts.len() - usize::from(f.prompts.len() > 4);
         for i in 0..short.min(4) {
@@ -69,7 +77,7 @@ fn teacher_forced_logits_match_hf_fp32() {
 
 #[test]
 fn cached_decode_matches_hf_cached_decode() {
-    for name in MODELS {
+    for name in all_models() {
         let f = load(name);
         let (pi, prefix, steps) = f.decode;
         let ids = &f.prompts[pi];
@@ -94,23 +102,73 @@ fn cached_decode_matches_hf_cached_decode() {
     }
 }
 
+/// Max |ours - HF| of a chosen expert's renormalised routing weight
+/// (weights are in (0, 1]). Like the logits, both sides differ only in
+/// summation order. Measured: worst 1.1e-6 over both MoE fixtures; 5e-6 is
+/// 4x that, while dropping the renormalisation moves weights by O(0.1).
+const MAX_ROUTE_WEIGHT_ABS: f32 = 5e-6;
+
+/// Every MoE layer routes every token of the short prompts to HF's fp32
+/// experts, in HF's order (best first), with HF's weights. The fixtures'
+/// smallest router-logit margin at the top-k boundary (generation_moe.log,
+/// 6.6e-4) is far above the two sides' difference, so no token is a
+/// near-tie that summation order could flip.
+#[test]
+fn moe_routing_matches_hf_fp32_routing() {
+    for name in MOE_MODELS {
+        let f = load(name);
+        let short = f.prompts.len() - usize::from(f.prompts.len() > 4);
+        let mut worst = 0f32;
+        for i in 0..short.min(4) {
+            let mut state = f.model.new_state();
+            let (_, routes) = f
+                .model
+                .forward_with_routes(&f.prompts[i], &mut state)
+                .unwrap();
+            for (layer, ours) in routes.iter().enumerate() {
+                let ids = f.reference_ids(&format!("router_topk.{layer}.{i}"));
+                let weights = f.reference(&format!("router_weights.{layer}.{i}"));
+                assert_eq!(ours.len(), ids.len(), "{name} layer {layer} prompt {i}");
+                for (t, route) in ours.iter().enumerate() {
+                    let experts: Vec<u32> = route.iter().map(|r| r.0 as u32).collect();
+                    assert_eq!(
+                        experts, ids[t],
+                        "{name} layer {layer} prompt {i} token {t}: experts"
+                    );
+                    for (r, w) in route.iter().zip(&weights[t]) {
+                        worst = worst.max((r.1 - w).abs());
+                    }
+                }
+            }
+        }
+        println!("{name}: routing equal to HF's; max |weight - hf| = {worst:.2e}");
+        assert!(worst <= MAX_ROUTE_WEIGHT_ABS, "{name}: {worst:e}");
+    }
+}
+
 #[test]
 fn chunked_prefill_equals_one_shot_prefill() {
-    let f = load("text_gva2");
-    let ids = &f.prompts[3];
-    let mut one = f.model.new_state();
-    let whole = f.model.forward(ids, &mut one).unwrap();
-    for split in [64, 37, 1] {
-        let mut st = f.model.new_state();
-        let mut chunked = f.model.forward(&ids[..split], &mut st).unwrap();
-        chunked.extend(f.model.forward(&ids[split..], &mut st).unwrap());
-        assert_eq!(max_abs_diff(&whole, &chunked), 0.0, "split at {split}");
+    for name in ["text_gva2", "moe_text_per_expert"] {
+        let f = load(name);
+        let ids = &f.prompts[3];
+        let mut one = f.model.new_state();
+        let whole = f.model.forward(ids, &mut one).unwrap();
+        for split in [64, 37, 1] {
+            let mut st = f.model.new_state();
+            let mut chunked = f.model.forward(&ids[..split], &mut st).unwrap();
+            chunked.extend(f.model.forward(&ids[split..], &mut st).unwrap());
+            assert_eq!(
+                max_abs_diff(&whole, &chunked),
+                0.0,
+                "{name}: split at {split}"
+            );
+        }
     }
 }
 
 #[test]
 fn tokenizer_round_trips_the_fixture_prompts_and_reads_eos() {
-    for name in MODELS {
+    for name in all_models() {
         let tok = TextTokenizer::from_dir(&dir(name)).unwrap();
         assert_eq!(tok.eos_token_ids, vec![2], "{name}");
         let f = load(name);

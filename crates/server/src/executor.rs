@@ -83,6 +83,18 @@ pub fn pick(args: &Args, spec: ExecutorSpec<'_>) -> Result<ExecutorFactory, Exec
     Ok(Box::new(move || Ok(build(&plan, &startup)?)))
 }
 
+/// The loaded model's architecture in the startup log (dense, or MoE with
+/// its experts and top-k).
+fn log_model(config: &qwen35::Config) {
+    log::info!(
+        "model: {} Qwen3.5, {} layers, hidden {}, vocab {}",
+        config.architecture(),
+        config.num_hidden_layers,
+        config.hidden_size,
+        config.vocab_size
+    );
+}
+
 fn build(plan: &Plan, startup: &Startup) -> Result<Box<dyn Executor>, ExecutorError> {
     let stream = || startup.time("cuda_context", GpuModel::default_stream);
     match plan.device {
@@ -122,6 +134,7 @@ fn cpu(plan: &Plan, startup: &Startup) -> Result<Box<dyn Executor>, ExecutorErro
             CpuExecutor::load_with_state_dtype(&plan.dir, sizing, plan.state_dtype)
         })
         .map_err(ExecutorError::Cpu)?;
+    log_model(&executor.model().config);
     let snapshots = plan.snapshots.map_or(0, |budget| {
         // A CPU snapshot also holds the sequence's keys and values (they
         // live in its state here): a byte budget counts the state only, and
@@ -167,6 +180,7 @@ fn gpu(
         |slot_bytes, room| snapshots.map_or(0, |budget| budget.snapshots(slot_bytes, room)),
     )
     .map_err(ExecutorError::Gpu)?;
+    log_model(&executor.model().config);
     let buckets = executor
         .capture_decode_graphs(plan.num_slots)
         .map_err(ExecutorError::DecodeGraphs)?;

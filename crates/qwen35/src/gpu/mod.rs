@@ -242,6 +242,18 @@ fn shapes(c: &Config) -> Result<(DeltaNetShape, AttentionShape), LoadError> {
     ))
 }
 
+/// Refused before any device work: the MoE layer's kernels are not wired
+/// into this runtime yet.
+fn refuse_moe(c: &Config) -> Result<(), LoadError> {
+    match c.moe {
+        None => Ok(()),
+        Some(_) => Err(LoadError::UnsupportedConfig(format!(
+            "{}: MoE on the GPU executor is not built yet (the CPU executor runs it)",
+            c.architecture()
+        ))),
+    }
+}
+
 impl GpuModel {
     /// Uploads a checkpoint to the GPU of `stream`. The model runs on that one
     /// stream and turns off cudarc's cross-stream event tracking for its
@@ -252,6 +264,7 @@ impl GpuModel {
         stream: Arc<CudaStream>,
         options: GpuOptions,
     ) -> Result<GpuModel, LoadError> {
+        refuse_moe(&config)?;
         let mut phases = PhaseTimes::default();
         let staging = phases.time("pinned_staging", || {
             upload::Staging::new(stream.clone(), upload::STAGING_ELEMS)
@@ -272,6 +285,7 @@ impl GpuModel {
         stream: Arc<CudaStream>,
         options: GpuOptions,
     ) -> Result<GpuModel, LoadError> {
+        refuse_moe(&config)?;
         let ops = ModelOps::new(stream.clone())?;
         let mut src = Random { ops: &ops, seed };
         Self::build(config, &mut src, stream, options, PhaseTimes::default())

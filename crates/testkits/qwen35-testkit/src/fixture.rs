@@ -10,6 +10,12 @@ use safetensors::SafeTensors;
 /// The tiny models of tests/fixtures.
 pub const MODELS: [&str; 3] = ["text_gva2", "vl_gva1_sharded", "text_gva3_untied"];
 
+/// The tiny MoE models of tests/fixtures (8 experts, top-2, a shared
+/// expert): VL layout with fused 3-D expert tensors, sharded; text-only
+/// layout with per-expert matrices. Their HF fp32 references are made on
+/// the CPU, their bf16 goldens (when present) on a GPU.
+pub const MOE_MODELS: [&str; 2] = ["moe_vl_fused", "moe_text_per_expert"];
+
 /// HF's top-k per position: token ids and log-probabilities, best first.
 pub type TopK = (Vec<Vec<u32>>, Vec<Vec<f32>>);
 
@@ -33,7 +39,8 @@ pub struct Fixture {
     pub prompts: Vec<Vec<u32>>,
     /// (prompt index, prefix, steps)
     pub decode: (usize, usize, usize),
-    golden: Vec<u8>,
+    /// `None` for fixtures made without a GPU (no bf16 goldens).
+    golden: Option<Vec<u8>>,
     reference: Vec<u8>,
 }
 
@@ -77,7 +84,7 @@ impl Fixture {
             weights: Weights::open(&d).unwrap(),
             prompts,
             decode: (u("prompt_index"), u("prefix"), u("steps")),
-            golden: std::fs::read(d.join("golden_bf16.safetensors")).unwrap(),
+            golden: std::fs::read(d.join("golden_bf16.safetensors")).ok(),
             reference: std::fs::read(d.join("reference.safetensors")).unwrap(),
             dir: d,
         }
@@ -89,15 +96,27 @@ impl Fixture {
     }
 
     pub fn golden_keys(&self, ids_key: &str, lps_key: &str) -> TopK {
+        let golden = self.golden.as_deref().unwrap_or_else(|| {
+            panic!(
+                "{}: no golden_bf16.safetensors (a fixture made without a GPU)",
+                self.dir.display()
+            )
+        });
         (
-            rows(&self.golden, ids_key, |b| i32::from_le_bytes(b) as u32),
-            rows(&self.golden, lps_key, f32::from_le_bytes),
+            rows(golden, ids_key, |b| i32::from_le_bytes(b) as u32),
+            rows(golden, lps_key, f32::from_le_bytes),
         )
     }
 
     /// HF's fp32 logits (`logits.<i>`, `decode.logits`).
     pub fn reference(&self, key: &str) -> Vec<Vec<f32>> {
         rows(&self.reference, key, f32::from_le_bytes)
+    }
+
+    /// A 2-D int32 tensor of the reference as ids (the MoE fixtures'
+    /// `router_topk.<layer>.<i>`: HF's chosen experts, best first).
+    pub fn reference_ids(&self, key: &str) -> Vec<Vec<u32>> {
+        rows(&self.reference, key, |b| i32::from_le_bytes(b) as u32)
     }
 
     /// The decode fixture: the prompt, prefix length, decode steps, and the

@@ -11,4 +11,4 @@ pub mod drive;
 mod fixture;
 pub mod gate;
 
-pub use fixture::{dir, Fixture, TopK, MODELS};
+pub use fixture::{dir, Fixture, TopK, MODELS, MOE_MODELS};

@@ -1,0 +1,134 @@
+//! gdn-server serving the tiny MoE fixtures on the CPU executor (CI):
+//! greedy completions of token-id prompts, several at once, equal the
+//! greedy loop of qwen35's CPU reference forward (the forward its HF fp32
+//! gate checks) on each prompt alone; `/v1/models` lists the model.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request as HttpRequest, StatusCode};
+use clap::Parser;
+use engine::EngineState;
+use gdn_http::api::AppState;
+use gdn_http::http::router;
+use gdn_server::cli::Args;
+use gdn_server::executor;
+use gdn_server::{prepare, Prepared};
+use http_body_util::BodyExt;
+use qwen35::CpuModel;
+use qwen35_testkit::{Fixture, MOE_MODELS};
+use serde_json::{json, Value as Json};
+use tower::ServiceExt;
+
+const MAX_TOKENS: usize = 10;
+
+async fn start(dir: &std::path::Path) -> Prepared {
+    let dir = dir.to_str().unwrap();
+    let args = Args::parse_from([
+        "gdn-server",
+        "--model",
+        dir,
+        "--device",
+        "cpu",
+        "--max-model-len",
+        "512",
+        "--max-num-seqs",
+        "4",
+        "--max-num-batched-tokens",
+        "32",
+    ]);
+    let prepared = prepare(&args, executor::pick).expect("the server starts");
+    let until = Instant::now() + Duration::from_secs(120);
+    loop {
+        match prepared.state.engine.state() {
+            EngineState::Ready => break,
+            EngineState::Dead(why) => panic!("the engine failed to load: {why}"),
+            state => assert!(Instant::now() < until, "not loaded: {state:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    prepared
+}
+
+async fn call(state: &Arc<AppState>, req: HttpRequest<Body>) -> Json {
+    let resp = router(state.clone()).oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    assert_eq!(status, StatusCode::OK, "{text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+async fn complete(state: Arc<AppState>, prompt: Vec<u32>) -> Vec<u32> {
+    let body = json!({
+        "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+        "ignore_eos": true, "return_token_ids": true,
+    });
+    let req = HttpRequest::post("/v1/completions")
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let v = call(&state, req).await;
+    let ids = &v["choices"][0]["token_ids"];
+    ids.as_array()
+        .unwrap_or_else(|| panic!("no token_ids: {v}"))
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Greedy tokens of the CPU reference forward on `prompt` alone.
+fn reference(model: &CpuModel, prompt: &[u32]) -> Vec<u32> {
+    let mut state = model.new_state();
+    let mut logits = model.forward(prompt, &mut state).unwrap().pop().unwrap();
+    let mut out = vec![];
+    for _ in 0..MAX_TOKENS {
+        let best = (0..logits.len()).fold(0, |b, i| if logits[i] > logits[b] { i } else { b });
+        out.push(best as u32);
+        logits = model.forward(&[best as u32], &mut state).unwrap().remove(0);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn served_greedy_equals_the_cpu_reference_on_the_moe_fixtures() {
+    for name in MOE_MODELS {
+        let f = Fixture::load(name);
+        let model = CpuModel::load(f.config.clone(), &f.weights).unwrap();
+        let prepared = start(&f.dir).await;
+        let state = prepared.state.clone();
+        let models = call(
+            &state,
+            HttpRequest::get("/v1/models").body(Body::empty()).unwrap(),
+        )
+        .await;
+        assert_eq!(
+            models["data"][0]["id"],
+            f.dir.to_str().unwrap(),
+            "{name}: {models}"
+        );
+        let prompts: Vec<Vec<u32>> = f
+            .prompts
+            .iter()
+            .filter(|p| p.len() <= 128)
+            .cloned()
+            .collect();
+        assert!(prompts.len() >= 3, "{name}");
+        // All at once: chunked prefills share steps with decodes.
+        let tasks: Vec<_> = prompts
+            .iter()
+            .map(|p| tokio::spawn(complete(state.clone(), p.clone())))
+            .collect();
+        for (p, t) in prompts.iter().zip(tasks) {
+            let got = t.await.unwrap();
+            assert_eq!(
+                got,
+                reference(&model, p),
+                "{name}: {} prompt tokens",
+                p.len()
+            );
+        }
+        drop(prepared);
+    }
+}
