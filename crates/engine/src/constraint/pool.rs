@@ -47,6 +47,11 @@ impl MaskPool {
         }
     }
 
+    /// How many threads run jobs (at least one: the caller's own).
+    pub(crate) fn width(&self) -> usize {
+        self.threads.len().max(1)
+    }
+
     /// Runs `job` on a pool thread (on this one when the pool has none).
     pub(crate) fn run(&self, job: impl FnOnce() + Send + 'static) {
         if self.threads.is_empty() {

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -83,6 +84,7 @@ impl StepConstraints {
     ) -> StepMasks {
         let (done, reports) = mpsc::channel();
         let mut pending = Vec::new();
+        let mut jobs = Vec::new();
         let allowed = plan
             .rows
             .iter()
@@ -92,32 +94,33 @@ impl StepConstraints {
                 // Normally empty: every sampled token was given at commit.
                 let missed = output.get(tracked.given..).unwrap_or_default().to_vec();
                 tracked.given = tracked.given.max(output.len());
-                let matcher = &tracked.matcher;
                 let mask = Arc::new(PendingMask::default());
                 pending.push(mask.clone());
-                let (matcher, job_mask, done) = (matcher.clone(), mask.clone(), done.clone());
-                let (id, width) = (row.id, self.width);
-                self.pool.run(move || {
-                    let started = Instant::now();
-                    let words = catch_unwind(AssertUnwindSafe(|| {
-                        let mut matcher = matcher.lock().unwrap_or_else(|e| e.into_inner());
-                        matcher.replay(&missed)?;
-                        matcher.mask(width)
-                    }))
-                    .unwrap_or_else(|_| Err(MatcherError("the matcher panicked".into())));
-                    let (words, error) = match words {
-                        Ok(words) => (words, None),
-                        // Nothing allowed: the request fails after the step
-                        // whatever the sampler picks.
-                        Err(e) => (vec![0; width.div_ceil(32)], Some(e)),
-                    };
-                    job_mask.fulfil(words);
-                    let elapsed = started.elapsed();
-                    let _ = done.send(Report { id, elapsed, error });
+                jobs.push(MaskJob {
+                    id: row.id,
+                    matcher: tracked.matcher.clone(),
+                    missed,
+                    mask: mask.clone(),
                 });
                 Some(AllowedTokens::pending(mask))
             })
             .collect();
+        // One task per pool thread, each taking the next row's mask until
+        // none is left: a few hand-offs a step instead of one a row (each
+        // wakes a thread on the engine thread's time), and a slow mask
+        // holds up only its own thread.
+        let queue = Arc::new(MaskQueue {
+            jobs,
+            next: AtomicUsize::new(0),
+        });
+        for _ in 0..self.pool.width().min(queue.jobs.len()) {
+            let (queue, done, width) = (queue.clone(), done.clone(), self.width);
+            self.pool.run(move || {
+                while let Some(job) = queue.jobs.get(queue.next.fetch_add(1, Ordering::Relaxed)) {
+                    let _ = done.send(job.run(width));
+                }
+            });
+        }
         StepMasks {
             allowed,
             pending,
@@ -191,5 +194,44 @@ impl StepConstraints {
             .structured_output_advance_seconds
             .observe(started.elapsed().as_secs_f64());
         advanced
+    }
+}
+
+/// A constrained row's mask to compute.
+struct MaskJob {
+    id: RequestId,
+    matcher: Arc<Mutex<RequestMatcher>>,
+    /// Output tokens its matcher has not consumed yet.
+    missed: Vec<u32>,
+    mask: Arc<PendingMask>,
+}
+
+/// A step's mask jobs, taken in order by the pool's tasks.
+struct MaskQueue {
+    jobs: Vec<MaskJob>,
+    next: AtomicUsize,
+}
+
+impl MaskJob {
+    /// Computes and fulfils the mask (all-zero when the matcher fails: the
+    /// request fails after the step whatever the sampler picks).
+    fn run(&self, width: usize) -> Report {
+        let started = Instant::now();
+        let words = catch_unwind(AssertUnwindSafe(|| {
+            let mut matcher = self.matcher.lock().unwrap_or_else(|e| e.into_inner());
+            matcher.replay(&self.missed)?;
+            matcher.mask(width)
+        }))
+        .unwrap_or_else(|_| Err(MatcherError("the matcher panicked".into())));
+        let (words, error) = match words {
+            Ok(words) => (words, None),
+            Err(e) => (vec![0; width.div_ceil(32)], Some(e)),
+        };
+        self.mask.fulfil(words);
+        Report {
+            id: self.id,
+            elapsed: started.elapsed(),
+            error,
+        }
     }
 }
