@@ -19,6 +19,9 @@ pub const MOE_MAX_EXPERTS: usize = 512;
 pub const MOE_MAX_TOP_K: usize = 16;
 /// Rows of a GEMV tile (`moe_gemv_*`'s kMoeGemvRows).
 const GEMV_TILE_ROWS: usize = 8;
+/// Rows an expert gets on average from which [`moe_path`] takes the
+/// tensor cores.
+const GEMV_RULE_ROWS: usize = 4;
 /// Output columns of a GEMV block: 8 warps of 2.
 const GEMV_BLOCK_COLS: usize = 16;
 /// Rows and columns of a tensor-core tile (`moe_gemm_*`'s kMoeTcRows and
@@ -86,13 +89,12 @@ pub enum MoePath {
 }
 
 /// The expert kernels for `tokens` tokens of `shape`: GEMV while the
-/// average expert gets at most 8 rows (`tokens * k <= 8 * E`: a GEMV tile
-/// holds 8 rows, so each touched expert's weights are read about once),
-/// tensor cores beyond. A placeholder until `moe_bench` measures both paths
-/// on the H200 (docs/performance.md gets the table and the measured
-/// crossover).
+/// average expert gets fewer than `GEMV_RULE_ROWS` rows, tensor cores from
+/// there. Measured with `moe_bench` on the H200 at the 35B-A3B shape: GEMV
+/// ahead up to 2 rows an expert, the tensor-core tiles ahead from 4
+/// (docs/performance.md, MoE routed experts).
 pub fn moe_path(tokens: usize, shape: MoeShape) -> MoePath {
-    if tokens * shape.top_k <= GEMV_TILE_ROWS * shape.experts {
+    if tokens * shape.top_k < GEMV_RULE_ROWS * shape.experts {
         MoePath::Gemv
     } else {
         MoePath::TensorCore
@@ -395,7 +397,9 @@ mod tests {
     #[test]
     fn the_path_rule_takes_gemv_for_decode_and_tensor_cores_for_prefill() {
         assert_eq!(moe_path(1, QWEN35_35B_A3B), MoePath::Gemv);
-        assert_eq!(moe_path(128, QWEN35_35B_A3B), MoePath::Gemv);
+        assert_eq!(moe_path(64, QWEN35_35B_A3B), MoePath::Gemv);
+        assert_eq!(moe_path(127, QWEN35_35B_A3B), MoePath::Gemv);
+        assert_eq!(moe_path(128, QWEN35_35B_A3B), MoePath::TensorCore);
         assert_eq!(moe_path(1024, QWEN35_35B_A3B), MoePath::TensorCore);
     }
 
