@@ -156,7 +156,7 @@ def main():
             "steps_waited_frac": per_step("gdn:structured_output_steps_waited_total"),
             "steps_late_frac": per_step("gdn:structured_output_steps_late_total"),
             "mask_ms_per_step": (per_step("gdn:structured_output_mask_seconds_sum") or 0) * 1e3,
-            "advance_ms_per_step": (per_step("gdn:structured_output_advance_seconds_sum") or 0) * 1e3,
+            "wait_ms_per_step": (per_step("gdn:structured_output_wait_seconds_sum") or 0) * 1e3,
         }), flush=True)
 
 

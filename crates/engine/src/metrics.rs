@@ -89,7 +89,6 @@ pub struct Metrics {
     pub structured_output_mask_seconds: Histogram,
     pub structured_output_steps_late: IntCounter,
     pub structured_output_wait_seconds: Histogram,
-    pub structured_output_advance_seconds: Histogram,
 }
 
 fn histogram(
@@ -337,12 +336,6 @@ impl Metrics {
                 registry,
                 "gdn:structured_output_wait_seconds",
                 "Time a step's sampler blocked for its token masks (steps that blocked).",
-                MASK_BUCKETS,
-            )?,
-            structured_output_advance_seconds: histogram(
-                registry,
-                "gdn:structured_output_advance_seconds",
-                "Time the engine thread spent advancing a step's matchers with the sampled tokens.",
                 MASK_BUCKETS,
             )?,
             structured_output_mask_seconds: histogram(

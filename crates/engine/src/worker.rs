@@ -505,9 +505,7 @@ impl Worker {
             Ok(Ok(sampled)) => sampled,
         };
         let advanced = match (self.constraints.as_mut(), masks) {
-            (Some(constraints), Some(masks)) => {
-                constraints.advance(masks, &plan, &sampled, &self.metrics)
-            }
+            (Some(constraints), Some(masks)) => constraints.finish_step(masks, &self.metrics),
             _ => Default::default(),
         };
         let outcomes = self

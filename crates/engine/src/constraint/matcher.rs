@@ -41,6 +41,11 @@ impl RequestMatcher {
         Ok(self.matcher.is_stopped())
     }
 
+    /// Whether the grammar has ended (only EOS may follow).
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+
     /// The tokens allowed next, as words covering `width` tokens (EOS
     /// only where the grammar accepts; tokens beyond the tokenizer never).
     pub(crate) fn mask(&mut self, width: usize) -> Result<Vec<u32>, MatcherError> {

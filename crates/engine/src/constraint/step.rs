@@ -1,7 +1,7 @@
 //! The engine thread's side of structured outputs: each constrained
 //! request's matcher, the masks handed out for a step (computed on the
-//! pool while the executor runs), and the matchers advanced with what the
-//! step sampled.
+//! pool while the executor runs, each after its matcher consumed the
+//! tokens sampled since its last mask), and what those jobs found.
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use super::matcher::{MatcherError, RequestMatcher};
 use super::pool::MaskPool;
 use super::Compiled;
-use crate::executor::{AllowedTokens, PendingMask, SampledToken};
+use crate::executor::{AllowedTokens, PendingMask};
 use crate::metrics::Metrics;
 use crate::request::RequestId;
 use crate::scheduler::Plan;
@@ -44,11 +44,20 @@ pub(crate) struct StepMasks {
 struct Report {
     id: RequestId,
     elapsed: Duration,
-    error: Option<MatcherError>,
+    outcome: Result<MaskOutcome, MatcherError>,
 }
 
-/// The matchers after a step: requests the grammar ended, and requests
-/// whose matcher failed (they cannot go on).
+/// Where a mask job found its matcher once the output was consumed.
+enum MaskOutcome {
+    /// The grammar goes on: the mask is what may come next.
+    Open,
+    /// The grammar has ended: the mask allows only EOS.
+    Ended,
+}
+
+/// What a step's mask jobs found: requests the grammar had ended (they end
+/// with the step's EOS), and requests whose matcher failed (they cannot go
+/// on).
 #[derive(Default)]
 pub(crate) struct Advanced {
     pub(crate) stopped: Vec<RequestId>,
@@ -91,7 +100,8 @@ impl StepConstraints {
             .map(|row| {
                 let tracked = self.matchers.get_mut(&row.id).filter(|_| row.sample)?;
                 let output = output(row.id);
-                // Normally empty: every sampled token was given at commit.
+                // The token sampled last step (more after a preemption):
+                // the job consumes them before the mask.
                 let missed = output.get(tracked.given..).unwrap_or_default().to_vec();
                 tracked.given = tracked.given.max(output.len());
                 let mask = Arc::new(PendingMask::default());
@@ -128,16 +138,15 @@ impl StepConstraints {
         }
     }
 
-    /// After a step that sampled `sampled` (one per sampling row of `plan`,
-    /// in row order): counts the masks, then advances each constrained
-    /// row's matcher with its token.
-    pub(crate) fn advance(
-        &mut self,
-        masks: StepMasks,
-        plan: &Plan,
-        sampled: &[SampledToken],
-        metrics: &Metrics,
-    ) -> Advanced {
+    /// After a step: counts its masks and collects what their jobs found,
+    /// the requests whose grammar had ended (their mask allowed only EOS:
+    /// they end with this step's token) and the matchers that failed.
+    ///
+    /// The matchers are not advanced here: the next step's mask job
+    /// consumes the sampled token first, on the pool while the device runs
+    /// that step's forward, which keeps the advances off the engine
+    /// thread's path between two steps (docs/results/h200-2026-12-03-s11).
+    pub(crate) fn finish_step(&mut self, masks: StepMasks, metrics: &Metrics) -> Advanced {
         let mut advanced = Advanced::default();
         if masks.pending.is_empty() {
             return advanced;
@@ -162,37 +171,12 @@ impl StepConstraints {
             metrics
                 .structured_output_mask_seconds
                 .observe(report.elapsed.as_secs_f64());
-            if let Some(error) = report.error {
-                advanced.failed.push((report.id, error));
+            match report.outcome {
+                Ok(MaskOutcome::Open) => {}
+                Ok(MaskOutcome::Ended) => advanced.stopped.push(report.id),
+                Err(error) => advanced.failed.push((report.id, error)),
             }
         }
-        let started = Instant::now();
-        let sampling_rows = plan
-            .rows
-            .iter()
-            .zip(&masks.allowed)
-            .filter(|(r, _)| r.sample);
-        for ((row, allowed), token) in sampling_rows.zip(sampled) {
-            if allowed.is_none() || advanced.failed.iter().any(|(id, _)| *id == row.id) {
-                continue;
-            }
-            let Some(tracked) = self.matchers.get_mut(&row.id) else {
-                continue;
-            };
-            tracked.given += 1;
-            // On this thread: an advance takes a few microseconds, less
-            // than handing it to the pool and waking a thread for it
-            // (measured both ways: docs/results/h200-2026-12-03-s11).
-            let mut matcher = tracked.matcher.lock().unwrap_or_else(|e| e.into_inner());
-            match matcher.advance(token.token) {
-                Ok(true) => advanced.stopped.push(row.id),
-                Ok(false) => {}
-                Err(error) => advanced.failed.push((row.id, error)),
-            }
-        }
-        metrics
-            .structured_output_advance_seconds
-            .observe(started.elapsed().as_secs_f64());
         advanced
     }
 }
@@ -220,18 +204,27 @@ impl MaskJob {
         let words = catch_unwind(AssertUnwindSafe(|| {
             let mut matcher = self.matcher.lock().unwrap_or_else(|e| e.into_inner());
             matcher.replay(&self.missed)?;
-            matcher.mask(width)
+            let ended = matcher.is_stopped();
+            let words = matcher.mask(width)?;
+            Ok((
+                words,
+                if ended {
+                    MaskOutcome::Ended
+                } else {
+                    MaskOutcome::Open
+                },
+            ))
         }))
         .unwrap_or_else(|_| Err(MatcherError("the matcher panicked".into())));
-        let (words, error) = match words {
-            Ok(words) => (words, None),
-            Err(e) => (vec![0; width.div_ceil(32)], Some(e)),
+        let (words, outcome) = match words {
+            Ok((words, outcome)) => (words, Ok(outcome)),
+            Err(e) => (vec![0; width.div_ceil(32)], Err(e)),
         };
         self.mask.fulfil(words);
         Report {
             id: self.id,
             elapsed: started.elapsed(),
-            error,
+            outcome,
         }
     }
 }
