@@ -15,12 +15,10 @@
 //! `cargo run --release -p gdn-kernels --example moe_bench`
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
-use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::CudaSlice;
 use gdn_kernels::{moe_path, ModelOps, MoeExperts, MoePath, MoeScratch, MoeShape};
-use gdn_kernels_testkit::{copy_bandwidth, gpu_stream};
+use gdn_kernels_testkit::{copy_bandwidth, gpu_stream, time_graph};
 use half::bf16;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -35,39 +33,6 @@ const TOKENS: [usize; 7] = [1, 8, 32, 64, 128, 1024, 8192];
 /// Weight sets cycled through (4 x 1.6 GB: well past the 50 MB L2).
 const LAYERS: usize = 4;
 const TIMED_LAUNCHES: usize = 5;
-
-fn median(mut v: Vec<f32>) -> f32 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
-
-/// Median milliseconds of one `body` call: `body(i)` for i in 0..calls
-/// captured in a graph, the graph timed over [`TIMED_LAUNCHES`] launches.
-fn time_graph(
-    stream: &Arc<CudaStream>,
-    calls: usize,
-    body: &mut dyn FnMut(usize) -> Res<()>,
-) -> Res<f32> {
-    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-    let captured = (0..calls).try_for_each(&mut *body);
-    let graph = stream.end_capture(CUgraphInstantiate_flags(0));
-    captured?;
-    let graph = graph?.ok_or("stream capture produced no graph")?;
-    graph.launch()?;
-    stream.synchronize()?;
-    let ctx = stream.context();
-    let mut times = Vec::new();
-    for _ in 0..TIMED_LAUNCHES {
-        let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
-        let (a, b) = (ctx.new_event(flags)?, ctx.new_event(flags)?);
-        a.record(stream)?;
-        graph.launch()?;
-        b.record(stream)?;
-        b.synchronize()?;
-        times.push(a.elapsed_ms(&b)? / calls as f32);
-    }
-    Ok(median(times))
-}
 
 struct Layer {
     gate_up: CudaSlice<bf16>,
@@ -147,7 +112,7 @@ fn main() -> Res<()> {
         let flops = 2.0 * (t * k) as f64 * 3.0 * (h * i) as f64;
         let rule = moe_path(t, SHAPE);
         for path in [MoePath::Gemv, MoePath::TensorCore] {
-            let ms = time_graph(&stream, 2 * LAYERS, &mut |c| {
+            let ms = time_graph(&stream, 2 * LAYERS, TIMED_LAUNCHES, &mut |c| {
                 let (l, layer) = (c % LAYERS, &layers[c % LAYERS]);
                 let experts = MoeExperts {
                     gate_up: &layer.gate_up,

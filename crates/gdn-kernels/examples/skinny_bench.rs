@@ -18,10 +18,10 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaStream, ValidAsZeroBits};
 use gdn_kernels::{Gemm, GemmOutput, GemmShape, ModelOps, SkinnyConfig};
-use gdn_kernels_testkit::gpu_stream;
+use gdn_kernels_testkit::{gpu_stream, time_graph};
 use half::bf16;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -41,39 +41,6 @@ const ROTATION_BYTES: usize = 512 << 20;
 const COPY_BYTES: usize = 4 << 30;
 const COPIES: usize = 5;
 const TIMED_LAUNCHES: usize = 5;
-
-fn median(mut v: Vec<f32>) -> f32 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
-
-/// Median milliseconds of one `body` call: `body(i)` for i in 0..calls
-/// captured in a graph, the graph timed over [`TIMED_LAUNCHES`] launches.
-fn time_graph(
-    stream: &Arc<CudaStream>,
-    calls: usize,
-    body: &mut dyn FnMut(usize) -> Res<()>,
-) -> Res<f32> {
-    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-    let captured = (0..calls).try_for_each(&mut *body);
-    let graph = stream.end_capture(CUgraphInstantiate_flags(0));
-    captured?;
-    let graph = graph?.ok_or("stream capture produced no graph")?;
-    graph.launch()?;
-    stream.synchronize()?;
-    let ctx = stream.context();
-    let mut times = Vec::new();
-    for _ in 0..TIMED_LAUNCHES {
-        let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
-        let (a, b) = (ctx.new_event(flags)?, ctx.new_event(flags)?);
-        a.record(stream)?;
-        graph.launch()?;
-        b.record(stream)?;
-        b.synchronize()?;
-        times.push(a.elapsed_ms(&b)? / calls as f32);
-    }
-    Ok(median(times))
-}
 
 /// Device-to-device copy bandwidth measured as `qwen35_bench` does (its
 /// decode floor uses it): 5 plain copies of 4 GiB on the stream, timed with
@@ -153,7 +120,7 @@ fn bench_rows<O: GemmOutput + ValidAsZeroBits + Copy + Into<f64>>(
     let (mut cublas_ms, mut best) = (f32::NAN, (f32::INFINITY, None));
     let mut heuristic_ms = f32::NAN;
     for path in paths {
-        let ms = time_graph(stream, calls, &mut |i| {
+        let ms = time_graph(stream, calls, TIMED_LAUNCHES, &mut |i| {
             call(gemm, x, &weights[i % weights.len()], &mut y, dims, path)
         });
         let ms = match ms {

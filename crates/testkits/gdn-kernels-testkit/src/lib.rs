@@ -77,3 +77,39 @@ pub fn copy_bandwidth(stream: &Arc<CudaStream>) -> Result<f64, cudarc::driver::D
     stream.synchronize()?;
     Ok(5.0 * 2.0 * bytes as f64 / t0.elapsed().as_secs_f64())
 }
+
+/// What a timed graph's body may fail with.
+pub type BoxError = Box<dyn std::error::Error>;
+
+/// Median milliseconds of one `body` call: `body(i)` for i in 0..calls
+/// captured in one CUDA graph on `stream` (a created stream, not the
+/// legacy default one), the graph launched once to warm up and then timed
+/// with events over `launches` launches.
+pub fn time_graph(
+    stream: &Arc<CudaStream>,
+    calls: usize,
+    launches: usize,
+    body: &mut dyn FnMut(usize) -> Result<(), BoxError>,
+) -> Result<f32, BoxError> {
+    use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let captured = (0..calls).try_for_each(&mut *body);
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+    captured?;
+    let graph = graph?.ok_or("stream capture produced no graph")?;
+    graph.launch()?;
+    stream.synchronize()?;
+    let ctx = stream.context();
+    let mut times = Vec::new();
+    for _ in 0..launches {
+        let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        let (a, b) = (ctx.new_event(flags)?, ctx.new_event(flags)?);
+        a.record(stream)?;
+        graph.launch()?;
+        b.record(stream)?;
+        b.synchronize()?;
+        times.push(a.elapsed_ms(&b)? / calls as f32);
+    }
+    times.sort_by(f32::total_cmp);
+    Ok(times[times.len() / 2])
+}
