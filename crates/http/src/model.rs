@@ -64,6 +64,10 @@ pub struct ModelFiles {
     /// The tokenizer may encode long texts in parallel pieces
     /// ([`split_encode::cuts_are_safe`]).
     pub parallel_encode: bool,
+    /// config.json's first `architectures` entry (Hugging Face's class
+    /// name, e.g. `Qwen3_5MoeForConditionalGeneration`), shown by
+    /// `/v1/models`.
+    pub architecture: Option<String>,
 }
 
 fn read_json(path: &Path) -> Result<Option<Json>, ModelError> {
@@ -253,6 +257,11 @@ impl ModelFiles {
                 .map(|m| m as usize),
         };
         let parallel_encode = split_encode::cuts_are_safe(&tokenizer);
+        let architecture = config
+            .get("architectures")
+            .and_then(|a| a.get(0))
+            .and_then(Json::as_str)
+            .map(str::to_owned);
         Ok(ModelFiles {
             dir: dir.to_path_buf(),
             tokenizer: Arc::new(tokenizer),
@@ -261,6 +270,7 @@ impl ModelFiles {
             eos_token_ids,
             vocab_size,
             parallel_encode,
+            architecture,
         })
     }
 

@@ -1,7 +1,8 @@
 //! gdn-server serving the tiny MoE fixtures on the CPU executor (CI):
 //! greedy completions of token-id prompts, several at once, equal the
 //! greedy loop of qwen35's CPU reference forward (the forward its HF fp32
-//! gate checks) on each prompt alone; `/v1/models` lists the model.
+//! gate checks) on each prompt alone; `/v1/models` lists the model with
+//! its architecture.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -106,6 +107,18 @@ async fn served_greedy_equals_the_cpu_reference_on_the_moe_fixtures() {
         assert_eq!(
             models["data"][0]["id"],
             f.dir.to_str().unwrap(),
+            "{name}: {models}"
+        );
+        let config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(f.dir.join("config.json")).unwrap()).unwrap();
+        assert_eq!(
+            models["data"][0]["architecture"], config["architectures"][0],
+            "{name}: {models}"
+        );
+        assert!(
+            models["data"][0]["architecture"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("Qwen3_5Moe")),
             "{name}: {models}"
         );
         let prompts: Vec<Vec<u32>> = f

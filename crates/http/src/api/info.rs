@@ -24,6 +24,9 @@ struct ModelCard {
     root: String,
     parent: Option<String>,
     max_model_len: Option<usize>,
+    /// The checkpoint's architecture (config.json's `architectures`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    architecture: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -41,6 +44,7 @@ pub async fn models(State(state): State<SharedState>) -> Response {
         root: state.model.dir.display().to_string(),
         parent: None,
         max_model_len: state.engine.max_model_len(),
+        architecture: state.model.architecture.clone(),
     };
     json_response(&ModelList {
         object: "list",
