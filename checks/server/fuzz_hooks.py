@@ -178,7 +178,10 @@ def _constraints(body, chat):
             kept = True
     structured = body.get("structured_outputs")
     if isinstance(structured, dict):
-        given = [k for k in SAFE_STRUCTURED if structured.get(k) not in (None, False)]
+        # `json_object: false` asks for nothing; `json: false` is a schema
+        # (one nothing matches, which the server refuses as it should).
+        given = [k for k in SAFE_STRUCTURED if structured.get(k) is not None
+                 and not (k == "json_object" and structured.get(k) is False)]
         if kept and given:
             body["structured_outputs"] = None
         elif given:

@@ -283,9 +283,12 @@ pub fn literal_alternation(values: &[String]) -> String {
     format!("({})", values.join(" | "))
 }
 
-/// A Lark string literal (JSON's escapes).
+/// A Lark string literal (JSON's escapes). llguidance's Lark lexer also
+/// refuses a raw DEL in a string, which JSON leaves unescaped.
 fn lark_string(text: &str) -> String {
-    Json::String(text.to_string()).to_string()
+    Json::String(text.to_string())
+        .to_string()
+        .replace('\u{7f}', "\\u007f")
 }
 
 #[cfg(test)]

@@ -296,3 +296,12 @@ fn string_limits_bound_a_text_parameter() {
     assert!(grammar.lines().any(|l| l.starts_with("PARAM_TEXT: ")));
     assert!(!grammar.contains("PARAM_TEXT_END"), "unused: {grammar}");
 }
+
+#[test]
+fn string_literals_escape_what_the_lark_lexer_refuses_raw() {
+    // llguidance's Lark strings take JSON's escapes and no raw control
+    // character or DEL (a fuzzed tool name held both).
+    let literal = lark_string("a\u{7f}b\u{1e}c\"d\\e");
+    assert_eq!(literal, r#""a\u007fb\u001ec\"d\\e""#);
+    assert!(!literal.chars().any(|c| c.is_control()), "{literal:?}");
+}
