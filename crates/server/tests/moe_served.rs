@@ -4,59 +4,25 @@
 //! gate checks) on each prompt alone; `/v1/models` lists the model with
 //! its architecture.
 
+mod served;
+
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{Request as HttpRequest, StatusCode};
-use clap::Parser;
-use engine::EngineState;
 use gdn_http::api::AppState;
-use gdn_http::http::router;
-use gdn_server::cli::Args;
-use gdn_server::executor;
-use gdn_server::{prepare, Prepared};
-use http_body_util::BodyExt;
 use qwen35::CpuModel;
 use qwen35_testkit::{Fixture, MOE_MODELS};
 use serde_json::{json, Value as Json};
-use tower::ServiceExt;
+use served::Device;
 
 const MAX_TOKENS: usize = 10;
-
-async fn start(dir: &std::path::Path) -> Prepared {
-    let dir = dir.to_str().unwrap();
-    let args = Args::parse_from([
-        "gdn-server",
-        "--model",
-        dir,
-        "--device",
-        "cpu",
-        "--max-model-len",
-        "512",
-        "--max-num-seqs",
-        "4",
-        "--max-num-batched-tokens",
-        "32",
-    ]);
-    let prepared = prepare(&args, executor::pick).expect("the server starts");
-    let until = Instant::now() + Duration::from_secs(120);
-    loop {
-        match prepared.state.engine.state() {
-            EngineState::Ready => break,
-            EngineState::Dead(why) => panic!("the engine failed to load: {why}"),
-            state => assert!(Instant::now() < until, "not loaded: {state:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    prepared
-}
+/// KV pages of 16 positions: room for every prompt at once (no preemption).
+const POOL: usize = 4 * 512 / 16;
 
 async fn call(state: &Arc<AppState>, req: HttpRequest<Body>) -> Json {
-    let resp = router(state.clone()).oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    let (status, bytes) = served::send(state, req).await;
+    let text = String::from_utf8(bytes).unwrap();
     assert_eq!(status, StatusCode::OK, "{text}");
     serde_json::from_str(&text).unwrap()
 }
@@ -97,7 +63,7 @@ async fn served_greedy_equals_the_cpu_reference_on_the_moe_fixtures() {
     for name in MOE_MODELS {
         let f = Fixture::load(name);
         let model = CpuModel::load(f.config.clone(), &f.weights).unwrap();
-        let prepared = start(&f.dir).await;
+        let prepared = served::start(Device::Cpu, &f.dir, POOL, 512, 32).await;
         let state = prepared.state.clone();
         let models = call(
             &state,

@@ -2,6 +2,10 @@
 //! `gdn-server` starts it (`serve::prepare` with the binary's executor
 //! picker), and requests sent to its router: shared by the served gates.
 
+// Each test binary that includes this module uses part of it (the MoE
+// one serves on the CPU only).
+#![allow(dead_code)]
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
