@@ -12,8 +12,9 @@
 //!   the call's wall time, and changes no token;
 //! - the device's memory pool keeps its memory across steps (release
 //!   threshold: none), so the same work twice reserves nothing new;
-//! - a MoE checkpoint is refused with the reason, not run (the GPU MoE
-//!   layer is not built yet).
+//! - a MoE config whose experts the MoE kernels cannot run is refused
+//!   with the reason before any upload (the MoE fixtures themselves are
+//!   gated in gpu_moe_forward).
 
 use std::sync::Arc;
 
@@ -319,21 +320,21 @@ fn the_memory_pool_keeps_its_memory_across_steps() {
 }
 
 #[test]
-fn a_moe_checkpoint_is_refused_with_the_reason() {
+fn a_moe_shape_the_kernels_cannot_run_is_refused_with_the_reason() {
     let Some(s) = stream() else { return };
     for name in MOE_MODELS {
         let f = Fixture::load(name);
-        let err = GpuModel::load(
-            f.config.clone(),
-            &f.weights,
-            s.clone(),
-            GpuOptions::default(),
-        )
-        .err()
-        .unwrap_or_else(|| panic!("{name}: a MoE model loaded on the GPU"))
-        .to_string();
+        let mut config = f.config.clone();
+        let moe = config.moe.as_mut().expect("a MoE fixture");
+        // The expert GEMMs step through I in 32s.
+        moe.moe_intermediate_size = 40;
+        let err = GpuModel::load(config, &f.weights, s.clone(), GpuOptions::default())
+            .err()
+            .unwrap_or_else(|| panic!("{name}: experts of I = 40 loaded on the GPU"))
+            .to_string();
         assert!(
-            err.contains("MoE (8 experts, top-2, shared expert)") && err.contains("not built yet"),
+            err.contains("MoE (8 experts, top-2, shared expert)")
+                && err.contains("multiples of 32"),
             "{name}: {err}"
         );
     }

@@ -46,6 +46,8 @@ struct Plan {
     gpu_memory_utilization: f64,
     /// GPU bytes kept free for a step's activations ([`activation_reserve`]).
     activation_reserve: usize,
+    /// `--max-num-batched-tokens`: the most tokens of one step.
+    max_step_tokens: usize,
     /// The prefix cache's snapshot pool (`None`: prefix caching off).
     snapshots: Option<StateBudget>,
     /// `--mamba-ssm-cache-dtype`.
@@ -77,6 +79,7 @@ pub fn pick(args: &Args, spec: ExecutorSpec<'_>) -> Result<ExecutorFactory, Exec
         num_pages: args.num_gpu_blocks_override,
         gpu_memory_utilization: args.gpu_memory_utilization,
         activation_reserve: activation_reserve(args.max_num_batched_tokens, args.max_num_seqs),
+        max_step_tokens: args.max_num_batched_tokens,
         snapshots: args.prefix_caching().then(|| args.state_budget()),
         state_dtype: args.mamba_ssm_cache_dtype,
     };
@@ -158,7 +161,10 @@ fn gpu(
             Some(pages) => PagePool::Fixed(pages),
             None => PagePool::FromMemory {
                 gpu_memory_utilization: plan.gpu_memory_utilization,
-                activation_reserve: plan.activation_reserve,
+                // A MoE model's step also holds its routed experts' rows.
+                activation_reserve: plan.activation_reserve
+                    + qwen35::Config::from_file(&plan.dir.join("config.json"))
+                        .map_or(0, |c| qwen35::gpu::moe_step_bytes(&c, plan.max_step_tokens)),
             },
         },
         page_size: plan.page_size,

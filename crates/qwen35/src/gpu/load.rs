@@ -11,16 +11,29 @@ use half::bf16;
 
 use super::upload::Staging;
 use crate::error::LoadError;
+use crate::experts::ExpertLayout;
 use crate::weights::{RawTensor, Weights};
 
 pub(crate) trait WeightSource {
+    /// The named tensors, each of its given shape, one after the other in
+    /// one bf16 buffer (fused projections; a layer's experts).
+    fn stacked(&mut self, parts: &[(&str, Vec<usize>)]) -> Result<CudaSlice<bf16>, LoadError>;
     /// The named `[rows_i, cols]` matrices stacked row-wise into one bf16
     /// matrix (fused projections).
     fn matrix(
         &mut self,
         parts: &[(&str, usize)],
         cols: usize,
-    ) -> Result<CudaSlice<bf16>, LoadError>;
+    ) -> Result<CudaSlice<bf16>, LoadError> {
+        let shaped: Vec<(&str, Vec<usize>)> = parts
+            .iter()
+            .map(|&(name, rows)| (name, vec![rows, cols]))
+            .collect();
+        self.stacked(&shaped)
+    }
+    /// How layer `layer` stores its routed experts (a random source makes
+    /// the fused layout's tensors).
+    fn expert_layout(&self, layer: usize) -> Result<ExpertLayout, LoadError>;
     /// A tensor of the given shape as a flat f32 vector.
     fn vector(&mut self, name: &str, shape: &[usize]) -> Result<CudaSlice<f32>, LoadError>;
     fn contains(&self, name: &str) -> bool;
@@ -33,14 +46,10 @@ pub(crate) struct Checkpoint<'a> {
 }
 
 impl WeightSource for Checkpoint<'_> {
-    fn matrix(
-        &mut self,
-        parts: &[(&str, usize)],
-        cols: usize,
-    ) -> Result<CudaSlice<bf16>, LoadError> {
+    fn stacked(&mut self, parts: &[(&str, Vec<usize>)]) -> Result<CudaSlice<bf16>, LoadError> {
         let raw = parts
             .iter()
-            .map(|(name, rows)| self.weights.raw(name, &[*rows, cols]))
+            .map(|(name, shape)| self.weights.raw(name, shape))
             .collect::<Result<Vec<RawTensor>, LoadError>>()?;
         let len = raw.iter().map(RawTensor::len).sum();
         // SAFETY: the staging copies write every element before any use
@@ -54,6 +63,9 @@ impl WeightSource for Checkpoint<'_> {
     }
     fn contains(&self, name: &str) -> bool {
         self.weights.contains(name)
+    }
+    fn expert_layout(&self, layer: usize) -> Result<ExpertLayout, LoadError> {
+        crate::experts::expert_layout(self.weights, layer)
     }
 }
 
@@ -73,13 +85,9 @@ fn name_seed(seed: u64, name: &str) -> u64 {
 }
 
 impl WeightSource for Random<'_> {
-    fn matrix(
-        &mut self,
-        parts: &[(&str, usize)],
-        cols: usize,
-    ) -> Result<CudaSlice<bf16>, LoadError> {
-        let rows: usize = parts.iter().map(|p| p.1).sum();
-        let mut buf = self.ops.stream().alloc_zeros::<bf16>(rows * cols)?;
+    fn stacked(&mut self, parts: &[(&str, Vec<usize>)]) -> Result<CudaSlice<bf16>, LoadError> {
+        let len: usize = parts.iter().map(|p| p.1.iter().product::<usize>()).sum();
+        let mut buf = self.ops.stream().alloc_zeros::<bf16>(len)?;
         let seed = name_seed(self.seed, parts[0].0);
         // Uniform in [-a, a) has std a / sqrt(3).
         self.ops
@@ -104,5 +112,8 @@ impl WeightSource for Random<'_> {
     }
     fn contains(&self, _name: &str) -> bool {
         false
+    }
+    fn expert_layout(&self, _layer: usize) -> Result<ExpertLayout, LoadError> {
+        Ok(ExpertLayout::Fused)
     }
 }

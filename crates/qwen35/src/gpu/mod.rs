@@ -12,6 +12,7 @@ mod capture;
 mod graphs;
 mod layers;
 mod load;
+mod mlp;
 mod plan;
 mod step;
 mod timing;
@@ -22,7 +23,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaSlice};
 use gdn_kernels::{
     AttentionRequest, AttentionShape, Backend, BackendRequest, DeltaNetShape, DeltaNetWeights,
-    GdnGeometry, GdnPrefill, Gemm, GemmShape, ModelOps,
+    GdnGeometry, GdnPrefill, Gemm, GemmShape, ModelOps, MoeScratch, MoeShape,
 };
 use half::bf16;
 
@@ -32,6 +33,7 @@ use cudarc::driver::sys;
 /// without depending on cudarc themselves.
 pub use cudarc::driver::CudaStream;
 use load::{Checkpoint, Random, WeightSource};
+use mlp::Mlp;
 pub use plan::Row;
 use plan::{Batches, LogitsPlan};
 pub use step::{HostLogits, LogitsTo};
@@ -111,9 +113,7 @@ struct Layer {
     input_norm: CudaSlice<f32>,
     post_norm: CudaSlice<f32>,
     mixer: Mixer,
-    /// Fused `[gate | up]`.
-    gate_up: CudaSlice<bf16>,
-    down: CudaSlice<bf16>,
+    mlp: Mlp,
 }
 
 impl Layer {
@@ -142,6 +142,8 @@ pub struct GpuModel {
     attn: AttentionShape,
     /// How its caches store the recurrent state.
     state_dtype: StateDtype,
+    /// The routed experts' shape of a MoE model.
+    moe: Option<MoeShape>,
     embed: CudaSlice<bf16>,
     lm_head: Option<CudaSlice<bf16>>,
     norm: CudaSlice<f32>,
@@ -242,15 +244,34 @@ fn shapes(c: &Config) -> Result<(DeltaNetShape, AttentionShape), LoadError> {
     ))
 }
 
-/// Refused before any device work: the MoE layer's kernels are not wired
-/// into this runtime yet.
-fn refuse_moe(c: &Config) -> Result<(), LoadError> {
-    match c.moe {
-        None => Ok(()),
-        Some(_) => Err(LoadError::UnsupportedConfig(format!(
-            "{}: MoE on the GPU executor is not built yet (the CPU executor runs it)",
-            c.architecture()
-        ))),
+/// The routed experts' shape of a MoE config, refused before any device
+/// work where the MoE kernels cannot run it.
+fn moe_shape(c: &Config) -> Result<Option<MoeShape>, LoadError> {
+    c.moe
+        .map(|m| {
+            let shape = mlp::moe_shape(&m, c.hidden_size);
+            shape.check().map(|()| shape)
+        })
+        .transpose()
+        .map_err(|e| LoadError::UnsupportedConfig(format!("{}: {e}", c.architecture())))
+}
+
+/// Device bytes a step of `tokens` tokens holds beyond a dense model's
+/// activations: a MoE model's routing scratch and permuted expert rows
+/// (0 for a dense model or a config the MoE kernels refuse). For memory
+/// sizing next to the activation reserve.
+pub fn moe_step_bytes(c: &Config, tokens: usize) -> usize {
+    match moe_shape(c) {
+        Ok(Some(shape)) => {
+            MoeScratch::device_bytes(shape, tokens)
+                + tokens
+                    * (shape.experts
+                        + 1
+                        + c.hidden_size
+                        + c.moe.map_or(0, |m| m.shared_expert_intermediate_size))
+                    * std::mem::size_of::<bf16>()
+        }
+        _ => 0,
     }
 }
 
@@ -264,7 +285,7 @@ impl GpuModel {
         stream: Arc<CudaStream>,
         options: GpuOptions,
     ) -> Result<GpuModel, LoadError> {
-        refuse_moe(&config)?;
+        moe_shape(&config)?;
         let mut phases = PhaseTimes::default();
         let staging = phases.time("pinned_staging", || {
             upload::Staging::new(stream.clone(), upload::STAGING_ELEMS)
@@ -285,7 +306,7 @@ impl GpuModel {
         stream: Arc<CudaStream>,
         options: GpuOptions,
     ) -> Result<GpuModel, LoadError> {
-        refuse_moe(&config)?;
+        moe_shape(&config)?;
         let ops = ModelOps::new(stream.clone())?;
         let mut src = Random { ops: &ops, seed };
         Self::build(config, &mut src, stream, options, PhaseTimes::default())
@@ -300,6 +321,7 @@ impl GpuModel {
     ) -> Result<GpuModel, LoadError> {
         let c = &config;
         let (dn, attn) = shapes(c)?;
+        let moe = moe_shape(c)?;
         let state_dtype = options.state_dtype.resolve(c.mamba_ssm_dtype);
         // Note for callers: this switches cudarc's event tracking off for the
         // whole context (buffers allocated afterwards on other streams of it
@@ -313,7 +335,7 @@ impl GpuModel {
         // (weights, caches, activations, the ops' own buffers).
         unsafe { stream.context().disable_event_tracking() };
         keep_pool_memory(&stream)?;
-        let (h, v, i) = (c.hidden_size, c.vocab_size, c.intermediate_size);
+        let (h, v) = (c.hidden_size, c.vocab_size);
         let ops = phases.time("model_kernels", || {
             ModelOps::with_attention(stream.clone(), options.attention)
         })?;
@@ -389,14 +411,7 @@ impl GpuModel {
                 input_norm: src.vector(&format!("{p}.input_layernorm.weight"), &[h])?,
                 post_norm: src.vector(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
                 mixer,
-                gate_up: src.matrix(
-                    &[
-                        (&format!("{p}.mlp.gate_proj.weight"), i),
-                        (&format!("{p}.mlp.up_proj.weight"), i),
-                    ],
-                    h,
-                )?,
-                down: src.matrix(&[(&format!("{p}.mlp.down_proj.weight"), h)], i)?,
+                mlp: Mlp::load(src, c, li)?,
             });
         }
         let norm = src.vector("model.norm.weight", &[h])?;
@@ -430,6 +445,7 @@ impl GpuModel {
             dn,
             attn,
             state_dtype,
+            moe,
             embed,
             lm_head,
             norm,
@@ -570,17 +586,18 @@ impl GpuModel {
         logits: &mut CudaSlice<f32>,
     ) -> Result<(), RunError> {
         let batch = &batches.full;
-        let (h, inter, vocab, eps) = {
+        let (h, vocab, eps) = {
             let c = &self.config;
-            (
-                c.hidden_size,
-                c.intermediate_size,
-                c.vocab_size,
-                c.rms_norm_eps,
-            )
+            (c.hidden_size, c.vocab_size, c.rms_norm_eps)
         };
         let t = batch.num_tokens();
         let s = self.stream.clone();
+        // One scratch a step, shared by its MoE layers: stream-ordered like
+        // the activations, so a captured decode graph owns its own.
+        let mut moe = self
+            .moe
+            .map(|shape| MoeScratch::new(&s, shape, t.max(1)))
+            .transpose()?;
         let mut residual = scratch::<bf16>(&s, t * h)?;
         self.ops.embedding(batch, &self.embed, h, &mut residual)?;
         let mut normed = scratch::<bf16>(&s, t * h)?;
@@ -608,18 +625,7 @@ impl GpuModel {
                 h,
                 eps,
             )?;
-            let mut act = scratch::<bf16>(&s, t * inter)?;
-            self.gemm.gate_up_swiglu(
-                &self.ops,
-                &normed,
-                &layer.gate_up,
-                &mut act,
-                GemmShape::new(t, inter, h),
-            )?;
-            let mut out = scratch::<bf16>(&s, t * h)?;
-            self.gemm
-                .linear(&act, &layer.down, &mut out, GemmShape::new(t, h, inter))?;
-            delta = Some(out);
+            delta = Some(self.mlp(li, &normed, moe.as_mut())?);
         }
         self.ops.add_rmsnorm(
             &mut residual,
