@@ -1,19 +1,26 @@
-//! Benchmark (not a test) of the GPU runtime on a full-size Qwen3.5-4B with
-//! random weights generated on the device: prefill throughput at 1k and 8k
+//! Benchmark (not a test) of the GPU runtime on a full-size Qwen3.5 with
+//! random weights generated on the device (`--preset 4b`, the default, or
+//! `--preset 35b-a3b`, the MoE model): prefill throughput at 1k and 8k
 //! tokens, decode step latency at batch 1, 16 and 64, peak GPU memory, next to
 //! the roofline from this GPU's measured copy bandwidth and bf16 GEMM rate.
-//! Decode lines also carry the full memory floor of a step (weights, every
-//! sequence's KV at the context, and its recurrent + conv state read and
-//! written) at the measured copy bandwidth, and the step's ratio to it.
-//! Prints one JSON object per line. Run on the GPU machine:
+//! Decode lines also carry the full memory floor of a step (the weights it
+//! reads, every sequence's KV at the context, and its recurrent + conv state
+//! read and written) at the measured copy bandwidth, and the step's ratio to
+//! it. A MoE step reads only the routed experts its rows touch: the floor
+//! counts the expected distinct experts under uniform routing
+//! (`qwen35_testkit::floor`, docs/performance.md). Prints one JSON object per
+//! line. Run on the GPU machine:
 //!
 //!     cargo run --release -p qwen35 --example qwen35_bench
+//!     cargo run --release -p qwen35 --example qwen35_bench -- --preset 35b-a3b
 //!
 //! Decode steps run at `--contexts` tokens per sequence (default 1024; the
 //! sequences stand at that length without a prefill: their KV and state are
-//! whatever the cache holds, which does not change a step's time; a
-//! (batch, context) whose KV would not fit the GPU is skipped). Logits stay
-//! on the device (`LogitsTo::DeviceOnly`): sampling is not part of the forward.
+//! whatever the cache holds, which does not change a step's time; each row
+//! decodes a different token, so a MoE batch routes row by row as real
+//! traffic does; a (batch, context) whose KV would not fit the GPU is
+//! skipped). Logits stay on the device (`LogitsTo::DeviceOnly`): sampling is
+//! not part of the forward.
 //! Slots and pages are handed out by the test kit's stand-in for the
 //! engine's allocator (`qwen35_testkit::alloc`).
 //! Arguments (optional) pick parts: `prefill`, `decode`, `mixed` (default:
@@ -21,8 +28,9 @@
 //! prompt lengths to time; the server's TTFT breakdown passes the lengths
 //! its tokenizer gave), `--swiglu unfused,auto` (the MLP gate/up + SwiGLU
 //! routes each prefill length is timed with, in that order: side by side in
-//! one run; default `auto`), `--model DIR` (a Hugging Face checkpoint's weights
-//! instead of random ones: the served model's own), `--state-dtype
+//! one run; default `auto`), `--preset 4b|35b-a3b` (the random model's
+//! config), `--model DIR` (a Hugging Face checkpoint's weights and config
+//! instead of a preset: the served model's own), `--state-dtype
 //! auto|float32|bfloat16` (the recurrent state's storage, as the server's
 //! `--mamba-ssm-cache-dtype`; the memory floor follows it). `mixed` times a step of decode rows
 //! plus one 512-token prefill chunk against the two run as separate steps
@@ -30,19 +38,60 @@
 
 use std::time::Instant;
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{sys, CudaSlice, CudaStream, DriverError};
 use engine::{PageId, SlotId};
 use gdn_kernels::{Gemm, GemmShape};
 use half::bf16;
 use qwen35::gpu::{GpuModel, GpuOptions, LogitsTo};
 use qwen35::{Config, LayerType, RowLogits};
 use qwen35_testkit::alloc::{SeqId, Seqs};
+use qwen35_testkit::floor::MlpParams;
 
 const PAGE: usize = 64;
+
+/// `--preset`'s random models: the flag's value, the name the model line
+/// prints, the `config.json` text.
+const PRESETS: [(&str, &str, &str); 2] = [
+    ("4b", "Qwen3.5-4B", qwen35::config::QWEN35_4B_TEXT),
+    (
+        "35b-a3b",
+        "Qwen3.5-35B-A3B",
+        qwen35::config::QWEN35_35B_A3B_TEXT,
+    ),
+];
 
 fn used_bytes() -> usize {
     let (free, total) = cudarc::driver::result::mem_get_info().expect("mem_get_info");
     total - free
+}
+
+/// Hands the device memory pool's unused reservations back to the driver,
+/// so that `mem_get_info` counts them as free. The model keeps what the
+/// pool reserved (`qwen35::gpu::keep_pool_memory`), and the caches of
+/// earlier (batch, context) pairs are pool allocations too: without this,
+/// their freed memory would stay reserved and a larger cache would look as
+/// if it did not fit (next to the 35B-A3B's weights, the largest decode
+/// caches could be skipped for it).
+fn trim_pool(stream: &CudaStream) -> Result<(), DriverError> {
+    stream.synchronize()?;
+    let ctx = stream.context();
+    ctx.bind_to_thread()?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: plain driver calls on this context's device pool after the
+    // stream drained, so no allocation is in flight; `pool` outlives them.
+    unsafe {
+        sys::cuDeviceGetMemPool(&mut pool, ctx.cu_device()).result()?;
+        sys::cuMemPoolTrimTo(pool, 0).result()?;
+    }
+    Ok(())
+}
+
+/// A different token for each row of a decode step: rows with one token
+/// and zeroed state would route alike and touch only one row's experts.
+fn row_tokens(rows: usize) -> Vec<[u32; 1]> {
+    (0..rows as u32)
+        .map(|r| [(r * 7919) % 200_000 + 10])
+        .collect()
 }
 
 /// `flag`'s comma list (default `auto`), each name with what `parse` makes
@@ -115,6 +164,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .position(|a| a == "--state-dtype")
         .and_then(|i| args.get(i + 1))
         .map_or(Ok(qwen35::StateDtypeRequest::Auto), |v| v.parse())?;
+    let preset_arg = args
+        .iter()
+        .position(|a| a == "--preset")
+        .and_then(|i| args.get(i + 1));
+    if preset_arg.is_some() && model_dir.is_some() {
+        return Err("--preset picks a random model; --model DIR reads its own config".into());
+    }
+    let preset = preset_arg.map_or("4b", String::as_str);
+    let &(_, preset_name, preset_config) = PRESETS
+        .iter()
+        .find(|(flag, _, _)| *flag == preset)
+        .ok_or_else(|| format!("--preset takes 4b or 35b-a3b, got {preset:?}"))?;
     let options = GpuOptions {
         state_dtype,
         ..GpuOptions::default()
@@ -149,26 +210,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     // 2. The model.
-    let (mut model, weights_from) = match &model_dir {
+    let (mut model, model_name) = match &model_dir {
         Some(dir) => {
             let config = Config::from_file(&dir.join("config.json"))?;
             let weights = qwen35::Weights::open(dir)?;
+            let name = format!("{} ({})", dir.display(), config.architecture());
             let model = GpuModel::load(config, &weights, stream.clone(), options)?;
-            (model, format!("{}", dir.display()))
+            (model, name)
         }
         None => {
-            let config = Config::from_json(qwen35::config::QWEN35_4B_TEXT)?;
+            let config = Config::from_json(preset_config)?;
             let model = GpuModel::random(config, 7, stream.clone(), options)?;
-            (model, "random bf16 weights".to_string())
+            (model, format!("{preset_name} (random bf16 weights)"))
         }
     };
     let c = model.config.clone();
     stream.synchronize()?;
     note(&mut peak);
     let weights = used_bytes() - base;
-    // Matrix parameters touched per token (all but the embedding table; the
-    // tied lm_head is counted once, for the one row that gets logits).
-    let (h, i, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
+    // Matrix parameters a token multiplies by (all but the embedding table;
+    // the lm_head, tied or not, is counted once per step, for the one row
+    // that gets logits). A MoE layer counts its router, shared expert and
+    // gate, and the token's top-k experts.
+    let (h, v) = (c.hidden_size, c.vocab_size);
     // The model's own fused projection widths (gdn_kernels shapes).
     let dn = gdn_kernels::DeltaNetShape {
         qk_heads: c.linear_num_key_heads,
@@ -181,14 +245,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         head_dim: c.head_dim,
         rotary_dim: c.rotary_dim(),
     };
-    let per_layer = |t: &LayerType| match t {
+    let mixer = |t: &LayerType| match t {
         LayerType::Linear => h * dn.proj_width() + dn.v_heads * gdn_kernels::HEAD_DIM * h,
         LayerType::Full => h * attn.proj_width() + attn.q_heads * attn.head_dim * h,
-    } + 3 * h * i;
-    let params_per_token: usize = c.layer_types.iter().map(per_layer).sum();
-    let weight_bytes_read = 2 * (params_per_token + v * h);
+    };
+    let mixer_params: usize = c.layer_types.iter().map(mixer).sum();
+    let mlp = MlpParams::of(&c);
+    let layers = c.num_hidden_layers;
+    let params_per_token = mixer_params + layers * mlp.per_token();
+    // Weight bytes a decode step of `batch` rows reads: every matrix but the
+    // routed experts once, plus the experts the rows touch (none when dense).
+    let weight_bytes_read = |batch: usize| {
+        2.0 * ((mixer_params + layers * mlp.always + v * h) as f64
+            + layers as f64 * mlp.routed_read(batch))
+    };
     println!(
-        "{{\"model\": \"Qwen3.5-4B ({weights_from})\", \"gdn_backend\": \"{}\", \"weights_gib\": {:.2}, \"matrix_params_per_token\": {params_per_token}}}",
+        "{{\"model\": {model_name:?}, \"gdn_backend\": \"{}\", \"weights_gib\": {:.2}, \"matrix_params_per_token\": {params_per_token}}}",
         model.gdn_backend(),
         weights as f64 / (1u64 << 30) as f64
     );
@@ -248,6 +320,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             {
                 model.set_attention_request(*request)?;
                 let pages = batch * ((context + 64).div_ceil(PAGE) + 1);
+                trim_pool(&stream)?;
                 let (free, _) = cudarc::driver::result::mem_get_info()?;
                 let need = (pages + 1) * page_bytes + (batch + 1) * slot_bytes;
                 if need + (4usize << 30) > free {
@@ -284,8 +357,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     )
                     .map(drop)
                 };
-                let tok = [42u32];
-                let step: Vec<_> = ids.iter().map(|id| (*id, &tok[..])).collect();
+                let toks = row_tokens(batch);
+                let step: Vec<_> = ids.iter().zip(&toks).map(|(id, t)| (*id, &t[..])).collect();
                 // Warm-up.
                 let warm = (0..3).try_for_each(|_| forward(&step));
                 if let Err(e) = warm {
@@ -302,15 +375,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
                 let dt = t0.elapsed().as_secs_f64() / steps as f64;
                 note(&mut peak);
-                let roofline = weight_bytes_read as f64 / copy_bw;
+                let weight_bytes = weight_bytes_read(batch);
+                let roofline = weight_bytes / copy_bw;
                 // The full floor (the decode goal of docs/performance.md): a
                 // step must also read every sequence's KV and read and write
                 // its recurrent and conv state.
                 let per_seq = context * page_bytes / PAGE + 2 * slot_bytes;
-                let floor = (weight_bytes_read + batch * per_seq) as f64 / copy_bw;
+                let floor = (weight_bytes + (batch * per_seq) as f64) / copy_bw;
                 let kv_floor = (batch * context * page_bytes / PAGE) as f64 / copy_bw;
+                // MoE only: the expected distinct experts per layer.
+                let experts = match c.moe {
+                    Some(_) => format!(
+                        ", \"experts_touched_per_layer\": {:.1}",
+                        mlp.experts_touched(batch)
+                    ),
+                    None => String::new(),
+                };
                 println!(
-                    "{{\"decode_batch\": {batch}, \"cuda_graphs\": {graphs}, \"context\": {context}, \"attention\": {attention:?}, \"state_dtype\": \"{}\", \"step_ms\": {:.3}, \"tokens_per_s\": {:.0}, \"weights_roofline_ms\": {:.3}, \"fraction_of_roofline\": {:.2}, \"kv_floor_ms\": {:.3}, \"memory_floor_ms\": {:.3}, \"step_over_floor\": {:.2}}}",
+                    "{{\"decode_batch\": {batch}, \"cuda_graphs\": {graphs}, \"context\": {context}, \"attention\": {attention:?}, \"state_dtype\": \"{}\", \"step_ms\": {:.3}, \"tokens_per_s\": {:.0}, \"weights_roofline_ms\": {:.3}, \"fraction_of_roofline\": {:.2}, \"kv_floor_ms\": {:.3}, \"memory_floor_ms\": {:.3}, \"step_over_floor\": {:.2}{experts}}}",
                     model.state_dtype(),
                     dt * 1e3,
                     batch as f64 / dt,
@@ -354,8 +436,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let step: Vec<_> = group.iter().map(|id| (*id, prompt.as_slice())).collect();
             forward(&mut seqs, &step)?;
         }
-        let tok = [42u32];
-        let decode: Vec<_> = ids.iter().map(|id| (*id, &tok[..])).collect();
+        let toks = row_tokens(batch);
+        let decode: Vec<_> = ids.iter().zip(&toks).map(|(id, t)| (*id, &t[..])).collect();
         let (mut t_decode, mut t_prefill, mut t_mixed) = (vec![], vec![], vec![]);
         for _ in 0..reps {
             let t0 = Instant::now();

@@ -250,10 +250,33 @@ mod tests {
 
     #[test]
     fn the_35b_a3b_benchmark_config_has_the_published_shapes() {
+        use crate::config::LayerType;
+        use crate::state_dtype::StateDtype;
         let c = Config::from_json(QWEN35_35B_A3B_TEXT).unwrap();
-        let m = c.moe.unwrap();
-        assert_eq!((m.num_experts, m.num_experts_per_tok), (256, 8));
+        let want = MoeConfig {
+            num_experts: 256,
+            num_experts_per_tok: 8,
+            moe_intermediate_size: 512,
+            shared_expert_intermediate_size: 512,
+        };
+        assert_eq!(c.moe, Some(want));
+        assert_eq!(c.architecture(), Architecture::Moe(want));
+        assert_eq!(
+            c.architecture().to_string(),
+            "MoE (256 experts, top-8, shared expert)"
+        );
         assert_eq!((c.layer_types.len(), c.hidden_size), (40, 2048));
-        assert!(!c.tie_word_embeddings);
+        let full: Vec<usize> = (0..40)
+            .filter(|&i| c.layer_types[i] == LayerType::Full)
+            .collect();
+        assert_eq!(full, (3..40).step_by(4).collect::<Vec<_>>());
+        assert_eq!(
+            (c.num_attention_heads, c.num_key_value_heads, c.head_dim),
+            (16, 2, 256)
+        );
+        assert_eq!((c.rotary_dim(), c.linear_conv_dim()), (64, 8192));
+        assert_eq!((c.vocab_size, c.intermediate_size), (248320, 0));
+        assert_eq!(c.mamba_ssm_dtype, StateDtype::F32);
+        assert!(!c.tie_word_embeddings && !c.vision_language);
     }
 }
