@@ -1,7 +1,8 @@
 //! The test kit of `qwen35`: the tiny-model fixtures ([`Fixture`]), the
 //! accuracy gate against Hugging Face's goldens ([`gate`]) and its MoE form
-//! ([`moe`]), a stand-in for the engine's slot and page allocator
-//! ([`alloc`]) and a driver of an engine executor ([`drive`]).
+//! ([`moe`]), the GPU gates' shared steps ([`gpu`]), a stand-in for the
+//! engine's slot and page allocator ([`alloc`]) and a driver of an engine
+//! executor ([`drive`]).
 //!
 //! A dev-dependency only (qwen35's tests and benchmark, gdn-server's GPU
 //! test): no shipped binary links it.
@@ -10,6 +11,7 @@ pub mod alloc;
 pub mod drive;
 mod fixture;
 pub mod gate;
+pub mod gpu;
 pub mod moe;
 
 pub use fixture::{dir, Fixture, TopK, MODELS, MOE_MODELS};
