@@ -211,6 +211,27 @@ fn run_token(model: &CpuModel, state: &CpuState, token: u32, k: usize, choice: &
     }
 }
 
+/// Per position of `tokens`, whether the exact forward meets a router
+/// there with more than one top-k set bf16 may pick (its top-k boundary
+/// margin below [`NEAR_TIE`]): where two bf16 runs of the same tokens may
+/// route differently, and every position after it may differ too.
+pub fn routing_near_ties(model: &CpuModel, tokens: &[u32]) -> Vec<bool> {
+    let k = model
+        .config
+        .moe
+        .as_ref()
+        .expect("a MoE model")
+        .num_experts_per_tok;
+    let mut near = vec![false; tokens.len()];
+    let mut state = model.new_state();
+    model
+        .forward_with_router_hook(tokens, &mut state, RowLogits::None, &mut |_, p, l| {
+            near[p] |= candidate_sets(l, k).len() > 1;
+        })
+        .expect("fixture tokens");
+    near
+}
+
 /// How far one logits row is from a target row, in the gate's terms.
 fn distance(row: &[f32], ids: &[u32], lps: &[f32]) -> f32 {
     let s = compare(&[row.to_vec()], &[ids.to_vec()], &[lps.to_vec()]);
