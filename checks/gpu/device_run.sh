@@ -80,7 +80,7 @@ export QWEN35_FIXTURES=${QWEN35_FIXTURES:-$PWD/crates/qwen35/tests/fixtures}
 [[ -n $cublas ]] && export LD_LIBRARY_PATH=$(dirname "$cublas")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 if has qwen35; then
   echo "### fixtures: $QWEN35_FIXTURES, cuBLAS: ${cublas:-not found}" > "$OUT/qwen35.log"
-  for t in qwen35_lib gpu_forward gpu_steps gpu_executor gpu_engine gpu_sampling gpu_prefix_cache gpu_snapshot_share gpu_served gpu_served_structured; do
+  for t in qwen35_lib gpu_forward gpu_moe_forward gpu_steps gpu_executor gpu_engine gpu_sampling gpu_prefix_cache gpu_snapshot_share gpu_served gpu_served_structured; do
     [ -x .carry/bin/$t ] || continue
     { echo "### GDN_REQUIRE_GPU=1 $t"; GDN_REQUIRE_GPU=1 .carry/bin/$t --test-threads=1 --nocapture; } >> "$OUT/qwen35.log" 2>&1 || rc=1
   done

@@ -25,7 +25,7 @@ cp "$(test_binary gdn-kernels gpu_model_ops)" .carry/bin/gpu_model_ops
 cp "$(test_binary gdn-kernels gpu_deltanet_decode)" .carry/bin/gpu_deltanet_decode
 cp "$(test_binary gdn-kernels gpu_skinny_linear)" .carry/bin/gpu_skinny_linear
 cp "$(test_binary gdn-kernels gpu_swiglu_gemm)" .carry/bin/gpu_swiglu_gemm
-for t in gpu_forward gpu_steps gpu_executor gpu_engine gpu_sampling gpu_prefix_cache gpu_snapshot_share; do
+for t in gpu_forward gpu_moe_forward gpu_steps gpu_executor gpu_engine gpu_sampling gpu_prefix_cache gpu_snapshot_share; do
   cp "$(test_binary qwen35 $t)" .carry/bin/$t
 done
 for t in gpu_served gpu_served_structured; do cp "$(test_binary gdn-server $t)" .carry/bin/$t; done

@@ -132,6 +132,10 @@ struct DecoderLayer {
 /// first, with their renormalised weights.
 pub type Routes = Vec<Vec<Vec<(usize, f32)>>>;
 
+/// Sees (and may edit) a MoE router's logits before the top-k:
+/// `(layer, position, logits)`; see [`CpuModel::forward_with_router_hook`].
+pub type RouterHook<'a> = &'a mut dyn FnMut(usize, usize, &mut [f32]);
+
 pub struct CpuModel {
     pub config: Config,
     embed_tokens: Vec<f32>,
@@ -334,8 +338,24 @@ impl CpuModel {
         tokens: &[u32],
         state: &mut CpuState,
     ) -> Result<(Vec<Vec<f32>>, Routes), RunError> {
+        self.forward_with_router_hook(tokens, state, RowLogits::All, &mut |_, _, _| {})
+    }
+
+    /// [`CpuModel::forward_with_routes`] with `hook(layer, position,
+    /// logits)` called on every MoE router's logits (`[num_experts]`,
+    /// `position` counted from the sequence's start) before the top-k: it
+    /// may read them (the margin at the top-k boundary) or edit them (flip
+    /// a near-tie). What a bf16 forward's routing may differ on is found
+    /// this way (qwen35-testkit's `moe` gate).
+    pub fn forward_with_router_hook(
+        &self,
+        tokens: &[u32],
+        state: &mut CpuState,
+        which: RowLogits,
+        hook: RouterHook,
+    ) -> Result<(Vec<Vec<f32>>, Routes), RunError> {
         let mut routes = vec![vec![]; self.layers.len()];
-        let logits = self.run(tokens, state, RowLogits::All, Some(&mut routes))?;
+        let logits = self.run(tokens, state, which, Some((&mut routes, hook)))?;
         Ok((logits, routes))
     }
 
@@ -344,7 +364,7 @@ impl CpuModel {
         tokens: &[u32],
         state: &mut CpuState,
         which: RowLogits,
-        mut routes: Option<&mut Routes>,
+        mut probe: Option<(&mut Routes, RouterHook)>,
     ) -> Result<Vec<Vec<f32>>, RunError> {
         let c = &self.config;
         let kinds_match = state.layers.len() == self.layers.len()
@@ -391,13 +411,15 @@ impl CpuModel {
                 let normed = rms_norm_zc(&x, &layer.post_attention_layernorm, c.rms_norm_eps);
                 let down = match &layer.mlp {
                     Ffn::Dense(m) => m.forward(&normed),
-                    Ffn::Moe(m) => {
-                        let (out, chosen) = m.forward(&normed);
-                        if let Some(routes) = routes.as_deref_mut() {
+                    Ffn::Moe(m) => match probe.as_mut() {
+                        Some((routes, hook)) => {
+                            let position = state.position;
+                            let (out, chosen) = m.forward(&normed, |l| hook(li, position, l));
                             routes[li].push(chosen);
+                            out
                         }
-                        out
-                    }
+                        None => m.forward(&normed, |_| {}).0,
+                    },
                 };
                 x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
             }

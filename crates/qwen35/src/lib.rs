@@ -17,7 +17,7 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use config::{Architecture, Config, LayerType, MoeConfig};
-pub use cpu::{CpuModel, CpuState, Routes};
+pub use cpu::{CpuModel, CpuState, RouterHook, Routes};
 pub use error::{DeviceError, LoadError, RunError};
 pub use row_logits::RowLogits;
 pub use state_dtype::{StateDtype, StateDtypeRequest, UnknownStateDtype};

@@ -17,7 +17,8 @@
 //! goldens and limits.
 //!
 //! The tests allocate slots and pages with `qwen35_testkit::alloc::Seqs` (the
-//! engine's allocator does it in the server).
+//! engine's allocator does it in the server) and share their steps with the
+//! MoE gates (gpu_moe_forward.rs) through `qwen35_testkit::gpu`.
 //!
 //! Fixtures: tests/fixtures (or `QWEN35_FIXTURES`), made by
 //! checks/fixtures/make_qwen35_fixtures.py.
@@ -27,75 +28,18 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 use engine::{PageId, SlotId};
 use gdn_kernels::{Backend, BackendRequest, SwigluRequest};
-use qwen35::gpu::{GpuCache, GpuModel, GpuOptions};
-use qwen35::{RowLogits, StateDtype, StateDtypeRequest};
+use qwen35::{RowLogits, StateDtype};
 use qwen35_testkit::alloc::Seqs;
-use qwen35_testkit::gate::{compare, consistency, topk, GateStats};
+use qwen35_testkit::gate::{compare, consistency, report, topk};
+use qwen35_testkit::gpu::{self, decode_run, run_chunks, STATE_DTYPES};
 use qwen35_testkit::{Fixture, MODELS};
-
-/// The recurrent-state dtypes every gate runs with.
-const STATE_DTYPES: [StateDtype; 2] = [StateDtype::F32, StateDtype::Bf16];
-
-/// Every fixture model with every state dtype (announced on stdout, so a
-/// failing assertion's output names the dtype).
-fn models_and_dtypes() -> impl Iterator<Item = (&'static str, StateDtype)> {
-    MODELS.iter().flat_map(|&name| {
-        STATE_DTYPES.into_iter().map(move |dtype| {
-            println!("-- {name}, {dtype} recurrent state");
-            (name, dtype)
-        })
-    })
-}
-
-/// The fixture's model on the GPU of `stream`, with the given GDN backend
-/// and recurrent-state dtype.
-fn gpu_model(
-    f: &Fixture,
-    stream: &Arc<CudaStream>,
-    backend: BackendRequest,
-    dtype: StateDtype,
-) -> GpuModel {
-    let model = GpuModel::load(
-        f.config.clone(),
-        &f.weights,
-        stream.clone(),
-        GpuOptions {
-            gdn_backend: backend,
-            state_dtype: StateDtypeRequest::Fixed(dtype),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    assert_eq!(model.state_dtype(), dtype);
-    model
-}
 
 fn stream() -> Option<Arc<CudaStream>> {
     gdn_kernels_testkit::gpu_stream()
 }
 
-/// Runs each chunk list as consecutive steps of one fresh sequence; returns
-/// the logits of every token.
-fn run_chunks(model: &mut GpuModel, chunks: &[&[u32]]) -> Vec<Vec<f32>> {
-    let total: usize = chunks.iter().map(|c| c.len()).sum();
-    let mut cache = model.new_cache(2, total.div_ceil(16) + 1, 16).unwrap();
-    let mut seqs = Seqs::all_of(&cache);
-    let id = seqs.add();
-    let mut out = vec![];
-    for c in chunks {
-        out.extend(
-            seqs.step(model, &mut cache, &[(id, c)], RowLogits::All)
-                .unwrap(),
-        );
-    }
-    out
-}
-
-fn report(what: &str, s: &GateStats) {
-    println!(
-        "{what}: regret {:.3} mean {:.4} p99 {:.4} argmax mismatches {}/{}",
-        s.max_regret, s.mean_abs, s.p99_abs, s.argmax_mismatches, s.positions
-    );
+fn models_and_dtypes() -> impl Iterator<Item = (&'static str, StateDtype)> {
+    gpu::models_and_dtypes(&MODELS)
 }
 
 fn hopper(stream: &Arc<CudaStream>) -> bool {
@@ -123,7 +67,7 @@ fn every_prompt_passes_the_hf_bf16_gate_on_both_gdn_backends() {
             requests.push((BackendRequest::FlashInfer, Backend::FlashInfer));
         }
         for (request, backend) in requests {
-            let mut model = gpu_model(&f, &s, request, dtype);
+            let mut model = gpu::load(&f, &s, request, dtype);
             assert_eq!(model.gdn_backend(), backend, "{name}: {request:?}");
             for (i, p) in f.prompts.iter().enumerate() {
                 let logits = run_chunks(&mut model, &[p]);
@@ -156,7 +100,7 @@ fn every_prompt_passes_the_hf_bf16_gate_on_both_swiglu_routes() {
     // 4100-token one): forcing each route runs every prompt through both.
     for (name, dtype) in models_and_dtypes() {
         let f = Fixture::load(name);
-        let mut model = gpu_model(&f, &s, BackendRequest::Auto, dtype);
+        let mut model = gpu::load(&f, &s, BackendRequest::Auto, dtype);
         for request in [SwigluRequest::Fused, SwigluRequest::Unfused] {
             model.set_swiglu_request(request);
             for (i, p) in f.prompts.iter().enumerate() {
@@ -178,7 +122,7 @@ fn a_mixed_batch_equals_its_prompts_one_by_one_and_slots_are_reused_clean() {
     let Some(s) = stream() else { return };
     for (name, dtype) in models_and_dtypes() {
         let f = Fixture::load(name);
-        let mut model = gpu_model(&f, &s, BackendRequest::Auto, dtype);
+        let mut model = gpu::load(&f, &s, BackendRequest::Auto, dtype);
         let short: Vec<&Vec<u32>> = f.prompts.iter().filter(|p| p.len() <= 128).collect();
         let alone: Vec<Vec<Vec<f32>>> =
             short.iter().map(|p| run_chunks(&mut model, &[p])).collect();
@@ -220,7 +164,7 @@ fn chunked_prefill_equals_unchunked() {
     let Some(s) = stream() else { return };
     for (name, dtype) in models_and_dtypes() {
         let f = Fixture::load(name);
-        let mut model = gpu_model(&f, &s, BackendRequest::Auto, dtype);
+        let mut model = gpu::load(&f, &s, BackendRequest::Auto, dtype);
         for (i, p) in f.prompts.iter().enumerate() {
             let splits: &[usize] = match p.len() {
                 128 => &[64, 37, 1],
@@ -251,7 +195,7 @@ fn prefill_then_decode_matches_hf_cached_decode_alone_and_batched() {
     let Some(s) = stream() else { return };
     for (name, dtype) in models_and_dtypes() {
         let f = Fixture::load(name);
-        let mut model = gpu_model(&f, &s, BackendRequest::Auto, dtype);
+        let mut model = gpu::load(&f, &s, BackendRequest::Auto, dtype);
         let (ids, prefix, steps, others) = f.decode_setup();
         let mut cache = model.new_cache(1 + others.len(), 64, 16).unwrap();
         let mut seqs = Seqs::all_of(&cache);
@@ -259,7 +203,7 @@ fn prefill_then_decode_matches_hf_cached_decode_alone_and_batched() {
             decode_run(
                 &mut model,
                 (&mut cache, &mut seqs),
-                ids,
+                (ids, RowLogits::Last),
                 (prefix, steps),
                 &others,
                 batched,
@@ -300,7 +244,7 @@ fn decode_deep_into_a_long_prompt_matches_hf_teacher_forced_eager_and_graphed() 
         .expect("text_gva2 has a long prompt");
     for dtype in STATE_DTYPES {
         println!("-- text_gva2, {dtype} recurrent state");
-        let mut model = gpu_model(&f, &s, BackendRequest::Auto, dtype);
+        let mut model = gpu::load(&f, &s, BackendRequest::Auto, dtype);
         let prefix = 4000;
         let pages = p.len().div_ceil(16) + 1;
         let mut run = |graphs: bool| {
@@ -358,49 +302,6 @@ fn decode_deep_into_a_long_prompt_matches_hf_teacher_forced_eager_and_graphed() 
     }
 }
 
-/// Prefills `ids[..prefix]` in a fresh sequence, then decodes `steps` tokens
-/// one at a time (teacher-forced), alongside `others` (one token each per
-/// step, cycling) when `batched`; returns the first sequence's logits rows.
-fn decode_run(
-    model: &mut GpuModel,
-    (cache, seqs): (&mut GpuCache, &mut Seqs),
-    ids: &[u32],
-    (prefix, steps): (usize, usize),
-    others: &[&Vec<u32>],
-    batched: bool,
-) -> Vec<Vec<f32>> {
-    let seq = seqs.add();
-    let side: Vec<_> = if batched {
-        others.iter().map(|_| seqs.add()).collect()
-    } else {
-        vec![]
-    };
-    let mut rows = vec![];
-    let first = seqs
-        .step(model, cache, &[(seq, &ids[..prefix])], RowLogits::Last)
-        .unwrap();
-    rows.push(first[0].clone());
-    for (sid, p) in side.iter().zip(others) {
-        seqs.step(model, cache, &[(*sid, &p[..1])], RowLogits::Last)
-            .unwrap();
-    }
-    for j in prefix..prefix + steps {
-        let mut step = vec![(seq, &ids[j..j + 1])];
-        for (k, (sid, p)) in side.iter().zip(others).enumerate() {
-            let at = (1 + j - prefix + k) % p.len();
-            step.push((*sid, &p[at..at + 1]));
-        }
-        let out = seqs.step(model, cache, &step, RowLogits::Last).unwrap();
-        assert_eq!(out.len(), step.len());
-        rows.push(out[0].clone());
-    }
-    seqs.release(seq);
-    for sid in side {
-        seqs.release(sid);
-    }
-    rows
-}
-
 #[test]
 fn decode_graphs_match_hf_and_the_eager_decode_and_leave_other_slots_alone() {
     // Graph capture needs a created stream (not the legacy default one).
@@ -409,7 +310,7 @@ fn decode_graphs_match_hf_and_the_eager_decode_and_leave_other_slots_alone() {
     const BUCKETS: [usize; 4] = [1, 2, 4, 8];
     for (name, dtype) in models_and_dtypes() {
         let f = Fixture::load(name);
-        let mut model = gpu_model(&f, &s, BackendRequest::Auto, dtype);
+        let mut model = gpu::load(&f, &s, BackendRequest::Auto, dtype);
         let (ids, prefix, steps, others) = f.decode_setup();
         let n = 1 + others.len();
         assert!(n <= 8, "{name}: the buckets hold the batched decode");
@@ -418,56 +319,36 @@ fn decode_graphs_match_hf_and_the_eager_decode_and_leave_other_slots_alone() {
         let eager = decode_run(
             &mut model,
             (&mut eager_cache, &mut eager_seqs),
-            ids,
+            (ids, RowLogits::Last),
             (prefix, steps),
             &others,
             true,
         );
         // One bystander slot (n) with a live state that no step names, then
         // the padding slot (n + 1) and page (64) the graphs pad with.
-        let mut cache = model.new_cache(n + 2, 65, 16).unwrap();
-        let mut seqs = Seqs::new(n, 64, 16);
-        let bystander = SlotId(n as u32);
-        {
-            let mut by = Seqs::new(n + 1, 64, 16);
-            let ids_by: Vec<_> = (0..=n).map(|_| by.add()).collect();
-            let last = *ids_by.last().unwrap();
-            assert_eq!(by.slot(last), bystander);
-            by.step(
-                &mut model,
-                &mut cache,
-                &[(last, &ids[..prefix])],
-                RowLogits::Last,
-            )
-            .unwrap();
-        }
-        let before = cache.export_slot(bystander).unwrap();
-        model
-            .capture_decode_graphs(&mut cache, &BUCKETS, 256, SlotId(n as u32 + 1), PageId(64))
-            .unwrap();
-        assert_eq!(cache.decode_graph_batch_sizes(), BUCKETS.to_vec(), "{name}");
+        let mut g = gpu::graphed_cache(&mut model, (n, 64), &ids[..prefix], &BUCKETS, 256);
         // Round 0 and round 1 replay the padded bucket of n with other
         // slots, pages and positions; "alone" replays bucket 1.
         let round0 = decode_run(
             &mut model,
-            (&mut cache, &mut seqs),
-            ids,
+            (&mut g.cache, &mut g.seqs),
+            (ids, RowLogits::Last),
             (prefix, steps),
             &others,
             true,
         );
         let round1 = decode_run(
             &mut model,
-            (&mut cache, &mut seqs),
-            ids,
+            (&mut g.cache, &mut g.seqs),
+            (ids, RowLogits::Last),
             (prefix, steps),
             &others,
             true,
         );
         let alone = decode_run(
             &mut model,
-            (&mut cache, &mut seqs),
-            ids,
+            (&mut g.cache, &mut g.seqs),
+            (ids, RowLogits::Last),
             (prefix, steps),
             &others,
             false,
@@ -477,11 +358,7 @@ fn decode_graphs_match_hf_and_the_eager_decode_and_leave_other_slots_alone() {
             "{name}: a replay differs from the one before"
         );
         assert!(eager_cache.decode_graph_batch_sizes().is_empty());
-        assert_eq!(
-            cache.export_slot(bystander).unwrap(),
-            before,
-            "{name}: the graphs' padding rows or the real rows touched a slot no step named"
-        );
+        g.assert_bystander_untouched(name);
         let (gi, gl) = f.golden_keys("decode.topk_ids", "decode.topk_logprobs");
         for (what, rows) in [("graphs batched", &round1), ("graphs alone", &alone)] {
             let st = compare(rows, &gi, &gl);

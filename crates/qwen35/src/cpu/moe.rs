@@ -54,10 +54,16 @@ impl SparseMoe {
     }
 
     /// One token's MoE output for the normed hidden state `x`, and the
-    /// experts chosen (best first, with their weights).
-    pub(super) fn forward(&self, x: &[f32]) -> (Vec<f32>, Vec<(usize, f32)>) {
+    /// experts chosen (best first, with their weights); `hook` sees the
+    /// router's logits before the top-k.
+    pub(super) fn forward(
+        &self,
+        x: &[f32],
+        hook: impl FnOnce(&mut [f32]),
+    ) -> (Vec<f32>, Vec<(usize, f32)>) {
         let (i, h) = (self.config.moe_intermediate_size, x.len());
-        let logits = matvec(&self.router, x, self.config.num_experts);
+        let mut logits = matvec(&self.router, x, self.config.num_experts);
+        hook(&mut logits);
         let chosen = route(&logits, self.config.num_experts_per_tok);
         let mut by_expert = chosen.clone();
         by_expert.sort_by_key(|c| c.0);

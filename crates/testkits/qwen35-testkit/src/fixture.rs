@@ -113,10 +113,43 @@ impl Fixture {
         rows(&self.reference, key, f32::from_le_bytes)
     }
 
+    /// A 1-D f32 tensor of the reference (the MoE fixtures'
+    /// `router_margin.<layer>.<i>`).
+    pub fn reference_vector(&self, key: &str) -> Vec<f32> {
+        let st = SafeTensors::deserialize(&self.reference).unwrap();
+        let t = st.tensor(key).unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert_eq!(t.shape().len(), 1, "{key}: not 1-D");
+        t.data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    }
+
     /// A 2-D int32 tensor of the reference as ids (the MoE fixtures'
     /// `router_topk.<layer>.<i>`: HF's chosen experts, best first).
     pub fn reference_ids(&self, key: &str) -> Vec<Vec<u32>> {
         rows(&self.reference, key, |b| i32::from_le_bytes(b) as u32)
+    }
+
+    /// HF's bf16 top-k at every position of the decode fixture's tokens
+    /// (`decode_setup`'s prompt up to prefix + steps): the prompt's
+    /// teacher-forced rows before the prefix's last token, then the cached
+    /// decode's rows (`decode.topk_*`: the prefix's last token and each
+    /// decoded one). What a MoE gate fits its routing to.
+    pub fn golden_decode_positions(&self) -> TopK {
+        let (pi, prefix, steps) = self.decode;
+        let (mut ids, mut lps) = self.golden(pi);
+        let (di, dl) = self.golden_keys("decode.topk_ids", "decode.topk_logprobs");
+        assert_eq!(
+            di.len(),
+            steps + 1,
+            "decode rows: the prefix's last, then each step"
+        );
+        ids.truncate(prefix - 1);
+        lps.truncate(prefix - 1);
+        ids.extend(di);
+        lps.extend(dl);
+        (ids, lps)
     }
 
     /// The decode fixture: the prompt, prefix length, decode steps, and the

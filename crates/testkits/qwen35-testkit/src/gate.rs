@@ -17,7 +17,7 @@
 pub const MAX_REGRET: f32 = 0.20;
 pub const MAX_MEAN_ABS: f32 = 0.06;
 pub const MAX_P99_ABS: f32 = 0.20;
-const TOP_COMPARED: usize = 8;
+pub(crate) const TOP_COMPARED: usize = 8;
 
 /// Statistics of one comparison.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -38,7 +38,7 @@ impl GateStats {
     }
 }
 
-fn log_softmax(logits: &[f32]) -> Vec<f32> {
+pub(crate) fn log_softmax(logits: &[f32]) -> Vec<f32> {
     let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
     let lse = max
         + logits
@@ -47,6 +47,14 @@ fn log_softmax(logits: &[f32]) -> Vec<f32> {
             .sum::<f64>()
             .ln() as f32;
     logits.iter().map(|x| x - lse).collect()
+}
+
+/// Prints one comparison's statistics after `what` (the gates' log line).
+pub fn report(what: &str, s: &GateStats) {
+    println!(
+        "{what}: regret {:.3} mean {:.4} p99 {:.4} argmax mismatches {}/{}",
+        s.max_regret, s.mean_abs, s.p99_abs, s.argmax_mismatches, s.positions
+    );
 }
 
 /// Compares `logits` (`[T][vocab]`) with HF's top-k (`topk_ids`/`topk_logprobs`,
