@@ -196,9 +196,11 @@ fn compare(
         Some(j) => {
             let top = &alone.out[j].top_logprobs;
             let gap = top[0].1 - top[1].1;
-            println!(
-                "{what}: leaves the alone run at token {j} (top-2 gap {gap:.4}, first routing near-tie before token {routing_tie_from})"
-            );
+            let tie = match routing_tie_from {
+                OUT => "no routing near-tie".to_string(),
+                at => format!("first routing near-tie before token {at}"),
+            };
+            println!("{what}: leaves the alone run at token {j} (top-2 gap {gap:.4}, {tie})");
             assert!(
                 gap <= NEAR_TIE || j >= routing_tie_from,
                 "{what}: token {j} differs ({} served, {} alone) where the alone run's top two are {gap} apart and no routing near-tie precedes",
