@@ -14,7 +14,9 @@
 //! Prints JSON lines on stdout: `copy`, one `linear` per (shape, m, path),
 //! one `best` per (shape, m), and one `step` per m (the 4B's 129 decode
 //! GEMMs summed by layer count). Run (< 1 min on an H200):
-//! `cargo run --release -p gdn-kernels --example skinny_bench`
+//! `cargo run --release -p gdn-kernels --example skinny_bench`; with
+//! `--preset 35b-a3b` the same on Qwen3.5-35B-A3B's dense GEMMs (its
+//! mixers, router, shared expert and its gate, lm_head).
 
 use std::sync::Arc;
 
@@ -34,6 +36,18 @@ const SHAPES: [(&str, usize, usize, bool, usize); 6] = [
     ("mlp_gate_up", 18432, 2560, false, 32),
     ("mlp_down", 2560, 9216, false, 32),
     ("lm_head", 248320, 2560, true, 1),
+];
+/// The same for Qwen3.5-35B-A3B (30 DeltaNet and 10 attention layers, a
+/// router and a shared expert in each of the 40).
+const SHAPES_35B_A3B: [(&str, usize, usize, bool, usize); 8] = [
+    ("deltanet_in_proj", 12352, 2048, false, 30),
+    ("out_proj_o_proj", 2048, 4096, false, 40),
+    ("attention_qkv", 9216, 2048, false, 10),
+    ("router", 256, 2048, false, 40),
+    ("shared_expert_gate", 1, 2048, false, 40),
+    ("shared_gate_up", 1024, 2048, false, 40),
+    ("shared_down", 2048, 512, false, 40),
+    ("lm_head", 248320, 2048, true, 1),
 ];
 const ROWS: [usize; 5] = [1, 2, 4, 8, 16];
 /// Weight bytes each timed graph cycles through (the H200's L2 is 50 MB).
@@ -197,9 +211,18 @@ fn main() -> Res<()> {
         return Err("the bundle has no skinny_linear cubin for this GPU".into());
     }
     copy_bandwidth(&stream)?;
-    // Per m: (cuBLAS, best skinny) summed over a 4B decode step's GEMMs.
+    let args: Vec<String> = std::env::args().collect();
+    let shapes: &[(&str, usize, usize, bool, usize)] =
+        match args.iter().position(|a| a == "--preset").map(|i| args.get(i + 1)) {
+            None => &SHAPES,
+            Some(Some(p)) if p == "4b" => &SHAPES,
+            Some(Some(p)) if p == "35b-a3b" => &SHAPES_35B_A3B,
+            Some(p) => return Err(format!("--preset takes 4b or 35b-a3b, got {p:?}").into()),
+        };
+    let gemms: usize = shapes.iter().map(|s| s.4).sum();
+    // Per m: (cuBLAS, best skinny) summed over a decode step's GEMMs.
     let mut step = vec![(0f64, 0f64); ROWS.len()];
-    for &(label, n, k, f32_out, per_step) in &SHAPES {
+    for &(label, n, k, f32_out, per_step) in shapes {
         let copies = ROTATION_BYTES.div_ceil(n * k * 2).max(1);
         let mut weights = Vec::new();
         for c in 0..copies {
@@ -222,7 +245,7 @@ fn main() -> Res<()> {
     }
     for (i, &m) in ROWS.iter().enumerate() {
         println!(
-            "{{\"kind\": \"step\", \"m\": {m}, \"gemms\": 129, \"cublas_ms\": {:.4}, \"best_of_both_ms\": {:.4}}}",
+            "{{\"kind\": \"step\", \"m\": {m}, \"gemms\": {gemms}, \"cublas_ms\": {:.4}, \"best_of_both_ms\": {:.4}}}",
             step[i].0, step[i].1
         );
     }

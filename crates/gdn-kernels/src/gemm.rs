@@ -57,8 +57,8 @@ const fn rule(
 /// Which calls leave cuBLAS for the skinny kernels: a (shape, row range)
 /// is listed, with the configuration that was fastest there, only where the
 /// skinny kernels beat cuBLAS at every measured m of the range (cuBLAS's
-/// time including its split-K reduce kernels). Qwen3.5-4B shapes only;
-/// anything else stays on cuBLAS. One configuration per shape for m <= 8
+/// time including its split-K reduce kernels). Qwen3.5-4B and -35B-A3B
+/// shapes only; anything else stays on cuBLAS. One configuration per shape for m <= 8
 /// (the r1 kernels do the same work for every m up to 8, so m = 3, 5..7 run
 /// as measured at 4 and 8) and one for 9..16 where it won at m = 16 (r2: the
 /// same work for every m in 9..16). Measured with
@@ -67,6 +67,8 @@ const fn rule(
 /// copies larger than L2, median of 5): per-shape times in
 /// docs/results/h200-2026-12-01/`skinny_harness-d98e9bf.jsonl`, the
 /// per-step sums in docs/performance.md ("Kernels inside the forward").
+/// The 35B-A3B rows: `skinny_bench --preset 35b-a3b` (the same method),
+/// docs/results/h200-2026-12-03-s12/call3/`skinny_bench_35b.jsonl`.
 pub const SKINNY_RULES: &[SkinnyRule] = &[
     // DeltaNet in_proj 2560 -> 12352: skinny at m <= 8 and at 9..16.
     rule(12352, 2560, 1, 8, 2, 8),
@@ -84,6 +86,29 @@ pub const SKINNY_RULES: &[SkinnyRule] = &[
     // lm_head 2560 -> 248320 (fp32 out): both ranges.
     rule(248320, 2560, 1, 8, 1, 2),
     rule(248320, 2560, 9, 16, 2, 4),
+    // Qwen3.5-35B-A3B (hidden 2048). DeltaNet in_proj 2048 -> 12352.
+    rule(12352, 2048, 1, 8, 4, 8),
+    rule(12352, 2048, 9, 16, 2, 4),
+    // DeltaNet out_proj and attention o_proj 4096 -> 2048.
+    rule(2048, 4096, 1, 8, 16, 4),
+    rule(2048, 4096, 9, 16, 16, 2),
+    // Attention qkv 2048 -> 9216: m <= 8 (at m = 16 cuBLAS is faster).
+    rule(9216, 2048, 1, 8, 8, 4),
+    // The MoE router 2048 -> 256 experts.
+    rule(256, 2048, 1, 8, 8, 8),
+    rule(256, 2048, 9, 16, 16, 4),
+    // The shared expert's gate 2048 -> 1 (cuBLAS runs a dot product and a
+    // reduction kernel for it).
+    rule(1, 2048, 1, 8, 16, 4),
+    rule(1, 2048, 9, 16, 16, 2),
+    // The shared expert's gate_up 2048 -> 1024 and down 512 -> 2048.
+    rule(1024, 2048, 1, 8, 8, 8),
+    rule(1024, 2048, 9, 16, 16, 4),
+    rule(2048, 512, 1, 8, 4, 4),
+    rule(2048, 512, 9, 16, 4, 4),
+    // lm_head 2048 -> 248320 (fp32 out): both ranges.
+    rule(248320, 2048, 1, 8, 1, 2),
+    rule(248320, 2048, 9, 16, 2, 4),
 ];
 
 /// Where [`Gemm::linear`] sends a call.
