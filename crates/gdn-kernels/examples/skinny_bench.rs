@@ -212,13 +212,16 @@ fn main() -> Res<()> {
     }
     copy_bandwidth(&stream)?;
     let args: Vec<String> = std::env::args().collect();
-    let shapes: &[(&str, usize, usize, bool, usize)] =
-        match args.iter().position(|a| a == "--preset").map(|i| args.get(i + 1)) {
-            None => &SHAPES,
-            Some(Some(p)) if p == "4b" => &SHAPES,
-            Some(Some(p)) if p == "35b-a3b" => &SHAPES_35B_A3B,
-            Some(p) => return Err(format!("--preset takes 4b or 35b-a3b, got {p:?}").into()),
-        };
+    let shapes: &[(&str, usize, usize, bool, usize)] = match args
+        .iter()
+        .position(|a| a == "--preset")
+        .map(|i| args.get(i + 1))
+    {
+        None => &SHAPES,
+        Some(Some(p)) if p == "4b" => &SHAPES,
+        Some(Some(p)) if p == "35b-a3b" => &SHAPES_35B_A3B,
+        Some(p) => return Err(format!("--preset takes 4b or 35b-a3b, got {p:?}").into()),
+    };
     let gemms: usize = shapes.iter().map(|s| s.4).sum();
     // Per m: (cuBLAS, best skinny) summed over a decode step's GEMMs.
     let mut step = vec![(0f64, 0f64); ROWS.len()];
