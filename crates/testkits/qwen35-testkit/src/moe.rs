@@ -211,17 +211,22 @@ fn run_token(model: &CpuModel, state: &CpuState, token: u32, k: usize, choice: &
     }
 }
 
+/// The experts each token of `model` (a MoE model) picks.
+fn experts_per_token(model: &CpuModel) -> usize {
+    model
+        .config
+        .moe
+        .as_ref()
+        .expect("a MoE model")
+        .num_experts_per_tok
+}
+
 /// Per position of `tokens`, whether the exact forward meets a router
 /// there with more than one top-k set bf16 may pick (its top-k boundary
 /// margin below [`NEAR_TIE`]): where two bf16 runs of the same tokens may
 /// route differently, and every position after it may differ too.
 pub fn routing_near_ties(model: &CpuModel, tokens: &[u32]) -> Vec<bool> {
-    let k = model
-        .config
-        .moe
-        .as_ref()
-        .expect("a MoE model")
-        .num_experts_per_tok;
+    let k = experts_per_token(model);
     let mut near = vec![false; tokens.len()];
     let mut state = model.new_state();
     model
@@ -250,12 +255,7 @@ pub fn fit_routing(
     (ids, lps): (&[Vec<u32>], &[Vec<f32>]),
 ) -> Fitted {
     assert_eq!(tokens.len(), ids.len(), "a target row per token");
-    let k = model
-        .config
-        .moe
-        .as_ref()
-        .expect("a MoE model")
-        .num_experts_per_tok;
+    let k = experts_per_token(model);
     let mut state = model.new_state();
     let mut fitted = Fitted {
         logits: Vec::with_capacity(tokens.len()),
