@@ -32,6 +32,8 @@
 #            cells and prefix-cache mode (SKIP_RUNTIME=1), with
 #            --mamba-ssm-cache-dtype when this gdn-server has that flag
 #   report   there or here: the markdown table (checks/bench/peer_vllm_table.py)
+# PRESET: 4b (default) or 35b-a3b (the MoE model, its checkpoint under
+# /dev/shm: about 67 GB, past the H200 machine's 64 GiB disk).
 # STATE_DTYPE: float32 (default; released Qwen3.5 configs say so) or bfloat16,
 # on both servers. PREFIX_CACHE: off (default) or on, on both servers.
 # VLLM_ARGS / SERVER_ARGS: more vLLM / gdn-server flags. GDN_COMMIT: the commit
@@ -48,7 +50,16 @@ here=checks/bench
 sets=${1:-1024/256,8192/256}; concs=${2:-1,8,32,64,128}
 STATE_DTYPE=${STATE_DTYPE:-float32}; PREFIX_CACHE=${PREFIX_CACHE:-off}
 OUT=${OUT:-/tmp/gdn-out}; W=/tmp/peer_vllm; STASH=/tmp/peerstash
-tag=${PREFIX_CACHE}_$STATE_DTYPE; model=/tmp/q4b_vl_$STATE_DTYPE; port=8001
+# PRESET: 4b (default) or 35b-a3b, as serve_bench.sh; the 35B-A3B's
+# checkpoint (about 67 GB) lives in /dev/shm, past the disk's size.
+PRESET=${PRESET:-4b}
+case $PRESET in
+  4b) base=/tmp/q4b_vl;;
+  35b-a3b) base=/dev/shm/q35b_vl;;
+  *) echo "PRESET: 4b or 35b-a3b, not $PRESET" >&2; exit 2;;
+esac
+export PRESET
+tag=${PREFIX_CACHE}_$STATE_DTYPE; model=${base}_$STATE_DTYPE; port=8001
 pid_file=$W/vllm.pid
 case $STATE_DTYPE in float32|bfloat16) ;; *) echo "STATE_DTYPE: float32 or bfloat16, not $STATE_DTYPE" >&2; exit 2;; esac
 case $PREFIX_CACHE in off|on) ;; *) echo "PREFIX_CACHE: off or on, not $PREFIX_CACHE" >&2; exit 2;; esac
@@ -112,11 +123,11 @@ phase_install() {
 }
 
 phase_setup() {
-  x env OUT=$W/setup MODEL=/tmp/q4b_vl CHECKPOINT_ARGS="--vl --mamba-ssm-dtype float32" SETUP_ONLY=1 \
+  x env OUT=$W/setup MODEL=$base CHECKPOINT_ARGS="--vl --mamba-ssm-dtype float32" SETUP_ONLY=1 \
     $here/serve_bench.sh || { log "setup failed"; return 1; }
-  x python3 $here/peer_vllm/checkpoint.py variant /tmp/q4b_vl /tmp/q4b_vl_float32 float32
-  x python3 $here/peer_vllm/checkpoint.py variant /tmp/q4b_vl /tmp/q4b_vl_bfloat16 bfloat16
-  x python3 $here/peer_vllm/checkpoint.py describe /tmp/q4b_vl_float32 /tmp/q4b_vl_bfloat16
+  x python3 $here/peer_vllm/checkpoint.py variant $base ${base}_float32 float32
+  x python3 $here/peer_vllm/checkpoint.py variant $base ${base}_bfloat16 bfloat16
+  x python3 $here/peer_vllm/checkpoint.py describe ${base}_float32 ${base}_bfloat16
 }
 
 phase_stop() {

@@ -12,6 +12,8 @@
 # SETUP_ONLY=1: only the setup (checkpoint, tokenizer, sglang), then exit.
 # MODEL: the checkpoint folder (default /tmp/q4b), written by
 # make_random_checkpoint.py with CHECKPOINT_ARGS (e.g. "--vl") when missing.
+# PRESET: the model's shape, 4b (default) or 35b-a3b (about 67 GB: on the
+# H200's 64 GiB disk only under /dev/shm, e.g. MODEL=/dev/shm/q35b).
 # COLD_START_ONLY=1: only the cold start,
 # COLD_STARTS times (default 3), each with the server's `startup:` phase line
 # and its gdn:startup_phase_seconds gauges; no runtime bench, no sweep.
@@ -27,15 +29,24 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 log() { echo "[$(date -u +%T)] $*" | tee -a "$OUT/serve_bench.log"; }
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/sgl .carry/whl/sglang-0.4.10-*.whl || exit 1
 xz -dc .carry/tok/tokenizer.json.xz > /tmp/tokenizer.json
-python3 - > /tmp/q4b_config.json <<'PY'
-import json, re
-src = open("crates/qwen35/src/config.rs").read()
-print(json.dumps(json.loads(re.search(r'QWEN35_4B_TEXT: &str = r#"(.*?)"#', src, re.S).group(1))))
+# PRESET: 4b (default) or 35b-a3b: the text config crates/qwen35 names
+# (QWEN35_4B_TEXT, QWEN35_35B_A3B_TEXT), the checkpoint writer's --moe and
+# qwen35_bench's --preset follow it.
+PRESET=${PRESET:-4b}
+case $PRESET in
+  4b) preset_const=QWEN35_4B_TEXT; preset_src=crates/qwen35/src/config.rs; moe_arg=;;
+  35b-a3b) preset_const=QWEN35_35B_A3B_TEXT; preset_src=crates/qwen35/src/config/moe.rs; moe_arg=--moe;;
+  *) echo "PRESET: 4b or 35b-a3b, not $PRESET" >&2; exit 2;;
+esac
+python3 - "$preset_src" "$preset_const" > /tmp/${PRESET}_config.json <<'PY'
+import json, re, sys
+src = open(sys.argv[1]).read()
+print(json.dumps(json.loads(re.search(sys.argv[2] + r': &str = r#"(.*?)"#', src, re.S).group(1))))
 PY
 MODEL=${MODEL:-/tmp/q4b}
 if [ ! -f "$MODEL/model.safetensors.index.json" ] && [ ! -f "$MODEL/model.safetensors" ]; then
-  python3 checks/bench/make_random_checkpoint.py /tmp/q4b_config.json /tmp/tokenizer.json \
-    crates/server/demo/chat_template.jinja "$MODEL" ${CHECKPOINT_ARGS:-} 2>&1 | tail -2 | tee -a "$OUT/serve_bench.log"
+  python3 checks/bench/make_random_checkpoint.py /tmp/${PRESET}_config.json /tmp/tokenizer.json \
+    crates/server/demo/chat_template.jinja "$MODEL" $moe_arg ${CHECKPOINT_ARGS:-} 2>&1 | tail -2 | tee -a "$OUT/serve_bench.log"
 fi
 cat "$MODEL"/*.safetensors > /dev/null  # weights in the page cache: cold start = process + load
 cublas=$(find /usr/local/cuda*/ /usr/lib /usr/local/lib $(python3 -c 'import site; print(*site.getsitepackages())') \
@@ -47,7 +58,7 @@ cublas=$(find /usr/local/cuda*/ /usr/lib /usr/local/lib $(python3 -c 'import sit
 # 1. The runtime alone, same process conditions: prefill and decode step times.
 if [ -z "${COLD_START_ONLY:-}" ] && [ -z "${SKIP_RUNTIME:-}" ]; then
   log "runtime step times (qwen35_bench)"
-  .carry/bin/qwen35_bench --decode-batches "$concs" > "$OUT/runtime.jsonl" 2> "$OUT/runtime.err"
+  .carry/bin/qwen35_bench --preset "$PRESET" --decode-batches "$concs" > "$OUT/runtime.jsonl" 2> "$OUT/runtime.err"
   cat "$OUT/runtime.jsonl"
 fi
 
