@@ -1,6 +1,8 @@
 //! Where a MoE layer's routed experts are in a checkpoint. Writers store
-//! them in one of two layouts (transformers' own `save_pretrained` writes
-//! the fused one; converted checkpoints often the per-expert one):
+//! them in one of two layouts (the released checkpoints' indexes list the
+//! fused one; transformers 5.x holds experts fused but its
+//! `save_pretrained` writes them per expert, as the random benchmark
+//! checkpoint of checks/bench/make_random_checkpoint.py found):
 //! - fused: `P.gate_up_proj` `[E, 2I, H]` (gate rows first, then up) and
 //!   `P.down_proj` `[E, H, I]`;
 //! - per expert: `P.N.gate_proj.weight` `[I, H]`, `P.N.up_proj.weight`
