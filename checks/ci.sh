@@ -49,6 +49,9 @@ step "DeltaNet conv and fused decode kernels on the CPU, bit for bit against the
 # the prefill conv kernels over varlen batches and the fused decode step.
 checks/deltanet_decode_emulation/run.sh
 
+step "MoE direct-path kernels on the CPU, bit for bit against the grouped GEMV path"
+checks/moe_emulation/run.sh
+
 step "build.rs fails closed"
 checks/build_rs_fails_closed.sh
 

@@ -1,7 +1,8 @@
 // model_moe.cuh's kernels run on the CPU (checks/moe_emulation/run.sh)
 // against an f64 reference of transformers' qwen3_5_moe experts, the same
-// reference and bounds as crates/gdn-kernels/tests/gpu_moe_ops.rs, on both
-// expert paths (GEMV and tensor-core tiles), with a favoured expert (every
+// reference and bounds as crates/gdn-kernels/tests/gpu_moe_ops.rs, on the
+// grouped expert paths (GEMV tiles on CUDA cores and on tensor cores, 64-row
+// tensor-core tiles; the direct path: direct.cpp), with a favoured expert (every
 // token picks it), a shunned one (no token does) and the shared expert.
 // Checks the ids exactly, the weights, that the routing is a permutation
 // with its inverse, and the outputs; exits 1 on a difference. FULL=1 adds
@@ -13,6 +14,7 @@
 #include <set>
 #include "model_common.cuh"
 #include "model_moe.cuh"
+#include "model_moe_tc.cuh"
 
 static float bfr(double x) { return __bfloat162float(__float2bfloat16((float)x)); }
 // bf16 rounding of a reference value (through f32: a double rounding only
@@ -25,18 +27,21 @@ int fails = 0;
 void run(int E, int K, int H, int I, int T, int fav, int shun, bool shared, unsigned seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> U(-1, 1);
-  std::vector<bf16> logits(T * E), x(T * H), gu((size_t)E * 2 * I * H), dn((size_t)E * H * I), sh(T * H), sg(T);
+  // Router logits [T, W]: the shared expert's gate in column E (the op's
+  // router_width: E + 1 rounded up to 8).
+  const int W = (E + 1 + 7) / 8 * 8;
+  std::vector<bf16> logits(T * W), x(T * H), gu((size_t)E * 2 * I * H), dn((size_t)E * H * I), sh(T * H), sg(T);
   for (int t = 0; t < T; ++t) {
     std::vector<int> rank(E); for (int e = 0; e < E; ++e) rank[e] = e;
     std::shuffle(rank.begin(), rank.end(), rng);
     auto place = [&](int ex, int r) { int at = std::find(rank.begin(), rank.end(), r) - rank.begin(); std::swap(rank[at], rank[ex]); };
     if (fav >= 0) place(fav, E - 1);
     if (shun >= 0) place(shun, 0);
-    for (int e = 0; e < E; ++e) logits[t * E + e] = __float2bfloat16((rank[e] - E / 2.0) * 8.0 / E);
+    for (int e = 0; e < E; ++e) logits[t * W + e] = __float2bfloat16((rank[e] - E / 2.0) * 8.0 / E);
   }
   for (auto& v : x) v = __float2bfloat16(U(rng));
   for (auto& v : sh) v = __float2bfloat16(U(rng));
-  for (auto& v : sg) v = __float2bfloat16(3 * U(rng));
+  for (int t = 0; t < T; ++t) logits[t * W + E] = sg[t] = __float2bfloat16(3 * U(rng));
   float gs = std::sqrt(3.f / H) * 2, ds = std::sqrt(3.f / I) * 4;
   for (auto& v : gu) v = __float2bfloat16(gs * U(rng));
   for (auto& v : dn) v = __float2bfloat16(ds * U(rng));
@@ -45,8 +50,8 @@ void run(int E, int K, int H, int I, int T, int fav, int shun, bool shared, unsi
   std::vector<std::vector<std::pair<int, double>>> routes(T);
   std::vector<double> want(T * H), bound(T * H);
   for (int t = 0; t < T; ++t) {
-    double m = -1e30; for (int e = 0; e < E; ++e) m = std::max(m, (double)f(logits[t*E+e]));
-    std::vector<double> p(E); double z = 0; for (int e = 0; e < E; ++e) z += p[e] = std::exp(f(logits[t*E+e]) - m);
+    double m = -1e30; for (int e = 0; e < E; ++e) m = std::max(m, (double)f(logits[t*W+e]));
+    std::vector<double> p(E); double z = 0; for (int e = 0; e < E; ++e) z += p[e] = std::exp(f(logits[t*W+e]) - m);
     std::vector<int> ord(E); for (int e = 0; e < E; ++e) ord[e] = e;
     std::stable_sort(ord.begin(), ord.end(), [&](int a, int b) { return p[a] > p[b]; });
     double s = 0; for (int j = 0; j < K; ++j) s += p[ord[j]] / z;
@@ -77,23 +82,27 @@ void run(int E, int K, int H, int I, int T, int fav, int shun, bool shared, unsi
       bound[t*H+n] = extra[n] + (std::abs(o) + std::abs(routed[n]) + 2 * std::abs(shv)) / 128 + 1e-6;
     }
   }
-  for (int path = 0; path < 2; ++path) {
-    int tile_rows = path == 0 ? kMoeGemvRows : kMoeTcRows;
+  // path 0: GEMV tiles, 1: 64-row tensor-core tiles, 2: GEMV tiles on tensor cores.
+  for (int path = 0; path < 3; ++path) {
+    int tile_rows = path == 1 ? kMoeTcRows : kMoeGemvRows;
     std::vector<int32_t> ids(pairs, -7), sorted(pairs, -7), prow(pairs, -7);
     std::vector<float> wts(pairs);
     int bound_tiles = (pairs + tile_rows - 1) / tile_rows + std::min(E, pairs);
     std::vector<int32_t> te(bound_tiles, -7), tr(bound_tiles, -7), tend(bound_tiles, -7), nt(1, -7);
     std::vector<bf16> act((size_t)pairs * I), y((size_t)pairs * H), out(T * H);
-    launch({(unsigned)((T + 7) / 8), 1, 1}, 256, [&] { moe_topk_softmax(logits.data(), T, E, K, ids.data(), wts.data()); });
+    launch({(unsigned)((T + 7) / 8), 1, 1}, 256, [&] { moe_topk_softmax(logits.data(), W, T, E, K, ids.data(), wts.data()); });
     launch({1, 1, 1}, 1024, [&] { moe_route(ids.data(), pairs, E, tile_rows, sorted.data(), prow.data(), te.data(), tr.data(), tend.data(), nt.data()); });
     if (path == 0) {
       launch({(unsigned)bound_tiles, (unsigned)((I + 15) / 16), 1}, 256, [&] { moe_gemv_gate_up(act.data(), x.data(), sorted.data(), K, gu.data(), H, I, te.data(), tr.data(), tend.data(), nt.data()); });
       launch({(unsigned)bound_tiles, (unsigned)((H + 15) / 16), 1}, 256, [&] { moe_gemv_down(y.data(), act.data(), nullptr, 1, dn.data(), I, H, te.data(), tr.data(), tend.data(), nt.data()); });
+    } else if (path == 2) {
+      launch({(unsigned)bound_tiles, (unsigned)((I + 63) / 64), 1}, 128, [&] { moe_gemv_mma_gate_up(act.data(), x.data(), sorted.data(), K, gu.data(), H, I, te.data(), tr.data(), tend.data(), nt.data()); });
+      launch({(unsigned)bound_tiles, (unsigned)((H + 63) / 64), 1}, 128, [&] { moe_gemv_mma_down(y.data(), act.data(), nullptr, 1, dn.data(), I, H, te.data(), tr.data(), tend.data(), nt.data()); });
     } else {
       launch({(unsigned)bound_tiles, (unsigned)((I + 63) / 64), 1}, 128, [&] { moe_gemm_gate_up(act.data(), x.data(), sorted.data(), K, gu.data(), H, I, te.data(), tr.data(), tend.data(), nt.data()); });
       launch({(unsigned)bound_tiles, (unsigned)((H + 63) / 64), 1}, 128, [&] { moe_gemm_down(y.data(), act.data(), nullptr, 1, dn.data(), I, H, te.data(), tr.data(), tend.data(), nt.data()); });
     }
-    launch({(unsigned)T, 1, 1}, 256, [&] { moe_combine(out.data(), y.data(), prow.data(), wts.data(), K, H, shared ? sh.data() : nullptr, sg.data()); });
+    launch({(unsigned)T, 1, 1}, 256, [&] { moe_combine(out.data(), y.data(), prow.data(), wts.data(), K, H, shared ? sh.data() : nullptr, logits.data(), W, E); });
     int bad = 0;
     for (int t = 0; t < T; ++t) for (int s = 0; s < K; ++s) {
       if (ids[t*K+s] != routes[t][s].first) { if (bad++ < 5) printf("id t %d s %d: %d want %d\n", t, s, ids[t*K+s], routes[t][s].first); }
@@ -111,7 +120,7 @@ void run(int E, int K, int H, int I, int T, int fav, int shun, bool shared, unsi
     }
     double rms = std::sqrt(se / sw);
     if (rms > 1.0 / 256) { bad++; printf("rms %g\n", rms); }
-    printf("%s E %d k %d H %d I %d T %d fav %d shun %d shared %d: tiles %d, worst %.3f of bound, rms %.2e, %s\n", path ? "tc  " : "gemv", E, K, H, I, T, fav, shun, shared, nt[0], worst, rms, bad ? "FAIL" : "ok");
+    printf("%s E %d k %d H %d I %d T %d fav %d shun %d shared %d: tiles %d, worst %.3f of bound, rms %.2e, %s\n", path == 0 ? "gemv   " : path == 1 ? "tc     " : "gemv_tc", E, K, H, I, T, fav, shun, shared, nt[0], worst, rms, bad ? "FAIL" : "ok");
     fails += bad != 0;
   }
 }

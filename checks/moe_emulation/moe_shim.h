@@ -1,7 +1,8 @@
 // The CUDA features model_moe.cuh uses beyond the DeltaNet emulation's shim
 // (checks/deltanet_decode_emulation/cuda_shim.h, included): shfl_up, int
-// atomics, uint4, and WMMA with every lane holding the whole 16 x 16 tile
-// (element i of two accumulators still pairs up, as the epilogue needs).
+// atomics, uint4, WMMA with every lane holding the whole 16 x 16 tile
+// (element i of two accumulators still pairs up, as the epilogue needs),
+// and the mma.sync m16n8k16 of model_moe.cuh's tensor-core GEMV.
 #pragma once
 #include "cuda_shim.h"
 #include <algorithm>
@@ -42,3 +43,36 @@ inline void store_matrix_sync(float* p, const fragment<accumulator,16,16,16,floa
   warp_bar();
 }
 }}
+// mma.sync m16n8k16 (bf16 in, fp32 out) as model_moe.cuh's moe_mma_16816
+// documents the fragments: the warp's lanes exchange them, then each lane
+// sums its four outputs over k in order in fp32 (the tensor cores' order
+// is unspecified: compare with a tolerance).
+inline uint32_t g_frag[1024][6];
+inline float bf16_lo(uint32_t v) { uint32_t u = v << 16; float f; memcpy(&f, &u, 4); return f; }
+inline float bf16_hi(uint32_t v) { uint32_t u = v & 0xffff0000u; float f; memcpy(&f, &u, 4); return f; }
+#define GDN_HOST_EMULATION 1
+inline void moe_mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+  const unsigned base = threadIdx.x & ~31u, lane = threadIdx.x & 31u;
+  const uint32_t mine[6] = {a0, a1, a2, a3, b0, b1};
+  memcpy(g_frag[threadIdx.x], mine, sizeof mine);
+  warp_bar();
+  // A[r][k], B[k][n] from the lanes holding them.
+  auto A = [&](int r, int k) {
+    const int c = (k & 7) >> 1, hi = k >= 8, l = (r & 7) * 4 + c;
+    const uint32_t v = g_frag[base + l][(r >= 8) + 2 * hi];
+    return (k & 1) ? bf16_hi(v) : bf16_lo(v);
+  };
+  auto B = [&](int k, int n) {
+    const int c = (k & 7) >> 1, hi = k >= 8, l = n * 4 + c;
+    const uint32_t v = g_frag[base + l][4 + hi];
+    return (k & 1) ? bf16_hi(v) : bf16_lo(v);
+  };
+  const int g = lane >> 2, c = lane & 3;
+  for (int q = 0; q < 4; ++q) {
+    const int r = g + 8 * (q >> 1), n = 2 * c + (q & 1);
+    float s = d[q];
+    for (int k = 0; k < 16; ++k) s += A(r, k) * B(k, n);
+    d[q] = s;
+  }
+  warp_bar();
+}

@@ -36,3 +36,4 @@
 #include "model_attention_decode_tc.cuh"
 #include "model_elementwise.cuh"
 #include "model_moe.cuh"
+#include "model_moe_tc.cuh"

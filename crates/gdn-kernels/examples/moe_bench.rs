@@ -1,12 +1,14 @@
 //! The routed experts of a Qwen3.5-35B-A3B MoE layer (E = 256, top-8,
-//! H = 2048, I = 512, random bf16 weights and router logits) on both
-//! expert paths of `ModelOps::moe_experts`, at decode batches (T = 1, 8,
-//! 32, 64, 128) and prefill chunks (T = 1024, 8192), against the memory
+//! H = 2048, I = 512, random bf16 weights and router logits; no shared
+//! expert) on the expert paths of `ModelOps::moe_experts` (the direct path
+//! at T <= 4), at decode batches (T = 1, 2, 4, 8, 32, 64, 128) and prefill
+//! chunks (T = 1024, 8192), against the memory
 //! floor of the weights the batch touches: the distinct experts in its
 //! routing (counted on the host from the op's ids after a run) times one
 //! expert's gate_up and down bytes, plus x and out, at the device's copy
 //! bandwidth (`gdn_kernels_testkit::copy_bandwidth`). The table sets the
-//! GEMV / tensor-core rule in `model_ops/moe.rs` (docs/performance.md).
+//! direct / GEMV / tensor-core rule in `model_ops/moe.rs`
+//! (docs/performance.md).
 //!
 //! Each timing is a CUDA graph of calls cycling through `LAYERS` layers'
 //! weights and routings (the touched experts of one layer fit the L2; a
@@ -28,8 +30,9 @@ const SHAPE: MoeShape = MoeShape {
     top_k: 8,
     hidden: 2048,
     inter: 512,
+    shared_inter: 0,
 };
-const TOKENS: [usize; 7] = [1, 8, 32, 64, 128, 1024, 8192];
+const TOKENS: [usize; 9] = [1, 2, 4, 8, 32, 64, 128, 1024, 8192];
 /// Weight sets cycled through (4 x 1.6 GB: well past the 50 MB L2).
 const LAYERS: usize = 4;
 const TIMED_LAUNCHES: usize = 5;
@@ -111,7 +114,9 @@ fn main() -> Res<()> {
         let floor_us = bytes / bandwidth * 1e6;
         let flops = 2.0 * (t * k) as f64 * 3.0 * (h * i) as f64;
         let rule = moe_path(t, SHAPE);
-        for path in [MoePath::Gemv, MoePath::TensorCore] {
+        let direct = (t <= gdn_kernels::MOE_DIRECT_MAX_TOKENS).then_some(MoePath::Direct);
+        let grouped = [MoePath::Gemv, MoePath::GemvTensorCore, MoePath::TensorCore];
+        for path in direct.into_iter().chain(grouped) {
             let ms = time_graph(&stream, 2 * LAYERS, TIMED_LAUNCHES, &mut |c| {
                 let (l, layer) = (c % LAYERS, &layers[c % LAYERS]);
                 let experts = MoeExperts {

@@ -38,13 +38,16 @@ const SHAPES: [(&str, usize, usize, bool, usize); 6] = [
     ("lm_head", 248320, 2560, true, 1),
 ];
 /// The same for Qwen3.5-35B-A3B (30 DeltaNet and 10 attention layers, a
-/// router and a shared expert in each of the 40).
-const SHAPES_35B_A3B: [(&str, usize, usize, bool, usize); 8] = [
+/// router and a shared expert in each of the 40). The router's 264 rows
+/// are its 256 experts, the shared expert's gate and 7 zero rows
+/// (`MoeShape::router_width`). The shared expert's two GEMMs run from 5
+/// rows up (at 1-4 the MoE op's direct path runs it); the step sum counts
+/// them at every m.
+const SHAPES_35B_A3B: [(&str, usize, usize, bool, usize); 7] = [
     ("deltanet_in_proj", 12352, 2048, false, 30),
     ("out_proj_o_proj", 2048, 4096, false, 40),
     ("attention_qkv", 9216, 2048, false, 10),
-    ("router", 256, 2048, false, 40),
-    ("shared_expert_gate", 1, 2048, false, 40),
+    ("router_and_shared_gate", 264, 2048, false, 40),
     ("shared_gate_up", 1024, 2048, false, 40),
     ("shared_down", 2048, 512, false, 40),
     ("lm_head", 248320, 2048, true, 1),

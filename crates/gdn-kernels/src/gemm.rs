@@ -94,11 +94,15 @@ pub const SKINNY_RULES: &[SkinnyRule] = &[
     rule(2048, 4096, 9, 16, 16, 2),
     // Attention qkv 2048 -> 9216: m <= 8 (at m = 16 cuBLAS is faster).
     rule(9216, 2048, 1, 8, 8, 4),
-    // The MoE router 2048 -> 256 experts.
+    // The MoE router 2048 -> 256 experts, and with the shared expert's gate
+    // as one more row (padded to 264, `MoeShape::router_width`), which the
+    // model runs: the 256-row configurations.
     rule(256, 2048, 1, 8, 8, 8),
     rule(256, 2048, 9, 16, 16, 4),
-    // The shared expert's gate 2048 -> 1 (cuBLAS runs a dot product and a
-    // reduction kernel for it).
+    rule(264, 2048, 1, 8, 8, 8),
+    rule(264, 2048, 9, 16, 16, 4),
+    // The shared expert's gate 2048 -> 1 alone (cuBLAS runs a dot product
+    // and a reduction kernel for it).
     rule(1, 2048, 1, 8, 16, 4),
     rule(1, 2048, 9, 16, 16, 2),
     // The shared expert's gate_up 2048 -> 1024 and down 512 -> 2048.

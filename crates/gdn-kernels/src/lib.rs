@@ -55,7 +55,8 @@ pub use gemm::{route_in, Gemm, LinearRoute, SkinnyRule, SKINNY_RULES};
 pub use linear::{GemmOutput, GemmShape};
 pub use model_ops::{
     moe_path, AttentionShape, DeltaNetInputs, DeltaNetShape, DeltaNetWeights, ModelOps, MoeExperts,
-    MoePath, MoeScratch, MoeShape, SharedExpertOutput, MOE_MAX_EXPERTS, MOE_MAX_TOP_K,
+    MoePath, MoeScratch, MoeShape, SharedExpert, MOE_DIRECT_MAX_TOKENS, MOE_MAX_EXPERTS,
+    MOE_MAX_TOP_K,
 };
 pub use oracle::{GdnGeometry, HEAD_DIM};
 pub use prefill::{GdnPrefill, PrefillBuffers};

@@ -1,12 +1,15 @@
 //! GPU gate of the MoE experts op (`ModelOps::moe_experts`): top-k softmax
 //! routing, the device-side grouping by expert, the grouped expert GEMMs
-//! (GEMV and tensor-core paths, each forced) and the weighted un-permute,
-//! against an f64 CPU reference of transformers' qwen3_5_moe experts on
-//! exactly the bf16 inputs the GPU reads. Shapes: a tiny layer (E = 8,
-//! top-2, H = 64, I = 32) and Qwen3.5-35B-A3B's (E = 256, top-8, H = 2048,
-//! I = 512), with an expert no token picks and a batch where every token
-//! picks the same expert. Skips without a GPU (`GDN_REQUIRE_GPU=1` makes
-//! that a failure).
+//! (GEMV tiles on CUDA cores and on tensor cores, 64-row tensor-core tiles,
+//! each forced), the weighted un-permute and
+//! the direct path (at most 4 tokens: no grouping, the shared expert from
+//! its weights or its output), against an f64 CPU reference of
+//! transformers' qwen3_5_moe experts on exactly the bf16 inputs the GPU
+//! reads. Shapes: a tiny layer (E = 8, top-2, H = 64, I = 32, a shared
+//! expert of Is = 48 as the MoE fixtures have) and Qwen3.5-35B-A3B's (E =
+//! 256, top-8, H = 2048, I = Is = 512), with an expert no token picks and
+//! a batch where every token picks the same expert. Skips without a GPU
+//! (`GDN_REQUIRE_GPU=1` makes that a failure).
 //!
 //! Router logits are distinct multiples of 8 / E per token (exact in bf16),
 //! so no two probabilities tie and fp32 ranks them as f64 does: the
@@ -18,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use gdn_kernels::{ModelOps, MoeExperts, MoePath, MoeScratch, MoeShape, SharedExpertOutput};
+use gdn_kernels::{ModelOps, MoeExperts, MoePath, MoeScratch, MoeShape, SharedExpert};
 use gdn_kernels_testkit::{gpu_stream, Rng};
 use half::bf16;
 
@@ -49,7 +52,8 @@ struct Case {
     favourite: Option<usize>,
     /// Every token ranks this expert last (no token picks it).
     shunned: Option<usize>,
-    /// Add a gated shared expert output.
+    /// Add a gated shared expert (the shape's `shared_inter`): its output
+    /// given, and on the direct path also its weights.
     shared: bool,
     /// Tokens whose outputs the f64 reference checks (all when >= tokens);
     /// ids and weights are checked for every token.
@@ -71,11 +75,14 @@ fn reference_route(logits: &[bf16], k: usize) -> Vec<(usize, f64)> {
     top.into_iter().map(|(e, v)| (e, v / s)).collect()
 }
 
-/// Per token: distinct logits (rank r of a seeded shuffle -> (r - E/2) *
-/// 8 / E), the favourite ranked first and the shunned last.
+/// Per token, `[router_width]`: distinct logits (rank r of a seeded
+/// shuffle -> (r - E/2) * 8 / E), the favourite ranked first and the
+/// shunned last; with a shared expert, its gate logit (uniform in [-3, 3))
+/// in column E and zeros after it.
 fn router_logits(case: &Case, rng: &mut Rng) -> Vec<bf16> {
     let e = case.shape.experts;
-    let mut out = Vec::with_capacity(case.tokens * e);
+    let width = case.shape.router_width();
+    let mut out = Vec::with_capacity(case.tokens * width);
     for _ in 0..case.tokens {
         let mut rank: Vec<usize> = (0..e).collect();
         for i in (1..e).rev() {
@@ -95,6 +102,10 @@ fn router_logits(case: &Case, rng: &mut Rng) -> Vec<bf16> {
             rank.iter()
                 .map(|&r| bf16::from_f64((r as f64 - e as f64 / 2.0) * 8.0 / e as f64)),
         );
+        if width > e {
+            out.push(bf16::from_f32(rng.uniform(-3.0, 3.0)));
+            out.extend(std::iter::repeat_n(bf16::ZERO, width - e - 1));
+        }
     }
     out
 }
@@ -186,7 +197,9 @@ fn output_bound(want: f64, routed: f64, shared: f64, terms: &[(f64, f64, f64)]) 
 
 fn run_case(stream: &Arc<CudaStream>, ops: &ModelOps, case: &Case, seed: u64) {
     let s = case.shape;
+    assert_eq!(case.shared, s.shared_inter > 0);
     let (e, k, h, i, t) = (s.experts, s.top_k, s.hidden, s.inter, case.tokens);
+    let (is, width) = (s.shared_inter, s.router_width());
     let mut rng = Rng::new(seed);
     let logits_host = router_logits(case, &mut rng);
     let x_host: Vec<bf16> = (0..t * h)
@@ -195,13 +208,9 @@ fn run_case(stream: &Arc<CudaStream>, ops: &ModelOps, case: &Case, seed: u64) {
     let shared_host: Vec<bf16> = (0..t * h)
         .map(|_| bf16::from_f32(rng.uniform(-1.0, 1.0)))
         .collect();
-    let gate_host: Vec<bf16> = (0..t)
-        .map(|_| bf16::from_f32(rng.uniform(-3.0, 3.0)))
-        .collect();
     let logits = stream.clone_htod(&logits_host).unwrap();
     let x = stream.clone_htod(&x_host).unwrap();
     let shared_out = stream.clone_htod(&shared_host).unwrap();
-    let shared_gate = stream.clone_htod(&gate_host).unwrap();
     let mut gate_up = stream.alloc_zeros::<bf16>(s.gate_up_len()).unwrap();
     let mut down = stream.alloc_zeros::<bf16>(s.down_len()).unwrap();
     // Uniform weights scaled so that the projections stay near unit size.
@@ -210,19 +219,31 @@ fn run_case(stream: &Arc<CudaStream>, ops: &ModelOps, case: &Case, seed: u64) {
         .unwrap();
     ops.fill_uniform_bf16(&mut down, seed ^ 2, d_scale, 0.0)
         .unwrap();
+    // The shared expert's weights (one more expert of width Is).
+    let (mut shared_gu, mut shared_d) = (
+        stream.alloc_zeros::<bf16>((2 * is * h).max(1)).unwrap(),
+        stream.alloc_zeros::<bf16>((h * is).max(1)).unwrap(),
+    );
+    if case.shared {
+        ops.fill_uniform_bf16(&mut shared_gu, seed ^ 3, gu_scale, 0.0)
+            .unwrap();
+        let sd_scale = (3.0 / is as f32).sqrt() * 4.0;
+        ops.fill_uniform_bf16(&mut shared_d, seed ^ 4, sd_scale, 0.0)
+            .unwrap();
+    }
+    let shared_weights = (
+        stream.clone_dtoh(&shared_gu).unwrap(),
+        stream.clone_dtoh(&shared_d).unwrap(),
+    );
     let mut scratch = MoeScratch::new(stream, s, t + 3).unwrap();
     let experts = MoeExperts {
         gate_up: &gate_up,
         down: &down,
     };
-    let shared = case.shared.then_some(SharedExpertOutput {
-        out: &shared_out,
-        gate: &shared_gate,
-    });
 
     // The reference routing, checked for every token.
     let routes: Vec<Vec<(usize, f64)>> = (0..t)
-        .map(|r| reference_route(&logits_host[r * e..(r + 1) * e], k))
+        .map(|r| reference_route(&logits_host[r * width..r * width + e], k))
         .collect();
     if let Some(sh) = case.shunned {
         assert!(routes.iter().all(|r| r.iter().all(|&(x, _)| x != sh)));
@@ -244,8 +265,8 @@ fn run_case(stream: &Arc<CudaStream>, ops: &ModelOps, case: &Case, seed: u64) {
         down: &down,
         got: HashMap::new(),
     };
-    // Per checked token: reference output and per-element bound.
-    let mut want: Vec<(usize, Vec<f64>, Vec<f64>)> = Vec::new();
+    // Per checked token: the routed experts' sums and error terms.
+    let mut routed_ref: Vec<(usize, Vec<f64>, Vec<Vec<(f64, f64, f64)>>)> = Vec::new();
     for &r in &checked {
         let xr = &x_host[r * h..(r + 1) * h];
         let mut routed = vec![0f64; h];
@@ -258,26 +279,70 @@ fn run_case(stream: &Arc<CudaStream>, ops: &ModelOps, case: &Case, seed: u64) {
                 terms[n].push((wb, y[n], spread[n]));
             }
         }
-        let g = rb(sigmoid(gate_host[r].to_f64()));
-        let mut out = vec![0f64; h];
-        let mut bound = vec![0f64; h];
-        for n in 0..h {
-            let shared = if case.shared {
-                rb(g * shared_host[r * h + n].to_f64())
-            } else {
-                0.0
-            };
-            out[n] = if case.shared {
-                rb(rb(routed[n]) + shared)
-            } else {
-                rb(routed[n])
-            };
-            bound[n] = output_bound(out[n], routed[n], shared, &terms[n]);
-        }
-        want.push((r, out, bound));
+        routed_ref.push((r, routed, terms));
     }
+    // Reference output and per-element bound per checked token, the shared
+    // expert given as its output (`from_weights` false) or its weights.
+    let want_for = |from_weights: bool| -> Vec<(usize, Vec<f64>, Vec<f64>)> {
+        routed_ref
+            .iter()
+            .map(|(r, routed, terms)| {
+                let r = *r;
+                let g = rb(sigmoid(logits_host[r * width + e].to_f64()));
+                let (sh, sh_spread) = if from_weights {
+                    reference_expert(&x_host[r * h..(r + 1) * h], &shared_weights, h, is)
+                } else {
+                    let given = shared_host[r * h..(r + 1) * h].iter();
+                    (given.map(|v| v.to_f64()).collect(), vec![0f64; h])
+                };
+                let mut out = vec![0f64; h];
+                let mut bound = vec![0f64; h];
+                for n in 0..h {
+                    let shared = if case.shared { rb(g * sh[n]) } else { 0.0 };
+                    out[n] = if case.shared {
+                        rb(rb(routed[n]) + shared)
+                    } else {
+                        rb(routed[n])
+                    };
+                    // A shared output the GPU computed adds its own
+                    // roundings, as a routed expert's do.
+                    let own = if from_weights && case.shared {
+                        g * (BF16_FLIP * sh[n].abs() + sh_spread[n])
+                    } else {
+                        0.0
+                    };
+                    bound[n] = output_bound(out[n], routed[n], shared, &terms[n]) + own;
+                }
+                (r, out, bound)
+            })
+            .collect()
+    };
+    let (want_given, want_weights) = (want_for(false), want_for(true));
 
-    for path in [MoePath::Gemv, MoePath::TensorCore, MoePath::Auto] {
+    let direct = t <= gdn_kernels::MOE_DIRECT_MAX_TOKENS;
+    let mut runs = vec![
+        (MoePath::Gemv, false),
+        (MoePath::GemvTensorCore, false),
+        (MoePath::TensorCore, false),
+        (MoePath::Auto, direct),
+    ];
+    if direct {
+        runs.extend([(MoePath::Direct, false), (MoePath::Direct, true)]);
+    }
+    for (path, from_weights) in runs {
+        let shared = case.shared.then_some(if from_weights {
+            SharedExpert::Weights(MoeExperts {
+                gate_up: &shared_gu,
+                down: &shared_d,
+            })
+        } else {
+            SharedExpert::Output(&shared_out)
+        });
+        let want = if from_weights {
+            &want_weights
+        } else {
+            &want_given
+        };
         let mut out = stream.alloc_zeros::<bf16>(t * h).unwrap();
         let ran = ops
             .moe_experts(&x, &logits, experts, shared, &mut scratch, &mut out, path)
@@ -301,13 +366,13 @@ fn run_case(stream: &Arc<CudaStream>, ops: &ModelOps, case: &Case, seed: u64) {
         }
         let got = stream.clone_dtoh(&out).unwrap();
         let (mut sq_err, mut sq_want, mut worst) = (0f64, 0f64, 0f64);
-        for (r, out_ref, bound) in &want {
+        for (r, out_ref, bound) in want {
             for n in 0..h {
                 let (have, w) = (got[r * h + n].to_f64(), out_ref[n]);
                 let err = (have - w).abs();
                 assert!(
                     err <= bound[n],
-                    "{path:?} {s:?} T {t} token {r} column {n}: got {have}, want {w} (bound {})",
+                    "{path:?} (shared weights: {from_weights}) {s:?} T {t} token {r} column {n}: got {have}, want {w} (bound {})",
                     bound[n]
                 );
                 sq_err += err * err;
@@ -321,7 +386,7 @@ fn run_case(stream: &Arc<CudaStream>, ops: &ModelOps, case: &Case, seed: u64) {
             "{path:?} {s:?} T {t}: RMS error {rms_ratio} of the RMS output, above half a bf16 ulp"
         );
         eprintln!(
-            "{ran:?} E {e} k {k} H {h} I {i} T {t}: worst error {worst:.3} of its bound, RMS {rms_ratio:.2e}"
+            "{ran:?} (shared weights: {from_weights}) E {e} k {k} H {h} I {i} Is {is} T {t}: worst error {worst:.3} of its bound, RMS {rms_ratio:.2e}"
         );
     }
 }
@@ -331,13 +396,23 @@ const TINY: MoeShape = MoeShape {
     top_k: 2,
     hidden: 64,
     inter: 32,
+    shared_inter: 0,
 };
 const QWEN35_35B_A3B: MoeShape = MoeShape {
     experts: 256,
     top_k: 8,
     hidden: 2048,
     inter: 512,
+    shared_inter: 0,
 };
+
+/// `shape` with a shared expert of width `is`.
+const fn with_shared(shape: MoeShape, is: usize) -> MoeShape {
+    MoeShape {
+        shared_inter: is,
+        ..shape
+    }
+}
 
 #[test]
 fn moe_experts_match_the_f64_reference() {
@@ -355,7 +430,11 @@ fn moe_experts_match_the_f64_reference() {
         case(TINY, 1, 1),
         Case {
             shared: true,
-            ..case(TINY, 3, 3)
+            ..case(with_shared(TINY, 48), 3, 3)
+        },
+        Case {
+            shared: true,
+            ..case(with_shared(TINY, 48), 9, 9)
         },
         Case {
             shunned: Some(5),
@@ -369,7 +448,15 @@ fn moe_experts_match_the_f64_reference() {
         case(QWEN35_35B_A3B, 1, 1),
         Case {
             shared: true,
-            ..case(QWEN35_35B_A3B, 8, 8)
+            ..case(with_shared(QWEN35_35B_A3B, 512), 1, 1)
+        },
+        Case {
+            shared: true,
+            ..case(with_shared(QWEN35_35B_A3B, 512), 4, 4)
+        },
+        Case {
+            shared: true,
+            ..case(with_shared(QWEN35_35B_A3B, 512), 8, 8)
         },
         Case {
             favourite: Some(77),
@@ -404,7 +491,7 @@ fn moe_experts_are_bit_reproducible_and_refuse_bad_operands() {
         down: &down,
     };
     let mut scratch = MoeScratch::new(&stream, s, t).unwrap();
-    for path in [MoePath::Gemv, MoePath::TensorCore] {
+    for path in [MoePath::Gemv, MoePath::GemvTensorCore, MoePath::TensorCore] {
         let runs: Vec<Vec<u16>> = (0..3)
             .map(|_| {
                 let mut out = stream.alloc_zeros::<bf16>(t * s.hidden).unwrap();
@@ -449,4 +536,75 @@ fn moe_experts_are_bit_reproducible_and_refuse_bad_operands() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("router_logits"), "{err}");
+    // The direct path past its bound.
+    let err = ops
+        .moe_experts(
+            &x,
+            &logits,
+            experts,
+            None,
+            &mut scratch,
+            &mut out,
+            MoePath::Direct,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("direct path takes at most"), "{err}");
+
+    // A shape with a shared expert: the direct and the GEMV path give the
+    // same bits (the same dot products in the same order; the shared
+    // expert's output given to both); its weights only on the direct path;
+    // a missing shared operand refused.
+    let s = with_shared(TINY, 48);
+    let t = 3;
+    let mut x = stream.alloc_zeros::<bf16>(t * s.hidden).unwrap();
+    let mut logits = stream.alloc_zeros::<bf16>(t * s.router_width()).unwrap();
+    let mut shared_out = stream.alloc_zeros::<bf16>(t * s.hidden).unwrap();
+    ops.fill_uniform_bf16(&mut x, 5, 1.0, 0.0).unwrap();
+    ops.fill_uniform_bf16(&mut logits, 6, 2.0, 0.0).unwrap();
+    ops.fill_uniform_bf16(&mut shared_out, 7, 1.0, 0.0).unwrap();
+    let mut scratch = MoeScratch::new(&stream, s, t).unwrap();
+    let mut bits = Vec::new();
+    for path in [MoePath::Gemv, MoePath::Direct] {
+        let mut out = stream.alloc_zeros::<bf16>(t * s.hidden).unwrap();
+        let shared = Some(SharedExpert::Output(&shared_out));
+        ops.moe_experts(&x, &logits, experts, shared, &mut scratch, &mut out, path)
+            .unwrap();
+        let v = stream.clone_dtoh(&out).unwrap();
+        bits.push(v.iter().map(|b| b.to_bits()).collect::<Vec<u16>>());
+    }
+    assert_eq!(bits[0], bits[1], "direct and GEMV paths differ");
+    let shared_gu = stream.alloc_zeros::<bf16>(2 * 48 * s.hidden).unwrap();
+    let shared_d = stream.alloc_zeros::<bf16>(48 * s.hidden).unwrap();
+    let weights = SharedExpert::Weights(MoeExperts {
+        gate_up: &shared_gu,
+        down: &shared_d,
+    });
+    let mut out = stream.alloc_zeros::<bf16>(t * s.hidden).unwrap();
+    let err = ops
+        .moe_experts(
+            &x,
+            &logits,
+            experts,
+            Some(weights),
+            &mut scratch,
+            &mut out,
+            MoePath::Gemv,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("direct path only"), "{err}");
+    let err = ops
+        .moe_experts(
+            &x,
+            &logits,
+            experts,
+            None,
+            &mut scratch,
+            &mut out,
+            MoePath::Direct,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("disagree"), "{err}");
 }

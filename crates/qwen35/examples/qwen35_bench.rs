@@ -154,6 +154,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "tc" => gdn_kernels::AttentionRequest::DecodeTensorCore,
         _ => panic!("--attention takes auto, ours or tc, got {m:?}"),
     });
+    // `--moe auto,gemv`: each decode (batch, context) of a MoE model is
+    // timed with these expert kernels in turn (`gemv`, the CUDA-core GEMV
+    // tiles, is what decode ran before the direct and tensor-core GEMV
+    // paths).
+    let moe_modes = modes(&args, "--moe", |m| match m {
+        "auto" => gdn_kernels::MoePath::Auto,
+        "direct" => gdn_kernels::MoePath::Direct,
+        "gemv" => gdn_kernels::MoePath::Gemv,
+        "gemv_tc" => gdn_kernels::MoePath::GemvTensorCore,
+        "tc" => gdn_kernels::MoePath::TensorCore,
+        _ => panic!("--moe takes auto, direct, gemv, gemv_tc or tc, got {m:?}"),
+    });
     let model_dir = args
         .iter()
         .position(|a| a == "--model")
@@ -315,10 +327,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let decode_batches = if part("decode") { batches } else { vec![] };
     for &context in &contexts {
         for &batch in &decode_batches {
-            for ((attention, request), graphs) in
-                attention_modes.iter().flat_map(|m| [(m, false), (m, true)])
-            {
+            let settings = attention_modes.iter().flat_map(|a| {
+                moe_modes
+                    .iter()
+                    .flat_map(move |m| [(a, m, false), (a, m, true)])
+            });
+            for ((attention, request), (moe, moe_path), graphs) in settings {
                 model.set_attention_request(*request)?;
+                model.set_moe_path(*moe_path);
                 let pages = batch * ((context + 64).div_ceil(PAGE) + 1);
                 trim_pool(&stream)?;
                 let (free, _) = cudarc::driver::result::mem_get_info()?;
@@ -392,7 +408,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     None => String::new(),
                 };
                 println!(
-                    "{{\"decode_batch\": {batch}, \"cuda_graphs\": {graphs}, \"context\": {context}, \"attention\": {attention:?}, \"state_dtype\": \"{}\", \"step_ms\": {:.3}, \"tokens_per_s\": {:.0}, \"weights_roofline_ms\": {:.3}, \"fraction_of_roofline\": {:.2}, \"kv_floor_ms\": {:.3}, \"memory_floor_ms\": {:.3}, \"step_over_floor\": {:.2}{experts}}}",
+                    "{{\"decode_batch\": {batch}, \"cuda_graphs\": {graphs}, \"context\": {context}, \"attention\": {attention:?}, \"moe\": {moe:?}, \"state_dtype\": \"{}\", \"step_ms\": {:.3}, \"tokens_per_s\": {:.0}, \"weights_roofline_ms\": {:.3}, \"fraction_of_roofline\": {:.2}, \"kv_floor_ms\": {:.3}, \"memory_floor_ms\": {:.3}, \"step_over_floor\": {:.2}{experts}}}",
                     model.state_dtype(),
                     dt * 1e3,
                     batch as f64 / dt,
@@ -406,6 +422,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     model.set_attention_request(gdn_kernels::AttentionRequest::Auto)?;
+    model.set_moe_path(gdn_kernels::MoePath::Auto);
     // 5. Mixed steps: `batch` decode rows at a 1024-token context plus a 512-token chunk
     // of a new sequence, against the decode step and the prefill alone.
     const CONTEXT: usize = 1024;

@@ -1,8 +1,9 @@
 //! The GPU gates of the bf16 runtime on the tiny MoE fixtures (skipped
 //! without a GPU; `GDN_REQUIRE_GPU=1` makes a missing GPU a failure), for
 //! each of `MOE_MODELS` with both recurrent-state dtypes:
-//! - every prompt of up to 128 tokens (1 and 5 tokens take the expert
-//!   GEMV path, 37 and 128 the tensor-core tiles) through the MoE gate;
+//! - every prompt of up to 128 tokens (1 token takes the experts' direct
+//!   path, with the shared expert inside it; 5 and 37 the tensor-core GEMV
+//!   tiles; 128 the 64-row tensor-core tiles) through the MoE gate;
 //! - chunked prefill (64 + 64, 37 + 91, 1 + 127) through the gate and
 //!   against unchunked;
 //! - prefill then single-token decode through the gate against HF's bf16

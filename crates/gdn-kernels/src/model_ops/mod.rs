@@ -23,8 +23,8 @@ mod deltanet;
 mod moe;
 
 pub use moe::{
-    moe_path, MoeExperts, MoePath, MoeScratch, MoeShape, SharedExpertOutput, MOE_MAX_EXPERTS,
-    MOE_MAX_TOP_K,
+    moe_path, MoeExperts, MoePath, MoeScratch, MoeShape, SharedExpert, MOE_DIRECT_MAX_TOKENS,
+    MOE_MAX_EXPERTS, MOE_MAX_TOP_K,
 };
 
 const UNIT: &str = "model_kernels";
@@ -384,9 +384,13 @@ impl ModelOps {
                 route: l("moe_route")?,
                 gemv_gate_up: l("moe_gemv_gate_up")?,
                 gemv_down: l("moe_gemv_down")?,
+                gemv_mma_gate_up: l("moe_gemv_mma_gate_up")?,
+                gemv_mma_down: l("moe_gemv_mma_down")?,
                 gemm_gate_up: l("moe_gemm_gate_up")?,
                 gemm_down: l("moe_gemm_down")?,
                 combine: l("moe_combine")?,
+                direct_gate_up: l("moe_direct_gate_up")?,
+                direct_down_combine: l("moe_direct_down_combine")?,
             },
         };
         let multiprocessors = ctx

@@ -2,10 +2,13 @@
 //! of Qwen3.5-MoE (HF's `Qwen3_5MoeSparseMoeBlock`): the router GEMM and
 //! the shared expert on cuBLAS / our GEMM routes, then `gdn_kernels`'
 //! routed-experts op (top-k softmax, grouping by expert, the expert GEMMs
-//! with SwiGLU, the weighted un-permute plus the gated shared expert).
+//! with SwiGLU, the weighted un-permute plus the gated shared expert). At
+//! a few tokens the op's direct path runs the shared expert itself, from
+//! its weights, and the shared expert's one-column gate GEMM is a row of
+//! the router's in every case.
 
 use cudarc::driver::CudaSlice;
-use gdn_kernels::{GemmShape, MoeExperts, MoePath, MoeScratch, MoeShape, SharedExpertOutput};
+use gdn_kernels::{GemmShape, MoeExperts, MoePath, MoeScratch, MoeShape, SharedExpert};
 use half::bf16;
 
 use super::load::WeightSource;
@@ -24,10 +27,10 @@ pub(super) enum Mlp {
 }
 
 pub(super) struct MoeMlp {
-    /// `[E, H]`.
+    /// `[router_width, H]`: the E experts' rows, the shared expert's gate
+    /// (its logit before the sigmoid) as row E, zero rows after it
+    /// ([`MoeShape::router_width`]).
     router: CudaSlice<bf16>,
-    /// `[1, H]`: the shared expert's gate logit (before the sigmoid).
-    shared_gate: CudaSlice<bf16>,
     /// The shared expert's fused `[gate | up]`, `[2 Is, H]`.
     shared_gate_up: CudaSlice<bf16>,
     /// `[H, Is]`.
@@ -45,6 +48,7 @@ pub(super) fn moe_shape(m: &MoeConfig, hidden: usize) -> MoeShape {
         top_k: m.num_experts_per_tok,
         hidden,
         inter: m.moe_intermediate_size,
+        shared_inter: m.shared_expert_intermediate_size,
     }
 }
 
@@ -99,9 +103,19 @@ impl Mlp {
             }
         };
         let s = format!("{p}.shared_expert");
+        let router = src.matrix(
+            &[
+                (&format!("{p}.gate.weight"), e),
+                (&format!("{p}.shared_expert_gate.weight"), 1),
+            ],
+            h,
+        )?;
+        let width = moe_shape(&m, h).router_width();
+        let stream = router.stream().clone();
+        let mut padded = stream.alloc_zeros::<bf16>(width * h)?;
+        stream.memcpy_dtod(&router, &mut padded.slice_mut(0..(e + 1) * h))?;
         Ok(Mlp::Moe(Box::new(MoeMlp {
-            router: src.matrix(&[(&format!("{p}.gate.weight"), e)], h)?,
-            shared_gate: src.matrix(&[(&format!("{p}.shared_expert_gate.weight"), 1)], h)?,
+            router: padded,
             shared_gate_up: src.matrix(
                 &[
                     (&format!("{s}.gate_proj.weight"), is),
@@ -147,43 +161,46 @@ impl GpuModel {
             Mlp::Moe(w) => {
                 let moe = moe.expect("a MoE model's step has a MoE scratch");
                 let shape = moe.shape();
-                let is = c.moe.map_or(0, |m| m.shared_expert_intermediate_size);
-                let mut logits = scratch::<bf16>(s, t * shape.experts)?;
-                self.gemm.linear(
-                    x,
-                    &w.router,
-                    &mut logits,
-                    GemmShape::new(t, shape.experts, h),
-                )?;
-                let mut gate = scratch::<bf16>(s, t)?;
+                let width = shape.router_width();
+                let mut logits = scratch::<bf16>(s, t * width)?;
                 self.gemm
-                    .linear(x, &w.shared_gate, &mut gate, GemmShape::new(t, 1, h))?;
-                let mut act = scratch::<bf16>(s, t * is)?;
-                self.gemm.gate_up_swiglu(
-                    &self.ops,
-                    x,
-                    &w.shared_gate_up,
-                    &mut act,
-                    GemmShape::new(t, is, h),
-                )?;
-                let mut shared = scratch::<bf16>(s, t * h)?;
-                self.gemm
-                    .linear(&act, &w.shared_down, &mut shared, GemmShape::new(t, h, is))?;
-                self.ops.moe_experts(
-                    x,
-                    &logits,
-                    MoeExperts {
-                        gate_up: &w.gate_up,
-                        down: &w.down,
-                    },
-                    Some(SharedExpertOutput {
-                        out: &shared,
-                        gate: &gate,
-                    }),
-                    moe,
-                    &mut out,
-                    MoePath::Auto,
-                )?;
+                    .linear(x, &w.router, &mut logits, GemmShape::new(t, width, h))?;
+                let experts = MoeExperts {
+                    gate_up: &w.gate_up,
+                    down: &w.down,
+                };
+                let path = match self.moe_path {
+                    MoePath::Auto => gdn_kernels::moe_path(t, shape),
+                    forced => forced,
+                };
+                if path == MoePath::Direct {
+                    let shared = SharedExpert::Weights(MoeExperts {
+                        gate_up: &w.shared_gate_up,
+                        down: &w.shared_down,
+                    });
+                    self.ops
+                        .moe_experts(x, &logits, experts, Some(shared), moe, &mut out, path)?;
+                } else {
+                    let is = shape.shared_inter;
+                    let mut act = scratch::<bf16>(s, t * is)?;
+                    self.gemm.gate_up_swiglu(
+                        &self.ops,
+                        x,
+                        &w.shared_gate_up,
+                        &mut act,
+                        GemmShape::new(t, is, h),
+                    )?;
+                    let mut shared = scratch::<bf16>(s, t * h)?;
+                    self.gemm.linear(
+                        &act,
+                        &w.shared_down,
+                        &mut shared,
+                        GemmShape::new(t, h, is),
+                    )?;
+                    let shared = SharedExpert::Output(&shared);
+                    self.ops
+                        .moe_experts(x, &logits, experts, Some(shared), moe, &mut out, path)?;
+                }
             }
         }
         Ok(out)

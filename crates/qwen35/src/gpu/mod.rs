@@ -23,7 +23,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaSlice};
 use gdn_kernels::{
     AttentionRequest, AttentionShape, Backend, BackendRequest, DeltaNetShape, DeltaNetWeights,
-    GdnGeometry, GdnPrefill, Gemm, GemmShape, ModelOps, MoeScratch, MoeShape,
+    GdnGeometry, GdnPrefill, Gemm, GemmShape, ModelOps, MoePath, MoeScratch, MoeShape,
 };
 use half::bf16;
 
@@ -144,6 +144,8 @@ pub struct GpuModel {
     state_dtype: StateDtype,
     /// The routed experts' shape of a MoE model.
     moe: Option<MoeShape>,
+    /// The routed experts' kernels (default `Auto`: the op's rule).
+    moe_path: MoePath,
     embed: CudaSlice<bf16>,
     lm_head: Option<CudaSlice<bf16>>,
     norm: CudaSlice<f32>,
@@ -265,8 +267,7 @@ pub fn moe_step_bytes(c: &Config, tokens: usize) -> usize {
         Ok(Some(shape)) => {
             MoeScratch::device_bytes(shape, tokens)
                 + tokens
-                    * (shape.experts
-                        + 1
+                    * (shape.router_width()
                         + c.hidden_size
                         + c.moe.map_or(0, |m| m.shared_expert_intermediate_size))
                     * std::mem::size_of::<bf16>()
@@ -446,6 +447,7 @@ impl GpuModel {
             attn,
             state_dtype,
             moe,
+            moe_path: MoePath::Auto,
             embed,
             lm_head,
             norm,
@@ -494,6 +496,13 @@ impl GpuModel {
     /// compare the fused and unfused routes with it; default `Auto`).
     pub fn set_swiglu_request(&mut self, request: gdn_kernels::SwigluRequest) {
         self.gemm.set_swiglu_request(request);
+    }
+
+    /// Forces the MoE layers' expert kernels (benchmarks compare whole
+    /// steps with it; default `Auto`). A path that cannot run a step's
+    /// token count (the direct path past its bound) fails that step.
+    pub fn set_moe_path(&mut self, path: MoePath) {
+        self.moe_path = path;
     }
 
     /// Forces the attention kernels (benchmarks compare whole steps with
