@@ -265,8 +265,10 @@ fn run_case(stream: &Arc<CudaStream>, ops: &ModelOps, case: &Case, seed: u64) {
         down: &down,
         got: HashMap::new(),
     };
-    // Per checked token: the routed experts' sums and error terms.
-    let mut routed_ref: Vec<(usize, Vec<f64>, Vec<Vec<(f64, f64, f64)>>)> = Vec::new();
+    // Per checked token: the routed experts' sums and, per column, each
+    // expert's (bf16 weight, output, spread).
+    type Terms = Vec<Vec<(f64, f64, f64)>>;
+    let mut routed_ref: Vec<(usize, Vec<f64>, Terms)> = Vec::new();
     for &r in &checked {
         let xr = &x_host[r * h..(r + 1) * h];
         let mut routed = vec![0f64; h];
