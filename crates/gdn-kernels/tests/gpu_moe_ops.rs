@@ -474,6 +474,23 @@ fn moe_experts_match_the_f64_reference() {
     }
 }
 
+/// The error `moe_experts` gives for these operands (it must refuse them),
+/// with an output as long as `x`.
+fn refusal(
+    ops: &ModelOps,
+    x: &CudaSlice<bf16>,
+    logits: &CudaSlice<bf16>,
+    experts: MoeExperts<'_>,
+    shared: Option<SharedExpert<'_>>,
+    scratch: &mut MoeScratch,
+    path: MoePath,
+) -> String {
+    let mut out = ops.stream().alloc_zeros::<bf16>(x.len()).unwrap();
+    ops.moe_experts(x, logits, experts, shared, scratch, &mut out, path)
+        .unwrap_err()
+        .to_string()
+}
+
 #[test]
 fn moe_experts_are_bit_reproducible_and_refuse_bad_operands() {
     let Some(stream) = gpu_stream() else { return };
@@ -506,52 +523,19 @@ fn moe_experts_are_bit_reproducible_and_refuse_bad_operands() {
         assert_eq!(runs[0], runs[1], "{path:?}");
         assert_eq!(runs[0], runs[2], "{path:?}");
     }
-    // More tokens than the scratch holds; logits of the wrong width.
+    // More tokens than the scratch holds; logits of the wrong width; the
+    // direct path past its bound.
     let big_x = stream.alloc_zeros::<bf16>((t + 1) * s.hidden).unwrap();
     let big_logits = stream.alloc_zeros::<bf16>((t + 1) * s.experts).unwrap();
-    let mut big_out = stream.alloc_zeros::<bf16>((t + 1) * s.hidden).unwrap();
-    let err = ops
-        .moe_experts(
-            &big_x,
-            &big_logits,
-            experts,
-            None,
-            &mut scratch,
-            &mut big_out,
-            MoePath::Auto,
-        )
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("at most 40"), "{err}");
     let short_logits = stream.alloc_zeros::<bf16>(t * s.experts - 1).unwrap();
-    let mut out = stream.alloc_zeros::<bf16>(t * s.hidden).unwrap();
-    let err = ops
-        .moe_experts(
-            &x,
-            &short_logits,
-            experts,
-            None,
-            &mut scratch,
-            &mut out,
-            MoePath::Auto,
-        )
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("router_logits"), "{err}");
-    // The direct path past its bound.
-    let err = ops
-        .moe_experts(
-            &x,
-            &logits,
-            experts,
-            None,
-            &mut scratch,
-            &mut out,
-            MoePath::Direct,
-        )
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("direct path takes at most"), "{err}");
+    for (x, logits, path, want) in [
+        (&big_x, &big_logits, MoePath::Auto, "at most 40"),
+        (&x, &short_logits, MoePath::Auto, "router_logits"),
+        (&x, &logits, MoePath::Direct, "direct path takes at most"),
+    ] {
+        let err = refusal(&ops, x, logits, experts, None, &mut scratch, path);
+        assert!(err.contains(want), "{err}");
+    }
 
     // A shape with a shared expert: the direct and the GEMV path give the
     // same bits (the same dot products in the same order; the shared
@@ -582,31 +566,24 @@ fn moe_experts_are_bit_reproducible_and_refuse_bad_operands() {
         gate_up: &shared_gu,
         down: &shared_d,
     });
-    let mut out = stream.alloc_zeros::<bf16>(t * s.hidden).unwrap();
-    let err = ops
-        .moe_experts(
-            &x,
-            &logits,
-            experts,
-            Some(weights),
-            &mut scratch,
-            &mut out,
-            MoePath::Gemv,
-        )
-        .unwrap_err()
-        .to_string();
+    let err = refusal(
+        &ops,
+        &x,
+        &logits,
+        experts,
+        Some(weights),
+        &mut scratch,
+        MoePath::Gemv,
+    );
     assert!(err.contains("direct path only"), "{err}");
-    let err = ops
-        .moe_experts(
-            &x,
-            &logits,
-            experts,
-            None,
-            &mut scratch,
-            &mut out,
-            MoePath::Direct,
-        )
-        .unwrap_err()
-        .to_string();
+    let err = refusal(
+        &ops,
+        &x,
+        &logits,
+        experts,
+        None,
+        &mut scratch,
+        MoePath::Direct,
+    );
     assert!(err.contains("disagree"), "{err}");
 }
