@@ -1,8 +1,8 @@
 //! The routed experts of a Qwen3.5-35B-A3B MoE layer (E = 256, top-8,
 //! H = 2048, I = 512, random bf16 weights and router logits; no shared
 //! expert) on the expert paths of `ModelOps::moe_experts` (the direct path
-//! at T <= 4), at decode batches (T = 1, 2, 4, 8, 32, 64, 128) and prefill
-//! chunks (T = 1024, 8192), against the memory
+//! at T <= 4), at decode batches (T = 1, 2, 4, 8, 32, 64, 128), mixed
+//! steps (256, 512) and prefill chunks (T = 1024, 8192), against the memory
 //! floor of the weights the batch touches: the distinct experts in its
 //! routing (counted on the host from the op's ids after a run) times one
 //! expert's gate_up and down bytes, plus x and out, at the device's copy
@@ -32,7 +32,7 @@ const SHAPE: MoeShape = MoeShape {
     inter: 512,
     shared_inter: 0,
 };
-const TOKENS: [usize; 9] = [1, 2, 4, 8, 32, 64, 128, 1024, 8192];
+const TOKENS: [usize; 11] = [1, 2, 4, 8, 32, 64, 128, 256, 512, 1024, 8192];
 /// Weight sets cycled through (4 x 1.6 GB: well past the 50 MB L2).
 const LAYERS: usize = 4;
 const TIMED_LAUNCHES: usize = 5;

@@ -290,7 +290,10 @@ fn run_case(stream: &Arc<CudaStream>, ops: &ModelOps, case: &Case, seed: u64) {
             .iter()
             .map(|(r, routed, terms)| {
                 let r = *r;
-                let g = rb(sigmoid(logits_host[r * width + e].to_f64()));
+                let g = match case.shared {
+                    true => rb(sigmoid(logits_host[r * width + e].to_f64())),
+                    false => 0.0,
+                };
                 let (sh, sh_spread) = if from_weights {
                     reference_expert(&x_host[r * h..(r + 1) * h], &shared_weights, h, is)
                 } else {

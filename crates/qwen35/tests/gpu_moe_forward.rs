@@ -2,8 +2,9 @@
 //! without a GPU; `GDN_REQUIRE_GPU=1` makes a missing GPU a failure), for
 //! each of `MOE_MODELS` with both recurrent-state dtypes:
 //! - every prompt of up to 128 tokens (1 token takes the experts' direct
-//!   path, with the shared expert inside it; 5 and 37 the tensor-core GEMV
-//!   tiles; 128 the 64-row tensor-core tiles) through the MoE gate;
+//!   path, with the shared expert inside it; 5 the CUDA-core GEMV tiles, 37
+//!   the tensor-core GEMV tiles, 128 the 64-row tensor-core tiles) through
+//!   the MoE gate;
 //! - chunked prefill (64 + 64, 37 + 91, 1 + 127) through the gate and
 //!   against unchunked;
 //! - prefill then single-token decode through the gate against HF's bf16

@@ -23,8 +23,9 @@ pub const MOE_MAX_TOP_K: usize = 16;
 const GEMV_TILE_ROWS: usize = 8;
 /// Most tokens [`moe_path`] sends down the direct path.
 pub const MOE_DIRECT_MAX_TOKENS: usize = 4;
-/// Rows an expert gets on average from which [`moe_path`] takes the
-/// 64-row tensor-core tiles.
+/// Rows an expert gets on average from which [`moe_path`] takes the GEMV
+/// tiles on tensor cores, and from which the 64-row tensor-core tiles.
+const GEMV_MMA_RULE_ROWS: usize = 4;
 const TILES_RULE_ROWS: usize = 16;
 /// Output columns of a GEMV block: 8 warps of 2.
 const GEMV_BLOCK_COLS: usize = 16;
@@ -127,18 +128,23 @@ pub enum MoePath {
     Direct,
 }
 
-/// The expert kernels for `tokens` tokens of `shape`: direct up to
-/// [`MOE_DIRECT_MAX_TOKENS`] tokens (where launches, not weight reads, are
-/// most of a layer's time and `T k` pairs rarely repeat an expert), then
-/// the tensor-core GEMV tiles while the average expert gets fewer than
-/// `TILES_RULE_ROWS` rows (each 8-row tile reads its expert's weights
-/// once), the 64-row tensor-core tiles from there (prefill). Measured with
-/// `moe_bench` on the H200 at the 35B-A3B shape, every path at every T
-/// (docs/performance.md, MoE routed experts).
+/// The expert kernels for `tokens` tokens of `shape`, by the rows the
+/// average expert gets (`T k / E`): direct up to [`MOE_DIRECT_MAX_TOKENS`]
+/// tokens (launches, not weight reads, are most of a layer's time there,
+/// and `T k` pairs rarely repeat an expert), then the CUDA-core GEMV tiles
+/// below `GEMV_MMA_RULE_ROWS` rows, the same tiles on tensor cores below
+/// `TILES_RULE_ROWS`, the 64-row tensor-core tiles from there (prefill).
+/// Measured with `moe_bench` at the 35B-A3B shape, every path at every T
+/// (docs/performance.md, MoE routed experts): direct ahead of GEMV at 1, 2
+/// and 4 tokens; CUDA-core GEMV ahead of the tensor-core GEMV at 1-2 rows
+/// an expert, behind at 4; the 64-row tiles ahead at 32.
 pub fn moe_path(tokens: usize, shape: MoeShape) -> MoePath {
+    let rows = |r: usize| tokens * shape.top_k < r * shape.experts;
     if tokens <= MOE_DIRECT_MAX_TOKENS {
         MoePath::Direct
-    } else if tokens * shape.top_k < TILES_RULE_ROWS * shape.experts {
+    } else if rows(GEMV_MMA_RULE_ROWS) {
+        MoePath::Gemv
+    } else if rows(TILES_RULE_ROWS) {
         MoePath::GemvTensorCore
     } else {
         MoePath::TensorCore
@@ -585,7 +591,8 @@ mod tests {
     fn the_path_rule_takes_direct_then_gemv_for_decode_and_tensor_cores_for_prefill() {
         assert_eq!(moe_path(1, QWEN35_35B_A3B), MoePath::Direct);
         assert_eq!(moe_path(4, QWEN35_35B_A3B), MoePath::Direct);
-        assert_eq!(moe_path(5, QWEN35_35B_A3B), MoePath::GemvTensorCore);
+        assert_eq!(moe_path(5, QWEN35_35B_A3B), MoePath::Gemv);
+        assert_eq!(moe_path(127, QWEN35_35B_A3B), MoePath::Gemv);
         assert_eq!(moe_path(128, QWEN35_35B_A3B), MoePath::GemvTensorCore);
         assert_eq!(moe_path(511, QWEN35_35B_A3B), MoePath::GemvTensorCore);
         assert_eq!(moe_path(512, QWEN35_35B_A3B), MoePath::TensorCore);
