@@ -137,7 +137,8 @@ pub enum MoePath {
 /// Measured with `moe_bench` at the 35B-A3B shape, every path at every T
 /// (docs/performance.md, MoE routed experts): direct ahead of GEMV at 1, 2
 /// and 4 tokens; CUDA-core GEMV ahead of the tensor-core GEMV at 1-2 rows
-/// an expert, behind at 4; the 64-row tiles ahead at 32.
+/// an expert, behind at 4; the tensor-core GEMV ahead of the 64-row tiles
+/// at 4 and 8 rows, within 2% at 16, behind at 32.
 pub fn moe_path(tokens: usize, shape: MoeShape) -> MoePath {
     let rows = |r: usize| tokens * shape.top_k < r * shape.experts;
     if tokens <= MOE_DIRECT_MAX_TOKENS {
