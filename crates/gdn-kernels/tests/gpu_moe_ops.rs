@@ -335,6 +335,8 @@ fn run_case(stream: &Arc<CudaStream>, ops: &ModelOps, case: &Case, seed: u64) {
         runs.extend([(MoePath::Direct, false), (MoePath::Direct, true)]);
     }
     for (path, from_weights) in runs {
+        // Without a shared expert there is nothing to give by weights.
+        let from_weights = from_weights && case.shared;
         let shared = case.shared.then_some(if from_weights {
             SharedExpert::Weights(MoeExperts {
                 gate_up: &shared_gu,
