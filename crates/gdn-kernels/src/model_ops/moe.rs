@@ -444,8 +444,8 @@ impl ModelOps {
         b.arg(&scratch.tile_expert).arg(&scratch.tile_row);
         b.arg(&scratch.tile_end).arg(&scratch.num_tiles);
         // SAFETY: matches moe_gemv_gate_up / moe_gemv_mma_gate_up /
-        // moe_gemm_gate_up (out, in,
-        // row_src, src_div, w, K = H, N = I, tiles); the grid covers the
+        // moe_gemm_gate_up (out, in, row_src, src_div, w, K = H, N = I,
+        // tiles); the grid covers the
         // tile bound (blocks past num_tiles exit) and I's column blocks;
         // rows index act (T k rows) and, through sorted_pair / k, x (T
         // rows); H % 32 == 0 and I % 32 == 0 (shape.check) keep the
@@ -459,8 +459,7 @@ impl ModelOps {
         b.arg(&scratch.tile_expert).arg(&scratch.tile_row);
         b.arg(&scratch.tile_end).arg(&scratch.num_tiles);
         // SAFETY: matches moe_gemv_down / moe_gemv_mma_down / moe_gemm_down
-        // (K = I, N = H, no
-        // row gather); as above.
+        // (K = I, N = H, no row gather); as above.
         unsafe { b.launch(grid(tiles, h.div_ceil(block_cols), threads, 0)) }.during(OP)?;
 
         // 4. Weighted un-permute (+ the gated shared expert).

@@ -173,13 +173,14 @@ impl GpuModel {
                     MoePath::Auto => gdn_kernels::moe_path(t, shape),
                     forced => forced,
                 };
-                if path == MoePath::Direct {
-                    let shared = SharedExpert::Weights(MoeExperts {
+                // The direct path runs the shared expert from its weights;
+                // the grouped paths take its output, from our GEMMs.
+                let shared_out;
+                let shared = if path == MoePath::Direct {
+                    SharedExpert::Weights(MoeExperts {
                         gate_up: &w.shared_gate_up,
                         down: &w.shared_down,
-                    });
-                    self.ops
-                        .moe_experts(x, &logits, experts, Some(shared), moe, &mut out, path)?;
+                    })
                 } else {
                     let is = shape.shared_inter;
                     let mut act = scratch::<bf16>(s, t * is)?;
@@ -190,17 +191,14 @@ impl GpuModel {
                         &mut act,
                         GemmShape::new(t, is, h),
                     )?;
-                    let mut shared = scratch::<bf16>(s, t * h)?;
-                    self.gemm.linear(
-                        &act,
-                        &w.shared_down,
-                        &mut shared,
-                        GemmShape::new(t, h, is),
-                    )?;
-                    let shared = SharedExpert::Output(&shared);
-                    self.ops
-                        .moe_experts(x, &logits, experts, Some(shared), moe, &mut out, path)?;
-                }
+                    let mut down = scratch::<bf16>(s, t * h)?;
+                    self.gemm
+                        .linear(&act, &w.shared_down, &mut down, GemmShape::new(t, h, is))?;
+                    shared_out = down;
+                    SharedExpert::Output(&shared_out)
+                };
+                self.ops
+                    .moe_experts(x, &logits, experts, Some(shared), moe, &mut out, path)?;
             }
         }
         Ok(out)
