@@ -123,7 +123,12 @@ phase_install() {
 }
 
 phase_setup() {
-  x env OUT=$W/setup MODEL=$base CHECKPOINT_ARGS="--vl --mamba-ssm-dtype float32" SETUP_ONLY=1 \
+  # The 35B-A3B's experts are written fused, as the released files hold
+  # them (both servers read that layout); it also keeps the writer's device
+  # memory at the model's size.
+  local ckpt_args="--vl --mamba-ssm-dtype float32"
+  [ "$PRESET" = 35b-a3b ] && ckpt_args="$ckpt_args --save-fused"
+  x env OUT=$W/setup MODEL=$base CHECKPOINT_ARGS="$ckpt_args" SETUP_ONLY=1 \
     $here/serve_bench.sh || { log "setup failed"; return 1; }
   x python3 $here/peer_vllm/checkpoint.py variant $base ${base}_float32 float32
   x python3 $here/peer_vllm/checkpoint.py variant $base ${base}_bfloat16 bfloat16
