@@ -155,7 +155,7 @@ pub struct Args {
     /// size (`4GiB`, `512MiB`, `2GB`; a 4B snapshot is ~51 MB) or a share
     /// of the cache memory the KV pages and the snapshots divide (`0.25`,
     /// `25%`). They are allocated up front, before the KV pages. Default:
-    /// 2 x --max-num-seqs.
+    /// 2 x --max-num-seqs, at most half of that memory.
     #[arg(long, value_parser = parse_state_budget)]
     pub prefix_cache_state_budget: Option<StateBudget>,
     /// How the DeltaNet recurrent state is stored (vLLM's flag): `auto`
@@ -228,7 +228,7 @@ impl Args {
     /// The snapshot budget in force.
     pub fn state_budget(&self) -> StateBudget {
         self.prefix_cache_state_budget
-            .unwrap_or(StateBudget::Snapshots(2 * self.max_num_seqs))
+            .unwrap_or(StateBudget::AtMost(2 * self.max_num_seqs))
     }
 
     /// What gdn-http serves: `model_dir` (the --model directory or the
@@ -412,7 +412,23 @@ mod tests {
         let parse = |args: &[&str]| Args::try_parse_from([&["gdn-server"], args].concat());
         let a = parse(&[]).unwrap();
         assert!(a.prefix_caching());
-        assert_eq!(a.state_budget(), StateBudget::Snapshots(256));
+        assert_eq!(a.state_budget(), StateBudget::AtMost(256));
+        // The default's cap: half of what the pages and the snapshots
+        // share. 10 GB holds 256 snapshots of 19 MB (4.9 GB) below half,
+        // 98 of 51 MB at half; the 35B-A3B's 2,467 MiB on an 80 GB card,
+        // 20 of 61 MiB instead of all of it and more.
+        let ten = CacheRoom::Shared(10_000_000_000);
+        assert_eq!(a.state_budget().snapshots(19_000_000, ten), 256);
+        assert_eq!(a.state_budget().snapshots(51_000_000, ten), 98);
+        assert_eq!(
+            a.state_budget()
+                .snapshots(61 << 20, CacheRoom::Shared(2_467 << 20)),
+            20
+        );
+        // On top of a fixed KV, the share is of the sum: half means as
+        // much as the KV.
+        let kv = CacheRoom::FixedKv(1_000_000_000);
+        assert_eq!(a.state_budget().snapshots(51_000_000, kv), 19);
         assert!(!parse(&["--no-enable-prefix-caching"])
             .unwrap()
             .prefix_caching());

@@ -14,7 +14,18 @@ pub enum StateBudget {
     /// This share (strictly between 0 and 1) of the memory the KV pages and
     /// the snapshots divide between them.
     Fraction(f64),
+    /// The default: this many snapshots, but never more than
+    /// [`DEFAULT_SNAPSHOT_SHARE`] of that memory, so that a large model on
+    /// a smaller card still gets KV pages from an unset flag (the 35B-A3B
+    /// on an 80 GB card: 256 snapshots of 61 MiB took all of it,
+    /// docs/results/2026-12-07-s14). On the H200's measured set-ups the
+    /// count is the smaller term.
+    AtMost(usize),
 }
+
+/// The largest share of the KV pages' and snapshots' memory that the
+/// default snapshot pool takes.
+pub const DEFAULT_SNAPSHOT_SHARE: f64 = 0.5;
 
 impl StateBudget {
     /// Snapshots of `snapshot_bytes` each that the budget allows, `room`
@@ -22,6 +33,18 @@ impl StateBudget {
     pub fn snapshots(self, snapshot_bytes: usize, room: CacheRoom) -> usize {
         let bytes = match self {
             StateBudget::Snapshots(n) => return n,
+            StateBudget::AtMost(n) => {
+                let cap =
+                    StateBudget::Fraction(DEFAULT_SNAPSHOT_SHARE).snapshots(snapshot_bytes, room);
+                if cap < n {
+                    log::info!(
+                        "prefix cache: {cap} snapshots instead of the default {n}: \
+                         {DEFAULT_SNAPSHOT_SHARE} of the cache memory ({room:?}) holds no more \
+                         (--prefix-cache-state-budget sets it)"
+                    );
+                }
+                return n.min(cap);
+            }
             StateBudget::Bytes(b) => b,
             StateBudget::Fraction(f) => match room {
                 CacheRoom::Shared(total) => (f * total as f64) as usize,

@@ -23,6 +23,7 @@ use engine::{
 use gdn_kernels::{DeviceSampler, MaskUpload, RowSampling, TokenAdjustment};
 
 use super::checks::{check_rows, check_starts};
+use super::gpu_memory::CacheMemory;
 use crate::config::Config;
 use crate::error::{LoadError, RunError};
 use crate::gpu::{GpuCache, GpuModel, GpuOptions, Row, StepError};
@@ -148,7 +149,16 @@ impl GpuExecutor {
                 gpu_memory_utilization: u,
                 activation_reserve,
             } => {
-                let room = Self::shared_room(&model, &sizing, u, activation_reserve, true)?;
+                let memory = Self::cache_memory(&model, &sizing, u, activation_reserve)?;
+                let room = memory.room();
+                log::info!(
+                    "GPU executor: {} of {} MiB in use, {} MiB allowed; {num_slots} slots of {} MiB, {} MiB reserved for activations",
+                    memory.used >> 20,
+                    memory.total >> 20,
+                    memory.allowed >> 20,
+                    slot_bytes >> 20,
+                    activation_reserve >> 20,
+                );
                 let snapshot_bytes = num_snapshots * slot_bytes;
                 let n = room.saturating_sub(snapshot_bytes) / page_bytes.max(1);
                 log::info!(
@@ -158,12 +168,20 @@ impl GpuExecutor {
                     snapshot_bytes >> 20,
                     page_bytes >> 20
                 );
-                n.saturating_sub(1)
+                if n <= 1 {
+                    return Err(LoadError::Sizing(memory.no_room(
+                        num_snapshots,
+                        page_bytes,
+                        page_size,
+                        max_model_len,
+                    )));
+                }
+                n - 1
             }
         };
         if num_pages == 0 {
             return Err(LoadError::Sizing(format!(
-                "no room for KV pages ({sizing:?}); lower the slot count or raise gpu_memory_utilization"
+                "no KV pages ({sizing:?}): a fixed pool needs at least one"
             )));
         }
         let cache = model.new_cache(num_slots + 1 + num_snapshots, num_pages + 1, page_size)?;
@@ -207,20 +225,19 @@ impl GpuExecutor {
             PagePool::FromMemory {
                 gpu_memory_utilization: u,
                 activation_reserve,
-            } => Self::shared_room(model, sizing, u, activation_reserve, false)
-                .map(CacheRoom::Shared),
+            } => Self::cache_memory(model, sizing, u, activation_reserve)
+                .map(|memory| CacheRoom::Shared(memory.room())),
         }
     }
 
-    /// [`CacheRoom::Shared`]'s bytes (see [`Self::cache_room`]); `report`
-    /// logs the memory figures (once, when the pages are sized).
-    fn shared_room(
+    /// The terms [`CacheRoom::Shared`]'s bytes come from (see
+    /// [`Self::cache_room`]).
+    fn cache_memory(
         model: &GpuModel,
         sizing: &GpuSizing,
         gpu_memory_utilization: f64,
         activation_reserve: usize,
-        report: bool,
-    ) -> Result<usize, LoadError> {
+    ) -> Result<CacheMemory, LoadError> {
         let u = gpu_memory_utilization;
         if !(u > 0.0 && u <= 1.0) {
             return Err(LoadError::Sizing(format!(
@@ -229,21 +246,15 @@ impl GpuExecutor {
         }
         let (slot_bytes, _) = model.slot_and_page_bytes(sizing.page_size);
         let (free, total) = model.stream().context().mem_get_info()?;
-        let allowed = (total as f64 * u) as usize;
-        let used = total - free;
-        let fixed = used + (sizing.num_slots + 1) * slot_bytes + activation_reserve;
-        if report {
-            log::info!(
-                "GPU executor: {} of {} MiB in use, {} MiB allowed; {} slots of {} MiB, {} MiB reserved for activations",
-                used >> 20,
-                total >> 20,
-                allowed >> 20,
-                sizing.num_slots,
-                slot_bytes >> 20,
-                activation_reserve >> 20,
-            );
-        }
-        Ok(allowed.saturating_sub(fixed))
+        Ok(CacheMemory {
+            total,
+            used: total - free,
+            utilization: u,
+            allowed: (total as f64 * u) as usize,
+            num_slots: sizing.num_slots,
+            slot_bytes,
+            activation_reserve,
+        })
     }
 
     /// The cache slot of `snapshot`.

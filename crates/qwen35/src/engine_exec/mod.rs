@@ -9,6 +9,7 @@
 mod checks;
 mod cpu;
 mod gpu;
+mod gpu_memory;
 
 pub use cpu::{CpuExecutor, CpuSizing};
 pub use gpu::{CacheRoom, GpuExecutor, GpuSizing, PagePool};
