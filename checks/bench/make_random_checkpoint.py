@@ -48,7 +48,11 @@ the file, and drops them, so host memory holds one shard (default 5GB with
 before). Before sharding it reverts the expert fusion for the whole state dict
 at once, on the model's device: the split gate/up halves are new tensors (the
 down_proj split is a view), so the GPU holds the model plus 2/3 of its expert
-bytes while saving, about 70 + 43 GB for the 35B-A3B, inside the H200's 141.
+bytes while saving, about 70 + 43 GB for the 35B-A3B, inside the H200's 141
+but not an 80 GB card. --save-fused (with --moe) skips that split: it writes
+the modules' own state dict, experts fused as the released files hold them,
+so the device holds only the model (the 35B-A3B on an H100 80GB: 16 shards
+in 65 s, docs/results/2026-12-07-s14); peer_vllm.sh uses it for the 35B-A3B.
 
 The 35B-A3B on the H200 (64 GiB disk: the ~70 GB checkpoint goes to /dev/shm,
 which is host RAM, 128 GiB; its tmpfs may be mounted smaller than the
@@ -62,10 +66,11 @@ checkpoint: the script stops before saving if OUT_DIR has too little room, then
   PY
   xz -dc .carry/tok/tokenizer.json.xz > /tmp/tokenizer.json   # as serve_bench.sh
   python3 checks/bench/make_random_checkpoint.py /tmp/q35b_config.json /tmp/tokenizer.json \\
-      crates/server/demo/chat_template.jinja /dev/shm/q35b_vl --vl --moe --mamba-ssm-dtype float32
+      crates/server/demo/chat_template.jinja /dev/shm/q35b_vl --vl --moe --mamba-ssm-dtype float32 --save-fused
 
 Expected: 35.1 B parameters (34.66 B text + 0.45 B tower), 70.2 GB (65.4 GiB)
-of bf16 in 15 shards of at most 5 GB plus model.safetensors.index.json. The
+of bf16 in shards of at most 5 GB plus model.safetensors.index.json (16 with
+--save-fused, 15 through save_pretrained). The
 released checkpoint also holds mtp.* weights, which neither server reads and
 this one lacks.
 """
