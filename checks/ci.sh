@@ -3,6 +3,9 @@
 # themselves; checks/gpu/ runs them on a GPU machine.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
+# A clean checkout builds everything once: incremental caches would only
+# take disk (gigabytes across the workspace's test binaries).
+export CARGO_INCREMENTAL=0
 step() { echo; echo "==== $* ($(date -u +%H:%M:%S))"; }
 
 # Every tool this script needs besides cargo, named before anything runs
