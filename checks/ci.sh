@@ -83,3 +83,6 @@ echo "GPU tests that skipped (no GPU here): $(grep -c '^skipped: no usable GPU' 
 # and the last ones are doc-test runs with nothing in them).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i == "passed;") p += $(i-1); if ($i == "failed;") f += $(i-1) } }
      END { printf "%d passed, %d failed\n", p, f; exit (f > 0 || p == 0) }' target/cargo-test.log
+# The build's disk footprint, so that growth shows here before a CI
+# machine's disk runs out (README, "Test").
+echo "disk used by target/: $(du -sh target | cut -f1)"
