@@ -23,51 +23,45 @@
 //!   slots of the model ops may store it in bf16: [`StateDtype`])
 //! - `Hv = r * Hqk`; value head `h` reads q/k head `h / r`.
 
-mod attention_select;
-mod batch;
-mod dispatch;
-mod dsl;
-mod error;
-mod ffi;
+mod attention;
+mod deltanet;
 mod gemm;
-mod linear;
 mod model_ops;
-pub mod oracle;
-mod prefill;
+mod moe;
 mod sampling;
-mod skinny;
-mod state;
-mod swiglu;
-mod token_masks;
+mod shared;
 
 mod bundle_embed {
     include!(concat!(env!("OUT_DIR"), "/bundle_embed.rs"));
 }
 
-pub use attention_select::{AttentionKernel, AttentionRequest};
-pub use batch::{BatchLayout, DeviceBatch, Padding};
-pub use dispatch::{
-    prefer_context_parallel, Backend, BackendRequest, DispatchDecision, UnknownBackend,
+pub use attention::{AttentionKernel, AttentionRequest};
+pub use deltanet::oracle::{self, GdnGeometry, HEAD_DIM};
+pub use deltanet::{
+    flashinfer_would_use_cp, prefer_context_parallel, Backend, BackendRequest, DispatchDecision,
+    GdnPrefill, HostState, PrefillBuffers, RecurrentState, StateDtype, UnknownBackend,
 };
-pub use dsl::flashinfer_would_use_cp;
-pub use error::{ErrorKind, GdnError, Ineligible, Op};
-pub use gemm::{route_in, Gemm, LinearRoute, SkinnyRule, SKINNY_RULES};
-pub use linear::{GemmOutput, GemmShape};
+pub use gemm::{
+    route_in, swiglu_route, Gemm, GemmOutput, GemmShape, LinearRoute, SkinnyConfig, SkinnyLinear,
+    SkinnyRule, SwigluGemm, SwigluRequest, SwigluRoute, SKINNY_MAX_ROWS, SKINNY_RULES,
+    SWIGLU_FUSED_MIN_ROWS,
+};
 pub use model_ops::{
-    moe_path, AttentionShape, DeltaNetInputs, DeltaNetShape, DeltaNetWeights, ModelOps, MoeExperts,
-    MoePath, MoeScratch, MoeShape, SharedExpert, MOE_DIRECT_MAX_TOKENS, MOE_MAX_EXPERTS,
-    MOE_MAX_TOP_K,
+    AttentionShape, DeltaNetInputs, DeltaNetShape, DeltaNetWeights, ModelOps,
 };
-pub use oracle::{GdnGeometry, HEAD_DIM};
-pub use prefill::{GdnPrefill, PrefillBuffers};
-pub use sampling::{DeviceSampler, RowSampling, SampledRow, TokenAdjustment, MAX_TOP_LOGPROBS};
-pub use skinny::{SkinnyConfig, SkinnyLinear, SKINNY_MAX_ROWS};
-pub use state::{HostState, RecurrentState, StateDtype};
-pub use swiglu::{swiglu_route, SwigluGemm, SwigluRequest, SwigluRoute, SWIGLU_FUSED_MIN_ROWS};
-pub use token_masks::{mask_words, MaskUpload, TokenMasks};
+pub use moe::{
+    moe_path, MoeExperts, MoePath, MoeScratch, MoeShape, SharedExpert, MOE_DIRECT_MAX_TOKENS,
+    MOE_MAX_EXPERTS, MOE_MAX_TOP_K,
+};
+pub use sampling::{
+    mask_words, DeviceSampler, MaskUpload, RowSampling, SampledRow, TokenAdjustment, TokenMasks,
+    MAX_TOP_LOGPROBS,
+};
+pub use shared::batch::{BatchLayout, DeviceBatch, Padding};
+pub use shared::error::{ErrorKind, GdnError, Ineligible, Op};
 
 /// The C ABI version these bindings speak; checked against the linked launcher.
-pub const ABI_VERSION: u32 = ffi::prefill::GDN_ABI_VERSION;
+pub const ABI_VERSION: u32 = deltanet::prefill::ffi::GDN_ABI_VERSION;
 
 /// `path=sha256` of the locked FlashInfer cubins linked into this build.
 pub fn flashinfer_cubin_identity() -> &'static str {

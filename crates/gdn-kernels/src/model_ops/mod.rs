@@ -11,29 +11,21 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use half::bf16;
 
-use crate::attention_select::{self, AttentionKernel, AttentionRequest, Fa3};
-use crate::batch::DeviceBatch;
-use crate::dispatch::cubin_for;
-use crate::error::{invalid, During, GdnError, Op};
-use crate::oracle::HEAD_DIM;
-use crate::state::RecurrentState;
-
-mod attention;
-mod deltanet;
-mod moe;
-
-pub use moe::{
-    moe_path, MoeExperts, MoePath, MoeScratch, MoeShape, SharedExpert, MOE_DIRECT_MAX_TOKENS,
-    MOE_MAX_EXPERTS, MOE_MAX_TOP_K,
-};
+use crate::attention::select::{self, AttentionRequest, Fa3};
+use crate::moe::ops::MoeFunctions;
+use crate::shared::batch::DeviceBatch;
+use crate::deltanet::prefill::dispatch::cubin_for;
+use crate::shared::error::{invalid, During, GdnError, Op};
+use crate::deltanet::oracle::HEAD_DIM;
+use crate::deltanet::state::RecurrentState;
 
 const UNIT: &str = "model_kernels";
 const MAX_CONV_TAPS: usize = 8;
 const MAX_GQA: usize = 8;
-const ATTN_THREADS: u32 = 128;
+pub(crate) const ATTN_THREADS: u32 = 128;
 /// The tensor-core decode's block: four warps, each with its own ring of
 /// `stages` 8-key tiles (K and V, 8 KiB a tile).
-const DECODE_TC_THREADS: u32 = 128;
+pub(crate) const DECODE_TC_THREADS: u32 = 128;
 /// Tiles in flight per warp of the tensor-core decode unless a benchmark
 /// sets another ([`ModelOps::set_decode_tc_stages`]); the measured choice
 /// is in docs/performance.md (decode attention against its KV-read floor).
@@ -41,15 +33,15 @@ const DECODE_TC_STAGES: usize = 3;
 
 /// Dynamic shared memory of the tensor-core decode with `stages` tiles in
 /// flight per warp (its rings; the warps' merge at the end reuses them).
-fn decode_tc_smem(stages: usize) -> usize {
+pub(crate) fn decode_tc_smem(stages: usize) -> usize {
     4 * stages * 2 * 8 * 256 * 2
 }
 const MAX_STATIC_SHARED: usize = 48 * 1024;
 /// Arrival counters of the fused DeltaNet decode: one per (sequence, q/k
 /// head) of a launch; larger batches launch in chunks.
-const FUSED_DECODE_COUNTERS: usize = 1 << 16;
+pub(crate) const FUSED_DECODE_COUNTERS: usize = 1 << 16;
 /// The most sequences one launch covers (grid y).
-const MAX_GRID_Y: usize = 65_535;
+pub(crate) const MAX_GRID_Y: usize = 65_535;
 
 /// Shape of one Gated DeltaNet layer (head dim 128). Its fused input
 /// projection has the columns `[q | k | v | z | b | a]`
@@ -142,13 +134,13 @@ impl AttentionShape {
 
 /// Dynamic shared memory of attention_prefill_impl: Q per warp, K and V
 /// tiles, S, P and O scratch per warp.
-fn prefill_attention_smem(shape: AttentionShape) -> usize {
+pub(crate) fn prefill_attention_smem(shape: AttentionShape) -> usize {
     let (group, d) = (shape.q_heads / shape.kv_heads.max(1), shape.head_dim);
     group * 16 * d * 2 + 2 * 32 * d * 2 + group * 16 * 32 * (4 + 2) + group * 16 * 16 * 4
 }
 
 /// Exact length check: `what` must hold `want` elements.
-fn exact(op: Op, what: &'static str, have: usize, want: usize) -> Result<(), GdnError> {
+pub(crate) fn exact(op: Op, what: &'static str, have: usize, want: usize) -> Result<(), GdnError> {
     if have == want {
         Ok(())
     } else {
@@ -161,7 +153,7 @@ fn exact(op: Op, what: &'static str, have: usize, want: usize) -> Result<(), Gdn
 }
 
 /// A pool of `per_slot`-sized slots must hold every slot the batch uses.
-fn pool(
+pub(crate) fn pool(
     op: Op,
     what: &'static str,
     len: usize,
@@ -179,7 +171,7 @@ fn pool(
 }
 
 /// `x` (the size `what`) as a kernel's i32 argument.
-fn i32_of(op: Op, what: &'static str, x: usize) -> Result<i32, GdnError> {
+pub(crate) fn i32_of(op: Op, what: &'static str, x: usize) -> Result<i32, GdnError> {
     i32::try_from(x).map_err(|_| invalid(op, what, format!("{x} exceeds i32")))
 }
 
@@ -193,7 +185,7 @@ fn i32_of(op: Op, what: &'static str, x: usize) -> Result<i32, GdnError> {
 /// 16 blocks) left a small batch's decode attention latency-bound (ncu
 /// profile of one batch-1 decode step: docs/results/h200-2026-12-01/
 /// `ncu-decode-b1-one-step.tsv`).
-fn decode_splits(keys: usize, sequences_x_kv_heads: usize) -> usize {
+pub(crate) fn decode_splits(keys: usize, sequences_x_kv_heads: usize) -> usize {
     let most = 4096usize.div_ceil(sequences_x_kv_heads.max(1));
     keys.div_ceil(32).min(64).min(most).max(1)
 }
@@ -208,7 +200,7 @@ fn decode_splits(keys: usize, sequences_x_kv_heads: usize) -> usize {
 /// 4B) up the best share is about 512 keys at every batch and context;
 /// smaller batches are latency-bound and do best with about 128 blocks of
 /// at least 64 keys.
-fn decode_tc_splits(keys: usize, sequences_x_kv_heads: usize) -> (usize, usize) {
+pub(crate) fn decode_tc_splits(keys: usize, sequences_x_kv_heads: usize) -> (usize, usize) {
     let rows = sequences_x_kv_heads.max(1);
     let streaming = keys.div_ceil(512);
     let filling = keys.div_ceil(64).min(128usize.div_ceil(rows));
@@ -217,7 +209,7 @@ fn decode_tc_splits(keys: usize, sequences_x_kv_heads: usize) -> (usize, usize) 
     (splits, min_share)
 }
 
-fn grid(x: usize, y: usize, threads: u32, shared: usize) -> LaunchConfig {
+pub(crate) fn grid(x: usize, y: usize, threads: u32, shared: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (x as u32, y as u32, 1),
         block_dim: (threads, 1, 1),
@@ -225,40 +217,40 @@ fn grid(x: usize, y: usize, threads: u32, shared: usize) -> LaunchConfig {
     }
 }
 
-struct Functions {
-    embedding: CudaFunction,
-    add_rmsnorm: CudaFunction,
-    add_rmsnorm_vec8: CudaFunction,
-    conv_prep: CudaFunction,
+pub(crate) struct Functions {
+    pub(crate) embedding: CudaFunction,
+    pub(crate) add_rmsnorm: CudaFunction,
+    pub(crate) add_rmsnorm_vec8: CudaFunction,
+    pub(crate) conv_prep: CudaFunction,
     /// The same kernel for 4-tap conv kernels (Qwen3.5's), kw a constant.
-    conv_prep_k4: CudaFunction,
-    conv_update: CudaFunction,
-    decode_step: CudaFunction,
-    decode_step_bf16: CudaFunction,
-    gated_rmsnorm: CudaFunction,
+    pub(crate) conv_prep_k4: CudaFunction,
+    pub(crate) conv_update: CudaFunction,
+    pub(crate) decode_step: CudaFunction,
+    pub(crate) decode_step_bf16: CudaFunction,
+    pub(crate) gated_rmsnorm: CudaFunction,
     /// By blocks per (sequence, value head): 1, 2, 4; f32 and bf16 state.
-    decode_fused: [CudaFunction; 3],
-    decode_fused_bf16: [CudaFunction; 3],
-    attn_prep: CudaFunction,
+    pub(crate) decode_fused: [CudaFunction; 3],
+    pub(crate) decode_fused_bf16: [CudaFunction; 3],
+    pub(crate) attn_prep: CudaFunction,
     /// By head dim 32, 64, 128, 256: one token per block (decode) and
     /// tensor-core query tiles (prefill).
-    attention: [CudaFunction; 4],
+    pub(crate) attention: [CudaFunction; 4],
     /// The same decode kernels for GQA groups <= 4 (half the registers).
-    attention_g4: [CudaFunction; 4],
-    attention_prefill: [CudaFunction; 4],
+    pub(crate) attention_g4: [CudaFunction; 4],
+    pub(crate) attention_prefill: [CudaFunction; 4],
     /// The tensor-core decode with 2 and 3 tiles in flight per warp.
-    attention_decode_tc: [CudaFunction; 2],
-    attention_combine: CudaFunction,
-    attention_gate: CudaFunction,
-    silu_mul: CudaFunction,
-    copy_f32: CudaFunction,
-    copy_bf16: CudaFunction,
+    pub(crate) attention_decode_tc: [CudaFunction; 2],
+    pub(crate) attention_combine: CudaFunction,
+    pub(crate) attention_gate: CudaFunction,
+    pub(crate) silu_mul: CudaFunction,
+    pub(crate) copy_f32: CudaFunction,
+    pub(crate) copy_bf16: CudaFunction,
     /// A bf16 state's slots to an f32 packed batch and back.
-    widen_bf16: CudaFunction,
-    narrow_f32: CudaFunction,
-    fill_bf16: CudaFunction,
-    fill_f32: CudaFunction,
-    moe: moe::MoeFunctions,
+    pub(crate) widen_bf16: CudaFunction,
+    pub(crate) narrow_f32: CudaFunction,
+    pub(crate) fill_bf16: CudaFunction,
+    pub(crate) fill_f32: CudaFunction,
+    pub(crate) moe: MoeFunctions,
 }
 
 /// The DeltaNet per-token inputs the conv step produces and the prefill /
@@ -289,24 +281,24 @@ pub struct DeltaNetWeights<'a> {
 
 /// Our model kernels, loaded for one stream's device.
 pub struct ModelOps {
-    stream: Arc<CudaStream>,
-    f: Functions,
-    _module: Arc<CudaModule>,
-    sm: u32,
-    multiprocessors: usize,
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) f: Functions,
+    pub(crate) _module: Arc<CudaModule>,
+    pub(crate) sm: u32,
+    pub(crate) multiprocessors: usize,
     /// The fused decode's arrival counters: zero between launches (each
     /// launch's last blocks reset theirs), so launches on this stream,
     /// captured or not, share them.
-    fused_arrivals: CudaSlice<u32>,
-    attention_request: AttentionRequest,
+    pub(crate) fused_arrivals: CudaSlice<u32>,
+    pub(crate) attention_request: AttentionRequest,
     /// Tiles in flight per warp of the tensor-core decode (2 or 3).
-    decode_tc_stages: usize,
+    pub(crate) decode_tc_stages: usize,
     /// A fixed split count for decode attention instead of the rule (a
     /// benchmark knob).
-    decode_splits_override: Option<usize>,
+    pub(crate) decode_splits_override: Option<usize>,
     /// FlashInfer's FA3 attention, when this GPU runs it and the request
-    /// allows it (see `attention_select`).
-    fa3: Option<Fa3>,
+    /// allows it (see `attention::select`).
+    pub(crate) fa3: Option<Fa3>,
 }
 
 impl ModelOps {
@@ -316,13 +308,13 @@ impl ModelOps {
     }
 
     /// The ops with the attention kernel chosen by `request` (tests force
-    /// each kernel with it; the rule is in `attention_select.rs`).
+    /// each kernel with it; the rule is in `attention/select.rs`).
     pub fn with_attention(
         stream: Arc<CudaStream>,
         request: AttentionRequest,
     ) -> Result<Self, GdnError> {
         const OP: Op = Op::ModelKernels;
-        let fa3 = attention_select::probe(&stream, request)?;
+        let fa3 = select::probe(&stream, request)?;
         let ctx = stream.context().clone();
         let cc = ctx.compute_capability().during(OP)?;
         let (sm, cubin) = cubin_for(UNIT, cc).map_err(|why| why.into_error(OP))?;
@@ -379,7 +371,7 @@ impl ModelOps {
             narrow_f32: l("copy_rows_f32_to_bf16")?,
             fill_bf16: l("fill_uniform_bf16")?,
             fill_f32: l("fill_uniform_f32")?,
-            moe: moe::MoeFunctions {
+            moe: MoeFunctions {
                 topk_softmax: l("moe_topk_softmax")?,
                 route: l("moe_route")?,
                 gemv_gate_up: l("moe_gemv_gate_up")?,

@@ -1,9 +1,17 @@
 //! The attention layer's ops: q/k norm + RoPE + paged KV write, and
-//! attention itself on the kernel `attention_select` picks (ours or
+//! attention itself on the kernel `attention::select` picks (ours or
 //! FlashInfer's FA3).
 
-use super::*;
-use crate::error::ErrorKind;
+use cudarc::driver::{CudaSlice, PushKernelArg};
+use half::bf16;
+
+use crate::attention::select::{self, AttentionKernel};
+use crate::model_ops::{
+    decode_splits, decode_tc_smem, decode_tc_splits, exact, grid, i32_of, pool,
+    prefill_attention_smem, AttentionShape, ModelOps, ATTN_THREADS, DECODE_TC_THREADS,
+};
+use crate::shared::batch::DeviceBatch;
+use crate::shared::error::{During, ErrorKind, GdnError, Op};
 
 impl ModelOps {
     /// q/k norm and RoPE for every token; q to `q_out` (`[T, Hq, D]`), k and v
@@ -68,7 +76,7 @@ impl ModelOps {
         batch: &DeviceBatch,
         shape: AttentionShape,
     ) -> Result<AttentionKernel, GdnError> {
-        attention_select::choose(
+        select::choose(
             self.attention_request,
             self.fa3.as_ref(),
             batch,
@@ -118,7 +126,7 @@ impl ModelOps {
         let kernel = self.attention_kernel(batch, shape)?;
         if kernel == AttentionKernel::FlashInferSm90 {
             let fa3 = self.fa3.as_ref().expect("chosen only when set up");
-            attention_select::launch(
+            select::launch(
                 fa3,
                 &self.stream,
                 batch,

@@ -21,7 +21,7 @@
 //! strength. The state layout is `[N, Hv, D(v), D(k)]` with k contiguous, as in
 //! FlashInfer.
 
-use crate::error::{invalid, GdnError, Op};
+use crate::shared::error::{invalid, GdnError, Op};
 
 const OP: Op = Op::GdnReference;
 

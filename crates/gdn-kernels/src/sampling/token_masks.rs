@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, PinnedHostSlice};
 
-use crate::error::{invalid, During, GdnError, Op};
+use crate::shared::error::{invalid, During, GdnError, Op};
 
 const OP: Op = Op::SampleRows;
 

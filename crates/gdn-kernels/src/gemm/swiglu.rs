@@ -31,9 +31,9 @@ use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use half::bf16;
 
-use crate::error::{invalid, During, ErrorKind, GdnError, Op};
-use crate::ffi::swiglu::{self as ffi, SWIGLU};
-use crate::linear::GemmShape;
+use crate::shared::error::{invalid, During, ErrorKind, GdnError, Op};
+use crate::gemm::swiglu_ffi::{self as ffi, SWIGLU};
+use crate::gemm::linear::GemmShape;
 
 const OP: Op = Op::SwigluGemm;
 
@@ -197,7 +197,7 @@ impl Drop for SwigluGemm {
     fn drop(&mut self) {
         let _ = self.stream.context().bind_to_thread();
         // SAFETY: balances the load in `new` (the stream keeps the context alive).
-        if unsafe { ffi::gdn_swiglu_unload() } != crate::ffi::GDN_OK {
+        if unsafe { ffi::gdn_swiglu_unload() } != crate::shared::c_library::GDN_OK {
             log::warn!("gdn_swiglu_unload: {}", SWIGLU.last_error());
         }
     }

@@ -5,7 +5,7 @@
 //! of k; its warps split k and sum their partials in shared memory, so
 //! there is no split-K pass. This module alone knows the kernels' names,
 //! arguments and launch geometry, and checks every argument before
-//! launching. Which calls take it instead of cuBLAS is [`crate::gemm`]'s
+//! launching. Which calls take it instead of cuBLAS is [`crate::gemm::ops`]'s
 //! rule.
 
 use std::sync::Arc;
@@ -16,9 +16,9 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use half::bf16;
 
-use crate::dispatch::cubin_for;
-use crate::error::{invalid, During, GdnError, Op};
-use crate::linear::{check_lengths, GemmOutput, GemmShape};
+use crate::deltanet::prefill::dispatch::cubin_for;
+use crate::shared::error::{invalid, During, GdnError, Op};
+use crate::gemm::linear::{check_lengths, GemmOutput, GemmShape};
 
 const UNIT: &str = "skinny_linear";
 const OP: Op = Op::SkinnyLinear;

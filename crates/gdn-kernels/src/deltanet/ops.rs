@@ -2,7 +2,17 @@
 //! the recurrent decode step, the gated output norm, and all of them fused
 //! into one kernel for decode batches where that measured faster.
 
-use super::*;
+use cudarc::driver::{CudaSlice, PushKernelArg};
+use half::bf16;
+
+use crate::deltanet::oracle::HEAD_DIM;
+use crate::deltanet::state::RecurrentState;
+use crate::model_ops::{
+    exact, grid, i32_of, pool, DeltaNetInputs, DeltaNetShape, DeltaNetWeights, ModelOps,
+    FUSED_DECODE_COUNTERS, MAX_GRID_Y,
+};
+use crate::shared::batch::DeviceBatch;
+use crate::shared::error::{invalid, During, GdnError, Op};
 
 impl ModelOps {
     /// DeltaNet conv + SiLU + q/k L2 norm + gates for every token of the

@@ -18,9 +18,9 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use crate::dispatch::cubin_for;
-use crate::error::{invalid, During, GdnError, Op};
-use crate::token_masks::TokenMasks;
+use crate::deltanet::prefill::dispatch::cubin_for;
+use crate::shared::error::{invalid, During, GdnError, Op};
+use crate::sampling::token_masks::TokenMasks;
 
 const UNIT: &str = "sampling";
 const OP: Op = Op::SampleRows;

@@ -5,6 +5,10 @@
 //! to that backend's launch: [`FlashInferKernel::launch`],
 //! [`DslKernel::launch`] or [`PortableKernel::launch`].
 
+pub(crate) mod dispatch;
+pub(crate) mod dsl;
+pub(crate) mod dsl_ffi;
+pub(crate) mod ffi;
 mod launch;
 
 use std::sync::Arc;
@@ -13,13 +17,13 @@ use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use half::bf16;
 
-use crate::dispatch::{
+use crate::deltanet::prefill::dispatch::{
     prefer_context_parallel, resolve, Backend, BackendRequest, DispatchDecision,
 };
-use crate::dsl::DslFamily;
-use crate::error::{invalid, During, GdnError};
-use crate::ffi::prefill as prefill_ffi;
-use crate::oracle::{GdnGeometry, HEAD_DIM};
+use crate::deltanet::prefill::dsl::DslFamily;
+use crate::shared::error::{invalid, During, GdnError};
+use crate::deltanet::prefill::ffi as prefill_ffi;
+use crate::deltanet::oracle::{GdnGeometry, HEAD_DIM};
 use launch::{CallShape, DevicePointers, DslKernel, FlashInferKernel, Kernel, PortableKernel, OP};
 
 /// The buffers of one prefill call. Shapes are in the crate docs; the op

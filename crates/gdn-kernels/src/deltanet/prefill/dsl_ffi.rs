@@ -4,13 +4,13 @@
 
 use std::ffi::{c_char, c_void};
 
-use super::CLibrary;
+use crate::shared::c_library::CLibrary;
 
 pub const GDN_DSL_ABI_VERSION: u32 = 1;
 
 /// Mirrors `gdn_dsl_prefill_args` (`gdn_dsl_abi.h`): the C ABI over the
 /// CuTe DSL kernels. Device pointers except `stream`; shapes as
-/// [`super::prefill::GdnPrefillArgs`]; `kernel` is a `gdn_dsl_kernel` (1 SM90, 2 SM90 CP,
+/// [`super::ffi::GdnPrefillArgs`]; `kernel` is a `gdn_dsl_kernel` (1 SM90, 2 SM90 CP,
 /// 3 SM100, 4 SM120).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]

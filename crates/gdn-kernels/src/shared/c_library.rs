@@ -1,23 +1,20 @@
-//! Bindings to the bundle's C ABIs, one module per kernel family:
-//! [`prefill`] (`gdn_abi.h`, `gdn_vsplit_abi.h`: FlashInfer's C++ GDN
-//! prefill), [`dsl`] (`gdn_dsl_abi.h`: the CuTe DSL GDN kernels),
-//! [`attention`] (`gdn_attention_abi.h`: FlashInfer's SM90 paged
-//! attention) and [`swiglu`] (`gdn_swiglu_abi.h`: quack's SwiGLU GEMM).
-//! Hand-written; each module's layout test compares every field offset
-//! with the C compiler's own `offsetof`, exported by the library.
+//! What the bundle's C libraries share. Each family binds its own C ABI
+//! next to its op: `deltanet/prefill/ffi.rs` (`gdn_abi.h`,
+//! `gdn_vsplit_abi.h`: FlashInfer's C++ GDN prefill),
+//! `deltanet/prefill/dsl_ffi.rs` (`gdn_dsl_abi.h`: the CuTe DSL GDN
+//! kernels), `attention/ffi.rs` (`gdn_attention_abi.h`: FlashInfer's SM90
+//! paged attention) and `gemm/swiglu_ffi.rs` (`gdn_swiglu_abi.h`: quack's
+//! SwiGLU GEMM). Hand-written; each binding's layout test compares every
+//! field offset with the C compiler's own `offsetof`, exported by the
+//! library.
 //!
 //! Every library reports failures the same way (a non-zero status and a
 //! thread-local message) and exports its ABI version: [`CLibrary`] turns
 //! both into [`GdnError`]s, so no wrapper checks a status by hand.
 
-pub(crate) mod attention;
-pub(crate) mod dsl;
-pub(crate) mod prefill;
-pub(crate) mod swiglu;
-
 use std::ffi::{c_char, CStr};
 
-use crate::error::{ErrorKind, GdnError, Op};
+use crate::shared::error::{ErrorKind, GdnError, Op};
 
 /// The status every launcher returns on success.
 pub const GDN_OK: i32 = 0;

@@ -19,9 +19,9 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::bundle_embed::{CUBINS, FLASHINFER_GVA_RATIOS};
-use crate::dsl::{self, DslFamily};
-use crate::error::Ineligible;
-use crate::oracle::{GdnGeometry, HEAD_DIM};
+use crate::deltanet::prefill::dsl::{self, DslFamily};
+use crate::shared::error::Ineligible;
+use crate::deltanet::oracle::{GdnGeometry, HEAD_DIM};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendRequest {

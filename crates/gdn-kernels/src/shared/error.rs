@@ -20,7 +20,7 @@ use cudarc::driver::DriverError;
 pub enum Op {
     /// [`crate::GdnPrefill`]: the chunked GDN prefill on any backend.
     GdnPrefill,
-    /// [`crate::oracle::gated_delta_rule_reference`], the CPU oracle.
+    /// [`crate::deltanet::oracle::gated_delta_rule_reference`], the CPU oracle.
     GdnReference,
     /// [`crate::Gemm::linear`] and the cuBLAS handle behind it.
     Linear,

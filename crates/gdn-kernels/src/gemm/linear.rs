@@ -1,13 +1,13 @@
-//! What every linear-layer path shares (cuBLAS in [`crate::gemm`], the
-//! skinny kernels in [`crate::skinny`], the fused SwiGLU GEMM in
-//! [`crate::swiglu`]): the shape of a call, the output element types, and
+//! What every linear-layer path shares (cuBLAS in [`crate::gemm::ops`], the
+//! skinny kernels in [`crate::gemm::skinny`], the fused SwiGLU GEMM in
+//! [`crate::gemm::swiglu`]): the shape of a call, the output element types, and
 //! the length check of its operands.
 
 use cudarc::cublas::sys::cudaDataType;
 use cudarc::driver::DeviceRepr;
 use half::bf16;
 
-use crate::error::{invalid, GdnError, Op};
+use crate::shared::error::{invalid, GdnError, Op};
 
 /// The shape of `y[m, n] = x[m, k] · w[n, k]ᵀ`: `m` rows of x (tokens),
 /// `n` output columns (rows of the weight), `k` the reduction.

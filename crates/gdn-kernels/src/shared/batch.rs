@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 
-use crate::error::{invalid, During, GdnError, Op};
+use crate::shared::error::{invalid, During, GdnError, Op};
 
 const OP: Op = Op::Batch;
 

@@ -3,7 +3,7 @@
 
 use std::ffi::{c_char, c_void};
 
-use super::CLibrary;
+use crate::shared::c_library::CLibrary;
 
 pub const GDN_ATTENTION_ABI_VERSION: u32 = 1;
 /// Head dim of the shipped FA3 instantiation (`GDN_ATTENTION_HEAD_DIM`).

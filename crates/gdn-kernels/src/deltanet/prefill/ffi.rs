@@ -4,7 +4,7 @@
 
 use std::ffi::{c_char, c_void};
 
-use super::CLibrary;
+use crate::shared::c_library::CLibrary;
 
 pub const GDN_ABI_VERSION: u32 = 1;
 

@@ -11,7 +11,13 @@
 //! grid is sized from the batch's token count alone, so a captured graph
 //! replays with any routing.
 
-use super::*;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, PushKernelArg};
+use half::bf16;
+
+use crate::model_ops::{exact, grid, ModelOps};
+use crate::shared::error::{invalid, During, GdnError, Op};
 
 /// Most experts a layer may have (the top-k kernel keeps E probabilities
 /// per token in one warp's registers; the routing counts them in shared
@@ -284,18 +290,18 @@ pub enum SharedExpert<'a> {
 }
 
 /// The kernels of this module.
-pub(super) struct MoeFunctions {
-    pub topk_softmax: CudaFunction,
-    pub route: CudaFunction,
-    pub gemv_gate_up: CudaFunction,
-    pub gemv_down: CudaFunction,
-    pub gemv_mma_gate_up: CudaFunction,
-    pub gemv_mma_down: CudaFunction,
-    pub gemm_gate_up: CudaFunction,
-    pub gemm_down: CudaFunction,
-    pub combine: CudaFunction,
-    pub direct_gate_up: CudaFunction,
-    pub direct_down_combine: CudaFunction,
+pub(crate) struct MoeFunctions {
+    pub(crate) topk_softmax: CudaFunction,
+    pub(crate) route: CudaFunction,
+    pub(crate) gemv_gate_up: CudaFunction,
+    pub(crate) gemv_down: CudaFunction,
+    pub(crate) gemv_mma_gate_up: CudaFunction,
+    pub(crate) gemv_mma_down: CudaFunction,
+    pub(crate) gemm_gate_up: CudaFunction,
+    pub(crate) gemm_down: CudaFunction,
+    pub(crate) combine: CudaFunction,
+    pub(crate) direct_gate_up: CudaFunction,
+    pub(crate) direct_down_combine: CudaFunction,
 }
 
 impl ModelOps {

@@ -6,7 +6,7 @@
 //! ([`SkinnyLinear`]). [`Gemm::linear`] picks; the two paths are also
 //! callable by name (benchmarks, tests). The MLP's gate/up projection with
 //! its SwiGLU is [`Gemm::gate_up_swiglu`], fused into one GEMM where
-//! [`crate::swiglu`]'s rule says so.
+//! [`crate::gemm::swiglu`]'s rule says so.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -17,11 +17,11 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use half::bf16;
 
-use crate::error::{invalid, During, ErrorKind, GdnError, Op};
-use crate::linear::{check_lengths, GemmOutput, GemmShape};
+use crate::shared::error::{invalid, During, ErrorKind, GdnError, Op};
+use crate::gemm::linear::{check_lengths, GemmOutput, GemmShape};
 use crate::model_ops::ModelOps;
-use crate::skinny::{SkinnyConfig, SkinnyLinear};
-use crate::swiglu::{swiglu_route, SwigluGemm, SwigluRequest, SwigluRoute};
+use crate::gemm::skinny::{SkinnyConfig, SkinnyLinear};
+use crate::gemm::swiglu::{swiglu_route, SwigluGemm, SwigluRequest, SwigluRoute};
 
 const OP: Op = Op::Linear;
 
@@ -206,7 +206,7 @@ impl Gemm {
     /// (x·W_upᵀ)` with `w = [W_gate; W_up]` (`[2n, k]`: `shape.n` is the
     /// intermediate size, the output width), x `[m, k]` (may be longer)
     /// and out exactly `[m, n]`. Fused into one GEMM where
-    /// [`crate::swiglu`]'s rule says so, else [`Gemm::linear`] into a
+    /// [`crate::gemm::swiglu`]'s rule says so, else [`Gemm::linear`] into a
     /// scratch buffer and `ops`' `silu_mul`. Returns the route taken.
     pub fn gate_up_swiglu(
         &self,
@@ -217,7 +217,7 @@ impl Gemm {
         shape: GemmShape,
     ) -> Result<SwigluRoute, GdnError> {
         let GemmShape { m, n: inter, k } = shape;
-        crate::swiglu::check_lengths(x.len(), w.len(), out.len(), shape)?;
+        crate::gemm::swiglu::check_lengths(x.len(), w.len(), out.len(), shape)?;
         if out.len() != m * inter {
             return Err(invalid(
                 Op::SwigluGemm,
