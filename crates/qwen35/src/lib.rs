@@ -1,7 +1,8 @@
 //! Qwen3.5 models (dense and MoE): config, checkpoint loading, tokenizer,
 //! the f32 CPU reference forward, and the bf16 GPU runtime (`gpu`, dense
-//! only so far), which runs on the semantic ops of `gdn_kernels`;
-//! `engine_exec` drives either as an executor of the serving engine. Loading fails with a [`LoadError`],
+//! and MoE layers: the routed experts run on `ModelOps::moe_experts`), which
+//! runs on the semantic ops of `gdn_kernels`; `engine_exec` drives either as
+//! an executor of the serving engine. Loading fails with a [`LoadError`],
 //! running with a [`RunError`]; a kernel's own error stays their cause.
 
 pub mod config;

@@ -13,7 +13,7 @@ impl Scheduler {
     /// prompt has few query rows over many keys, which the attention kernel
     /// spreads badly: the tail of a prompt just over the budget costs
     /// several times what its tokens cost inside a larger chunk
-    /// (docs/benchmarks.md, "Where TTFT goes at c = 1").
+    /// (docs/results/h200-2026-12-01/README.md, "Where TTFT goes at c = 1").
     pub(super) fn chunk_cap(&self, remaining: usize, budget: usize) -> usize {
         let mut cap = self.config.max_num_batched_tokens;
         if self.config.long_prefill_token_threshold > 0 {

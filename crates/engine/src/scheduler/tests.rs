@@ -246,7 +246,7 @@ fn assert_equal_chunks(chunks: &[(usize, usize, bool)], total: usize, cap: usize
 #[test]
 fn a_prompt_over_the_budget_is_cut_into_equal_chunks_not_a_short_tail() {
     // 8,416 tokens under a budget of 8,192 (the measured case,
-    // docs/benchmarks.md): 4,208 + 4,208,
+    // docs/results/h200-2026-12-01/README.md): 4,208 + 4,208,
     // not 8,192 + 224; and a prompt within the budget stays whole.
     for (prompt, budget) in [(8416usize, 8192usize), (20000, 8192), (130, 64), (64, 64)] {
         let page = 16;

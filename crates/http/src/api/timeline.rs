@@ -24,7 +24,8 @@ use engine::{EngineTimeline, StepMark};
 use serde_json::{json, Map, Value as Json};
 
 /// The lines' log target: its name from before the HTTP layer was a crate
-/// of its own, kept so that log filters and docs/benchmarks.md still match.
+/// of its own, kept so that log filters and the logs quoted under
+/// docs/results/ (e.g. docs/results/h200-2026-12-01/README.md) still match.
 pub const LOG_TARGET: &str = "gdn_server::timeline";
 /// What each line starts with (after the logger's prefix).
 pub const LINE_TAG: &str = "request_timeline";

@@ -3,8 +3,8 @@
 //!
 //! `tokenizers` encodes one text on one thread, and all of it is on the
 //! request's path to its first token: for long prompts that time counts
-//! (docs/benchmarks.md measures it with this crate's build of `tokenizers`,
-//! fancy-regex). For tokenizers of Qwen's pipeline the text can be cut
+//! (measured with this crate's build of `tokenizers`, fancy-regex, in
+//! docs/results/h200-2026-12-01/README.md, "Where TTFT goes at c = 1"). For tokenizers of Qwen's pipeline the text can be cut
 //! where the result cannot change, and the pieces encoded in parallel
 //! (`encode_batch_fast`, rayon):
 //!
