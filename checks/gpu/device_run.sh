@@ -2,8 +2,9 @@
 # Runs on the H200 (through the device tool) with .carry/ from prepare_carry.sh.
 # Stages (comma-separated first argument, default all):
 #   tests      the GDN op's GPU gates, twice: plain and with CUDA_DISABLE_PTX_JIT=1;
-#              then the attention op at Qwen3.5 shapes (gpu_model_ops) and the
-#              fused DeltaNet decode (gpu_deltanet_decode)
+#              then the attention op at Qwen3.5 shapes (gpu_model_ops), the
+#              fused DeltaNet decode (gpu_deltanet_decode) and the MoE ops
+#              (gpu_moe_ops)
 #   dsl        the CuTe DSL backends' GPU gates (gpu_dsl_prefill)
 #   crosscheck our backends against FLA's Triton kernel on shared inputs
 #   bench      our two backends and FLA, side by side
@@ -12,8 +13,8 @@
 #              the MoE ones in moe_fixtures.tar)
 #   qwen35     qwen35's unit tests (the staged weight upload on the GPU), the
 #              Qwen3.5 GPU gates, step-seam, executor, engine and prefix-cache tests, and the
-#              fixtures served by gdn-server (on the fixtures just made, else the
-#              committed ones)
+#              fixtures served by gdn-server (gpu_served, gpu_served_structured,
+#              prefix_cache_chat; on the fixtures just made, else the committed ones)
 #   qbench     the Qwen3.5-4B random-weight benchmark
 #   skinny     the skinny linear kernels' GPU gate (gpu_skinny_linear, PTX JIT
 #              off), the fused SwiGLU GEMM's (gpu_swiglu_gemm, PTX JIT off)
@@ -32,19 +33,26 @@ if has crosscheck || has bench; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .carry/whl/fla_core-*.whl && export PYTHONPATH=/tmp/site
 fi
 rc=0
+# gate LOG BINARY MODULE [VAR=VALUE ...]: one GPU gate, a module of a carried
+# test binary (prepare_carry.sh), with a missing GPU a failure.
+gate() {
+  local log=$1 bin=$2 module=$3; shift 3
+  if [ ! -x ".carry/bin/$bin" ]; then echo "### $module: .carry/bin/$bin not carried" >> "$log"; return 0; fi
+  { echo "### GDN_REQUIRE_GPU=1 $* $bin $module::"
+    env GDN_REQUIRE_GPU=1 "$@" ".carry/bin/$bin" "$module::" --test-threads=1 --nocapture; } >> "$log" 2>&1 || rc=1
+}
 if has tests; then
-  { echo "### GDN_REQUIRE_GPU=1 gpu_prefill"; GDN_REQUIRE_GPU=1 .carry/bin/gpu_prefill --test-threads=1 --nocapture; } > "$OUT/tests.log" 2>&1 || rc=1
-  { echo "### GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 gpu_prefill"; GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 .carry/bin/gpu_prefill --test-threads=1; } >> "$OUT/tests.log" 2>&1 || rc=1
-  if [ -x .carry/bin/gpu_model_ops ]; then
-    { echo "### GDN_REQUIRE_GPU=1 gpu_model_ops"; GDN_REQUIRE_GPU=1 .carry/bin/gpu_model_ops --test-threads=1 --nocapture; } >> "$OUT/tests.log" 2>&1 || rc=1
-  fi
-  if [ -x .carry/bin/gpu_deltanet_decode ]; then
-    { echo "### GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 gpu_deltanet_decode"; GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 .carry/bin/gpu_deltanet_decode --test-threads=1 --nocapture; } >> "$OUT/tests.log" 2>&1 || rc=1
-  fi
+  : > "$OUT/tests.log"
+  gate "$OUT/tests.log" kernels_tests gpu_prefill
+  gate "$OUT/tests.log" kernels_tests gpu_prefill CUDA_DISABLE_PTX_JIT=1
+  gate "$OUT/tests.log" kernels_tests gpu_model_ops
+  gate "$OUT/tests.log" kernels_tests gpu_deltanet_decode CUDA_DISABLE_PTX_JIT=1
+  gate "$OUT/tests.log" kernels_tests gpu_moe_ops CUDA_DISABLE_PTX_JIT=1
   grep -E "^test result|^### " "$OUT/tests.log"
 fi
 if has dsl; then
-  { echo "### GDN_REQUIRE_GPU=1 gpu_dsl_prefill"; GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 .carry/bin/gpu_dsl_prefill --test-threads=1 --nocapture; } > "$OUT/dsl.log" 2>&1 || rc=1
+  : > "$OUT/dsl.log"
+  gate "$OUT/dsl.log" kernels_tests gpu_dsl_prefill CUDA_DISABLE_PTX_JIT=1
   grep -E "^test |^test result|panicked" "$OUT/dsl.log"
 fi
 if has crosscheck; then
@@ -80,9 +88,14 @@ export QWEN35_FIXTURES=${QWEN35_FIXTURES:-$PWD/crates/qwen35/tests/fixtures}
 [[ -n $cublas ]] && export LD_LIBRARY_PATH=$(dirname "$cublas")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 if has qwen35; then
   echo "### fixtures: $QWEN35_FIXTURES, cuBLAS: ${cublas:-not found}" > "$OUT/qwen35.log"
-  for t in qwen35_lib gpu_forward gpu_moe_forward gpu_steps gpu_executor gpu_engine gpu_sampling gpu_prefix_cache gpu_snapshot_share gpu_served gpu_served_structured; do
-    [ -x .carry/bin/$t ] || continue
-    { echo "### GDN_REQUIRE_GPU=1 $t"; GDN_REQUIRE_GPU=1 .carry/bin/$t --test-threads=1 --nocapture; } >> "$OUT/qwen35.log" 2>&1 || rc=1
+  if [ -x .carry/bin/qwen35_lib ]; then
+    { echo "### GDN_REQUIRE_GPU=1 qwen35_lib"; GDN_REQUIRE_GPU=1 .carry/bin/qwen35_lib --test-threads=1 --nocapture; } >> "$OUT/qwen35.log" 2>&1 || rc=1
+  fi
+  for m in gpu_forward gpu_moe_forward gpu_steps gpu_executor gpu_engine gpu_sampling gpu_prefix_cache gpu_snapshot_share; do
+    gate "$OUT/qwen35.log" qwen35_tests "$m"
+  done
+  for m in gpu_served gpu_served_structured prefix_cache_chat; do
+    gate "$OUT/qwen35.log" server_tests "$m"
   done
   grep -E "^### |^test |^test result|panicked" "$OUT/qwen35.log"
 fi
@@ -91,14 +104,10 @@ if has qbench; then
   cat "$OUT/qbench.jsonl"; tail -5 "$OUT/qbench.err"
 fi
 if has skinny; then
-  if [ -x .carry/bin/gpu_skinny_linear ]; then
-    { echo "### GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 gpu_skinny_linear"; GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 .carry/bin/gpu_skinny_linear --test-threads=1 --nocapture; } > "$OUT/skinny.log" 2>&1 || rc=1
-    grep -E "^test |^test result|panicked|^shape " "$OUT/skinny.log"
-  fi
-  if [ -x .carry/bin/gpu_swiglu_gemm ]; then
-    { echo "### GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 gpu_swiglu_gemm"; GDN_REQUIRE_GPU=1 CUDA_DISABLE_PTX_JIT=1 .carry/bin/gpu_swiglu_gemm --test-threads=1 --nocapture; } >> "$OUT/skinny.log" 2>&1 || rc=1
-    grep -E "^test |^test result|panicked|worst error" "$OUT/skinny.log" | tail -20
-  fi
+  : > "$OUT/skinny.log"
+  gate "$OUT/skinny.log" kernels_tests gpu_skinny_linear CUDA_DISABLE_PTX_JIT=1
+  gate "$OUT/skinny.log" kernels_tests gpu_swiglu_gemm CUDA_DISABLE_PTX_JIT=1
+  grep -E "^test |^test result|panicked|^shape |worst error" "$OUT/skinny.log" | tail -40
   if [ -x .carry/bin/skinny_bench ]; then
     CUDA_DISABLE_PTX_JIT=1 .carry/bin/skinny_bench > "$OUT/skinny_bench.jsonl" 2>> "$OUT/skinny.log" || rc=1
     grep -E '"kind": "(copy|best|step)"' "$OUT/skinny_bench.jsonl"

@@ -1,34 +1,30 @@
 #!/usr/bin/env bash
 # Builds everything the H200 run needs on this (CPU-only) machine and puts it
 # under .carry/ (git-ignored), for the device tool's `carry`:
-#   .carry/bin: the GPU test binaries (GDN op, skinny linear, Qwen3.5 forward, step seam,
-#               executor and engine, device sampling, the served fixtures), the benchmarks
+#   .carry/bin: the test binaries holding the GPU gates (kernels_tests, qwen35_tests,
+#               server_tests, qwen35_lib), the benchmarks
 #               (GDN op, skinny linear vs cuBLAS, Qwen3.5-4B), the dump tool, gdn-gen
 #   .carry/whl: fla-core (FLA Triton) and the pinned FlashInfer wheel (for the
 #               cross-machine reproducibility check with NVIDIA's toolkit there)
 # The device tool carries at most 64 MiB with the working tree: name the
-# binaries a run needs (e.g. `prepare_carry.sh gpu_forward qwen35_bench`) to
+# binaries a run needs (e.g. `prepare_carry.sh qwen35_tests qwen35_bench`) to
 # carry only those; with no arguments everything is built and carried.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 rm -rf .carry && mkdir -p .carry/bin .carry/whl
 cargo build --release -p gdn-gen -p gdn-kernels -p qwen35 --examples
 cp target/release/gdn-gen target/release/examples/{gdn_bench,gdn_dump,qwen35_bench,skinny_bench} .carry/bin/
-test_binary() {  # crate, test target -> path of the built test executable (that
-  # target's only: a crate with a binary also reports the binary's path)
-  cargo test --release -p "$1" --test "$2" --no-run --message-format=json 2>/dev/null \
-    | python3 -c 'import json,sys; print([j["executable"] for j in map(json.loads, sys.stdin) if j.get("executable") and j["target"]["kind"] == ["test"] and j["target"]["name"] == sys.argv[1]][-1])' "$2"
+test_binary() {  # crate -> path of its integration-test executable (each crate has
+  # one test target, tests/integration/main.rs; a crate with a binary also
+  # reports the binary's path, hence the filter on the target's kind)
+  cargo test --release -p "$1" --test integration --no-run --message-format=json 2>/dev/null \
+    | python3 -c 'import json,sys; print([j["executable"] for j in map(json.loads, sys.stdin) if j.get("executable") and j["target"]["kind"] == ["test"]][-1])'
 }
-cp "$(test_binary gdn-kernels gpu_prefill)" .carry/bin/gpu_prefill
-cp "$(test_binary gdn-kernels gpu_dsl_prefill)" .carry/bin/gpu_dsl_prefill
-cp "$(test_binary gdn-kernels gpu_model_ops)" .carry/bin/gpu_model_ops
-cp "$(test_binary gdn-kernels gpu_deltanet_decode)" .carry/bin/gpu_deltanet_decode
-cp "$(test_binary gdn-kernels gpu_skinny_linear)" .carry/bin/gpu_skinny_linear
-cp "$(test_binary gdn-kernels gpu_swiglu_gemm)" .carry/bin/gpu_swiglu_gemm
-for t in gpu_forward gpu_moe_forward gpu_steps gpu_executor gpu_engine gpu_sampling gpu_prefix_cache gpu_snapshot_share; do
-  cp "$(test_binary qwen35 $t)" .carry/bin/$t
-done
-for t in gpu_served gpu_served_structured; do cp "$(test_binary gdn-server $t)" .carry/bin/$t; done
+# The GPU gates are modules of these binaries (device_run.sh picks them by
+# module path, e.g. `qwen35_tests gpu_forward::`).
+cp "$(test_binary gdn-kernels)" .carry/bin/kernels_tests
+cp "$(test_binary qwen35)" .carry/bin/qwen35_tests
+cp "$(test_binary gdn-server)" .carry/bin/server_tests
 # qwen35's unit tests: the staged weight upload's GPU test among them.
 cargo test --release -p qwen35 --lib --no-run --message-format=json 2>/dev/null \
   | python3 -c 'import json,sys; print([j["executable"] for j in map(json.loads, sys.stdin) if j.get("executable")][-1])' \

@@ -20,16 +20,16 @@ opt=(-O2)
 g++ -std=c++20 "${opt[@]}" -ffp-contract=off -pthread -o "$out/emulate" checks/sampling_emulation/main.cpp
 if [[ -n ${REPLAY:-} ]]; then
   EMIT=$PWD/$out/replay.bin \
-    cargo test -q -p qwen35 --test gpu_sampling -- --ignored emit_cases_for_the_cpu_emulation --nocapture
+    cargo test -q -p qwen35 --test integration -- --ignored gpu_sampling::emit_cases_for_the_cpu_emulation --nocapture
   exec "$out/emulate" "$out/replay.bin"
 fi
 plan=${1:-1x10,7x40,40x40,1023x15,1025x15,3000x10,248320x2}
 EMIT=$PWD/$out/cases.bin PLAN=$plan SEED=${SEED:-3} \
-  cargo test -q -p qwen35 --test gpu_sampling -- --ignored emit_cases_for_the_cpu_emulation --nocapture
+  cargo test -q -p qwen35 --test integration -- --ignored gpu_sampling::emit_cases_for_the_cpu_emulation --nocapture
 "$out/emulate" "$out/cases.bin"
 EMIT=$PWD/$out/ties.bin PLAN=3000x20 SEED=${SEED:-3} TIES=1 \
-  cargo test -q -p qwen35 --test gpu_sampling -- --ignored emit_cases_for_the_cpu_emulation --nocapture
+  cargo test -q -p qwen35 --test integration -- --ignored gpu_sampling::emit_cases_for_the_cpu_emulation --nocapture
 "$out/emulate" "$out/ties.bin"
 EMIT=$PWD/$out/masks.bin PLAN=7x20,40x20,1025x10,3000x6 SEED=${SEED:-3} MASKS=1 \
-  cargo test -q -p qwen35 --test gpu_sampling -- --ignored emit_cases_for_the_cpu_emulation --nocapture
+  cargo test -q -p qwen35 --test integration -- --ignored gpu_sampling::emit_cases_for_the_cpu_emulation --nocapture
 "$out/emulate" "$out/masks.bin"

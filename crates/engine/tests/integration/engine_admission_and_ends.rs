@@ -2,7 +2,7 @@
 //! `max_num_queued_reqs` waiting beyond it), and how a request that the
 //! client ends itself is counted, with the fake executor.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 //! with the compiler's message; a preempted constrained request samples
 //! what it would have unpreempted.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

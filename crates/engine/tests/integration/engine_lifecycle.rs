@@ -1,7 +1,7 @@
 //! Abort, failures, shutdown, overload, loading and metrics of the engine
 //! thread, with the fake executor.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 //! own prefix's, its restored state must hold exactly `start` tokens), and
 //! `cached_tokens` must be the position the design promises for each case.
 
-mod common;
+use crate::common;
 
 use common::*;
 use engine::prefix_cache::PrefixCacheConfig;

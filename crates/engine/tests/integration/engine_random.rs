@@ -4,7 +4,7 @@
 //! fake model run alone; the fake executor checks every row; everything is
 //! released at the end.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

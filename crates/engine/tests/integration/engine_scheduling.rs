@@ -1,7 +1,7 @@
 //! The engine's scheduling seen from the executor: the fake records every
 //! row and checks slots, pages and start positions.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 

@@ -2,7 +2,7 @@
 //! token (only) carries the engine's stamps, one step mark per prefill
 //! chunk, in order, with the executor's phases.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! without `tool_call_id`, and any chat request to a model without a chat
 //! template (a base model, which is still served for completions).
 
-mod common;
+use crate::common;
 
 use axum::http::StatusCode;
 use common::*;

@@ -3,7 +3,7 @@
 //! answers before any route (400, 405, 408, 413, 414, 431) in OpenAI's
 //! error shape. Small limits keep the tests short.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -5,7 +5,7 @@
 //! stop token, EOS, the length limit, a client that goes away, and a step
 //! that fails.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

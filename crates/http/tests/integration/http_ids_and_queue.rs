@@ -3,7 +3,7 @@
 //! Retry-After and its own rejection reason), over the real engine with the
 //! scripted executor.
 
-mod common;
+use crate::common;
 
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;

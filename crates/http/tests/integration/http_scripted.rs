@@ -4,7 +4,7 @@
 //! disconnects can be checked exactly. The random demo model cannot be
 //! made to emit a tool call; this executor can.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! both endpoints, conflicts and bad shapes are 400s naming the field with
 //! the compiler's message, a forced tool call answers as `tool_calls`.
 
-mod common;
+use crate::common;
 
 use axum::http::StatusCode;
 use common::*;

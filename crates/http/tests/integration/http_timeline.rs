@@ -3,7 +3,7 @@
 //! stamps and the engine's (one step per prefill chunk, the last one
 //! sampling) in time order; without it, none.
 
-mod common;
+use crate::common;
 
 use std::sync::Mutex;
 use std::time::Duration;

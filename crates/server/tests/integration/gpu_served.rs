@@ -27,7 +27,7 @@
 
 use qwen35_testkit as common;
 
-mod served;
+use crate::served;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

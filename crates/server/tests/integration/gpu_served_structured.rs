@@ -16,7 +16,7 @@
 
 use qwen35_testkit as common;
 
-mod served;
+use crate::served;
 
 use std::sync::Arc;
 

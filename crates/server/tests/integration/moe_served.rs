@@ -4,7 +4,7 @@
 //! gate checks) on each prompt alone; `/v1/models` lists the model with
 //! its architecture.
 
-mod served;
+use crate::served;
 
 use std::sync::Arc;
 

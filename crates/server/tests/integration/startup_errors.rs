@@ -5,7 +5,7 @@
 //! yet run there), a MoE checkpoint missing an expert tensor, and flags
 //! out of range; and a MoE checkpoint that loads logging its architecture.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, Read};
 use std::process::{Command, Stdio};

@@ -52,7 +52,7 @@ pub async fn start(
     let template = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(
         template.path(),
-        include_str!("../../demo/chat_template.jinja"),
+        include_str!("../../../demo/chat_template.jinja"),
     )
     .unwrap();
     let (pages, max_model_len, step_tokens) = (
