@@ -1,17 +1,18 @@
 //! The attention layer's ops: q/k norm + RoPE + paged KV write, and
 //! attention itself on the kernel `attention::select` picks (ours or
-//! FlashInfer's FA3).
+//! FlashInfer's FA3), with the decode kernels' benchmark knobs.
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
 use half::bf16;
 
 use crate::attention::select::{self, AttentionKernel};
-use crate::model_ops::{
-    decode_splits, decode_tc_smem, decode_tc_splits, exact, grid, i32_of, pool,
-    prefill_attention_smem, AttentionShape, ModelOps, ATTN_THREADS, DECODE_TC_THREADS,
+use crate::attention::shape::{
+    decode_splits, decode_tc_smem, decode_tc_splits, prefill_attention_smem, AttentionShape,
+    ATTN_THREADS, DECODE_TC_THREADS,
 };
+use crate::model_ops::{exact, grid, i32_of, pool, ModelOps};
 use crate::shared::batch::DeviceBatch;
-use crate::shared::error::{During, ErrorKind, GdnError, Op};
+use crate::shared::error::{invalid, During, ErrorKind, GdnError, Op};
 
 impl ModelOps {
     /// q/k norm and RoPE for every token; q to `q_out` (`[T, Hq, D]`), k and v
@@ -66,6 +67,39 @@ impl ModelOps {
         // heads), 8 a block.
         let warps = t * heads.div_ceil(per_warp);
         unsafe { b.launch(grid(warps.div_ceil(8), 1, 256, 0)) }.during(OP)?;
+        Ok(())
+    }
+
+    /// Tiles in flight per warp of the tensor-core decode (2 or 3): a
+    /// benchmark knob (`attention_bench` times both); the default is the
+    /// measured choice.
+    pub fn set_decode_tc_stages(&mut self, stages: usize) -> Result<(), GdnError> {
+        if !(2..=3).contains(&stages) {
+            return Err(invalid(
+                Op::Attention,
+                "stages",
+                format!("{stages}: the tensor-core decode is built with 2 or 3"),
+            ));
+        }
+        self.decode_tc_stages = stages;
+        Ok(())
+    }
+
+    /// Splits every decode attention launch into exactly `splits` (1..=64)
+    /// key ranges instead of the rule's count, or back to the rule with
+    /// `None`: a benchmark knob (`attention_bench --splits` sweeps it to
+    /// set the rule).
+    pub fn set_decode_splits(&mut self, splits: Option<usize>) -> Result<(), GdnError> {
+        if let Some(s) = splits {
+            if !(1..=64).contains(&s) {
+                return Err(invalid(
+                    Op::Attention,
+                    "splits",
+                    format!("{s}: decode attention takes 1 to 64 splits"),
+                ));
+            }
+        }
+        self.decode_splits_override = splits;
         Ok(())
     }
 

@@ -40,9 +40,9 @@ use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use half::bf16;
 
+use crate::attention::ffi::{self as ffi, ATTENTION};
 use crate::shared::batch::DeviceBatch;
 use crate::shared::error::{invalid, During, GdnError, Ineligible, Op};
-use crate::attention::ffi::{self as ffi, ATTENTION};
 
 const OP: Op = Op::Attention;
 /// The backend name of FlashInfer's FA3 attention in errors.

@@ -1,18 +1,22 @@
 //! The DeltaNet layer's ops between its two projections: conv + gates,
 //! the recurrent decode step, the gated output norm, and all of them fused
-//! into one kernel for decode batches where that measured faster.
+//! into one kernel for decode batches where that measured faster, and the
+//! state slots' copies around the GDN prefill ([`ModelOps::move_state`]).
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
 use half::bf16;
 
 use crate::deltanet::oracle::HEAD_DIM;
-use crate::deltanet::state::RecurrentState;
-use crate::model_ops::{
-    exact, grid, i32_of, pool, DeltaNetInputs, DeltaNetShape, DeltaNetWeights, ModelOps,
-    FUSED_DECODE_COUNTERS, MAX_GRID_Y,
+use crate::deltanet::shape::{
+    check_conv_and_gates, one_token_per_sequence, DeltaNetInputs, DeltaNetShape, DeltaNetWeights,
 };
+use crate::deltanet::state::RecurrentState;
+use crate::model_ops::{exact, grid, i32_of, pool, ModelOps, FUSED_DECODE_COUNTERS};
 use crate::shared::batch::DeviceBatch;
 use crate::shared::error::{invalid, During, GdnError, Op};
+
+/// The most sequences one launch covers (grid y).
+const MAX_GRID_Y: usize = 65_535;
 
 impl ModelOps {
     /// DeltaNet conv + SiLU + q/k L2 norm + gates for every token of the
@@ -280,6 +284,51 @@ impl ModelOps {
         }
         Ok(())
     }
+
+    /// Copies each sequence's recurrent state slot into a packed f32
+    /// `[N, per_slot]` buffer (`to_packed`: the GDN prefill's initial
+    /// state), or back (its final state). A bf16 pool is widened on the way
+    /// out and rounded to nearest-even bf16 on the way back: the prefill
+    /// kernels read and write f32 states only.
+    pub fn move_state(
+        &self,
+        batch: &DeviceBatch,
+        pool_buf: &mut RecurrentState,
+        packed: &mut CudaSlice<f32>,
+        per_slot: usize,
+        to_packed: bool,
+    ) -> Result<(), GdnError> {
+        const OP: Op = Op::MoveState;
+        pool(OP, "pool", pool_buf.len(), per_slot, batch.max_slot)?;
+        exact(OP, "packed", packed.len(), batch.num_seqs * per_slot)?;
+        let (w, null) = (per_slot as i64, 0u64);
+        let func = match (&*pool_buf, to_packed) {
+            (RecurrentState::F32(_), _) => &self.f.copy_f32,
+            (RecurrentState::Bf16(_), true) => &self.f.widen_bf16,
+            (RecurrentState::Bf16(_), false) => &self.f.narrow_f32,
+        };
+        let mut b = self.stream.launch_builder(func);
+        if to_packed {
+            b.arg(packed).arg(&null);
+            match &*pool_buf {
+                RecurrentState::F32(p) => b.arg(p),
+                RecurrentState::Bf16(p) => b.arg(p),
+            };
+            b.arg(&batch.seq_slot);
+        } else {
+            match pool_buf {
+                RecurrentState::F32(p) => b.arg(p),
+                RecurrentState::Bf16(p) => b.arg(p),
+            };
+            b.arg(&batch.seq_slot).arg(&*packed).arg(&null);
+        }
+        b.arg(&w);
+        // SAFETY: matches copy_rows_f32 / copy_rows_bf16_to_f32 /
+        // copy_rows_f32_to_bf16 (picked by the pool's element type and the
+        // direction); slot ids checked against the pool.
+        unsafe { b.launch(grid(batch.num_seqs, per_slot.div_ceil(1024), 256, 0)) }.during(OP)?;
+        Ok(())
+    }
 }
 
 /// Tokens a warp of `gdn_conv_prep` takes for a batch of `tokens` (at most
@@ -296,60 +345,4 @@ impl ModelOps {
 /// `qwen35_bench-conv-tokens-per-warp-variants.jsonl`).
 fn conv_tokens_per_warp(tokens: usize) -> usize {
     (tokens / 128).clamp(1, 32)
-}
-
-/// Refuses a batch that is not one token per sequence (the decode ops).
-fn one_token_per_sequence(op: Op, batch: &DeviceBatch) -> Result<(), GdnError> {
-    if batch.num_tokens != batch.num_seqs {
-        return Err(invalid(
-            op,
-            "batch",
-            format!(
-                "needs one token per sequence, got {} tokens for {} sequences",
-                batch.num_tokens, batch.num_seqs
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// The conv weight (`[conv_dim, kernel]`), the per-value-head gate
-/// parameters of a DeltaNet layer of `shape`, and the conv state pool
-/// holding every slot of `batch`.
-fn check_conv_and_gates(
-    op: Op,
-    shape: DeltaNetShape,
-    conv_weight: &CudaSlice<f32>,
-    a_log: &CudaSlice<f32>,
-    dt_bias: &CudaSlice<f32>,
-    conv_state: &CudaSlice<bf16>,
-    batch: &DeviceBatch,
-) -> Result<(), GdnError> {
-    pool(
-        op,
-        "conv_state",
-        conv_state.len(),
-        shape.conv_state_len(),
-        batch.max_slot,
-    )?;
-    exact(
-        op,
-        "conv_weight",
-        conv_weight.len(),
-        shape.conv_dim() * shape.conv_kernel,
-    )?;
-    exact(op, "a_log", a_log.len(), shape.v_heads)?;
-    exact(op, "dt_bias", dt_bias.len(), shape.v_heads)
-}
-
-impl DeltaNetInputs {
-    /// Every buffer holds `tokens` rows of `shape`'s heads.
-    fn check(&self, op: Op, shape: DeltaNetShape, tokens: usize) -> Result<(), GdnError> {
-        let (hk, hv) = (shape.qk_heads, shape.v_heads);
-        exact(op, "q", self.q.len(), tokens * hk * HEAD_DIM)?;
-        exact(op, "k", self.k.len(), tokens * hk * HEAD_DIM)?;
-        exact(op, "v", self.v.len(), tokens * hv * HEAD_DIM)?;
-        exact(op, "alpha", self.alpha.len(), tokens * hv)?;
-        exact(op, "beta", self.beta.len(), tokens * hv)
-    }
 }

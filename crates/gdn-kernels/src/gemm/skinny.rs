@@ -16,9 +16,9 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use half::bf16;
 
-use crate::deltanet::prefill::dispatch::cubin_for;
-use crate::shared::error::{invalid, During, GdnError, Op};
 use crate::gemm::linear::{check_lengths, GemmOutput, GemmShape};
+use crate::shared::cubins::cubin_for;
+use crate::shared::error::{invalid, During, GdnError, Op};
 
 const UNIT: &str = "skinny_linear";
 const OP: Op = Op::SkinnyLinear;

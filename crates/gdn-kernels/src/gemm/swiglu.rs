@@ -28,12 +28,13 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUdevice_attribute;
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 
-use crate::shared::error::{invalid, During, ErrorKind, GdnError, Op};
-use crate::gemm::swiglu_ffi::{self as ffi, SWIGLU};
 use crate::gemm::linear::GemmShape;
+use crate::gemm::swiglu_ffi::{self as ffi, SWIGLU};
+use crate::model_ops::{exact, grid, i32_of, ModelOps};
+use crate::shared::error::{invalid, During, ErrorKind, GdnError, Op};
 
 const OP: Op = Op::SwigluGemm;
 
@@ -235,6 +236,30 @@ pub(crate) fn check_lengths(
         ));
     }
     Ok(())
+}
+
+impl ModelOps {
+    /// SwiGLU: `out[r] = silu(gate_up[r, :I]) * gate_up[r, I:]`.
+    pub fn silu_mul(
+        &self,
+        gate_up: &CudaSlice<bf16>,
+        out: &mut CudaSlice<bf16>,
+        inter: usize,
+    ) -> Result<(), GdnError> {
+        const OP: Op = Op::SiluMul;
+        let rows = out.len() / inter.max(1);
+        exact(OP, "out", out.len(), rows * inter)?;
+        exact(OP, "gate_up", gate_up.len(), rows * 2 * inter)?;
+        let (r, i) = (rows as i64, i32_of(OP, "inter", inter)?);
+        let mut b = self.stream.launch_builder(&self.f.silu_mul);
+        b.arg(out).arg(gate_up).arg(&r).arg(&i);
+        // SAFETY: matches silu_mul_bf16; 8 columns a thread, 2048 a block,
+        // every row's blocks in one grid dimension.
+        let blocks = rows * inter.div_ceil(2048);
+        i32_of(OP, "blocks", blocks)?;
+        unsafe { b.launch(grid(blocks, 1, 256, 0)) }.during(OP)?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]

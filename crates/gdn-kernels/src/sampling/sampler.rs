@@ -18,9 +18,9 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use crate::deltanet::prefill::dispatch::cubin_for;
-use crate::shared::error::{invalid, During, GdnError, Op};
 use crate::sampling::token_masks::TokenMasks;
+use crate::shared::cubins::cubin_for;
+use crate::shared::error::{invalid, During, GdnError, Op};
 
 const UNIT: &str = "sampling";
 const OP: Op = Op::SampleRows;

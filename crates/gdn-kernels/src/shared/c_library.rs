@@ -25,8 +25,8 @@ pub const GDN_OK: i32 = 0;
 pub(crate) struct CLibrary {
     pub name: &'static str,
     pub abi_version: u32,
-    linked_abi_version: unsafe extern "C" fn() -> u32,
-    last_error: unsafe extern "C" fn() -> *const c_char,
+    pub(crate) linked_abi_version: unsafe extern "C" fn() -> u32,
+    pub(crate) last_error: unsafe extern "C" fn() -> *const c_char,
 }
 
 impl CLibrary {

@@ -5,8 +5,8 @@
 //! nothing here names a generated symbol.
 
 use crate::bundle_embed::DSL_FAMILIES;
-use crate::shared::error::Ineligible;
 use crate::deltanet::oracle::{GdnGeometry, HEAD_DIM};
+use crate::shared::error::Ineligible;
 
 /// A DSL kernel family, as `gdn_dsl_kernel` in `gdn_dsl_abi.h` numbers it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -12,12 +12,12 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
+use crate::deltanet::oracle::GdnGeometry;
 use crate::deltanet::prefill::dispatch::portable_cubin;
 use crate::deltanet::prefill::dsl::{choose_cp_chunk_len, DslFamily};
-use crate::shared::error::{invalid, During, GdnError, Op};
 use crate::deltanet::prefill::dsl_ffi::{self as dsl_ffi, DSL};
 use crate::deltanet::prefill::ffi::{self as prefill_ffi, PrefillLauncher, FLASHINFER};
-use crate::deltanet::oracle::GdnGeometry;
+use crate::shared::error::{invalid, During, GdnError, Op};
 
 /// Every error here is the prefill op's.
 pub(super) const OP: Op = Op::GdnPrefill;

@@ -17,13 +17,13 @@ use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use half::bf16;
 
+use crate::deltanet::oracle::{GdnGeometry, HEAD_DIM};
 use crate::deltanet::prefill::dispatch::{
     prefer_context_parallel, resolve, Backend, BackendRequest, DispatchDecision,
 };
 use crate::deltanet::prefill::dsl::DslFamily;
-use crate::shared::error::{invalid, During, GdnError};
 use crate::deltanet::prefill::ffi as prefill_ffi;
-use crate::deltanet::oracle::{GdnGeometry, HEAD_DIM};
+use crate::shared::error::{invalid, During, GdnError};
 use launch::{CallShape, DevicePointers, DslKernel, FlashInferKernel, Kernel, PortableKernel, OP};
 
 /// The buffers of one prefill call. Shapes are in the crate docs; the op
