@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use gdn_lock::{
-    to_canonical_json, ArtifactKind, InputRole, Links, Lock, Manifest, ManifestArtifact, Sha256Hex,
-    MANIFEST_FILE, SCHEMA_VERSION,
+    to_canonical_json, ArtifactKind, ArtifactTable, InputRole, Links, Lock, LockedInput, Manifest,
+    ManifestArtifact, Sha256Hex, MANIFEST_FILE, SCHEMA_VERSION,
 };
 
 use crate::dsl::{self, DslEnv};
@@ -19,7 +19,7 @@ use crate::stage;
 use crate::toolkit::{self, Toolkit};
 use crate::unit_key::{unit_keys, KeyInputs};
 use crate::unit_reuse::{self, built_like, locked_digests, Reuse};
-use crate::units::compile_all;
+use crate::units::{compile_all, UnitOutputs};
 
 /// The toolkit and DSL environment a plan runs with.
 pub struct Env {
@@ -96,28 +96,65 @@ pub fn assemble(
     unit_cache: &Path,
     reuse: Option<&Reuse>,
 ) -> Result<Assembled> {
-    let (table, args, tk) = (&plan.table, &plan.args, &env.tk);
-    let dsl = env.dsl.as_ref();
+    let (table, tk) = (&plan.table, &env.tk);
     let ks = plan.kernel_source()?;
+    // Bound for the whole build: the staging tree is removed when it drops.
+    let (_stage_tmp, stage_dir) = stage_sources(plan, ks)?;
+    let keys = staged_unit_keys(plan, env, ks, &stage_dir)?;
+    if let Some(reuse) = reuse {
+        seed_reused_units(table, &keys, unit_cache, reuse, tk)?;
+    }
+    let outputs = compile_all(
+        table,
+        &stage_dir,
+        unit_cache,
+        tk,
+        env.dsl.as_ref(),
+        &keys,
+        plan.args.jobs,
+    )?;
+    let to_copy = bundle_files(plan, env, &outputs)?;
+    let (artifacts, from_unit) = copy_into_bundle(dest, &to_copy, &outputs)?;
+    let manifest = write_manifest(plan, env, dest, artifacts)?;
+    Ok(Assembled {
+        manifest,
+        from_unit,
+    })
+}
+
+/// Stages the sources of the kernel-source wheel `ks` and ours in a private
+/// staging tree per build: builds sharing a cache never touch each other's
+/// sources (paths do not reach the outputs; see units.rs). Returns the tree
+/// (removed when dropped) and its source root.
+fn stage_sources(plan: &Plan, ks: &LockedInput) -> Result<(tempfile::TempDir, PathBuf)> {
+    let args = &plan.args;
     let wheel = ensure_input(ks, &args.cache, args.inputs_dir.as_deref(), args.offline)?;
-    // A private staging tree per build: builds sharing a cache never touch
-    // each other's sources (paths do not reach the outputs; see units.rs).
     let stage_root = args.cache.join("stage");
     std::fs::create_dir_all(&stage_root)
         .map_err(|e| GenError::io("create the staging area", &stage_root, e))?;
     let stage_tmp = tempfile::tempdir_in(&stage_root)
         .map_err(|e| GenError::io("create a staging tree", &stage_root, e))?;
     let stage_dir = stage_tmp.path().join("src-root");
-    stage::prepare(table, &plan.repo, &wheel, &stage_dir)?;
-    // Keyed by what each unit reads, as staged (see unit_key.rs).
+    stage::prepare(&plan.table, &plan.repo, &wheel, &stage_dir)?;
+    Ok((stage_tmp, stage_dir))
+}
+
+/// Each unit's cache key, by what it reads, as staged (see unit_key.rs).
+fn staged_unit_keys(
+    plan: &Plan,
+    env: &Env,
+    ks: &LockedInput,
+    stage_dir: &Path,
+) -> Result<Vec<Sha256Hex>> {
+    let tk = &env.tk;
     let key_inputs = KeyInputs {
-        table,
+        table: &plan.table,
         sources: &plan.lock.sources,
         kernel_source: &ks.sha256,
         toolchain: serde_json::json!({ "identity": tk.identity, "host_cxx": tk.host_cxx }),
-        dsl: dsl.map(DslEnv::key),
+        dsl: env.dsl.as_ref().map(DslEnv::key),
     };
-    let keys = unit_keys(&key_inputs, |path| {
+    unit_keys(&key_inputs, |path| {
         let staged = stage_dir.join(stage::staged_source(path));
         files::read_text(
             "read a staged source",
@@ -125,55 +162,100 @@ pub fn assemble(
             Links::Refuse,
             gdn_lock::MAX_SOURCE_BYTES,
         )
-    })?;
-    if let Some(reuse) = reuse {
-        let taken = unit_reuse::seed(table, &keys, unit_cache, reuse, tk)?;
-        if !taken.is_empty() {
-            eprintln!(
-                "gdn-gen: reusing {} unit(s) whose inputs are unchanged and whose outputs the lock records: {}",
-                taken.len(),
-                taken.join(", ")
-            );
-        }
-    }
-    let outputs = compile_all(table, &stage_dir, unit_cache, tk, dsl, &keys, args.jobs)?;
+    })
+}
 
-    // (bundle path, file to copy, kind, producing unit). Links are followed
-    // only into a toolkit root (Nix merges its toolkit from links).
-    let mut copies: Vec<(String, PathBuf, ArtifactKind, Option<usize>)> = vec![];
-    for (i, o) in outputs.iter().enumerate() {
-        copies.extend(
-            o.files()
-                .into_iter()
-                .map(|(rel, file, kind)| (rel, file, kind, Some(i))),
+/// Copies into `unit_cache` the entries the lock vouches for, and says which.
+fn seed_reused_units(
+    table: &ArtifactTable,
+    keys: &[Sha256Hex],
+    unit_cache: &Path,
+    reuse: &Reuse,
+    tk: &Toolkit,
+) -> Result<()> {
+    let taken = unit_reuse::seed(table, keys, unit_cache, reuse, tk)?;
+    if !taken.is_empty() {
+        eprintln!(
+            "gdn-gen: reusing {} unit(s) whose inputs are unchanged and whose outputs the lock records: {}",
+            taken.len(),
+            taken.join(", ")
         );
     }
-    copies.push((
-        format!("include/{}", gdn_lock::file_name(&table.abi_header)),
-        plan.repo.join(&table.abi_header),
-        ArtifactKind::Header,
-        None,
-    ));
+    Ok(())
+}
+
+/// One file of the bundle.
+struct BundleFile {
+    /// Its bundle path.
+    rel: String,
+    /// The file to copy.
+    src: PathBuf,
+    kind: ArtifactKind,
+    /// The compiled unit that produced it (an index into the outputs).
+    unit: Option<usize>,
+}
+
+/// Every file of the bundle: the units' outputs, the ABI header, the
+/// toolkit libraries and the DSL runtime.
+fn bundle_files(plan: &Plan, env: &Env, outputs: &[UnitOutputs]) -> Result<Vec<BundleFile>> {
+    let (table, tk, dsl) = (&plan.table, &env.tk, env.dsl.as_ref());
+    let mut copies = vec![];
+    for (i, o) in outputs.iter().enumerate() {
+        copies.extend(o.files().into_iter().map(|(rel, src, kind)| BundleFile {
+            rel,
+            src,
+            kind,
+            unit: Some(i),
+        }));
+    }
+    copies.push(BundleFile {
+        rel: format!("include/{}", gdn_lock::file_name(&table.abi_header)),
+        src: plan.repo.join(&table.abi_header),
+        kind: ArtifactKind::Header,
+        unit: None,
+    });
     for lib in &table.toolkit_libraries {
-        copies.push((
-            format!("lib/{lib}"),
-            tk.library(lib)?,
-            ArtifactKind::HostLibrary,
-            None,
-        ));
+        copies.push(BundleFile {
+            rel: format!("lib/{lib}"),
+            src: tk.library(lib)?,
+            kind: ArtifactKind::HostLibrary,
+            unit: None,
+        });
     }
-    if let (Some(cfg), Some(env), true) = (&table.dsl, dsl, table.has_dsl_units()) {
-        copies.push((
-            format!("lib/{}", gdn_lock::file_name(&cfg.runtime_library)),
-            env.site.join(&cfg.runtime_library),
-            ArtifactKind::DslLibrary,
-            None,
-        ));
+    if let (Some(cfg), Some(dsl), true) = (&table.dsl, dsl, table.has_dsl_units()) {
+        copies.push(BundleFile {
+            rel: format!("lib/{}", gdn_lock::file_name(&cfg.runtime_library)),
+            src: dsl.site.join(&cfg.runtime_library),
+            kind: ArtifactKind::DslLibrary,
+            unit: None,
+        });
     }
+    Ok(copies)
+}
+
+/// [`Assembled::from_unit`]: for each bundle path a compiled unit produced,
+/// that unit's cache entry and whether it was reused.
+type UnitEntries = BTreeMap<String, (PathBuf, bool)>;
+
+/// Copies `to_copy` into the bundle at `dest` with fixed permissions: their
+/// manifest entries, and for each bundle path a unit produced, that unit's
+/// cache entry and whether it was reused. Links are followed only into a
+/// toolkit root (Nix merges its toolkit from links).
+fn copy_into_bundle(
+    dest: &Path,
+    to_copy: &[BundleFile],
+    outputs: &[UnitOutputs],
+) -> Result<(BTreeMap<String, ManifestArtifact>, UnitEntries)> {
     let step = "assemble the bundle";
     let mut artifacts = BTreeMap::new();
     let mut from_unit = BTreeMap::new();
-    for (rel, src, kind, unit) in &copies {
+    for BundleFile {
+        rel,
+        src,
+        kind,
+        unit,
+    } in to_copy
+    {
         let to = dest.join(rel);
         let parent = to.parent().expect("artifact paths have a parent");
         std::fs::create_dir_all(parent).map_err(|e| GenError::io(step, parent, e))?;
@@ -197,6 +279,17 @@ pub fn assemble(
             );
         }
     }
+    Ok((artifacts, from_unit))
+}
+
+/// Writes the manifest of the bundle at `dest`, listing `artifacts`.
+fn write_manifest(
+    plan: &Plan,
+    env: &Env,
+    dest: &Path,
+    artifacts: BTreeMap<String, ManifestArtifact>,
+) -> Result<Manifest> {
+    let table = &plan.table;
     // The inputs are the plan's: decided once, in Lock::used_inputs.
     let mut inputs: BTreeMap<String, Sha256Hex> = plan
         .inputs
@@ -208,19 +301,16 @@ pub fn assemble(
         schema_version: SCHEMA_VERSION,
         abi_version: table.abi_version,
         geometry: table.geometry.clone(),
-        toolchain: tk.identity.clone(),
+        toolchain: env.tk.identity.clone(),
         inputs,
         artifacts,
-        dsl: dsl.map(|d| d.identity.clone()),
+        dsl: env.dsl.as_ref().map(|d| d.identity.clone()),
     };
     let manifest_path = dest.join(MANIFEST_FILE);
     std::fs::write(&manifest_path, to_canonical_json(&manifest))
         .map_err(|e| GenError::io("write the bundle", &manifest_path, e))?;
     fixed_permissions(&manifest_path)?;
-    Ok(Assembled {
-        manifest,
-        from_unit,
-    })
+    Ok(manifest)
 }
 
 /// Files in a bundle have fixed permissions (umask-independent).
