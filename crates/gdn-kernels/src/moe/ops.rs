@@ -19,6 +19,8 @@ use crate::moe::scratch::{tile_bound, MoeScratch, GEMV_TILE_ROWS};
 use crate::moe::shape::{moe_path, MoePath, MOE_DIRECT_MAX_TOKENS};
 use crate::shared::error::{invalid, During, GdnError, Op};
 
+const OP: Op = Op::MoeExperts;
+
 /// Output columns of a GEMV block: 8 warps of 2.
 const GEMV_BLOCK_COLS: usize = 16;
 /// Output columns of a tensor-core GEMV block: 4 warps of 16.
@@ -74,80 +76,42 @@ impl ModelOps {
         out: &mut CudaSlice<bf16>,
         path: MoePath,
     ) -> Result<MoePath, GdnError> {
-        const OP: Op = Op::MoeExperts;
-        let shape = scratch.shape;
-        let (e, k, h, i, is) = (
-            shape.experts,
-            shape.top_k,
-            shape.hidden,
-            shape.inter,
-            shape.shared_inter,
-        );
-        let width = shape.router_width();
-        let t = x.len() / h;
-        exact(OP, "x", x.len(), t * h)?;
-        if t > scratch.max_tokens {
-            return Err(invalid(
-                OP,
-                "x",
-                format!(
-                    "{t} tokens; the scratch holds at most {}",
-                    scratch.max_tokens
-                ),
-            ));
-        }
-        exact(OP, "router_logits", router_logits.len(), t * width)?;
-        exact(OP, "gate_up", experts.gate_up.len(), shape.gate_up_len())?;
-        exact(OP, "down", experts.down.len(), shape.down_len())?;
-        exact(OP, "out", out.len(), t * h)?;
-        let path = match path {
-            MoePath::Auto => moe_path(t, shape),
-            chosen => chosen,
-        };
-        match (shared, is > 0) {
-            (None, false) => {}
-            (Some(SharedExpert::Output(s)), true) => exact(OP, "shared", s.len(), t * h)?,
-            (Some(SharedExpert::Weights(w)), true) if path == MoePath::Direct => {
-                exact(OP, "shared.gate_up", w.gate_up.len(), 2 * is * h)?;
-                exact(OP, "shared.down", w.down.len(), h * is)?;
-            }
-            (Some(SharedExpert::Weights(_)), true) => {
-                return Err(invalid(
-                    OP,
-                    "shared",
-                    format!(
-                        "the shared expert's weights run inside the direct path only; {path:?} takes its output"
-                    ),
-                ))
-            }
-            (got, _) => {
-                return Err(invalid(
-                    OP,
-                    "shared",
-                    format!(
-                        "the shape's shared expert (Is {is}) and the operand ({}) disagree",
-                        if got.is_some() { "given" } else { "none" }
-                    ),
-                ))
-            }
-        }
-        if path == MoePath::Direct && t > MOE_DIRECT_MAX_TOKENS {
-            return Err(invalid(
-                OP,
-                "x",
-                format!("{t} tokens; the direct path takes at most {MOE_DIRECT_MAX_TOKENS}"),
-            ));
-        }
+        // 0. Check every operand and settle the path.
+        let (t, path) = check_moe_call(x, router_logits, experts, shared, scratch, out, path)?;
         if t == 0 {
             return Ok(path);
         }
-        let f = &self.f.moe;
-        let pairs = t * k;
-        let [t_, e_, k_, h_, i_, pairs_, width_] = [t, e, k, h, i, pairs, width].map(|v| v as i32);
-        let null = 0u64;
-
         // 1. Top-k softmax per token.
-        let mut b = self.stream.launch_builder(&f.topk_softmax);
+        self.moe_topk(router_logits, scratch, t)?;
+        if path == MoePath::Direct {
+            return self.moe_direct(x, router_logits, experts, shared, scratch, out, t);
+        }
+        // 2. Group the pairs by expert into tiles of the path's rows.
+        let (tile_rows, block_cols) = match path {
+            MoePath::Gemv => (GEMV_TILE_ROWS, GEMV_BLOCK_COLS),
+            MoePath::GemvTensorCore => (GEMV_TILE_ROWS, GEMV_MMA_BLOCK_COLS),
+            _ => (TC_TILE_ROWS, TC_TILE_COLS),
+        };
+        self.moe_route(scratch, t, tile_rows)?;
+        // 3. gate_up + SwiGLU, then down, over the tile list.
+        self.moe_expert_gemms(x, experts, scratch, t, path, tile_rows, block_cols)?;
+        // 4. Weighted un-permute (+ the gated shared expert).
+        self.moe_combine(router_logits, shared, scratch, out, t)?;
+        Ok(path)
+    }
+
+    /// Step 1 of [`ModelOps::moe_experts`]: each of the `t` tokens' top-k
+    /// experts and renormalised weights into `scratch`.
+    fn moe_topk(
+        &self,
+        router_logits: &CudaSlice<bf16>,
+        scratch: &mut MoeScratch,
+        t: usize,
+    ) -> Result<(), GdnError> {
+        let shape = scratch.shape;
+        let [t_, e_, k_, width_] =
+            [t, shape.experts, shape.top_k, shape.router_width()].map(|v| v as i32);
+        let mut b = self.stream.launch_builder(&self.f.moe.topk_softmax);
         b.arg(router_logits).arg(&width_).arg(&t_).arg(&e_).arg(&k_);
         b.arg(&mut scratch.ids).arg(&mut scratch.weights);
         // SAFETY: matches moe_topk_softmax(logits, stride, tokens, experts,
@@ -156,19 +120,21 @@ impl ModelOps {
         // E) (shape.check).
         let blocks = t.div_ceil(TOPK_TOKENS_PER_BLOCK);
         unsafe { b.launch(grid(blocks, 1, 32 * TOPK_TOKENS_PER_BLOCK as u32, 0)) }.during(OP)?;
+        Ok(())
+    }
 
-        if path == MoePath::Direct {
-            return self.moe_direct(x, router_logits, experts, shared, scratch, out, t);
-        }
-
-        // 2. Group the pairs by expert into tiles of the path's rows.
-        let (tile_rows, block_cols) = match path {
-            MoePath::Gemv => (GEMV_TILE_ROWS, GEMV_BLOCK_COLS),
-            MoePath::GemvTensorCore => (GEMV_TILE_ROWS, GEMV_MMA_BLOCK_COLS),
-            _ => (TC_TILE_ROWS, TC_TILE_COLS),
-        };
-        let tile_rows_ = tile_rows as i32;
-        let mut b = self.stream.launch_builder(&f.route);
+    /// Step 2: the `t k` (token, slot) pairs grouped by expert into a tile
+    /// list of runs of at most `tile_rows`.
+    fn moe_route(
+        &self,
+        scratch: &mut MoeScratch,
+        t: usize,
+        tile_rows: usize,
+    ) -> Result<(), GdnError> {
+        let shape = scratch.shape;
+        let [pairs_, e_, tile_rows_] =
+            [t * shape.top_k, shape.experts, tile_rows].map(|v| v as i32);
+        let mut b = self.stream.launch_builder(&self.f.moe.route);
         b.arg(&scratch.ids).arg(&pairs_).arg(&e_).arg(&tile_rows_);
         b.arg(&mut scratch.sorted_pair).arg(&mut scratch.pair_row);
         b.arg(&mut scratch.tile_expert).arg(&mut scratch.tile_row);
@@ -178,9 +144,28 @@ impl ModelOps {
         // any routing of these pairs in tiles of >= 8 rows writes; one
         // block of 1024 threads (the kernel's scan assumes it).
         unsafe { b.launch(grid(1, 1, 1024, 0)) }.during(OP)?;
+        Ok(())
+    }
 
-        // 3. gate_up + SwiGLU, then down, over the tile list.
-        let tiles = tile_bound(pairs, tile_rows, e);
+    /// Step 3: gate_up with SwiGLU into the permuted rows, then down, on
+    /// the kernels of `path` over step 2's tile list.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_expert_gemms(
+        &self,
+        x: &CudaSlice<bf16>,
+        experts: MoeExperts<'_>,
+        scratch: &mut MoeScratch,
+        t: usize,
+        path: MoePath,
+        tile_rows: usize,
+        block_cols: usize,
+    ) -> Result<(), GdnError> {
+        let f = &self.f.moe;
+        let shape = scratch.shape;
+        let (k, h, i) = (shape.top_k, shape.hidden, shape.inter);
+        let [k_, h_, i_] = [k, h, i].map(|v| v as i32);
+        let null = 0u64;
+        let tiles = tile_bound(t * k, tile_rows, shape.experts);
         let (gate_up_fn, down_fn, threads) = match path {
             MoePath::Gemv => (&f.gemv_gate_up, &f.gemv_down, 256),
             MoePath::GemvTensorCore => (&f.gemv_mma_gate_up, &f.gemv_mma_down, 128),
@@ -212,9 +197,29 @@ impl ModelOps {
         // SAFETY: matches moe_gemv_down / moe_gemv_mma_down / moe_gemm_down
         // (K = I, N = H, no row gather); as above.
         unsafe { b.launch(grid(tiles, h.div_ceil(block_cols), threads, 0)) }.during(OP)?;
+        Ok(())
+    }
 
-        // 4. Weighted un-permute (+ the gated shared expert).
-        let mut b = self.stream.launch_builder(&f.combine);
+    /// Step 4: each token's weighted sum of its experts' rows, plus the
+    /// gated shared expert's output where given.
+    fn moe_combine(
+        &self,
+        router_logits: &CudaSlice<bf16>,
+        shared: Option<SharedExpert<'_>>,
+        scratch: &MoeScratch,
+        out: &mut CudaSlice<bf16>,
+        t: usize,
+    ) -> Result<(), GdnError> {
+        let shape = scratch.shape;
+        let [e_, k_, h_, width_] = [
+            shape.experts,
+            shape.top_k,
+            shape.hidden,
+            shape.router_width(),
+        ]
+        .map(|v| v as i32);
+        let null = 0u64;
+        let mut b = self.stream.launch_builder(&self.f.moe.combine);
         b.arg(out).arg(&scratch.y).arg(&scratch.pair_row);
         b.arg(&scratch.weights).arg(&k_).arg(&h_);
         match shared {
@@ -227,7 +232,7 @@ impl ModelOps {
         // y; H % 8 == 0; the gate column E < width exists when `shared` is
         // set (checked above).
         unsafe { b.launch(grid(t, 1, 256, 0)) }.during(OP)?;
-        Ok(path)
+        Ok(())
     }
 
     /// [`MoePath::Direct`] after the top-k kernel: the pairs' (and the
@@ -245,7 +250,6 @@ impl ModelOps {
         out: &mut CudaSlice<bf16>,
         t: usize,
     ) -> Result<MoePath, GdnError> {
-        const OP: Op = Op::MoeExperts;
         let f = &self.f.moe;
         let shape = scratch.shape;
         let (k, h, i, is) = (shape.top_k, shape.hidden, shape.inter, shape.shared_inter);
@@ -300,4 +304,77 @@ impl ModelOps {
         unsafe { b.launch(grid(t, h.div_ceil(GEMV_BLOCK_COLS), 256, 0)) }.during(OP)?;
         Ok(MoePath::Direct)
     }
+}
+
+/// Step 0 of [`ModelOps::moe_experts`]: every operand's length against the
+/// scratch's shape, the shared expert against the shape and the path, and
+/// the path ([`moe_path`]'s for [`MoePath::Auto`]); returns the token count
+/// and the path.
+fn check_moe_call(
+    x: &CudaSlice<bf16>,
+    router_logits: &CudaSlice<bf16>,
+    experts: MoeExperts<'_>,
+    shared: Option<SharedExpert<'_>>,
+    scratch: &MoeScratch,
+    out: &CudaSlice<bf16>,
+    path: MoePath,
+) -> Result<(usize, MoePath), GdnError> {
+    let shape = scratch.shape;
+    let (h, is) = (shape.hidden, shape.shared_inter);
+    let width = shape.router_width();
+    let t = x.len() / h;
+    exact(OP, "x", x.len(), t * h)?;
+    if t > scratch.max_tokens {
+        return Err(invalid(
+            OP,
+            "x",
+            format!(
+                "{t} tokens; the scratch holds at most {}",
+                scratch.max_tokens
+            ),
+        ));
+    }
+    exact(OP, "router_logits", router_logits.len(), t * width)?;
+    exact(OP, "gate_up", experts.gate_up.len(), shape.gate_up_len())?;
+    exact(OP, "down", experts.down.len(), shape.down_len())?;
+    exact(OP, "out", out.len(), t * h)?;
+    let path = match path {
+        MoePath::Auto => moe_path(t, shape),
+        chosen => chosen,
+    };
+    match (shared, is > 0) {
+        (None, false) => {}
+        (Some(SharedExpert::Output(s)), true) => exact(OP, "shared", s.len(), t * h)?,
+        (Some(SharedExpert::Weights(w)), true) if path == MoePath::Direct => {
+            exact(OP, "shared.gate_up", w.gate_up.len(), 2 * is * h)?;
+            exact(OP, "shared.down", w.down.len(), h * is)?;
+        }
+        (Some(SharedExpert::Weights(_)), true) => {
+            return Err(invalid(
+                OP,
+                "shared",
+                format!(
+                    "the shared expert's weights run inside the direct path only; {path:?} takes its output"
+                ),
+            ))
+        }
+        (got, _) => {
+            return Err(invalid(
+                OP,
+                "shared",
+                format!(
+                    "the shape's shared expert (Is {is}) and the operand ({}) disagree",
+                    if got.is_some() { "given" } else { "none" }
+                ),
+            ))
+        }
+    }
+    if path == MoePath::Direct && t > MOE_DIRECT_MAX_TOKENS {
+        return Err(invalid(
+            OP,
+            "x",
+            format!("{t} tokens; the direct path takes at most {MOE_DIRECT_MAX_TOKENS}"),
+        ));
+    }
+    Ok((t, path))
 }

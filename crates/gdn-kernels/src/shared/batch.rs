@@ -96,6 +96,46 @@ struct HostTables {
 /// position, non-negative ids) and derives the per-token tables.
 fn host_tables(layout: &BatchLayout) -> Result<HostTables, GdnError> {
     let l = layout;
+    // 1. The sizes agree: N slots, N + 1 offsets from 0, N start
+    //    positions, a [N, max_blocks] block table, pages of > 0 positions.
+    let n = check_sizes(l)?;
+    // 2. Two sequences in one slot would race on its state (padding rows
+    //    excepted: their results are garbage by design).
+    check_slots(l)?;
+    // 3. Each sequence: tokens, position, pages; then its rows of the
+    //    per-token tables.
+    let mut pages = PageOwners::default();
+    let mut tables = HostTables {
+        tokens: vec![],
+        max_token: 0,
+        tok_seq: vec![],
+        positions: vec![],
+        last_rows: vec![],
+        tiles: vec![],
+        max_page: 0,
+    };
+    for s in 0..n {
+        add_sequence(l, s, &mut pages, &mut tables)?;
+    }
+    // 4. One token id per token, each within i32.
+    let t = tables.tok_seq.len();
+    if l.tokens.len() != t || l.tokens.iter().any(|&x| x > i32::MAX as u32) {
+        return Err(invalid(
+            OP,
+            "layout",
+            format!(
+                "{} token ids for {t} tokens (or an id beyond i32)",
+                l.tokens.len()
+            ),
+        ));
+    }
+    tables.tokens = l.tokens.iter().map(|&x| x as i32).collect();
+    tables.max_token = l.tokens.iter().copied().max().unwrap_or(0) as usize;
+    Ok(tables)
+}
+
+/// Step 1 of [`host_tables`]: the layout's sizes; returns N.
+fn check_sizes(l: &BatchLayout) -> Result<usize, GdnError> {
     let n = l.slots.len();
     if n == 0 || l.cu_seqlens.len() != n + 1 || l.start_positions.len() != n {
         return Err(invalid(
@@ -119,16 +159,22 @@ fn host_tables(layout: &BatchLayout) -> Result<HostTables, GdnError> {
                 ),
             ));
     }
-    // Two sequences in one slot would race on its state; two on one page
-    // would overwrite each other's keys and values (padding rows excepted:
-    // their results are garbage by design).
-    let is_padding = |s: usize| l.padding.is_some_and(|p| p.slot == l.slots[s]);
+    Ok(n)
+}
+
+/// Whether sequence `s` is a padding row (its slot is the padding slot).
+fn is_padding(l: &BatchLayout, s: usize) -> bool {
+    l.padding.is_some_and(|p| p.slot == l.slots[s])
+}
+
+/// Step 2 of [`host_tables`]: no slot is given to two sequences.
+fn check_slots(l: &BatchLayout) -> Result<(), GdnError> {
     let mut seen_slots = std::collections::HashSet::new();
     if let Some(&dup) = l
         .slots
         .iter()
         .enumerate()
-        .filter(|&(s, _)| !is_padding(s))
+        .filter(|&(s, _)| !is_padding(l, s))
         .map(|(_, x)| x)
         .find(|&&x| !seen_slots.insert(x))
     {
@@ -138,130 +184,142 @@ fn host_tables(layout: &BatchLayout) -> Result<HostTables, GdnError> {
             format!("slot {dup} is given to two sequences"),
         ));
     }
-    // A page a sequence writes (at or after its start position) belongs to
-    // it alone; pages wholly before its start are only read and may be
-    // shared read-only between sequences (prefix-cache pages), never with a
-    // sequence that writes them.
-    let mut written_pages = std::collections::HashSet::new();
-    let mut read_pages = std::collections::HashSet::new();
-    let mut tok_seq = vec![];
-    let mut positions = vec![];
-    let mut last_rows = vec![];
-    let mut tiles = vec![];
-    let mut max_page = 0usize;
-    for s in 0..n {
-        let (a, b) = (l.cu_seqlens[s], l.cu_seqlens[s + 1]);
-        if b <= a {
-            return Err(invalid(
-                OP,
-                "layout",
-                format!("sequence {s} has no tokens ({a}..{b})"),
-            ));
-        }
-        let p0 = l.start_positions[s];
-        if p0 < 0 || l.slots[s] < 0 {
-            return Err(invalid(
-                OP,
-                "layout",
-                format!("sequence {s}: negative position or slot"),
-            ));
-        }
-        let last = p0 as usize + (b - a) as usize - 1;
-        let pages_needed = last / l.page_size + 1;
-        if let (true, Some(pad)) = (is_padding(s), l.padding) {
-            if b - a != 1
-                || p0 != 0
-                || l.max_blocks == 0
-                || l.block_table[s * l.max_blocks] != pad.page
-            {
-                return Err(invalid(
-                    OP,
-                    "layout",
-                    format!(
-                        "padding row {s} must be one token at position 0 on padding page {}",
-                        pad.page
-                    ),
-                ));
-            }
-        } else if let Some(pad) = l.padding {
-            let pages = &l.block_table[s * l.max_blocks..(s + 1) * l.max_blocks];
-            if pages.contains(&pad.page) {
-                return Err(invalid(
-                    OP,
-                    "layout",
-                    format!("sequence {s} uses the padding page {}", pad.page),
-                ));
-            }
-        }
-        if pages_needed > l.max_blocks {
-            return Err(invalid(
-                OP,
-                "layout",
-                format!(
-                    "sequence {s} reaches position {last}, beyond its {} pages of {}",
-                    l.max_blocks, l.page_size
-                ),
-            ));
-        }
-        let first_written = p0 as usize / l.page_size;
-        let row_pages = &l.block_table[s * l.max_blocks..s * l.max_blocks + pages_needed];
-        for (k, &p) in row_pages.iter().enumerate() {
-            if p >= 0 && !is_padding(s) {
-                let clash = if k >= first_written {
-                    !written_pages.insert(p) || read_pages.contains(&p)
-                } else {
-                    let twice_in_row = row_pages[..k].contains(&p);
-                    read_pages.insert(p);
-                    twice_in_row || written_pages.contains(&p)
-                };
-                if clash {
-                    return Err(invalid(
-                        OP,
-                        "layout",
-                        format!(
-                            "page {p} is given to two sequences (or twice to one) and one of them writes it"
-                        ),
-                    ));
-                }
-            }
-            if p < 0 {
-                return Err(invalid(
-                    OP,
-                    "layout",
-                    format!("sequence {s} has no page for a position it uses"),
-                ));
-            }
-            max_page = max_page.max(p as usize);
-        }
-        for t in 0..(b - a) {
-            tok_seq.push(s as i32);
-            positions.push(p0 + t);
-        }
-        last_rows.push(b - 1);
-        for t0 in (a..b).step_by(QUERY_TILE as usize) {
-            tiles.extend([t0, (b - t0).min(QUERY_TILE)]);
-        }
+    Ok(())
+}
+
+/// The pages the sequences checked so far write and read. A page a
+/// sequence writes (at or after its start position) belongs to it alone;
+/// pages wholly before its start are only read and may be shared read-only
+/// between sequences (prefix-cache pages), never with a sequence that
+/// writes them: two on one written page would overwrite each other's keys
+/// and values.
+#[derive(Default)]
+struct PageOwners {
+    written: std::collections::HashSet<i32>,
+    read: std::collections::HashSet<i32>,
+}
+
+/// Step 3 of [`host_tables`] for sequence `s`: its tokens, start and slot,
+/// its padding rules, its pages ([`claim_pages`]), then its rows of
+/// `tables`.
+fn add_sequence(
+    l: &BatchLayout,
+    s: usize,
+    pages: &mut PageOwners,
+    tables: &mut HostTables,
+) -> Result<(), GdnError> {
+    let (a, b) = (l.cu_seqlens[s], l.cu_seqlens[s + 1]);
+    if b <= a {
+        return Err(invalid(
+            OP,
+            "layout",
+            format!("sequence {s} has no tokens ({a}..{b})"),
+        ));
     }
-    let t = tok_seq.len();
-    if l.tokens.len() != t || l.tokens.iter().any(|&x| x > i32::MAX as u32) {
+    let p0 = l.start_positions[s];
+    if p0 < 0 || l.slots[s] < 0 {
+        return Err(invalid(
+            OP,
+            "layout",
+            format!("sequence {s}: negative position or slot"),
+        ));
+    }
+    let last = p0 as usize + (b - a) as usize - 1;
+    let pages_needed = last / l.page_size + 1;
+    check_padding(l, s, b - a, p0)?;
+    if pages_needed > l.max_blocks {
         return Err(invalid(
             OP,
             "layout",
             format!(
-                "{} token ids for {t} tokens (or an id beyond i32)",
-                l.tokens.len()
+                "sequence {s} reaches position {last}, beyond its {} pages of {}",
+                l.max_blocks, l.page_size
             ),
         ));
     }
-    Ok(HostTables {
-        tokens: l.tokens.iter().map(|&x| x as i32).collect(),
-        max_token: l.tokens.iter().copied().max().unwrap_or(0) as usize,
-        tok_seq,
-        positions,
-        last_rows,
-        tiles,
-        max_page,
-    })
+    claim_pages(l, s, pages_needed, pages, &mut tables.max_page)?;
+    for t in 0..(b - a) {
+        tables.tok_seq.push(s as i32);
+        tables.positions.push(p0 + t);
+    }
+    tables.last_rows.push(b - 1);
+    for t0 in (a..b).step_by(QUERY_TILE as usize) {
+        tables.tiles.extend([t0, (b - t0).min(QUERY_TILE)]);
+    }
+    Ok(())
+}
+
+/// A padding row (sequence `s`, `tokens` tokens from position `p0`) is one
+/// token at position 0 on the padding page; no other row uses that page.
+fn check_padding(l: &BatchLayout, s: usize, tokens: i32, p0: i32) -> Result<(), GdnError> {
+    if let (true, Some(pad)) = (is_padding(l, s), l.padding) {
+        if tokens != 1
+            || p0 != 0
+            || l.max_blocks == 0
+            || l.block_table[s * l.max_blocks] != pad.page
+        {
+            return Err(invalid(
+                OP,
+                "layout",
+                format!(
+                    "padding row {s} must be one token at position 0 on padding page {}",
+                    pad.page
+                ),
+            ));
+        }
+    } else if let Some(pad) = l.padding {
+        let pages = &l.block_table[s * l.max_blocks..(s + 1) * l.max_blocks];
+        if pages.contains(&pad.page) {
+            return Err(invalid(
+                OP,
+                "layout",
+                format!("sequence {s} uses the padding page {}", pad.page),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The first `pages_needed` pages of sequence `s`: each one present, and
+/// written by no other sequence (see [`PageOwners`]); raises `max_page`.
+fn claim_pages(
+    l: &BatchLayout,
+    s: usize,
+    pages_needed: usize,
+    owners: &mut PageOwners,
+    max_page: &mut usize,
+) -> Result<(), GdnError> {
+    let first_written = l.start_positions[s] as usize / l.page_size;
+    let row_pages = &l.block_table[s * l.max_blocks..s * l.max_blocks + pages_needed];
+    for (k, &p) in row_pages.iter().enumerate() {
+        if p >= 0 && !is_padding(l, s) {
+            let clash = if k >= first_written {
+                !owners.written.insert(p) || owners.read.contains(&p)
+            } else {
+                let twice_in_row = row_pages[..k].contains(&p);
+                owners.read.insert(p);
+                twice_in_row || owners.written.contains(&p)
+            };
+            if clash {
+                return Err(invalid(
+                    OP,
+                    "layout",
+                    format!(
+                        "page {p} is given to two sequences (or twice to one) and one of them writes it"
+                    ),
+                ));
+            }
+        }
+        if p < 0 {
+            return Err(invalid(
+                OP,
+                "layout",
+                format!("sequence {s} has no page for a position it uses"),
+            ));
+        }
+        *max_page = (*max_page).max(p as usize);
+    }
+    Ok(())
 }
 
 /// Keys of each sequence of a checked layout: start position plus tokens.
