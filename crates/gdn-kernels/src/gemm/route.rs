@@ -76,8 +76,9 @@ pub const SKINNY_RULES: &[SkinnyRule] = &[
     rule(9216, 2048, 1, 8, 8, 4),
     // The MoE router 2048 -> 256 experts, and with the shared expert's gate
     // as one more row (padded to 264, `MoeShape::router_width`), which the
-    // model runs: at 264 the same configurations were the fastest again
-    // (`skinny_bench --preset 35b-a3b`, 1.4-1.9x cuBLAS; on an H100).
+    // model runs: at 264 the same configurations were the fastest again,
+    // ahead of cuBLAS at both row ranges (`skinny_bench --preset 35b-a3b`;
+    // measured: docs/results/2026-12-07-s13/README.md).
     rule(256, 2048, 1, 8, 8, 8),
     rule(256, 2048, 9, 16, 16, 4),
     rule(264, 2048, 1, 8, 8, 8),

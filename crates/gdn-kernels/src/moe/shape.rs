@@ -112,11 +112,12 @@ pub enum MoePath {
 /// and `T k` pairs rarely repeat an expert), then the CUDA-core GEMV tiles
 /// below `GEMV_MMA_RULE_ROWS` rows, the same tiles on tensor cores below
 /// `TILES_RULE_ROWS`, the 64-row tensor-core tiles from there (prefill).
-/// Measured with `moe_bench` at the 35B-A3B shape, every path at every T
-/// (docs/performance.md, MoE routed experts): direct ahead of GEMV at 1, 2
-/// and 4 tokens; CUDA-core GEMV ahead of the tensor-core GEMV at 1-2 rows
-/// an expert, behind at 4; the tensor-core GEMV ahead of the 64-row tiles
-/// at 4 and 8 rows, within 2% at 16, behind at 32.
+/// Set from the crossovers `moe_bench` measured at the 35B-A3B shape, every
+/// path at every T: direct ahead of GEMV at 1, 2 and 4 tokens; CUDA-core
+/// GEMV ahead of the tensor-core GEMV at 1-2 rows an expert, behind at 4;
+/// the tensor-core GEMV ahead of the 64-row tiles at 4 and 8 rows, even
+/// with them at 16, behind at 32 (docs/performance.md, MoE routed experts;
+/// the runs: docs/results/2026-12-07-s13/README.md).
 pub fn moe_path(tokens: usize, shape: MoeShape) -> MoePath {
     let rows = |r: usize| tokens * shape.top_k < r * shape.experts;
     if tokens <= MOE_DIRECT_MAX_TOKENS {
