@@ -100,7 +100,7 @@ impl Gemm {
     /// (x·W_upᵀ)` with `w = [W_gate; W_up]` (`[2n, k]`: `shape.n` is the
     /// intermediate size, the output width), x `[m, k]` (may be longer)
     /// and out exactly `[m, n]`. Fused into one GEMM where
-    /// [`crate::gemm::swiglu`]'s rule says so, else [`Gemm::linear`] into a
+    /// [`crate::swiglu_route`]'s rule says so, else [`Gemm::linear`] into a
     /// scratch buffer and `ops`' `silu_mul`. Returns the route taken.
     pub fn gate_up_swiglu(
         &self,

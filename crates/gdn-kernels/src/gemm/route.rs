@@ -97,7 +97,7 @@ pub const SKINNY_RULES: &[SkinnyRule] = &[
     rule(248320, 2048, 9, 16, 2, 4),
 ];
 
-/// Where [`Gemm::linear`] sends a call.
+/// Where [`crate::Gemm::linear`] sends a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LinearRoute {
     Cublas,

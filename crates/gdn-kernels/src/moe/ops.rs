@@ -32,16 +32,18 @@ const TC_TILE_COLS: usize = 64;
 /// Tokens per block of the top-k kernel (a warp each).
 const TOPK_TOKENS_PER_BLOCK: usize = 8;
 
-/// All experts' weights of one layer (see [`MoeShape`] for the layouts).
+/// All experts' weights of one layer (see [`MoeShape`](crate::MoeShape)
+/// for the layouts).
 #[derive(Clone, Copy)]
 pub struct MoeExperts<'a> {
     pub gate_up: &'a CudaSlice<bf16>,
     pub down: &'a CudaSlice<bf16>,
 }
 
-/// The shared expert of a layer whose [`MoeShape::shared_inter`] is set,
-/// which [`ModelOps::moe_experts`] adds as `sigmoid(gate) * out`, the gate
-/// logit from the router logits' column E.
+/// The shared expert of a layer whose
+/// [`MoeShape::shared_inter`](crate::MoeShape::shared_inter) is set, which
+/// [`ModelOps::moe_experts`] adds as `sigmoid(gate) * out`, the gate logit
+/// from the router logits' column E.
 #[derive(Clone, Copy)]
 pub enum SharedExpert<'a> {
     /// Its output `[T, H]`, computed by the caller (any path).

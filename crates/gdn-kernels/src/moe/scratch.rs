@@ -19,10 +19,11 @@ pub(crate) fn tile_bound(pairs: usize, rows: usize, experts: usize) -> usize {
     pairs.div_ceil(rows) + experts.min(pairs)
 }
 
-/// Device buffers of [`ModelOps::moe_experts`] for up to `max_tokens`
-/// tokens of one [`MoeShape`]: allocated once, reused by every layer and
-/// step (the routing, the intermediate rows and the expert outputs of the
-/// current call), so a captured graph keeps the same addresses.
+/// Device buffers of [`ModelOps::moe_experts`](crate::ModelOps::moe_experts)
+/// for up to `max_tokens` tokens of one [`MoeShape`]: allocated once, reused
+/// by every layer and step (the routing, the intermediate rows and the
+/// expert outputs of the current call), so a captured graph keeps the same
+/// addresses.
 pub struct MoeScratch {
     pub(crate) shape: MoeShape,
     pub(crate) max_tokens: usize,

@@ -100,9 +100,10 @@ pub enum MoePath {
     TensorCore,
     /// No grouping: each (token, slot) pair reads its expert's weights
     /// (repeats read again), the shared expert runs in the same kernels
-    /// from its weights ([`SharedExpert::Weights`]), and one kernel sums a
-    /// token's down projections: three launches instead of five plus the
-    /// shared expert's GEMMs (decode at a few tokens).
+    /// from its weights
+    /// ([`SharedExpert::Weights`](crate::SharedExpert::Weights)), and one
+    /// kernel sums a token's down projections: three launches instead of
+    /// five plus the shared expert's GEMMs (decode at a few tokens).
     Direct,
 }
 
