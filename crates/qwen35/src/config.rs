@@ -10,9 +10,10 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::error::LoadError;
-use crate::state_dtype::{self, StateDtype};
+use crate::state_dtype::StateDtype;
 
 mod moe;
+mod parse;
 
 pub use moe::{Architecture, MoeConfig, QWEN35_35B_A3B_TEXT};
 
@@ -145,156 +146,6 @@ impl Config {
     /// The config of a `config.json`'s text.
     pub fn from_json(text: &str) -> Result<Config, LoadError> {
         Config::parse(text, "config")
-    }
-
-    /// `origin` names the text in errors (the file's path).
-    fn parse(text: &str, origin: &str) -> Result<Config, LoadError> {
-        let json = |what: String| move |source: serde_json::Error| LoadError::Json { what, source };
-        let top: RawTop = serde_json::from_str(text).map_err(json(origin.to_string()))?;
-        let model_type = top.model_type.clone().unwrap_or_default();
-        let top_state_dtype = top.mamba_ssm_dtype.clone();
-        // (vision-language, MoE) of each accepted model_type; the VL ones
-        // nest the text config, whose model_type is the text-only one.
-        let (vision_language, is_moe) = match model_type.as_str() {
-            "qwen3_5" => (true, false),
-            "qwen3_5_text" => (false, false),
-            "qwen3_5_moe" => (true, true),
-            "qwen3_5_moe_text" => (false, true),
-            other => {
-                return Err(unsupported(format!(
-                    "model_type {other:?}: expected qwen3_5, qwen3_5_text, qwen3_5_moe or \
-                     qwen3_5_moe_text"
-                )))
-            }
-        };
-        let text_type = if is_moe {
-            "qwen3_5_moe_text"
-        } else {
-            "qwen3_5_text"
-        };
-        let (raw, top_tie): (RawText, Option<bool>) = if vision_language {
-            let tc = top.text_config.ok_or_else(|| {
-                unsupported(format!("model_type {model_type} without text_config"))
-            })?;
-            (
-                serde_json::from_value(tc).map_err(json(format!("{origin}: text_config")))?,
-                top.tie_word_embeddings,
-            )
-        } else {
-            (
-                serde_json::from_str(text).map_err(json(origin.to_string()))?,
-                None,
-            )
-        };
-        if let Some(mt) = &raw.model_type {
-            if vision_language && mt != text_type {
-                return Err(unsupported(format!(
-                    "text_config.model_type {mt:?}: expected {text_type} under {model_type}"
-                )));
-            }
-        }
-        let moe = if is_moe {
-            Some(moe::moe_config(&raw)?)
-        } else {
-            if raw.num_experts.unwrap_or(0) > 0 {
-                return Err(unsupported(format!(
-                    "num_experts > 0 in a dense {model_type} config: a mixture-of-experts \
-                     checkpoint has model_type qwen3_5_moe or qwen3_5_moe_text"
-                )));
-            }
-            None
-        };
-        let intermediate_size = match (raw.intermediate_size, is_moe) {
-            (Some(i), false) => i,
-            (None, false) => {
-                return Err(unsupported(
-                    "intermediate_size is missing (a dense model's MLP width)".into(),
-                ))
-            }
-            // MoE layers have no dense MLP; a value in the file is unused.
-            (_, true) => 0,
-        };
-        if let Some(act) = &raw.hidden_act {
-            if act != "silu" {
-                return Err(unsupported(format!(
-                    "hidden_act {act:?}: only silu is implemented"
-                )));
-            }
-        }
-        if raw.attention_bias == Some(true) {
-            return Err(unsupported(
-                "attention_bias = true: Qwen3.5 attention has no biases".into(),
-            ));
-        }
-        let rope = raw.rope_parameters.as_ref();
-        if let Some(t) = rope.and_then(|r| r.rope_type.as_deref()) {
-            if t != "default" {
-                return Err(unsupported(format!(
-                    "rope_type {t:?}: only default RoPE is implemented"
-                )));
-            }
-        }
-        let rope_theta = rope
-            .and_then(|r| r.rope_theta)
-            .or(raw.rope_theta)
-            .unwrap_or(10_000_000.0);
-        let partial_rotary_factor = rope
-            .and_then(|r| r.partial_rotary_factor)
-            .or(raw.partial_rotary_factor)
-            .unwrap_or(0.25);
-        // HF's Qwen3_5TextConfig default.
-        let head_dim = raw.head_dim.unwrap_or(256);
-        let layer_types = match (&raw.layer_types, raw.full_attention_interval) {
-            (Some(types), _) => types
-                .iter()
-                .enumerate()
-                .map(|(i, t)| match t.as_str() {
-                    "linear_attention" => Ok(LayerType::Linear),
-                    "full_attention" => Ok(LayerType::Full),
-                    other => Err(unsupported(format!("layer_types[{i}] = {other:?}"))),
-                })
-                .collect::<Result<Vec<_>, _>>()?,
-            (None, interval) => {
-                let interval = interval.unwrap_or(4).max(1);
-                (0..raw.num_hidden_layers)
-                    .map(|i| {
-                        if (i + 1) % interval == 0 {
-                            LayerType::Full
-                        } else {
-                            LayerType::Linear
-                        }
-                    })
-                    .collect()
-            }
-        };
-        // The flat layout's top level is its text config.
-        let top_state_dtype = top_state_dtype.filter(|_| vision_language);
-        let mamba_ssm_dtype =
-            state_dtype::from_config(raw.mamba_ssm_dtype.as_ref(), top_state_dtype.as_ref())?;
-        let c = Config {
-            vocab_size: raw.vocab_size,
-            hidden_size: raw.hidden_size,
-            intermediate_size,
-            num_hidden_layers: raw.num_hidden_layers,
-            num_attention_heads: raw.num_attention_heads,
-            num_key_value_heads: raw.num_key_value_heads,
-            head_dim,
-            linear_num_key_heads: raw.linear_num_key_heads,
-            linear_num_value_heads: raw.linear_num_value_heads,
-            linear_key_head_dim: raw.linear_key_head_dim,
-            linear_value_head_dim: raw.linear_value_head_dim,
-            linear_conv_kernel_dim: raw.linear_conv_kernel_dim,
-            rms_norm_eps: raw.rms_norm_eps,
-            rope_theta,
-            partial_rotary_factor,
-            tie_word_embeddings: top_tie.or(raw.tie_word_embeddings).unwrap_or(false),
-            layer_types,
-            vision_language,
-            mamba_ssm_dtype,
-            moe,
-        };
-        c.validate()?;
-        Ok(c)
     }
 
     fn validate(&self) -> Result<(), LoadError> {
