@@ -7,6 +7,7 @@
 //! want logits. Decode-only steps can replay CUDA graphs captured up front
 //! for padded batch sizes ([`GpuModel::capture_decode_graphs`]).
 
+mod build;
 mod cache;
 mod capture;
 mod graphs;
@@ -23,7 +24,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaSlice};
 use gdn_kernels::{
     AttentionRequest, AttentionShape, Backend, BackendRequest, DeltaNetShape, DeltaNetWeights,
-    GdnGeometry, GdnPrefill, Gemm, GemmShape, ModelOps, MoePath, MoeScratch, MoeShape,
+    GdnPrefill, Gemm, GemmShape, ModelOps, MoePath, MoeScratch, MoeShape,
 };
 use half::bf16;
 
@@ -32,7 +33,7 @@ use cudarc::driver::sys;
 /// The stream type of [`GpuModel::default_stream`], for callers that hold one
 /// without depending on cudarc themselves.
 pub use cudarc::driver::CudaStream;
-use load::{Checkpoint, Random, WeightSource};
+use load::{Checkpoint, Random};
 use mlp::Mlp;
 pub use plan::Row;
 use plan::{Batches, LogitsPlan};
@@ -40,7 +41,7 @@ pub use step::{HostLogits, LogitsTo};
 pub use timing::ForwardTiming;
 use timing::StepClock;
 
-use crate::config::{Config, LayerType};
+use crate::config::Config;
 pub use crate::error::StepError;
 use crate::error::{DeviceError, LoadError, RunError};
 pub use crate::row_logits::RowLogits;
@@ -311,151 +312,6 @@ impl GpuModel {
         let ops = ModelOps::new(stream.clone())?;
         let mut src = Random { ops: &ops, seed };
         Self::build(config, &mut src, stream, options, PhaseTimes::default())
-    }
-
-    fn build(
-        config: Config,
-        src: &mut dyn WeightSource,
-        stream: Arc<CudaStream>,
-        options: GpuOptions,
-        mut phases: PhaseTimes,
-    ) -> Result<GpuModel, LoadError> {
-        let c = &config;
-        let (dn, attn) = shapes(c)?;
-        let moe = moe_shape(c)?;
-        let state_dtype = options.state_dtype.resolve(c.mamba_ssm_dtype);
-        // Note for callers: this switches cudarc's event tracking off for the
-        // whole context (buffers allocated afterwards on other streams of it
-        // get no automatic cross-stream ordering either).
-        // cudarc gives every buffer allocated while event tracking is on two
-        // CUDA events (created with it, destroyed with it) for cross-stream
-        // ordering: four driver calls per activation buffer, about 1300 per
-        // decode step. The model, its caches and its activations live on one
-        // stream, so the tracking buys nothing here.
-        // SAFETY: every buffer the model allocates is used only on `stream`
-        // (weights, caches, activations, the ops' own buffers).
-        unsafe { stream.context().disable_event_tracking() };
-        keep_pool_memory(&stream)?;
-        let (h, v) = (c.hidden_size, c.vocab_size);
-        let ops = phases.time("model_kernels", || {
-            ModelOps::with_attention(stream.clone(), options.attention)
-        })?;
-        // Refuse unsupported shapes now, not mid-step after state changed.
-        ops.check_model(h, dn, attn)?;
-        let gemm = phases.time("cublas", || Gemm::new(stream.clone()))?;
-        let gdn = phases.time("gdn_prefill_init", || {
-            GdnPrefill::new(
-                stream.clone(),
-                GdnGeometry {
-                    num_qk_heads: dn.qk_heads,
-                    num_v_heads: dn.v_heads,
-                    head_dim: gdn_kernels::HEAD_DIM,
-                },
-                options.gdn_backend,
-            )
-        })?;
-        let upload_start = std::time::Instant::now();
-        let embed = src.matrix(&[("model.embed_tokens.weight", v)], h)?;
-        let (mut n_linear, mut n_full) = (0, 0);
-        let mut layers = vec![];
-        for (li, ty) in c.layer_types.iter().enumerate() {
-            let p = format!("model.layers.{li}");
-            let mixer = match ty {
-                LayerType::Linear => {
-                    let a = format!("{p}.linear_attn");
-                    let n = |s: &str| format!("{a}.{s}");
-                    let (hv, dv) = (dn.v_heads, gdn_kernels::HEAD_DIM);
-                    let m = Mixer::DeltaNet(DeltaNetLayer {
-                        in_proj: src.matrix(
-                            &[
-                                (&n("in_proj_qkv.weight"), dn.conv_dim()),
-                                (&n("in_proj_z.weight"), hv * dv),
-                                (&n("in_proj_b.weight"), hv),
-                                (&n("in_proj_a.weight"), hv),
-                            ],
-                            h,
-                        )?,
-                        conv: src
-                            .vector(&n("conv1d.weight"), &[dn.conv_dim(), 1, dn.conv_kernel])?,
-                        a_log: src.vector(&n("A_log"), &[hv])?,
-                        dt_bias: src.vector(&n("dt_bias"), &[hv])?,
-                        norm: src.vector(&n("norm.weight"), &[dv])?,
-                        out_proj: src.matrix(&[(&n("out_proj.weight"), h)], hv * dv)?,
-                        index: n_linear,
-                    });
-                    n_linear += 1;
-                    m
-                }
-                LayerType::Full => {
-                    let a = format!("{p}.self_attn");
-                    let n = |s: &str| format!("{a}.{s}");
-                    let (nh, nkv, d) = (attn.q_heads, attn.kv_heads, attn.head_dim);
-                    let m = Mixer::Attention {
-                        qkv: src.matrix(
-                            &[
-                                (&n("q_proj.weight"), nh * d * 2),
-                                (&n("k_proj.weight"), nkv * d),
-                                (&n("v_proj.weight"), nkv * d),
-                            ],
-                            h,
-                        )?,
-                        q_norm: src.vector(&n("q_norm.weight"), &[d])?,
-                        k_norm: src.vector(&n("k_norm.weight"), &[d])?,
-                        o_proj: src.matrix(&[(&n("o_proj.weight"), h)], nh * d)?,
-                        index: n_full,
-                    };
-                    n_full += 1;
-                    m
-                }
-            };
-            layers.push(Layer {
-                input_norm: src.vector(&format!("{p}.input_layernorm.weight"), &[h])?,
-                post_norm: src.vector(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-                mixer,
-                mlp: Mlp::load(src, c, li)?,
-            });
-        }
-        let norm = src.vector("model.norm.weight", &[h])?;
-        let lm_head = if c.tie_word_embeddings || !src.contains("lm_head.weight") {
-            None
-        } else {
-            Some(src.matrix(&[("lm_head.weight", v)], h)?)
-        };
-        // Exact fp32 frequencies, computed as the CPU reference does.
-        let rot = c.rotary_dim();
-        let freqs: Vec<f32> = (0..rot / 2)
-            .map(|k| (1.0 / c.rope_theta.powf((2 * k) as f64 / rot as f64)) as f32)
-            .collect();
-        let inv_freq = stream.clone_htod(&freqs)?;
-        // The copies are asynchronous: the upload ends when they are done.
-        stream.synchronize()?;
-        phases.push("weights_upload", upload_start.elapsed());
-        log::info!(
-            "qwen35 gpu: {} layers ({n_linear} DeltaNet, {n_full} attention), GDN prefill on {}, model kernels sm_{}",
-            layers.len(),
-            gdn.backend(),
-            ops.cubin_sm()
-        );
-        Ok(GpuModel {
-            id: NEXT_MODEL_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            config,
-            stream,
-            ops,
-            gemm,
-            gdn,
-            dn,
-            attn,
-            state_dtype,
-            moe,
-            moe_path: MoePath::Auto,
-            embed,
-            lm_head,
-            norm,
-            inv_freq,
-            layers,
-            load_phases: phases,
-            clock: None,
-        })
     }
 
     /// Turns step timing on or off: with it on, every step records CUDA
