@@ -14,15 +14,18 @@ use thiserror::Error;
 use tokio::sync::mpsc as tokio_mpsc;
 
 use crate::constraint::StepConstraints;
-use crate::executor::{AllowedTokens, BoxError, CacheGeometry, ExecError, Executor};
+use crate::executor::{AllowedTokens, ExecError, Executor};
 use crate::metrics::Metrics;
-use crate::prefix_cache::{CacheOp, PrefixCacheConfig, PrefixCacheStats};
+use crate::prefix_cache::{CacheOp, PrefixCacheStats};
 use crate::protocol::{Command, EngineStats, Shared, Submission};
 use crate::request::{
     EngineState, Event, Failure, FailureCause, FinishReason, RequestId, TokenEvent, Usage,
 };
-use crate::scheduler::{Outcome, Plan, Scheduler, SchedulerConfig};
+use crate::scheduler::{Outcome, Plan, Scheduler};
 use crate::timeline::{Pending, StepMark};
+
+mod start;
+pub(crate) use start::{run, LoadError};
 
 /// Client-safe texts (details go to the log).
 const STEP_FAILED: &str = "the request failed on the device; it may be retried";
@@ -57,20 +60,6 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// Why the executor could not be loaded (the engine is then `Dead`).
-#[derive(Debug, Error)]
-pub(crate) enum LoadError {
-    /// The factory's own error (the runtime's).
-    #[error("{0}")]
-    Factory(BoxError),
-    #[error("executor factory panicked: {0}")]
-    FactoryPanicked(String),
-    #[error("executor geometry has an empty pool: {0:?}")]
-    EmptyPool(CacheGeometry),
-    #[error("executor max_model_len {0} < 2")]
-    ModelLenTooShort(usize),
-}
-
 /// Why the engine thread stops serving (every request then fails).
 #[derive(Debug, Error)]
 enum Stop {
@@ -85,149 +74,6 @@ enum Stop {
     /// cache cannot be trusted any more.
     #[error("taking prefix-cache snapshots: {0}")]
     Snapshots(ExecError),
-}
-
-fn check_geometry(g: &CacheGeometry) -> Result<(), LoadError> {
-    if g.num_slots == 0 || g.num_pages == 0 || g.page_size == 0 || g.vocab_size == 0 {
-        return Err(LoadError::EmptyPool(*g));
-    }
-    if g.max_model_len < 2 {
-        return Err(LoadError::ModelLenTooShort(g.max_model_len));
-    }
-    Ok(())
-}
-
-pub(crate) fn run<F>(
-    shared: Arc<Shared>,
-    make_executor: F,
-    inbox: mpsc::Receiver<Command>,
-    metrics: Metrics,
-) where
-    F: FnOnce() -> Result<Box<dyn Executor>, LoadError>,
-{
-    let made = catch_unwind(AssertUnwindSafe(make_executor))
-        .unwrap_or_else(|p| Err(LoadError::FactoryPanicked(panic_text(&*p))));
-    let executor = made.and_then(|e| check_geometry(&e.geometry()).map(|()| e));
-    let executor = match executor {
-        Ok(mut executor) => {
-            if shared.config.request_timeline {
-                executor.set_step_timing(true);
-            }
-            executor
-        }
-        Err(why) => {
-            log::error!("engine failed to load: {why}");
-            shared.set_state(EngineState::Dead(format!("loading failed: {why}")));
-            shared.stopped.send_replace(true);
-            return;
-        }
-    };
-    let geometry = executor.geometry();
-    let snapshots = executor.snapshot_geometry();
-    let state = executor.state_geometry();
-    let config = &shared.config;
-    let prefix_cache = PrefixCacheConfig {
-        max_snapshots: config
-            .prefix_cache
-            .max_snapshots
-            .min(snapshots.num_snapshots),
-        ..config.prefix_cache.clone()
-    };
-    if config.prefix_cache.enabled {
-        log::info!(
-            "prefix cache: {} snapshots of {} bytes ({} in the executor's pool)",
-            prefix_cache.max_snapshots,
-            snapshots.snapshot_bytes,
-            snapshots.num_snapshots
-        );
-    }
-    // Snapshot points inside a row, when the executor can take them there
-    // (else chunks end at the points).
-    let row_snapshots = if prefix_cache.in_step_snapshots {
-        executor.max_row_snapshots()
-    } else {
-        0
-    };
-    // A lone sequence must always fit in the page pool, so the oldest
-    // request can always progress (preemption frees everything else).
-    let max_model_len = config
-        .max_model_len
-        .min(geometry.max_model_len)
-        .min(geometry.num_pages * geometry.page_size);
-    let scheduler = Scheduler::new(
-        SchedulerConfig {
-            max_num_batched_tokens: config.max_num_batched_tokens,
-            max_num_seqs: config.max_num_seqs.min(geometry.num_slots),
-            max_model_len,
-            long_prefill_token_threshold: config.long_prefill_token_threshold,
-            eos_token_ids: config.eos_token_ids.clone(),
-            row_snapshots,
-            prefix_cache,
-        },
-        &geometry,
-    );
-    *shared.vocab_size.lock().unwrap() = Some(geometry.vocab_size);
-    *shared.max_model_len.lock().unwrap() = Some(max_model_len);
-    {
-        let mut state = shared.state.lock().unwrap();
-        if *state == EngineState::Loading {
-            *state = EngineState::Ready;
-        }
-    }
-    metrics.state_slots_total.set(geometry.num_slots as i64);
-    if !state.recurrent_dtype.is_empty() {
-        log::info!(
-            "recurrent state: {} bytes a slot in {} ({} bytes a slot with the conv state), {} bytes over {} slots",
-            state.recurrent_bytes_per_slot,
-            state.recurrent_dtype,
-            state.slot_bytes,
-            state.recurrent_bytes_per_slot * geometry.num_slots,
-            geometry.num_slots
-        );
-    }
-    metrics.set_state_geometry(&state, geometry.num_slots);
-    shared.running_capacity.store(
-        config.max_num_seqs.min(geometry.num_slots),
-        Ordering::Release,
-    );
-    let constraints = config.structured_outputs.as_ref().map(|_| {
-        let threads = match config.mask_threads {
-            0 => crate::constraint::default_mask_threads(),
-            n => n,
-        };
-        StepConstraints::new(threads, geometry.vocab_size)
-    });
-    let mut worker = Worker {
-        constraints,
-        shared: shared.clone(),
-        executor: Some(executor),
-        scheduler,
-        clients: HashMap::new(),
-        metrics,
-        seeds: RandomState::new(),
-        steps: 0,
-        aborted: 0,
-        deadline: None,
-        snapshot_bytes: snapshots.snapshot_bytes,
-        published_cache: PrefixCacheStats::default(),
-    };
-    worker.publish();
-    // The step is guarded inside serve; this catches a panic anywhere else
-    // on the thread (command handling, aborts) so that clients and /health
-    // learn of it instead of waiting on a silent thread.
-    if let Err(payload) = catch_unwind(AssertUnwindSafe(|| worker.serve(inbox))) {
-        let why = format!("engine panicked: {}", panic_text(&*payload));
-        if catch_unwind(AssertUnwindSafe(|| worker.die(why.clone()))).is_err() {
-            shared.set_state(EngineState::Dead(why));
-        }
-    }
-    // Drop the executor here, not during unwinding elsewhere; a panic in
-    // its destructor must not take the stopped flag with it.
-    let executor = worker.executor.take();
-    if catch_unwind(AssertUnwindSafe(move || drop(executor))).is_err() {
-        log::error!("the executor panicked while being dropped");
-    }
-    shared.stopped.send_replace(true);
 }
 
 struct Worker {
