@@ -5,9 +5,9 @@
 
 use crate::common;
 
-use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
+use crate::log_capture::{capture_logs, captured};
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
 use common::*;
@@ -16,37 +16,8 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value as Json};
 use tower::ServiceExt;
 
-/// Every log line of this test binary (tests tell theirs apart by id).
-static LINES: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-struct Capture;
-
-impl log::Log for Capture {
-    fn enabled(&self, _: &log::Metadata) -> bool {
-        true
-    }
-    fn log(&self, record: &log::Record) {
-        LINES.lock().unwrap().push(record.args().to_string());
-    }
-    fn flush(&self) {}
-}
-
-fn capture_logs() {
-    static ONCE: OnceLock<()> = OnceLock::new();
-    ONCE.get_or_init(|| {
-        log::set_logger(&Capture).expect("no other logger in this binary");
-        log::set_max_level(log::LevelFilter::Debug);
-    });
-}
-
 fn lines_with(needle: &str) -> Vec<String> {
-    LINES
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|l| l.contains(needle))
-        .cloned()
-        .collect()
+    captured(|_, line| line.contains(needle))
 }
 
 fn request(path: &str, body: &Json, request_id: Option<&str>) -> Request<Body> {

@@ -5,42 +5,16 @@
 
 use crate::common;
 
-use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::log_capture::{capture_logs, captured};
 use common::*;
 use gdn_http::api::timeline::{LINE_TAG, LOG_TARGET};
 use serde_json::{json, Value as Json};
 
-/// Every log line of this test binary's timeline target.
-static LINES: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-struct Capture;
-
-impl log::Log for Capture {
-    fn enabled(&self, m: &log::Metadata) -> bool {
-        m.target() == LOG_TARGET
-    }
-    fn log(&self, r: &log::Record) {
-        if self.enabled(r.metadata()) {
-            LINES.lock().unwrap().push(r.args().to_string());
-        }
-    }
-    fn flush(&self) {}
-}
-
-fn capture() {
-    static CAPTURE: Capture = Capture;
-    if log::set_logger(&CAPTURE).is_ok() {
-        log::set_max_level(log::LevelFilter::Info);
-    }
-}
-
 /// The timeline lines of request `id` (the X-Request-Id sent).
 fn lines_of(id: &str) -> Vec<Json> {
-    LINES
-        .lock()
-        .unwrap()
+    captured(|target, _| target == LOG_TARGET)
         .iter()
         .filter_map(|l| l.strip_prefix(LINE_TAG)?.trim().parse::<Json>().ok())
         .filter(|j| j["request"] == id)
@@ -70,7 +44,7 @@ const PROMPT: &str = "The quick brown fox jumps over the lazy dog, and then it r
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_flag_logs_one_line_per_request_with_every_stamp_in_order() {
-    capture();
+    capture_logs();
     let s = server_with(
         "Hello there, friend.",
         None,
@@ -150,7 +124,7 @@ async fn the_flag_logs_one_line_per_request_with_every_stamp_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_flag_nothing_is_logged() {
-    capture();
+    capture_logs();
     let s = server("Hello there.", None);
     assert!(!completion(&s, "timeline-off", PROMPT).await.is_empty());
     assert!(lines_of("timeline-off").is_empty());

@@ -6,6 +6,7 @@
 //! `cargo test -p http --test integration http_chat_rules::`.
 
 mod common;
+mod log_capture;
 
 mod http_chat_rules;
 mod http_connections;
