@@ -13,7 +13,7 @@
 //!
 //! Prints JSON lines on stdout: `copy`, one `linear` per (shape, m, path),
 //! one `best` per (shape, m), and one `step` per m (the 4B's 129 decode
-//! GEMMs summed by layer count). Run (< 1 min on an H200):
+//! GEMMs summed by layer count). Run:
 //! `cargo run --release -p gdn-kernels --example skinny_bench`; with
 //! `--preset 35b-a3b` the same on Qwen3.5-35B-A3B's dense GEMMs (its
 //! mixers, router, shared expert and its gate, lm_head).
