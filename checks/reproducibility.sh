@@ -1,20 +1,40 @@
 #!/usr/bin/env bash
-# Builds the bundle twice from scratch under deliberately different conditions
-# and compares every artifact byte for byte (and both against the lock, which
-# `gdn-gen build` enforces). The two builds differ in:
-#   checkout directory (different absolute path and depth), cache directory,
-#   HOME, TMPDIR, TZ, LANG/LC_ALL, umask, CPU affinity (2 cores vs 1) and
-#   compile parallelism (--jobs 2 vs 1), and of course PID and time;
-#   and the CPython that runs the CuTe DSL export: build a uses `python3` (the
-#   first on PATH), build b another CPython of the same major.minor with a
-#   different patch version (same wheel set, so every file must be the same
-#   bytes; only the manifest's `dsl.python` may say which interpreter ran).
-#   On this project's image and CI that is pyenv's 3.11.7 vs Debian 12's
-#   /usr/bin/python3 (3.11.2), whose pickle modules write different bytes for
-#   the same object (docs/reproducibility.md). GDN_REPRO_OTHER_PYTHON names b's
-#   interpreter explicitly; without a second interpreter the check fails.
-# Usage: checks/reproducibility.sh            (from the repository root)
+# Builds the bundle from scratch under deliberately unusual conditions and
+# compares every artifact byte for byte with another from-scratch build.
+#
+# Two ways (both also check every file against the lock, which `gdn-gen
+# build` enforces):
+#   checks/reproducibility.sh                 builds a (this checkout, the
+#       ordinary environment, 2 cores, `python3`) and b (below) in a temp
+#       dir and compares them file by file, manifests too;
+#   checks/reproducibility.sh --against-lock  builds b only, and the other
+#       side is the lock: `gdn-gen lock` wrote its hashes from a from-scratch
+#       build in a developer's ordinary environment. b is then installed as
+#       this checkout's bundle (target/gdn-bundle, its units in
+#       target/gdn-cache), so CI builds the bundle once, and that build is
+#       the reproducibility proof (README, "Test").
+# Build b differs from a (and from the lock's build) in:
+#   checkout directory (a copy of the tracked files at a deeper, different
+#   path), cache directory, HOME, TMPDIR, TZ, LANG/LC_ALL, umask, CPU
+#   affinity (one core) and compile parallelism (--jobs 1), and of course
+#   PID and time; and the CPython that runs the CuTe DSL export: another
+#   CPython of the same major.minor with a different patch version than a's
+#   `python3` (or, against the lock, than the lock's
+#   `dsl_recorded_with_python`). The wheel set is the same, so every file
+#   must be the same bytes; only the manifest's `dsl.python` may say which
+#   interpreter ran. On this project's image and CI that is pyenv's 3.11.7
+#   vs Debian 12's /usr/bin/python3 (3.11.2), whose pickle modules write
+#   different bytes for the same object (docs/reproducibility.md).
+#   GDN_REPRO_OTHER_PYTHON names b's interpreter explicitly; without a
+#   second interpreter the check fails.
+# Usage: checks/reproducibility.sh [--against-lock]   (from the repository root)
 set -euo pipefail
+mode=pair
+case "${1:-}" in
+  "") ;;
+  --against-lock) mode=lock ;;
+  *) echo "usage: checks/reproducibility.sh [--against-lock]" >&2; exit 2 ;;
+esac
 repo=$(git rev-parse --show-toplevel)
 work=$(mktemp -d /tmp/gdn-repro.XXXXXX)
 trap 'rm -rf "$work"' EXIT
@@ -32,10 +52,15 @@ inputs="$repo/target/gdn-cache/downloads"
 mkdir -p "$inputs"
 
 # The two interpreters, resolved here (the builds run with other HOMEs, where
-# pyenv's shims could pick another version).
+# pyenv's shims could pick another version). Against the lock, "a's"
+# version is the one the lock records.
 pyver() { "$1" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])'; }
 python_a=$(python3 -c 'import sys; print(sys.executable)')
-version_a=$(pyver "$python_a")
+if [ $mode = lock ]; then
+  version_a=$(jq -r .dsl_recorded_with_python gdn-bundle.lock.json)
+else
+  version_a=$(pyver "$python_a")
+fi
 python_b=${GDN_REPRO_OTHER_PYTHON:-}
 if [ -z "$python_b" ]; then
   for cand in /usr/bin/python3 /usr/local/bin/python3 "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"/versions/*/bin/python3; do
@@ -54,17 +79,32 @@ version_b=$(pyver "$python_b")
   echo "reproducibility: GDN_REPRO_OTHER_PYTHON=$python_b is $version_b; it must be ${version_a%.*} with another patch version than $version_a"
   echo "reproducibility: 0 passed, 1 failed"; exit 1; }
 
-build() { # name checkout cores jobs tz lang umask python
-  local name=$1 checkout=$2 cores=$3 jobs=$4 tz=$5 lang=$6 mask=$7 python=$8
+build() { # name checkout cores jobs tz lang umask python cache out
+  local name=$1 checkout=$2 cores=$3 jobs=$4 tz=$5 lang=$6 mask=$7 python=$8 cache=$9 out=${10}
   mkdir -p "$work/$name/home" "$work/$name/tmp"
   echo "== build $name: $checkout cores=$cores jobs=$jobs TZ=$tz LANG=$lang umask=$mask python=$python ($(pyver "$python"))"
   ( cd "$checkout" && umask "$mask" && \
     env HOME="$work/$name/home" TMPDIR="$work/$name/tmp" TZ="$tz" LANG="$lang" LC_ALL="$lang" \
       taskset -c "$cores" "$gen" build --lock gdn-bundle.lock.json --inputs-dir "$inputs" \
-      --cache "$work/$name/cache" --out "$work/$name/bundle" --jobs "$jobs" --python "$python" )
+      --cache "$cache" --out "$out" --jobs "$jobs" --python "$python" )
 }
-build a "$repo" 0-1 2 UTC C 022 "$python_a"
-build b "$other" 0 1 Asia/Kolkata C.UTF-8 077 "$python_b"
+if [ $mode = lock ]; then
+  # From scratch: no compiled unit may come from an earlier build. The
+  # build checks every file against the lock before it installs the bundle.
+  rm -rf "$repo/target/gdn-cache/units"
+  /usr/bin/time -f "bundle build b: %e s wall, largest process %M KiB" \
+    build b "$other" 0 1 Asia/Kolkata C.UTF-8 077 "$python_b" "$repo/target/gdn-cache" "$repo/target/gdn-bundle"
+  jq -e --arg v "$version_b" '.dsl.python == $v' "$repo/target/gdn-bundle/manifest.json" >/dev/null \
+    || { echo "the manifest does not name Python $version_b"; echo "reproducibility: 0 passed, 1 failed"; exit 1; }
+  # The interpreter b used, for a later `gdn-gen build --python` that should
+  # find this bundle up to date (the DSL units are keyed by it).
+  echo "$python_b" > "$repo/target/gdn-repro-python"
+  echo "same as the lock: every artifact of target/gdn-bundle (built from scratch as b, Python $version_b; the lock's DSL units were recorded with $version_a)"
+  echo "reproducibility: 1 passed, 0 failed"
+  exit 0
+fi
+build a "$repo" 0-1 2 UTC C 022 "$python_a" "$work/a/cache" "$work/a/bundle"
+build b "$other" 0 1 Asia/Kolkata C.UTF-8 077 "$python_b" "$work/b/cache" "$work/b/bundle"
 
 # The manifests must name the interpreters that ran (so they differ there and
 # nowhere else); the comparison below then sees them without that one field.
