@@ -201,9 +201,11 @@ async fn constrained_outputs_served_on_the_gpu_validate_and_end_by_their_grammar
     }
 }
 
+/// One fixture on the CPU: the constraint path under test (matchers,
+/// masks, replay after preemption) is the engine's and is the same for
+/// every model, and the CPU forward of all three fixtures made this the
+/// longest test of CI. The GPU variant above keeps every fixture.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn constrained_outputs_served_on_the_cpu_validate_and_end_by_their_grammar() {
-    for name in MODELS {
-        gate(Device::Cpu, name).await;
-    }
+    gate(Device::Cpu, MODELS[0]).await;
 }
