@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The device sampler's source run on the CPU (no GPU) against the engine's
-# CPU sampler: crates/qwen35/tests/gpu_sampling.rs writes random cases with
+# CPU sampler: crates/qwen35/tests/integration/gpu_sampling.rs writes random cases with
 # the CPU sampler's answers, main.cpp runs sampling.cu over them through
 # cuda_shim.h (1024 OS threads per row: slow, about 0.5-1 s a row on 2 cores).
 # Arguments: PLAN entries (`vocab`x`rows`), default a mix of small

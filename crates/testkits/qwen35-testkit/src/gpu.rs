@@ -1,5 +1,5 @@
-//! The GPU forward gates' shared steps (qwen35's tests/gpu_forward.rs and
-//! tests/gpu_moe_forward.rs): the fixture's model on the GPU, a fresh
+//! The GPU forward gates' shared steps (qwen35's tests/integration/gpu_forward.rs and
+//! tests/integration/gpu_moe_forward.rs): the fixture's model on the GPU, a fresh
 //! sequence run in chunks, prefill then teacher-forced decode, a cache with
 //! decode graphs captured and a bystander slot.
 
