@@ -36,6 +36,8 @@
 # /dev/shm: about 67 GB, past the H200 machine's 64 GiB disk).
 # STATE_DTYPE: float32 (default; released Qwen3.5 configs say so) or bfloat16,
 # on both servers. PREFIX_CACHE: off (default) or on, on both servers.
+# MAX_NUM_SEQS (default 128) and GPU_MEMORY_UTILIZATION (default 0.9): one
+# value for both servers' --max-num-seqs and --gpu-memory-utilization.
 # VLLM_ARGS / SERVER_ARGS: more vLLM / gdn-server flags. GDN_COMMIT: the commit
 # the binaries were built from, for the table's header. FORCE=1: measure again.
 # DRY_RUN=1: no GPU, nothing run: checks the files and the wheel list, tests
@@ -54,11 +56,13 @@ OUT=${OUT:-/tmp/gdn-out}; W=/tmp/peer_vllm; STASH=/tmp/peerstash
 # checkpoint (about 67 GB) lives in /dev/shm, past the disk's size.
 PRESET=${PRESET:-4b}
 case $PRESET in
-  4b) base=/tmp/q4b_vl;;
-  35b-a3b) base=/dev/shm/q35b_vl;;
+  4b) base=/tmp/q4b_vl; model_name=Qwen3.5-4B;;
+  35b-a3b) base=/dev/shm/q35b_vl; model_name=Qwen3.5-35B-A3B;;
   *) echo "PRESET: 4b or 35b-a3b, not $PRESET" >&2; exit 2;;
 esac
-export PRESET
+# Both servers read these two (serve_bench.sh, peer_vllm/serve.sh).
+MAX_NUM_SEQS=${MAX_NUM_SEQS:-128}; GPU_MEMORY_UTILIZATION=${GPU_MEMORY_UTILIZATION:-0.9}
+export PRESET MAX_NUM_SEQS GPU_MEMORY_UTILIZATION
 tag=${PREFIX_CACHE}_$STATE_DTYPE; model=${base}_$STATE_DTYPE; port=8001
 pid_file=$W/vllm.pid
 case $STATE_DTYPE in float32|bfloat16) ;; *) echo "STATE_DTYPE: float32 or bfloat16, not $STATE_DTYPE" >&2; exit 2;; esac
@@ -224,7 +228,8 @@ phase_report() {
   x rm -f $W/peer_vllm_$tag.md
   xl $W/peer_vllm_$tag.md python3 $here/peer_vllm_table.py --ours $W/ours_$tag.jsonl --vllm $W/vllm_$tag.jsonl \
     --date "$(date -u +%F)" --commit "$commit" --machine "${machine:-unknown}" \
-    --state-dtype "$STATE_DTYPE" --prefix-cache "$PREFIX_CACHE"
+    --state-dtype "$STATE_DTYPE" --prefix-cache "$PREFIX_CACHE" --model "$model_name" \
+    --max-num-seqs "$MAX_NUM_SEQS" --gpu-memory-utilization "$GPU_MEMORY_UTILIZATION"
 }
 
 # Results back through $OUT (the device tool returns at most 8 files).
@@ -267,6 +272,9 @@ PY
   echo '{"random_input_len": 1024, "random_output_len": 256, "max_concurrency": 1, "completed": 8, "median_ttft_ms": 20.24, "median_itl_ms": 2.954, "output_throughput": 331.4}' > "$t/ours.jsonl"
   echo '{"random_input_len": 1024, "random_output_len": 256, "max_concurrency": 1, "completed": 7, "median_ttft_ms": 96.7, "median_itl_ms": 3.49, "output_throughput": 260.2}' > "$t/vllm.jsonl"
   local row; row=$(python3 $here/peer_vllm_table.py --ours "$t/ours.jsonl" --vllm "$t/vllm.jsonl" | grep '^| 1024/256')
+  python3 $here/peer_vllm_table.py --ours "$t/ours.jsonl" --vllm "$t/vllm.jsonl" --model Qwen3.5-35B-A3B \
+    | grep -q '^- Checkpoint: random-weight Qwen3.5-35B-A3B in the VL layout' \
+    || { echo "peer_vllm_table.py: the header does not name the model run"; ok=0; }
   [ "$row" = "| 1024/256 | 1 | 20.2 / 96.7* | 2.95 / 3.49* | 331 / 260* | 0.85x | 1.27x |" ] \
     || { echo "peer_vllm_table.py: unexpected row: $row"; ok=0; }
   rm -rf "$t"

@@ -6,6 +6,7 @@ twice keeps its last line).
 
   peer_vllm_table.py --ours OURS.jsonl --vllm VLLM.jsonl [--date D] [--commit C]
       [--machine M] [--state-dtype float32] [--prefix-cache off]
+      [--model Qwen3.5-4B] [--max-num-seqs N] [--gpu-memory-utilization F]
 
 Prints markdown: a header with the date, commit and settings, then one row per
 cell with TTFT p50, ITL p50 and output tokens/s of both servers and the ratios
@@ -52,8 +53,10 @@ def table(ours, vllm, args):
         "## gdn-server and vLLM 0.26.0 side by side",
         "",
         f"- Date: {args.date}; commit: {args.commit}; machine: {args.machine}.",
-        f"- Recurrent state: {args.state_dtype} on both; prefix caching {args.prefix_cache} on both.",
-        "- Checkpoint: random-weight Qwen3.5-4B in the VL layout, the same folder for both servers.",
+        f"- Recurrent state: {args.state_dtype} on both; prefix caching {args.prefix_cache} on both;"
+        f" `--max-num-seqs {args.max_num_seqs}` and `--gpu-memory-utilization {args.gpu_memory_utilization}`"
+        " on both.",
+        f"- Checkpoint: random-weight {args.model} in the VL layout, the same folder for both servers.",
         "- Client: sglang 0.4.10 `bench_serving`, `--backend vllm`, `random-ids`, fixed lengths,"
         " `ignore_eos`, seed 1, max(c, 8) prompts.",
         "- vLLM: `--language-model-only --gdn-prefill-backend triton`, CUDA graphs.",
@@ -84,6 +87,9 @@ def main():
     ap.add_argument("--machine", default="unknown")
     ap.add_argument("--state-dtype", default="float32")
     ap.add_argument("--prefix-cache", default="off")
+    ap.add_argument("--model", default="Qwen3.5-4B", help="the model the checkpoint is shaped as")
+    ap.add_argument("--max-num-seqs", default="128")
+    ap.add_argument("--gpu-memory-utilization", default="0.9")
     args = ap.parse_args()
     print(table(load(args.ours), load(args.vllm), args))
 

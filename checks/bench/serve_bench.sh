@@ -14,6 +14,9 @@
 # make_random_checkpoint.py with CHECKPOINT_ARGS (e.g. "--vl") when missing.
 # PRESET: the model's shape, 4b (default) or 35b-a3b (about 67 GB: on the
 # H200's 64 GiB disk only under /dev/shm, e.g. MODEL=/dev/shm/q35b).
+# MAX_NUM_SEQS (default 128) and GPU_MEMORY_UTILIZATION (default 0.9, both
+# servers' default): gdn-server's --max-num-seqs and
+# --gpu-memory-utilization; peer_vllm.sh gives vLLM the same two values.
 # COLD_START_ONLY=1: only the cold start,
 # COLD_STARTS times (default 3), each with the server's `startup:` phase line
 # and its gdn:startup_phase_seconds gauges; no runtime bench, no sweep.
@@ -68,7 +71,8 @@ cold_start() {  # $1: server log file
   start=$(date +%s.%N); log "server start"
   # Each server log line gets a wall-clock stamp (where start-up time goes).
   .carry/bin/gdn-server --model "$MODEL" --served-model-name q4b --port 8000 --device gpu \
-    --max-num-seqs 128 --max-model-len 9216 --sse-keepalive-secs 0 ${SERVER_ARGS:-} \
+    --max-num-seqs "${MAX_NUM_SEQS:-128}" --gpu-memory-utilization "${GPU_MEMORY_UTILIZATION:-0.9}" \
+    --max-model-len 9216 --sse-keepalive-secs 0 ${SERVER_ARGS:-} \
     > >(while IFS= read -r l; do printf '%s %s\n' "$(date -u +%T.%N | cut -c1-12)" "$l"; done > "$1") 2>&1 &
   server=$!
   until curl -sf -o /dev/null http://127.0.0.1:8000/health; do

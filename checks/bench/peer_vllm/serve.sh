@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Copied from ../shared/peer-vllm/serve.sh (2026-12-03, outside this
-# repository); changed: the pid file, the wait's limit (START_TIMEOUT) and a
+# repository); changed: the pid file, the wait's limit (START_TIMEOUT), a
 # start that finds its server still starting waits for it instead of starting
-# another. Called by checks/bench/peer_vllm.sh's start phase.
+# another, and --max-num-seqs / --gpu-memory-utilization from the settings
+# both servers share (the copy had 128 and 0.85 fixed). Called by checks/bench/peer_vllm.sh's start phase.
 # On the H200: starts vLLM's OpenAI server on MODEL at PORT (default 8001) in its
 # own process group (setsid), so it outlives the device call that started it; waits
 # for /health and prints "VLLM_READY startup_s=N" (or VLLM_DIED / VLLM_TIMEOUT + log).
-# EXTRA_ARGS: more vLLM flags (prefix caching, the state dtype). PID_FILE holds the
+# EXTRA_ARGS: more vLLM flags (prefix caching, the state dtype). MAX_NUM_SEQS
+# (default 128) and GPU_MEMORY_UTILIZATION (default 0.9) as serve_bench.sh
+# gives them to gdn-server. PID_FILE holds the
 # server's pid, which is also its process group: stop it with `kill -TERM -- -PID`
 # (a broad `pkill -f vllm` also matches the shell running the device command).
 set -uo pipefail
@@ -22,7 +25,8 @@ else
   # wheels (about 180 MB more), without which vLLM 0.26.0 dies on the first prefill.
   # shellcheck disable=SC2086  # EXTRA_ARGS is a list of flags
   setsid nohup "$PY" -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name q4b --port "$PORT" \
-    --max-model-len 9216 --max-num-seqs 128 --gpu-memory-utilization 0.85 --language-model-only \
+    --max-model-len 9216 --max-num-seqs "${MAX_NUM_SEQS:-128}" \
+    --gpu-memory-utilization "${GPU_MEMORY_UTILIZATION:-0.9}" --language-model-only \
     --gdn-prefill-backend triton ${EXTRA_ARGS:-} > "$LOG" 2>&1 < /dev/null &
   echo $! > "$PID_FILE"; echo "$t0" > "$PID_FILE.t0"
 fi
