@@ -272,8 +272,8 @@ PY
   echo '{"random_input_len": 1024, "random_output_len": 256, "max_concurrency": 1, "completed": 8, "median_ttft_ms": 20.24, "median_itl_ms": 2.954, "output_throughput": 331.4}' > "$t/ours.jsonl"
   echo '{"random_input_len": 1024, "random_output_len": 256, "max_concurrency": 1, "completed": 7, "median_ttft_ms": 96.7, "median_itl_ms": 3.49, "output_throughput": 260.2}' > "$t/vllm.jsonl"
   local row; row=$(python3 $here/peer_vllm_table.py --ours "$t/ours.jsonl" --vllm "$t/vllm.jsonl" | grep '^| 1024/256')
-  python3 $here/peer_vllm_table.py --ours "$t/ours.jsonl" --vllm "$t/vllm.jsonl" --model Qwen3.5-35B-A3B \
-    | grep -q '^- Checkpoint: random-weight Qwen3.5-35B-A3B in the VL layout' \
+  local header; header=$(python3 $here/peer_vllm_table.py --ours "$t/ours.jsonl" --vllm "$t/vllm.jsonl" --model Qwen3.5-35B-A3B)
+  grep -q '^- Checkpoint: random-weight Qwen3.5-35B-A3B in the VL layout' <<<"$header" \
     || { echo "peer_vllm_table.py: the header does not name the model run"; ok=0; }
   [ "$row" = "| 1024/256 | 1 | 20.2 / 96.7* | 2.95 / 3.49* | 331 / 260* | 0.85x | 1.27x |" ] \
     || { echo "peer_vllm_table.py: unexpected row: $row"; ok=0; }
