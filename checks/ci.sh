@@ -52,14 +52,14 @@ cargo fmt --all -- --check
 step "architecture rules (no #[path], no Result<_, String>, no import circles, HTTP library on the engine only, no dates or figures in comments)"
 python3 checks/architecture_rules.py
 
-step "bundle from scratch as reproducibility build b (one core, in the background)"
-# The one from-scratch bundle build of this run, under unusual conditions
-# (another checkout path, HOME, TMPDIR, TZ, locale, umask, one core, another
-# Python patch version) and checked file by file against the lock, whose
-# hashes a from-scratch build in a developer's ordinary environment wrote:
-# the reproducibility proof and the cross-machine proof at once
-# (checks/reproducibility.sh). It takes one core; the steps up to "wait for
-# the bundle" need no bundle and use the other.
+step "bundle from scratch as reproducibility build b (in the background)"
+# The one from-scratch bundle build of this run, under conditions unlike the
+# lock's build (another checkout path, HOME, TMPDIR, TZ, locale, umask, Python
+# patch version) and checked file by file against the lock, whose hashes a
+# from-scratch build in a developer's environment wrote: the
+# reproducibility proof and the cross-machine proof at once
+# (checks/reproducibility.sh). The steps up to "wait for the bundle" need no
+# bundle and share the cores with it.
 cargo build -q --release -p gdn-gen
 checks/reproducibility.sh --against-lock > target/bundle-build.log 2>&1 &
 bundle_pid=$!

@@ -4,29 +4,36 @@
 #
 # Two ways (both also check every file against the lock, which `gdn-gen
 # build` enforces):
-#   checks/reproducibility.sh                 builds a (this checkout, the
-#       ordinary environment, 2 cores, `python3`) and b (below) in a temp
-#       dir and compares them file by file, manifests too;
+#   checks/reproducibility.sh                 builds a (this checkout, 2
+#       cores, --jobs 2, TZ=UTC, LANG=C, umask 022, `python3`) and b in a
+#       temp dir and compares them file by file, manifests too. Build b
+#       differs from a in: checkout directory (a copy of the tracked files
+#       at a deeper, different path), cache directory, HOME, TMPDIR,
+#       TZ=Asia/Kolkata, LANG/LC_ALL=C.UTF-8, umask 077, CPU affinity (one
+#       core) and compile parallelism (--jobs 1), PID and time, and the
+#       CPython that runs the CuTe DSL export (below). Run it when the
+#       generator, the table or the toolchain changes (about twice CI's
+#       bundle time: b compiles every unit in series);
 #   checks/reproducibility.sh --against-lock  builds b only, and the other
-#       side is the lock: `gdn-gen lock` wrote its hashes from a from-scratch
-#       build in a developer's ordinary environment. b is then installed as
-#       this checkout's bundle (target/gdn-bundle, its units in
-#       target/gdn-cache), so CI builds the bundle once, and that build is
-#       the reproducibility proof (README, "Test").
-# Build b differs from a (and from the lock's build) in:
-#   checkout directory (a copy of the tracked files at a deeper, different
-#   path), cache directory, HOME, TMPDIR, TZ, LANG/LC_ALL, umask, CPU
-#   affinity (one core) and compile parallelism (--jobs 1), and of course
-#   PID and time; and the CPython that runs the CuTe DSL export: another
-#   CPython of the same major.minor with a different patch version than a's
-#   `python3` (or, against the lock, than the lock's
-#   `dsl_recorded_with_python`). The wheel set is the same, so every file
-#   must be the same bytes; only the manifest's `dsl.python` may say which
-#   interpreter ran. On this project's image and CI that is pyenv's 3.11.7
-#   vs Debian 12's /usr/bin/python3 (3.11.2), whose pickle modules write
-#   different bytes for the same object (docs/reproducibility.md).
-#   GDN_REPRO_OTHER_PYTHON names b's interpreter explicitly; without a
-#   second interpreter the check fails.
+#       side is the lock: `gdn-gen lock` wrote its hashes from a
+#       from-scratch build in a developer's environment. b then differs from
+#       that build in checkout path, cache, HOME, TMPDIR, TZ, locale and
+#       umask (each chosen unlike the environment it runs in: a developer's
+#       and CI's are the same machine kind), PID, time and the Python patch
+#       version; it uses every core (CI's time limit: the core-count
+#       variation is the first way's, and the GPU machine's `gdn-gen verify`
+#       on 16 cores). b is then installed as this checkout's bundle
+#       (target/gdn-bundle, its units in target/gdn-cache): CI builds the
+#       bundle once, and that build is the reproducibility proof.
+# The CPython of b: another CPython of the same major.minor with a
+# different patch version than a's `python3` (against the lock: than the
+# lock's `dsl_recorded_with_python`). The wheel set is the same, so every
+# file must be the same bytes; only the manifest's `dsl.python` may say
+# which interpreter ran. On this project's image and CI that is pyenv's
+# 3.11.7 vs Debian 12's /usr/bin/python3 (3.11.2), whose pickle modules
+# write different bytes for the same object (docs/reproducibility.md).
+# GDN_REPRO_OTHER_PYTHON names b's interpreter explicitly; without a second
+# interpreter the check fails.
 # Usage: checks/reproducibility.sh [--against-lock]   (from the repository root)
 set -euo pipefail
 mode=pair
@@ -92,8 +99,15 @@ if [ $mode = lock ]; then
   # From scratch: no compiled unit may come from an earlier build. The
   # build checks every file against the lock before it installs the bundle.
   rm -rf "$repo/target/gdn-cache/units"
-  /usr/bin/time -f "bundle build b: %e s wall, largest process %M KiB" \
-    build b "$other" 0 1 Asia/Kolkata C.UTF-8 077 "$python_b" "$repo/target/gdn-cache" "$repo/target/gdn-bundle"
+  # Conditions unlike the ones in force here (the lock's build ran in an
+  # environment like this one).
+  tz_b=Asia/Kolkata; [ "${TZ:-}" = "$tz_b" ] && tz_b=America/St_Johns
+  lang_b=C; [ "${LC_ALL:-${LANG:-C}}" = C ] && lang_b=C.UTF-8
+  mask_b=077; [ "$(umask)" = 0077 ] && mask_b=027
+  cores=$(nproc); started=$(date +%s)
+  build b "$other" "0-$((cores - 1))" "$cores" "$tz_b" "$lang_b" "$mask_b" "$python_b" \
+    "$repo/target/gdn-cache" "$repo/target/gdn-bundle"
+  echo "bundle build b: $(( $(date +%s) - started )) s wall on $cores cores"
   jq -e --arg v "$version_b" '.dsl.python == $v' "$repo/target/gdn-bundle/manifest.json" >/dev/null \
     || { echo "the manifest does not name Python $version_b"; echo "reproducibility: 0 passed, 1 failed"; exit 1; }
   # The interpreter b used, for a later `gdn-gen build --python` that should
