@@ -4,7 +4,7 @@ The OpenAPI document states some rules in words because no schema keyword
 can: a prompt plus max_tokens must fit the context, prompts x n is at most
 128, min_tokens is at most max_tokens, tool-call arguments given as text are
 a JSON object, a request has at most one output constraint and it must
-compile, a tool_choice other than none needs tools (and a named one names
+compile (and `structured_outputs` must name one), a tool_choice other than none needs tools (and a named one names
 one of them), and the model's chat template decides which conversations it
 renders (the demo's, Qwen3.5's, needs a user message, takes a system message
 only first and knows no developer role). A case schemathesis generates as
@@ -183,6 +183,9 @@ def _constraints(body, chat):
         given = [k for k in SAFE_STRUCTURED if structured.get(k) is not None
                  and not (k == "json_object" and structured.get(k) is False)]
         if kept and given:
+            body["structured_outputs"] = None
+        elif not given and structured.get("json_object") is not False:
+            # Naming no constraint at all (`{}`, every field null) is a 400.
             body["structured_outputs"] = None
         elif given:
             body["structured_outputs"] = {given[0]: SAFE_STRUCTURED[given[0]]}

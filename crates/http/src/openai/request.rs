@@ -125,8 +125,11 @@ fn schema_value<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Json>, D::Erro
     }
 }
 
-/// vLLM's `structured_outputs`: each field is one kind of constraint.
+/// vLLM's `structured_outputs`: each field is one kind of constraint. An
+/// unknown key is refused rather than ignored: a misspelled constraint would
+/// otherwise run unconstrained.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StructuredOutputs {
     /// A JSON schema, or JSON text of one.
     #[serde(default, deserialize_with = "schema_value")]

@@ -144,6 +144,17 @@ async fn conflicts_and_bad_shapes_are_400s_naming_the_field() {
             "structured_outputs.grammar",
             "string",
         ),
+        // A key it does not know, or none: refused, never unconstrained.
+        (
+            json!({"structured_outputs": {"yaml": "a: 1"}}),
+            "structured_outputs.yaml",
+            "unknown field `yaml`",
+        ),
+        (
+            json!({"structured_outputs": {}}),
+            "structured_outputs",
+            "names no constraint",
+        ),
     ];
     for (fields, param, says) in cases {
         for (path, body) in [

@@ -38,6 +38,7 @@ pub fn requested_constraint(
         found.extend(response_format(format)?);
     }
     if let Some(so) = &req.structured_outputs {
+        let before = found.len();
         if let Some(schema) = &so.json {
             found.push(json_schema("structured_outputs.json", schema)?);
         }
@@ -58,6 +59,13 @@ pub fn requested_constraint(
                 "structured_outputs.json_object",
                 spec,
             ));
+        }
+        // `json_object: false` asks for no constraint in so many words;
+        // nothing at all is more likely a misspelling.
+        if found.len() == before && so.json_object.is_none() {
+            return Err(ValidationError::EmptyConstraint {
+                field: "structured_outputs",
+            });
         }
     }
     if let Some(schema) = &req.guided_json {
@@ -202,6 +210,42 @@ mod tests {
     }
 
     #[test]
+    fn structured_outputs_naming_no_constraint_is_refused() {
+        for fields in [
+            r#""structured_outputs": {}"#,
+            r#""structured_outputs": {"regex": null}"#,
+        ] {
+            let err = constraint(fields).unwrap_err();
+            assert_eq!(
+                err,
+                ValidationError::EmptyConstraint {
+                    field: "structured_outputs"
+                },
+                "{fields}"
+            );
+            assert_eq!(err.param().as_deref(), Some("structured_outputs"));
+        }
+        // Absent, null or `json_object: false`: no constraint asked, none
+        // refused.
+        assert!(constraint(r#""structured_outputs": null"#)
+            .unwrap()
+            .is_none());
+        assert!(constraint(r#""max_tokens": 4"#).unwrap().is_none());
+    }
+
+    #[test]
+    fn structured_outputs_with_an_unknown_key_does_not_parse() {
+        for body in [
+            r#"{"structured_outputs": {"yaml": "a: 1"}}"#,
+            r#"{"structured_outputs": {"regex": "[a-z]+", "rgex": "[0-9]+"}}"#,
+        ] {
+            let err = serde_json::from_str::<GenerationRequest>(body).unwrap_err();
+            let message = err.to_string();
+            assert!(message.contains("unknown field"), "{body}: {message}");
+        }
+    }
+
+    #[test]
     fn every_field_form_gives_its_constraint() {
         let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
         let cases = [
@@ -291,7 +335,6 @@ mod tests {
             constraint(r#""structured_outputs": {"json_object": false}"#),
             Ok(None)
         );
-        assert_eq!(constraint(r#""structured_outputs": {}"#), Ok(None));
     }
 
     #[test]

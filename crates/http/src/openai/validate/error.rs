@@ -70,6 +70,11 @@ pub enum ValidationError {
         bytes: usize,
         max: usize,
     },
+    /// `structured_outputs` given with every field absent or null (`{}`):
+    /// most likely a constraint under a name it does not know.
+    EmptyConstraint {
+        field: &'static str,
+    },
     /// The constraint compiler refused it (its message).
     BadConstraint {
         field: &'static str,
@@ -167,6 +172,10 @@ impl std::fmt::Display for ValidationError {
                 f,
                 "{field} is {bytes} bytes long, over the server's limit of {max} bytes (--max-constraint-bytes)."
             ),
+            EmptyConstraint { field } => write!(
+                f,
+                "{field} names no constraint: give one of json, regex, choice, grammar or json_object (or leave {field} out)."
+            ),
             BadConstraint { field, message } => write!(f, "Invalid {field}: {message}"),
             EmptyTools => write!(f, "tools must not be an empty list (leave it out instead)."),
             BadToolType { index, kind } => {
@@ -212,6 +221,7 @@ impl ValidationError {
             Unsupported { field, .. }
             | ConstraintTooLarge { field, .. }
             | BadConstraint { field, .. }
+            | EmptyConstraint { field }
             | TokenOutOfVocab { field, .. } => field.to_string(),
             // The later field: the one to drop.
             ConflictingConstraints { fields } => fields.last().unwrap_or(&"").to_string(),
