@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
+
+use super::ascii_classes::ascii_perl_classes;
 use llguidance::{ParserFactory, TokenParser};
 use thiserror::Error;
 
@@ -398,7 +400,10 @@ fn grammar_of(spec: &ConstraintSpec) -> Result<(String, TopLevelGrammar), Constr
             let schema = serde_json::json!({"type": "object"});
             (String::new(), TopLevelGrammar::from_json_schema(schema))
         }
-        ConstraintSpec::Regex(regex) => (regex.clone(), TopLevelGrammar::from_regex(regex)),
+        ConstraintSpec::Regex(regex) => {
+            let ascii = ascii_perl_classes(regex);
+            (regex.clone(), TopLevelGrammar::from_regex(&ascii))
+        }
         ConstraintSpec::Choice(choices) => {
             if choices.is_empty() {
                 return Err(invalid("at least one choice is needed"));

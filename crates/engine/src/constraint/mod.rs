@@ -23,6 +23,7 @@
 //! more. A matcher that falls behind its output replays the missing tokens
 //! before its next mask.
 
+mod ascii_classes;
 mod compile;
 mod cost;
 mod matcher;
