@@ -4,6 +4,7 @@ use thiserror::Error;
 
 use crate::constraint::StructuredOutputs;
 use crate::prefix_cache::PrefixCacheConfig;
+use crate::scheduler::AdmissionPolicy;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineConfig {
@@ -44,6 +45,8 @@ pub struct EngineConfig {
     /// engine thread and the HTTP side;
     /// [`crate::ConstraintLimits::lexer_copies`] defaults to the same).
     pub mask_threads: usize,
+    /// How admission leaves room for the running sequences' growth.
+    pub admission: AdmissionPolicy,
 }
 
 impl EngineConfig {
@@ -61,6 +64,7 @@ impl EngineConfig {
             request_timeline: false,
             structured_outputs: None,
             mask_threads: 0,
+            admission: AdmissionPolicy::default(),
         }
     }
 

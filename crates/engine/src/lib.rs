@@ -71,4 +71,5 @@ pub use request::{
     EngineState, Event, Failure, FailureCause, FinishReason, GenerateRequest, InvalidParam,
     RequestId, SamplingParams, StopParams, SubmitError, TokenEvent, Usage,
 };
+pub use scheduler::AdmissionPolicy;
 pub use timeline::{EngineTimeline, StepMark, StepPhases};

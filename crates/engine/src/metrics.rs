@@ -49,6 +49,7 @@ pub struct Metrics {
     pub prompt_tokens: IntCounter,
     pub generation_tokens: IntCounter,
     pub num_preemptions: IntCounter,
+    pub recomputed_tokens: IntCounter,
     /// Label `finished_reason`: stop, length, abort, error (vLLM's values).
     pub request_success: IntCounterVec,
     pub time_to_first_token: Histogram,
@@ -170,6 +171,11 @@ impl Metrics {
                 registry,
                 "vllm:num_preemptions_total",
                 "Cumulative number of preemptions from the engine.",
+            )?,
+            recomputed_tokens: int_counter(
+                registry,
+                "gdn:recomputed_tokens_total",
+                "Tokens computed a second time because their request was preempted (readmission past its prefix-cache hit).",
             )?,
             request_success,
             time_to_first_token: histogram(

@@ -27,6 +27,8 @@ pub struct EngineStats {
     pub pages_cached: usize,
     pub pages_total: usize,
     pub preemptions: u64,
+    /// Tokens computed again after preemptions.
+    pub recomputed_tokens: u64,
     pub steps: u64,
     pub aborted: u64,
     /// The prefix cache's counts and holdings (`None`: no cache).

@@ -300,6 +300,9 @@ impl Worker {
         self.metrics
             .num_preemptions
             .inc_by(plan.preempted.len() as u64);
+        self.metrics
+            .recomputed_tokens
+            .inc_by(plan.recomputed_tokens as u64);
         if plan.rows.is_empty() {
             // Nothing fits (cannot happen with a non-empty scheduler and a
             // lone sequence always fitting); do not spin without a step.
@@ -532,6 +535,7 @@ impl Worker {
             pages_cached: alloc.pages_cache_only(),
             pages_total: alloc.pages_total(),
             preemptions: self.scheduler.preemptions(),
+            recomputed_tokens: self.scheduler.recomputed_tokens(),
             steps: self.steps,
             aborted: self.aborted,
             prefix_cache: self.scheduler.prefix_cache_stats(),

@@ -1,9 +1,10 @@
 //! FCFS admission of waiting sequences into what is left of the step: a
-//! state slot, pages for the granted chunk (one free page kept per running
-//! sequence), a prefix-cache hit when one fits, and the branch decision
+//! state slot, pages for the granted chunk with the policy's headroom kept
+//! free (`headroom.rs`), a prefix-cache hit when one fits, and the branch decision
 //! (a sequence that waits for a running one's snapshot is passed over for
 //! the step).
 
+use super::headroom::AdmissionPolicy;
 use super::plan::Plan;
 use super::state::Scheduler;
 use crate::allocator::SeqCache;
@@ -51,10 +52,11 @@ impl Scheduler {
                 Branch::None => None,
                 Branch::Own(q) => self.add_point(id, q).then_some(q),
             };
-            // Leave one free page per running sequence for its growth in the
-            // next steps, or the newcomer would be preempted at once (and
-            // its prefill thrown away) as soon as an older one needs a page.
-            let reserve = self.running.len();
+            // Leave the running sequences room for their growth in the next
+            // steps (how much: the policy, `headroom.rs`), or the newcomer
+            // would be preempted (its prefill thrown away) as soon as an
+            // older one needs a page.
+            let reserve = self.running_headroom();
             // A hit keeps its own pages from eviction (and needs one more
             // for the tail copy): when that does not fit, start from 0.
             if self.alloc.slots_free() == 0 {
@@ -97,6 +99,9 @@ impl Scheduler {
             let seq = self.seqs.get_mut(&id).expect("waiting sequence");
             seq.cache = Some(cache);
             seq.computed = start;
+            self.recomputed_tokens += seq.lost.saturating_sub(start) as u64;
+            plan.recomputed_tokens += seq.lost.saturating_sub(start);
+            seq.lost = 0;
             if !seq.admitted_once {
                 seq.admitted_once = true;
                 seq.cached_tokens = start;
@@ -126,6 +131,9 @@ impl Scheduler {
         let shared = hit.as_ref().map_or(&[][..], |h| &h.pages[..]);
         let want = self.cap_to_point(id, start, self.chunk_cap(seq.tokens.len() - start, budget));
         let fresh = self.alloc.pages_for(start + want) - shared.len();
+        // Under a reserving policy the rest of the sequence's projected
+        // length must fit too, or it is not admitted at all.
+        let reserve = reserve + self.own_headroom(id, start + want);
         if let Some(prefix) = self.cache.as_mut() {
             if fresh + reserve > self.alloc.pages_free() {
                 let keep = hit.as_ref().map(|h| h.snapshot);
@@ -135,7 +143,8 @@ impl Scheduler {
         let spare_pages = self.alloc.pages_free().saturating_sub(reserve);
         let room = (shared.len() + spare_pages) * self.alloc.page_size();
         let len = want.min(room.saturating_sub(start));
-        if len == 0 {
+        let reserving = self.config.admission != AdmissionPolicy::Watermark;
+        if len == 0 || (reserving && len < want) {
             return None;
         }
         let cache = self.alloc.open_shared(shared, start + len)?;

@@ -9,9 +9,11 @@
 //! overtaken forever (a sequence waiting for a prefix-cache snapshot that a
 //! running one is about to publish is passed over for the step instead:
 //! `admission.rs`). Pages are taken as positions need them; admission
-//! leaves one free page per running sequence (their next growth) and is
-//! skipped in a step that had to preempt, so newcomers are not admitted
-//! only to be thrown out at the next page boundary.
+//! keeps free the pages the policy ([`AdmissionPolicy`], `headroom.rs`)
+//! expects the running sequences and the newcomer to grow into (by
+//! default SGLang's estimate of the outputs to come) and is skipped in a
+//! step that had to preempt, so newcomers are not admitted only to be
+//! thrown out at the next page boundary.
 //!
 //! When a running sequence needs a page and none is free, the most recently
 //! admitted running sequence is preempted by recompute (if that is the one
@@ -21,6 +23,13 @@
 //! its next token with the same draw index, so its continuation is the one
 //! it would have had. The earliest admitted sequence therefore always makes
 //! progress, and it cannot be blocked by requests that arrived after it.
+//! Readmission looks the victim up in the prefix cache like any waiting
+//! sequence and resumes from the deepest snapshot its prefill published
+//! (its snapshot points) if the cache kept it. Its end state is not
+//! published at preemption: running sequences evict the cache before
+//! anyone is preempted, so the page that forces a preemption would evict
+//! that state at once (seen in the scheduler's tests). The tokens computed
+//! again are counted ([`Scheduler::recomputed_tokens`]).
 //!
 //! With the prefix cache ([`crate::prefix_cache`]) on, admission first
 //! looks the sequence up: a hit starts it at the cached position (shared
@@ -53,12 +62,14 @@
 //! - `chunking.rs`: how long a prefill chunk is.
 //! - `preemption.rs`: pages for running sequences, preemption by recompute.
 //! - `admission.rs`: FCFS admission of waiting sequences, prefix-cache hits.
+//! - `headroom.rs`: the admission policies and the pages they keep free.
 //! - `snapshots.rs`: the prefix cache's points on sequences and rows.
 //! - `commit.rs`: [`Scheduler::commit`], applying a step's result.
 
 mod admission;
 mod chunking;
 mod commit;
+mod headroom;
 mod plan;
 mod planning;
 mod preemption;
@@ -68,6 +79,7 @@ mod state;
 /// Where a prompt's snapshots go; the prefix cache's, re-exported here
 /// where callers found them first.
 pub use crate::prefix_cache::{snapshot_points, MARKER_COVERS_END};
+pub use headroom::{AdmissionPolicy, CLIP_MAX_NEW_TOKENS};
 pub use plan::{Outcome, Plan, Scheduled};
 pub use state::{Scheduler, SchedulerConfig};
 

@@ -37,6 +37,9 @@ pub struct Plan {
     pub first_admitted: Vec<RequestId>,
     /// Preempted while planning (now at the front of the waiting queue).
     pub preempted: Vec<RequestId>,
+    /// Tokens the step's readmitted sequences compute a second time (what
+    /// their preemption threw away, less a prefix-cache hit).
+    pub recomputed_tokens: usize,
     /// Passed over by admission: each waits for a snapshot a running
     /// sequence publishes (the sequences behind it could be admitted).
     pub waiting_for_snapshot: Vec<RequestId>,

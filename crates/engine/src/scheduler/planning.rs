@@ -11,6 +11,7 @@ impl Scheduler {
     /// Plans the next step (empty when there is nothing to run).
     pub fn schedule(&mut self) -> Plan {
         let mut plan = Plan::default();
+        self.reset_new_token_ratio_when_idle();
         let mut budget = self.config.max_num_batched_tokens;
         for decodes in [true, false] {
             let mut i = 0;
@@ -39,6 +40,7 @@ impl Scheduler {
             }
         }
         self.admit(&mut plan, &mut budget);
+        self.update_new_token_ratio(plan.preempted.len());
         // Drops of snapshots evicted while planning go with the restores,
         // in the order they were decided.
         plan.cache_ops = std::mem::take(&mut self.cache_ops);

@@ -58,6 +58,7 @@ impl Scheduler {
         if let Some(cache) = seq.cache.take() {
             self.alloc.close(cache);
         }
+        seq.lost = seq.lost.max(seq.computed);
         seq.computed = 0;
         if let Some(pos) = rows.iter().position(|r| r.id == victim) {
             let row = rows.remove(pos);

@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use super::headroom::{AdmissionPolicy, INIT_NEW_TOKEN_RATIO};
 use crate::allocator::{Allocator, SeqCache};
 use crate::executor::CacheGeometry;
 use crate::prefix_cache::{
@@ -28,6 +29,8 @@ pub struct SchedulerConfig {
     /// in-step snapshot off): a chunk runs through up to this many points
     /// in one step and ends at the next one.
     pub row_snapshots: usize,
+    /// How admission leaves room for the running sequences' growth.
+    pub admission: AdmissionPolicy,
 }
 
 /// A request as the scheduler keeps it.
@@ -50,6 +53,10 @@ pub(super) struct Sequence {
     pub(super) points: Vec<usize>,
     /// Prompt tokens served from the prefix cache at first admission.
     pub(super) cached_tokens: usize,
+    /// Tokens computed when the sequence was last preempted (0: not
+    /// preempted since its last admission): what readmission recomputes,
+    /// less a prefix-cache hit.
+    pub(super) lost: usize,
 }
 
 impl Sequence {
@@ -67,6 +74,11 @@ pub struct Scheduler {
     /// Admission order (oldest first); preemption takes from the back.
     pub(super) running: Vec<RequestId>,
     pub(super) preemptions: u64,
+    /// Tokens computed again after preemptions (readmissions past their
+    /// prefix-cache hit).
+    pub(super) recomputed_tokens: u64,
+    /// [`AdmissionPolicy::NewTokenRatio`]'s weight on outputs to come.
+    pub(super) new_token_ratio: f64,
     pub(super) cache: Option<PrefixCache>,
     /// Executor work for the cache not yet handed out (see
     /// [`Scheduler::take_cache_ops`]).
@@ -86,6 +98,8 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             preemptions: 0,
+            recomputed_tokens: 0,
+            new_token_ratio: INIT_NEW_TOKEN_RATIO,
             cache,
             cache_ops: Vec::new(),
         }
@@ -122,6 +136,7 @@ impl Scheduler {
             admitted_once: false,
             points,
             cached_tokens: 0,
+            lost: 0,
         };
         assert!(self.seqs.insert(id, seq).is_none(), "duplicate {id:?}");
         self.waiting.push_back(id);
@@ -153,6 +168,11 @@ impl Scheduler {
 
     pub fn preemptions(&self) -> u64 {
         self.preemptions
+    }
+
+    /// Tokens computed a second time because their sequence was preempted.
+    pub fn recomputed_tokens(&self) -> u64 {
+        self.recomputed_tokens
     }
 
     /// Snapshot markers for the sequences added from now on.

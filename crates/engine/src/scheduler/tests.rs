@@ -9,6 +9,9 @@ use crate::executor::{CacheGeometry, SampledToken};
 use crate::prefix_cache::{CacheOp, PrefixCacheConfig};
 use crate::request::{FinishReason, RequestId, SamplingParams, StopParams};
 
+#[path = "admission_tests.rs"]
+mod admission;
+
 const EOS: u32 = 0;
 
 fn geometry(num_slots: usize, num_pages: usize, page_size: usize) -> CacheGeometry {
@@ -21,7 +24,26 @@ fn geometry(num_slots: usize, num_pages: usize, page_size: usize) -> CacheGeomet
     }
 }
 
+/// A scheduler under the watermark policy: the rules below are checked
+/// where admission takes the most (the reserving policies:
+/// `admission_tests.rs`).
 fn scheduler(budget: usize, max_num_seqs: usize, threshold: usize, g: CacheGeometry) -> Scheduler {
+    scheduler_with(
+        AdmissionPolicy::Watermark,
+        budget,
+        max_num_seqs,
+        threshold,
+        g,
+    )
+}
+
+fn scheduler_with(
+    admission: AdmissionPolicy,
+    budget: usize,
+    max_num_seqs: usize,
+    threshold: usize,
+    g: CacheGeometry,
+) -> Scheduler {
     Scheduler::new(
         SchedulerConfig {
             max_num_batched_tokens: budget,
@@ -31,6 +53,7 @@ fn scheduler(budget: usize, max_num_seqs: usize, threshold: usize, g: CacheGeome
             eos_token_ids: vec![EOS],
             prefix_cache: Default::default(),
             row_snapshots: 0,
+            admission,
         },
         &g,
     )
@@ -58,6 +81,7 @@ fn cached_scheduler(
                 ..PrefixCacheConfig::default()
             },
             row_snapshots,
+            admission: AdmissionPolicy::Watermark,
         },
         &g,
     )
@@ -371,9 +395,11 @@ fn out_of_pages_preempts_the_latest_admitted_and_recomputes() {
     }
     let mut preempted = Vec::new();
     let mut recomputed = HashSet::new();
+    let mut lost = 0;
     let run = drive(&mut s, 1000, |s, plan, _| {
         for &id in &plan.preempted {
             preempted.push(id);
+            lost += s.seqs[&id].lost;
             // Requeued at the front with its output kept, nothing cached.
             assert_eq!(s.waiting.front(), Some(&id));
             assert_eq!(s.seqs[&id].computed, 0);
@@ -394,6 +420,9 @@ fn out_of_pages_preempts_the_latest_admitted_and_recomputes() {
         assert_eq!(run.finished[&RequestId(id)], (20, FinishReason::Length));
     }
     assert_eq!(s.preemptions(), preempted.len() as u64);
+    // Without a prefix cache every computed token of a victim runs again.
+    assert!(lost > 0);
+    assert_eq!(s.recomputed_tokens(), lost as u64);
 }
 
 #[test]

@@ -150,6 +150,7 @@ fn scheduler_for(
             eos_token_ids: config.eos_token_ids.clone(),
             row_snapshots,
             prefix_cache,
+            admission: config.admission,
         },
         &geometry,
     );
