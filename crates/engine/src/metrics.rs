@@ -64,6 +64,8 @@ pub struct Metrics {
     /// slot, and of one slot, in bytes (set once the executor is up).
     pub recurrent_state_bytes: IntGaugeVec,
     pub recurrent_state_slot_bytes: IntGaugeVec,
+    pub cache_pool_bytes: IntGauge,
+    pub max_concurrency: prometheus::Gauge,
     pub step_duration: Histogram,
     pub tokens_per_step: Histogram,
     pub requests_aborted: IntCounter,
@@ -133,6 +135,11 @@ impl Metrics {
             "KV-cache usage. 1 means 100 percent usage.",
         )?;
         registry.register(Box::new(kv_cache_usage_perc.clone()))?;
+        let max_concurrency = prometheus::Gauge::new(
+            "gdn:max_concurrency",
+            "Requests of max_model_len tokens the KV pages and state slots hold at once (vLLM logs it as 'Maximum concurrency').",
+        )?;
+        registry.register(Box::new(max_concurrency.clone()))?;
         let request_success = IntCounterVec::new(
             Opts::new(
                 "vllm:request_success_total",
@@ -236,6 +243,12 @@ impl Metrics {
                 "Bytes of one slot's DeltaNet recurrent state, by storage dtype.",
                 &["dtype"],
             )?,
+            cache_pool_bytes: int_gauge(
+                registry,
+                "gdn:cache_pool_bytes",
+                "Device bytes of the KV pages and the state slots requests run in (prefix-cache snapshots not included).",
+            )?,
+            max_concurrency,
             step_duration: histogram(
                 registry,
                 "gdn:step_duration_seconds",

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use engine::AdmissionPolicy;
 use gdn_http::http::ConnectionLimits;
 use gdn_http::serve::{PrefixCaching, ServeConfig};
 use qwen35::StateDtypeRequest;
@@ -165,6 +166,24 @@ pub struct Args {
     /// state dtype" gives the drift measured against f32).
     #[arg(long, default_value = "auto", value_parser = parse_state_dtype)]
     pub mamba_ssm_cache_dtype: StateDtypeRequest,
+    /// How admission leaves KV room for the running requests' growth:
+    /// `new-token-ratio` (SGLang's estimate of the outputs to come, which
+    /// learns from preemptions), `reserve` (TGI: prompt + max_tokens, never
+    /// preempts, holds room that early stops leave unused) or `watermark`
+    /// (vLLM: one free page per running request, preempts under pressure).
+    /// The server README's "Memory" compares them.
+    #[arg(long, default_value = "new-token-ratio", value_parser = parse_admission)]
+    pub admission_policy: AdmissionPolicy,
+}
+
+/// `--admission-policy`'s value.
+fn parse_admission(text: &str) -> Result<AdmissionPolicy, String> {
+    AdmissionPolicy::from_name(text).ok_or_else(|| {
+        format!(
+            "expected one of {}, got {text:?}",
+            AdmissionPolicy::NAMES.join(", ")
+        )
+    })
 }
 
 /// `--mamba-ssm-cache-dtype`'s value.
@@ -243,6 +262,7 @@ impl Args {
             max_model_len: self.max_model_len,
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
+            admission: self.admission_policy,
             max_num_queued_reqs: self.max_num_queued_reqs,
             max_num_queued_tokens: self.max_num_queued_tokens,
             prefix_cache: PrefixCaching {
@@ -281,6 +301,27 @@ mod tests {
         assert_eq!(
             parse(&[]).serve_config(dir.clone(), name.clone()),
             ServeConfig::new(dir, name)
+        );
+    }
+
+    #[test]
+    fn the_admission_policy_follows_its_flag() {
+        let policy = |args: &[&str]| {
+            parse(args)
+                .serve_config("/m".into(), "m".into())
+                .engine_config(vec![], None)
+                .admission
+        };
+        assert_eq!(policy(&[]), AdmissionPolicy::NewTokenRatio);
+        for name in AdmissionPolicy::NAMES {
+            assert_eq!(policy(&["--admission-policy", name]).name(), name);
+        }
+        let e = Args::try_parse_from(["gdn-server", "--admission-policy", "fifo"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("expected one of watermark, reserve, new-token-ratio"),
+            "{e}"
         );
     }
 

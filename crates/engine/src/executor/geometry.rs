@@ -26,9 +26,9 @@ pub struct SnapshotGeometry {
     pub snapshot_bytes: usize,
 }
 
-/// How the executor stores its slots' recurrent state (for the start-up log
-/// and the metrics; the engine sizes nothing from it). Plain numbers: the
-/// engine knows no device types.
+/// How the executor stores its slots' recurrent state and its KV pages (for
+/// the start-up log and the metrics; the engine sizes nothing from it).
+/// Plain numbers: the engine knows no device types.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StateGeometry {
     /// The recurrent state's storage dtype, in config.json's / vLLM's
@@ -38,6 +38,9 @@ pub struct StateGeometry {
     pub recurrent_bytes_per_slot: usize,
     /// Bytes of one slot's whole state (recurrent and conv state).
     pub slot_bytes: usize,
+    /// Bytes of one KV page (every attention layer's keys and values);
+    /// 0 where the executor does not say.
+    pub page_bytes: usize,
 }
 
 /// What an executor holds; the engine's allocator hands these out.

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use engine::prefix_cache::PrefixCacheConfig;
-use engine::{ConstraintLimits, EngineConfig, StructuredOutputs};
+use engine::{AdmissionPolicy, ConstraintLimits, EngineConfig, StructuredOutputs};
 
 use crate::http::ConnectionLimits;
 use crate::model::ModelFiles;
@@ -28,6 +28,8 @@ pub struct ServeConfig {
     pub max_num_seqs: usize,
     /// Token budget of one engine step.
     pub max_num_batched_tokens: usize,
+    /// How admission leaves room for the running requests' growth.
+    pub admission: AdmissionPolicy,
     /// Waiting requests at most (503 beyond).
     pub max_num_queued_reqs: usize,
     /// Prompt tokens of the waiting requests at most (`None`: no limit).
@@ -74,6 +76,7 @@ impl ServeConfig {
             max_model_len: None,
             max_num_seqs: 128,
             max_num_batched_tokens: 8192,
+            admission: AdmissionPolicy::default(),
             max_num_queued_reqs: 1024,
             max_num_queued_tokens: None,
             prefix_cache: PrefixCaching {
@@ -101,6 +104,7 @@ impl ServeConfig {
         let mut config = EngineConfig::new(eos_token_ids);
         config.max_num_batched_tokens = self.max_num_batched_tokens;
         config.max_num_seqs = self.max_num_seqs;
+        config.admission = self.admission;
         config.max_num_queued_reqs = self.max_num_queued_reqs;
         config.max_num_queued_tokens = self.max_num_queued_tokens.unwrap_or(usize::MAX);
         config.request_timeline = self.request_timeline;

@@ -138,10 +138,14 @@ impl Executor for CpuExecutor {
         let dtype = self.model.state_dtype();
         let per_layer = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim;
         let conv = (c.linear_conv_kernel_dim - 1) * c.linear_conv_dim() * 2;
+        // Pages likewise as the GPU lays them out: bf16 keys and values.
+        let attention = c.layer_types.len() - linear;
+        let page_len = self.geometry.page_size * c.num_key_value_heads * c.head_dim;
         engine::StateGeometry {
             recurrent_dtype: dtype.name(),
             recurrent_bytes_per_slot: linear * per_layer * dtype.bytes(),
             slot_bytes: linear * (per_layer * dtype.bytes() + conv),
+            page_bytes: attention * 2 * page_len * 2,
         }
     }
 

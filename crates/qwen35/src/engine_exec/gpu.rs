@@ -385,6 +385,7 @@ impl Executor for GpuExecutor {
             recurrent_dtype: self.model.state_dtype().name(),
             recurrent_bytes_per_slot: self.model.recurrent_bytes_per_slot(),
             slot_bytes: self.slot_bytes,
+            page_bytes: self.model.slot_and_page_bytes(self.geometry.page_size).1,
         }
     }
 
