@@ -62,9 +62,10 @@ pub use constraint::{
 };
 pub use engine::{Drained, Engine, EngineHandle, EngineStartError, RequestStream};
 pub use executor::{
-    check_row_snapshots, in_row_order, split_rows, AllowedTokens, BoxError, CacheGeometry,
-    ExecError, Executor, PageId, RowSnapshot, RowSnapshotError, SampleSeed, SampleSpec,
-    SampledToken, SlotId, SnapshotGeometry, SnapshotId, StateGeometry, StepRow,
+    check_row_snapshots, in_row_order, split_rows, AllowedTokens, ArenaGeometry, BoxError,
+    CacheGeometry, ExecError, Executor, MemoryOp, PageId, RowSnapshot, RowSnapshotError,
+    SampleSeed, SampleSpec, SampledToken, SlotId, SnapshotGeometry, SnapshotId, StateGeometry,
+    StepRow,
 };
 pub use protocol::EngineStats;
 pub use request::{

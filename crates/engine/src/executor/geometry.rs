@@ -54,3 +54,45 @@ pub struct CacheGeometry {
     /// The longest sequence (prompt + output) the executor can run.
     pub max_model_len: usize,
 }
+
+/// Memory the executor maps on demand from one pool of physical chunks, so
+/// that KV pages and state slots trade room: a slot holds chunks only
+/// while a request runs in it, and `max_num_seqs` caps the slots instead
+/// of reserving them. Pages and slots are mapped by group (the executor's
+/// mapping granularity): page group `g` is pages `g * pages_per_group ..
+/// (g + 1) * pages_per_group`, slot group `g` likewise. The engine's
+/// allocator decides what is mapped ([`MemoryOp`]) and uses a page or a
+/// slot only while its group is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArenaGeometry {
+    /// Physical chunks in the pool.
+    pub num_chunks: usize,
+    /// Bytes of one chunk.
+    pub chunk_bytes: usize,
+    pub pages_per_group: usize,
+    /// Chunks a mapped page group holds.
+    pub chunks_per_page_group: usize,
+    pub slots_per_group: usize,
+    /// Chunks a mapped slot group holds.
+    pub chunks_per_slot_group: usize,
+}
+
+impl ArenaGeometry {
+    /// Pages the whole pool holds when it holds no slot.
+    pub fn max_pages(&self) -> usize {
+        self.num_chunks / self.chunks_per_page_group.max(1) * self.pages_per_group
+    }
+}
+
+/// A change to what the executor has mapped, run before the step's cache
+/// work. A newly mapped group's contents are undefined (a sequence's slot
+/// is zeroed when it starts, as without the arena). The engine unmaps only
+/// a group none of whose pages or slots is held; the executor waits for
+/// the work already queued before it unmaps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemoryOp {
+    MapPages(u32),
+    UnmapPages(u32),
+    MapSlots(u32),
+    UnmapSlots(u32),
+}

@@ -11,7 +11,10 @@ mod rows;
 pub use allowed::AllowedTokens;
 pub(crate) use allowed::PendingMask;
 pub use error::ExecError;
-pub use geometry::{CacheGeometry, PageId, SlotId, SnapshotGeometry, SnapshotId, StateGeometry};
+pub use geometry::{
+    ArenaGeometry, CacheGeometry, MemoryOp, PageId, SlotId, SnapshotGeometry, SnapshotId,
+    StateGeometry,
+};
 pub use row_snapshots::{check_row_snapshots, in_row_order, split_rows, Pass, RowSnapshotError};
 pub use rows::{RowSnapshot, SampleSeed, SampleSpec, SampledToken, StepRow};
 
@@ -29,6 +32,20 @@ pub trait Executor {
     /// Runs one forward over `rows` (each slot at most once) and returns one
     /// [`SampledToken`] per row with `sample: Some(..)`, in row order.
     fn step(&mut self, rows: &[StepRow<'_>]) -> Result<Vec<SampledToken>, ExecError>;
+
+    /// The pool the executor maps pages and slots from on demand (`None`,
+    /// the default: every page and slot of [`Self::geometry`] is there
+    /// from the start).
+    fn arena_geometry(&self) -> Option<ArenaGeometry> {
+        None
+    }
+
+    /// Maps or unmaps a group of the arena (see [`MemoryOp`]); only called
+    /// when [`Self::arena_geometry`] is `Some`.
+    fn memory(&mut self, op: MemoryOp) -> Result<(), ExecError> {
+        let _ = op;
+        Err(ExecError::Refused("this executor has no arena".into()))
+    }
 
     /// How the slots' recurrent state is stored (the default: not said).
     fn state_geometry(&self) -> StateGeometry {
