@@ -10,6 +10,7 @@ mod common;
 mod engine_admission_and_ends;
 mod engine_basic;
 mod engine_constraints;
+mod engine_kv_pressure;
 mod engine_lifecycle;
 mod engine_prefix_cache;
 mod engine_random;

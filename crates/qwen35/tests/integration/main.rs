@@ -11,6 +11,7 @@ mod bf16_golden_floor;
 mod cpu_executor;
 mod cpu_state_dtype;
 mod engine_cpu;
+mod engine_cpu_kv_pressure;
 mod engine_cpu_prefix_cache;
 mod gpu_engine;
 mod gpu_executor;
