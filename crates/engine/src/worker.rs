@@ -74,6 +74,10 @@ enum Stop {
     /// cache cannot be trusted any more.
     #[error("taking prefix-cache snapshots: {0}")]
     Snapshots(ExecError),
+    /// A map or unmap of the arena failed: what the allocator holds and
+    /// what the executor has mapped may differ from here on.
+    #[error("mapping the arena: {0}")]
+    Memory(ExecError),
 }
 
 struct Worker {
@@ -319,6 +323,10 @@ impl Worker {
             .constraints
             .as_mut()
             .map(|c| c.start_masks(&plan, |id| self.scheduler.output(id)));
+        let executor = self.executor.as_mut().expect("alive while serving");
+        for &op in &plan.memory_ops {
+            executor.memory(op).map_err(Stop::Memory)?;
+        }
         if let Err(error) = self.run_cache_ops(&plan.cache_ops) {
             return self.step_error(&plan, error);
         }
@@ -571,7 +579,7 @@ impl Worker {
         self.metrics.state_slots_used.set(stats.slots_used as i64);
         self.metrics
             .kv_cache_usage_perc
-            .set(stats.pages_used as f64 / stats.pages_total.max(1) as f64);
+            .set(self.scheduler.allocator().usage());
         *self.shared.stats.lock().unwrap() = stats;
     }
 }

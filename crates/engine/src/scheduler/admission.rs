@@ -29,6 +29,10 @@ impl Scheduler {
             if !plan.preempted.is_empty() {
                 break;
             }
+            // Before the lookup: the eviction could take the hit's pages.
+            if self.alloc.slots_free() == 0 {
+                self.free_a_slot();
+            }
             let seq = &self.seqs[&id];
             let (hit, kv_matched) = match self.cache.as_mut() {
                 Some(prefix) => prefix.lookup(&seq.tokens, seq.tokens.len() - 1),
@@ -132,8 +136,9 @@ impl Scheduler {
         let want = self.cap_to_point(id, start, self.chunk_cap(seq.tokens.len() - start, budget));
         let fresh = self.alloc.pages_for(start + want) - shared.len();
         // Under a reserving policy the rest of the sequence's projected
-        // length must fit too, or it is not admitted at all.
-        let reserve = reserve + self.own_headroom(id, start + want);
+        // length must fit too, or it is not admitted at all; with an arena
+        // the slot's chunks come out of the pages.
+        let reserve = reserve + self.own_headroom(id, start + want) + self.alloc.slot_cost_pages();
         if let Some(prefix) = self.cache.as_mut() {
             if fresh + reserve > self.alloc.pages_free() {
                 let keep = hit.as_ref().map(|h| h.snapshot);
@@ -149,5 +154,21 @@ impl Scheduler {
         }
         let cache = self.alloc.open_shared(shared, start + len)?;
         Some((hit, cache, len))
+    }
+
+    /// With an arena, slots come from chunks that prefix-cache pages may
+    /// hold, scattered over page groups: evicts the cache until a slot can
+    /// be had.
+    fn free_a_slot(&mut self) {
+        let Some(prefix) = self.cache.as_mut() else {
+            return;
+        };
+        while self.alloc.slots_free() == 0 && self.alloc.slots_used() < self.alloc.slots_total() {
+            let before = self.alloc.pages_free();
+            prefix.evict_pages(before + 1, &mut self.alloc, &mut self.cache_ops, None);
+            if self.alloc.pages_free() == before {
+                break;
+            }
+        }
     }
 }

@@ -4,7 +4,7 @@
 //! the step, to count admissions and preemptions, and to stamp the request
 //! timeline; the tests check it against the scheduler's rules.
 
-use crate::executor::{RowSnapshot, SampledToken};
+use crate::executor::{MemoryOp, RowSnapshot, SampledToken};
 use crate::prefix_cache::CacheOp;
 use crate::request::{FinishReason, RequestId};
 
@@ -43,6 +43,8 @@ pub struct Plan {
     /// Passed over by admission: each waits for a snapshot a running
     /// sequence publishes (the sequences behind it could be admitted).
     pub waiting_for_snapshot: Vec<RequestId>,
+    /// Arena maps and unmaps to run, in order, before the cache work.
+    pub memory_ops: Vec<MemoryOp>,
     /// Executor work to run, in order, before the step (prefix-cache hits'
     /// page copies and restores; drops of evicted snapshots).
     pub cache_ops: Vec<CacheOp>,

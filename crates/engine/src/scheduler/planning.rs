@@ -44,6 +44,7 @@ impl Scheduler {
         // Drops of snapshots evicted while planning go with the restores,
         // in the order they were decided.
         plan.cache_ops = std::mem::take(&mut self.cache_ops);
+        plan.memory_ops = self.alloc.take_memory_ops();
         plan
     }
 

@@ -7,7 +7,7 @@ use std::collections::{HashMap, VecDeque};
 
 use super::headroom::{AdmissionPolicy, INIT_NEW_TOKEN_RATIO};
 use crate::allocator::{Allocator, SeqCache};
-use crate::executor::CacheGeometry;
+use crate::executor::{ArenaGeometry, CacheGeometry};
 use crate::prefix_cache::{
     snapshot_points, CacheOp, PrefixCache, PrefixCacheConfig, PrefixCacheStats,
 };
@@ -87,13 +87,27 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig, geometry: &CacheGeometry) -> Self {
+        Self::with_arena(config, geometry, None)
+    }
+
+    /// A scheduler whose pages and slots come from the executor's `arena`
+    /// (`None`: all there from the start).
+    pub fn with_arena(
+        config: SchedulerConfig,
+        geometry: &CacheGeometry,
+        arena: Option<ArenaGeometry>,
+    ) -> Self {
         assert!(config.max_num_batched_tokens >= config.max_num_seqs.max(1));
+        let alloc = match arena {
+            Some(arena) => Allocator::with_arena(geometry, arena),
+            None => Allocator::new(geometry),
+        };
         let pc = &config.prefix_cache;
         let cache = (pc.enabled && pc.max_snapshots > 0)
             .then(|| PrefixCache::new(geometry.page_size, pc.max_snapshots));
         Scheduler {
             config,
-            alloc: Allocator::new(geometry),
+            alloc,
             seqs: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),

@@ -11,6 +11,8 @@ use crate::request::{FinishReason, RequestId, SamplingParams, StopParams};
 
 #[path = "admission_tests.rs"]
 mod admission;
+#[path = "arena_tests.rs"]
+mod arena;
 
 const EOS: u32 = 0;
 

@@ -136,12 +136,21 @@ fn scheduler_for(
         0
     };
     // A lone sequence must always fit in the page pool, so the oldest
-    // request can always progress (preemption frees everything else).
+    // request can always progress (preemption frees everything else); with
+    // an arena, next to its slot's chunks.
+    let arena = executor.arena_geometry();
+    let lone_pages = match arena {
+        Some(a) => {
+            let chunks = a.num_chunks.saturating_sub(a.chunks_per_slot_group);
+            (chunks / a.chunks_per_page_group * a.pages_per_group).min(geometry.num_pages)
+        }
+        None => geometry.num_pages,
+    };
     let max_model_len = config
         .max_model_len
         .min(geometry.max_model_len)
-        .min(geometry.num_pages * geometry.page_size);
-    let scheduler = Scheduler::new(
+        .min(lone_pages * geometry.page_size);
+    let scheduler = Scheduler::with_arena(
         SchedulerConfig {
             max_num_batched_tokens: config.max_num_batched_tokens,
             max_num_seqs: config.max_num_seqs.min(geometry.num_slots),
@@ -153,6 +162,7 @@ fn scheduler_for(
             admission: config.admission,
         },
         &geometry,
+        arena,
     );
     (scheduler, max_model_len)
 }

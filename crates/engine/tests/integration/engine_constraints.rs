@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use common::{geometry, metric_value, metrics_text, Started};
 use engine::{
-    CacheGeometry, ConstraintError, ConstraintLimits, ConstraintSpec, EngineConfig, Event,
-    FinishReason, GenerateRequest, SamplingParams, StopParams, StructuredOutputs, SubmitError,
+    AdmissionPolicy, CacheGeometry, ConstraintError, ConstraintLimits, ConstraintSpec,
+    EngineConfig, Event, FinishReason, GenerateRequest, SamplingParams, StopParams,
+    StructuredOutputs, SubmitError,
 };
 use serde_json::{json, Value};
 
@@ -387,8 +388,13 @@ async fn a_preempted_constrained_request_samples_what_it_would_have() {
     let alone = run(&roomy, requests.clone()).await;
     assert_eq!(roomy.handle.stats().preemptions, 0);
     // Few pages of 4 tokens: the outputs outgrow them and the latest
-    // admitted are preempted and recomputed.
-    let tight = start(wide(8, 40, 4), 8, ConstraintLimits::default());
+    // admitted are preempted and recomputed (the watermark admits them).
+    let mut config = EngineConfig::new(EOS.to_vec());
+    config.max_num_batched_tokens = 4096;
+    config.max_num_seqs = 8;
+    config.structured_outputs = Some(compiler(ConstraintLimits::default()));
+    config.admission = AdmissionPolicy::Watermark;
+    let tight = common::start(config, wide(8, 40, 4));
     let squeezed = run(&tight, requests).await;
     let longest = alone.iter().map(|o| o.0.len()).max().unwrap();
     println!("longest output {longest} tokens");

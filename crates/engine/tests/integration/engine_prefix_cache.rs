@@ -9,8 +9,8 @@ use crate::common;
 use common::*;
 use engine::prefix_cache::PrefixCacheConfig;
 use engine::{
-    EngineConfig, Event, Executor, GenerateRequest, PageId, SampleSeed, SampleSpec, SamplingParams,
-    SlotId, SnapshotId, StepRow, SubmitError, Usage,
+    AdmissionPolicy, EngineConfig, Event, Executor, GenerateRequest, PageId, SampleSeed,
+    SampleSpec, SamplingParams, SlotId, SnapshotId, StepRow, SubmitError, Usage,
 };
 use engine_testkit::{collect, FakeControl, FakeExecutor};
 
@@ -452,7 +452,10 @@ async fn preempted_sharers_resume_exactly(in_step: bool) {
     // 4 slots, 20 pages of 8: four sharers of 48 tokens growing to 80 each
     // cannot all fit, so the latest are preempted and readmitted (through
     // the cache again) until all finish.
-    let s = start_with_snapshots(cached(in_step, 64, 4, true, 16), geometry(4, 20, PAGE), 16);
+    let mut config = cached(in_step, 64, 4, true, 16);
+    // The watermark admits them all and preempts.
+    config.admission = AdmissionPolicy::Watermark;
+    let s = start_with_snapshots(config, geometry(4, 20, PAGE), 16);
     let system = cat(&[&body(5, 38), &MARK]);
     assert_eq!(
         run(&s, &request(cat(&[&system, &[7]]), 2, 0))

@@ -6,7 +6,7 @@ use crate::common;
 use std::collections::HashMap;
 
 use common::*;
-use engine::{FinishReason, SamplingParams};
+use engine::{AdmissionPolicy, FinishReason, SamplingParams};
 use engine_testkit::collect;
 
 #[tokio::test]
@@ -147,8 +147,11 @@ async fn run_all(s: &Started, requests: &[engine::GenerateRequest]) -> Vec<Vec<u
 #[tokio::test]
 async fn preempted_requests_continue_exactly_as_unpreempted() {
     let requests = preemption_workload();
-    // 12 pages of 4: room for one or two of the 30-position sequences.
-    let small = start(config(64, 4), geometry(4, 12, 4));
+    // 12 pages of 4: room for one or two of the 30-position sequences;
+    // the watermark admits both and preempts.
+    let mut watermark = config(64, 4);
+    watermark.admission = AdmissionPolicy::Watermark;
+    let small = start(watermark, geometry(4, 12, 4));
     let preempted_run = run_all(&small, &requests).await;
     let stats = wait_released(&small.handle);
     assert!(

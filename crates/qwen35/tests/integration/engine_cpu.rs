@@ -7,8 +7,8 @@
 use std::time::{Duration, Instant};
 
 use engine::{
-    Engine, EngineConfig, EngineHandle, EngineStats, Executor, GenerateRequest, SamplingParams,
-    StopParams,
+    AdmissionPolicy, Engine, EngineConfig, EngineHandle, EngineStats, Executor, GenerateRequest,
+    SamplingParams, StopParams,
 };
 use engine_testkit::finished_tokens;
 use qwen35::engine_exec::{CpuExecutor, CpuSizing};
@@ -35,7 +35,17 @@ fn reference(model: &CpuModel, prompt: &[u32], n: usize) -> Vec<u32> {
 }
 
 fn start(f: &Fixture, budget: usize, sizing: CpuSizing) -> EngineHandle {
+    start_with(f, budget, sizing, AdmissionPolicy::default())
+}
+
+fn start_with(
+    f: &Fixture,
+    budget: usize,
+    sizing: CpuSizing,
+    admission: AdmissionPolicy,
+) -> EngineHandle {
     let mut config = EngineConfig::new(vec![]);
+    config.admission = admission;
     config.max_num_batched_tokens = budget;
     config.max_num_seqs = sizing.num_slots;
     let (c, w) = (f.config.clone(), Weights::open(&f.dir).unwrap());
@@ -157,7 +167,8 @@ async fn preempted_requests_continue(name: &str) {
         .map(|p| greedy(p, 40))
         .collect();
     assert!(reqs.len() >= 3);
-    let handle = start(
+    // The watermark admits them and preempts.
+    let handle = start_with(
         &f,
         64,
         CpuSizing {
@@ -166,6 +177,7 @@ async fn preempted_requests_continue(name: &str) {
             page_size: 4,
             max_model_len: 96,
         },
+        AdmissionPolicy::Watermark,
     );
     let got = tokens_of(&handle, &reqs).await;
     for (r, g) in reqs.iter().zip(&got) {

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use engine::prefix_cache::PrefixCacheConfig;
 use engine::{
-    Engine, EngineConfig, EngineHandle, Event, Executor, GenerateRequest, PageId, SampleSeed,
-    SampleSpec, SamplingParams, SlotId, SnapshotId, StepRow, StopParams, Usage,
+    AdmissionPolicy, Engine, EngineConfig, EngineHandle, Event, Executor, GenerateRequest, PageId,
+    SampleSeed, SampleSpec, SamplingParams, SlotId, SnapshotId, StepRow, StopParams, Usage,
 };
 use qwen35::engine_exec::{CpuExecutor, CpuSizing};
 use qwen35::{CpuModel, Weights};
@@ -46,6 +46,8 @@ fn start(
     cache: Option<(usize, Vec<u32>, bool)>,
 ) -> (EngineHandle, prometheus::Registry) {
     let mut config = EngineConfig::new(vec![]);
+    // The tests here preempt on purpose: the watermark admits the most.
+    config.admission = AdmissionPolicy::Watermark;
     config.max_num_batched_tokens = 64;
     config.max_num_seqs = sizing.num_slots;
     let pool = cache.as_ref().map_or(0, |(n, _, _)| *n);

@@ -1,11 +1,21 @@
 //! State slots and KV pages: who owns which executor buffer.
 //!
-//! Pages are reference-counted so that a later prefix cache can share a page
+//! Pages are reference-counted so that the prefix cache can share a page
 //! between sequences (a page returns to the free list when its last holder
-//! releases it); slots are owned by exactly one sequence. The allocator only
-//! counts; the executor holds the buffers these ids address.
+//! releases it); slots are owned by exactly one sequence. Free ids go out
+//! lowest first. The allocator only counts; the executor holds the buffers
+//! these ids address. With an arena ([`ArenaGeometry`], `arena.rs`) pages
+//! and slots are mapped by group from one pool of chunks as they are
+//! taken, so a slot costs pages only while a request holds it; the
+//! allocator queues the maps and unmaps ([`Allocator::take_memory_ops`]).
 
-use crate::executor::{CacheGeometry, PageId, SlotId};
+mod arena;
+
+use std::collections::BTreeSet;
+
+use arena::{ArenaBook, Kind};
+
+use crate::executor::{ArenaGeometry, CacheGeometry, MemoryOp, PageId, SlotId};
 
 /// One sequence's cache: its state slot and its KV pages in position order.
 #[derive(Debug)]
@@ -24,10 +34,17 @@ pub struct Allocator {
     /// Pages only the prefix cache holds (evictable: vLLM counts such
     /// blocks as free in `kv_cache_usage_perc`).
     cache_only: usize,
-    /// Free pages, popped from the end (LIFO keeps recently freed pages warm).
-    free_pages: Vec<PageId>,
+    /// Pages with a holder.
+    held_pages: usize,
+    /// Free pages that are there to take (with an arena: in mapped
+    /// groups), lowest first: with an arena that packs use into the low
+    /// groups so that the high ones empty out for slots.
+    free_pages: BTreeSet<u32>,
     slot_used: Vec<bool>,
-    free_slots: Vec<SlotId>,
+    held_slots: usize,
+    free_slots: BTreeSet<u32>,
+    /// The executor's arena (`None`: every page and slot is there).
+    arena: Option<ArenaBook>,
 }
 
 impl Allocator {
@@ -38,39 +55,135 @@ impl Allocator {
             page_refs: vec![0; geometry.num_pages],
             cache_refs: vec![0; geometry.num_pages],
             cache_only: 0,
-            // Reversed so that the first pages handed out are 0, 1, 2, ...
-            free_pages: (0..geometry.num_pages as u32).rev().map(PageId).collect(),
+            held_pages: 0,
+            free_pages: (0..geometry.num_pages as u32).collect(),
             slot_used: vec![false; geometry.num_slots],
-            free_slots: (0..geometry.num_slots as u32).rev().map(SlotId).collect(),
+            held_slots: 0,
+            free_slots: (0..geometry.num_slots as u32).collect(),
+            arena: None,
         }
+    }
+
+    /// An allocator over an arena: nothing mapped at first, page ids up to
+    /// what the whole pool holds as pages, `geometry.num_slots` slot ids.
+    pub fn with_arena(geometry: &CacheGeometry, arena: ArenaGeometry) -> Self {
+        let num_pages = arena.max_pages().min(geometry.num_pages);
+        let mut alloc = Allocator::new(&CacheGeometry {
+            num_pages,
+            ..*geometry
+        });
+        alloc.free_pages.clear();
+        alloc.free_slots.clear();
+        alloc.arena = Some(ArenaBook::new(arena, geometry.num_slots));
+        alloc
     }
 
     pub fn page_size(&self) -> usize {
         self.page_size
     }
 
+    /// Page ids (with an arena: the pages the pool holds when it holds no
+    /// slot).
     pub fn pages_total(&self) -> usize {
         self.page_refs.len()
     }
 
+    /// Pages that can be taken now (with an arena: free in mapped groups,
+    /// and in the groups the free and reclaimable chunks would map).
     pub fn pages_free(&self) -> usize {
-        self.free_pages.len()
+        let mappable = self
+            .arena
+            .as_ref()
+            .map_or(0, |a| a.mappable(Kind::Pages) * a.per_group(Kind::Pages));
+        (self.free_pages.len() + mappable).min(self.pages_total() - self.held_pages)
     }
 
     pub fn pages_used(&self) -> usize {
-        self.pages_total() - self.pages_free()
+        self.held_pages
     }
 
     pub fn slots_total(&self) -> usize {
         self.slot_used.len()
     }
 
+    /// Slots that can be taken now (with an arena: as for pages).
     pub fn slots_free(&self) -> usize {
-        self.free_slots.len()
+        let mappable = self
+            .arena
+            .as_ref()
+            .map_or(0, |a| a.mappable(Kind::Slots) * a.per_group(Kind::Slots));
+        (self.free_slots.len() + mappable).min(self.slots_total() - self.held_slots)
     }
 
     pub fn slots_used(&self) -> usize {
-        self.slots_total() - self.slots_free()
+        self.held_slots
+    }
+
+    /// Pages that taking a slot now would cost: 0 without an arena; with
+    /// one, the pages its chunks would otherwise map (0 when it comes from
+    /// a group that holds other slots already).
+    pub fn slot_cost_pages(&mut self) -> usize {
+        let Some(arena) = self.arena.as_mut() else {
+            return 0;
+        };
+        let before =
+            self.free_pages.len() + arena.mappable(Kind::Pages) * arena.per_group(Kind::Pages);
+        let ppg = arena.per_group(Kind::Pages);
+        let after = match self.free_slots.first() {
+            Some(&slot) => {
+                let g = slot as usize / arena.per_group(Kind::Slots);
+                arena.hold(Kind::Slots, g, 1);
+                let mappable = arena.mappable(Kind::Pages);
+                arena.hold(Kind::Slots, g, -1);
+                self.free_pages.len() + mappable * ppg
+            }
+            None => match arena.mappable_after_other(Kind::Pages) {
+                Some((mappable, unmapped)) => {
+                    self.free_pages.len() - unmapped * ppg + mappable * ppg
+                }
+                None => return 0,
+            },
+        };
+        before.saturating_sub(after)
+    }
+
+    /// Memory work the allocator decided since the last call (with an
+    /// arena): run it, in order, before the step.
+    pub fn take_memory_ops(&mut self) -> Vec<MemoryOp> {
+        self.arena
+            .as_mut()
+            .map(ArenaBook::take_ops)
+            .unwrap_or_default()
+    }
+
+    /// The arena's bytes mapped for pages and for slots (`None`: no arena).
+    pub fn arena_mapped_bytes(&self) -> Option<(usize, usize)> {
+        self.arena.as_ref().map(|a| {
+            let chunk = a.geometry.chunk_bytes;
+            (
+                a.mapped_chunks(Kind::Pages) * chunk,
+                a.mapped_chunks(Kind::Slots) * chunk,
+            )
+        })
+    }
+
+    /// The share of the memory requests hold (vLLM's
+    /// `kv_cache_usage_perc`): their pages of all pages, or with an arena
+    /// their pages' and slots' chunks of all chunks. Pages the prefix
+    /// cache alone holds count as free, as vLLM counts them.
+    pub fn usage(&self) -> f64 {
+        let pages = self.pages_in_sequences();
+        match self.arena.as_ref() {
+            None => pages as f64 / self.pages_total().max(1) as f64,
+            Some(a) => {
+                let g = &a.geometry;
+                let page_chunks =
+                    pages as f64 * g.chunks_per_page_group as f64 / g.pages_per_group as f64;
+                let slot_chunks = self.held_slots as f64 * g.chunks_per_slot_group as f64
+                    / g.slots_per_group as f64;
+                (page_chunks + slot_chunks) / g.num_chunks.max(1) as f64
+            }
+        }
     }
 
     /// Pages needed to hold `positions` positions.
@@ -86,18 +199,7 @@ impl Allocator {
     /// A slot and pages for `positions` positions, or `None` (nothing
     /// taken) when either is short.
     pub fn open(&mut self, positions: usize) -> Option<SeqCache> {
-        if self.free_slots.is_empty() || self.pages_for(positions) > self.pages_free() {
-            return None;
-        }
-        let slot = self.free_slots.pop()?;
-        self.slot_used[slot.0 as usize] = true;
-        let mut cache = SeqCache {
-            slot,
-            pages: Vec::new(),
-        };
-        let grown = self.grow(&mut cache, positions);
-        debug_assert!(grown);
-        Some(cache)
+        self.open_shared(&[], positions)
     }
 
     /// Growth policy: pages are added only as positions need them (no
@@ -110,12 +212,71 @@ impl Allocator {
             return false;
         }
         for _ in 0..missing {
-            let page = self.free_pages.pop().expect("counted above");
+            let page = self.take_page();
             debug_assert_eq!(self.page_refs[page.0 as usize], 0);
             self.page_refs[page.0 as usize] = 1;
+            self.held_pages += 1;
             cache.pages.push(page);
         }
         true
+    }
+
+    /// The lowest free page, mapping a group for it when none is free (the
+    /// caller counted it in [`Self::pages_free`]).
+    fn take_page(&mut self) -> PageId {
+        if self.free_pages.is_empty() {
+            let arena = self.arena.as_mut().expect("counted as free");
+            let (g, unmapped) = arena.map(Kind::Pages).expect("counted as free");
+            let spg = arena.per_group(Kind::Slots);
+            for s in unmapped {
+                for slot in s * spg..(s + 1) * spg {
+                    self.free_slots.remove(&(slot as u32));
+                }
+            }
+            let ppg = arena.per_group(Kind::Pages);
+            let ids = (g * ppg..(g + 1) * ppg).filter(|&p| p < self.page_refs.len());
+            self.free_pages.extend(ids.map(|p| p as u32));
+        }
+        let page = self.free_pages.pop_first().expect("a free page");
+        self.hold_group(Kind::Pages, page as usize, 1);
+        PageId(page)
+    }
+
+    /// The lowest free slot, mapping a group as [`Self::take_page`] does.
+    fn take_slot(&mut self) -> SlotId {
+        if self.free_slots.is_empty() {
+            let arena = self.arena.as_mut().expect("counted as free");
+            let (g, unmapped) = arena.map(Kind::Slots).expect("counted as free");
+            let ppg = arena.per_group(Kind::Pages);
+            for p in unmapped {
+                for page in p * ppg..(p + 1) * ppg {
+                    self.free_pages.remove(&(page as u32));
+                }
+            }
+            let spg = arena.per_group(Kind::Slots);
+            let ids = (g * spg..(g + 1) * spg).filter(|&s| s < self.slot_used.len());
+            self.free_slots.extend(ids.map(|s| s as u32));
+        }
+        let slot = self.free_slots.pop_first().expect("a free slot");
+        self.hold_group(Kind::Slots, slot as usize, 1);
+        self.slot_used[slot as usize] = true;
+        self.held_slots += 1;
+        SlotId(slot)
+    }
+
+    /// Counts an id of `kind` taken (+1) or given back (-1) in its group.
+    fn hold_group(&mut self, kind: Kind, id: usize, delta: i32) {
+        if let Some(arena) = self.arena.as_mut() {
+            let g = id / arena.per_group(kind);
+            arena.hold(kind, g, delta);
+        }
+    }
+
+    /// Whether `page`'s memory is there (always, without an arena).
+    pub fn page_mapped(&self, page: PageId) -> bool {
+        self.arena
+            .as_ref()
+            .is_none_or(|a| a.is_mapped(Kind::Pages, page.0 as usize / a.per_group(Kind::Pages)))
     }
 
     /// Holders of `page` (0: free).
@@ -151,7 +312,9 @@ impl Allocator {
             _ => {}
         }
         if self.page_refs[p] == 0 {
-            self.free_pages.push(page);
+            self.free_pages.insert(page.0);
+            self.held_pages -= 1;
+            self.hold_group(Kind::Pages, p, -1);
         }
     }
 
@@ -175,14 +338,14 @@ impl Allocator {
 
     /// A slot and, first, a hold on each of `shared` (pages of a prefix-cache
     /// hit), then fresh pages up to `positions`; `None` (nothing taken) when
-    /// a slot or the fresh pages are short.
+    /// a slot or the fresh pages are short (with an arena: the pages left
+    /// once the slot took its chunks).
     pub fn open_shared(&mut self, shared: &[PageId], positions: usize) -> Option<SeqCache> {
         let fresh = self.pages_for(positions).saturating_sub(shared.len());
-        if self.free_slots.is_empty() || fresh > self.pages_free() {
+        if self.slots_free() == 0 || fresh + self.slot_cost_pages() > self.pages_free() {
             return None;
         }
-        let slot = self.free_slots.pop()?;
-        self.slot_used[slot.0 as usize] = true;
+        let slot = self.take_slot();
         for &page in shared {
             self.retain_page(page);
         }
@@ -219,12 +382,17 @@ impl Allocator {
         for page in cache.pages {
             self.release_page(page);
         }
-        let used = &mut self.slot_used[cache.slot.0 as usize];
-        assert!(*used, "double release of slot {:?}", cache.slot);
-        *used = false;
-        self.free_slots.push(cache.slot);
+        let s = cache.slot.0 as usize;
+        assert!(self.slot_used[s], "double release of slot {:?}", cache.slot);
+        self.slot_used[s] = false;
+        self.held_slots -= 1;
+        self.free_slots.insert(cache.slot.0);
+        self.hold_group(Kind::Slots, s, -1);
     }
 }
+
+#[cfg(test)]
+mod arena_tests;
 
 #[cfg(test)]
 mod tests {
