@@ -8,6 +8,7 @@
 mod common;
 
 mod engine_admission_and_ends;
+mod engine_arena;
 mod engine_basic;
 mod engine_constraints;
 mod engine_kv_pressure;

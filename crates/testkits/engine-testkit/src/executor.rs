@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 
 use engine::sampler;
 use engine::{
-    check_row_snapshots, BoxError, CacheGeometry, ExecError, Executor, PageId, SampledToken,
-    SlotId, SnapshotGeometry, SnapshotId, StepPhases, StepRow,
+    check_row_snapshots, ArenaGeometry, BoxError, CacheGeometry, ExecError, Executor, MemoryOp,
+    PageId, SampledToken, SlotId, SnapshotGeometry, SnapshotId, StepPhases, StepRow,
 };
 
+use crate::arena::{Changed, FakeArena};
 use crate::control::{FakeControl, FakeFailure, RowRecord};
 use crate::model::fake_logits;
 
@@ -38,6 +39,8 @@ pub struct FakeExecutor {
     last_phases: Option<StepPhases>,
     /// Snapshots a row may carry ([`Executor::max_row_snapshots`]).
     row_snapshots: usize,
+    /// The arena the engine maps pages and slots from (`None`: all there).
+    arena: Option<FakeArena>,
 }
 
 /// Fingerprints of every prefix of `tokens` (`[i]`: of `tokens[..=i]`).
@@ -77,7 +80,37 @@ impl FakeExecutor {
             timing: false,
             last_phases: None,
             row_snapshots: usize::MAX,
+            arena: None,
         }
+    }
+
+    /// The same fake with its pages and slots in an arena: the engine must
+    /// map a group before a row or a cache op touches it, and what a group
+    /// held is forgotten when it is mapped or unmapped.
+    pub fn with_arena(mut self, arena: ArenaGeometry) -> Self {
+        self.arena = Some(FakeArena::new(arena));
+        self
+    }
+
+    /// A factory for a fake over an arena, with a snapshot pool.
+    pub fn factory_with_arena(
+        geometry: CacheGeometry,
+        arena: ArenaGeometry,
+        num_snapshots: usize,
+        control: FakeControl,
+    ) -> impl FnOnce() -> Result<Box<dyn Executor>, BoxError> + Send + 'static {
+        move || {
+            Ok(Box::new(
+                FakeExecutor::with_snapshots(geometry, num_snapshots, control).with_arena(arena),
+            ) as Box<dyn Executor>)
+        }
+    }
+
+    /// Whether `slot` and `pages` are mapped (always, without an arena).
+    fn mapped(&self, slot: Option<SlotId>, pages: &[PageId]) -> bool {
+        self.arena.as_ref().is_none_or(|a| {
+            slot.is_none_or(|s| a.slot_mapped(s)) && pages.iter().all(|&p| a.page_mapped(p))
+        })
     }
 
     /// The same fake taking at most `n` snapshots inside a row (0: none,
@@ -143,6 +176,9 @@ impl FakeExecutor {
             }
             if row.tokens.is_empty() {
                 return Err(format!("row {i}: no tokens"));
+            }
+            if !self.mapped(Some(row.slot), row.pages) {
+                return Err(format!("row {i}: its slot or a page is not mapped"));
             }
             let end = row.start + row.tokens.len();
             if row.pages.len() * ps < end {
@@ -343,7 +379,37 @@ impl Executor for FakeExecutor {
         }
     }
 
+    fn arena_geometry(&self) -> Option<ArenaGeometry> {
+        self.arena.as_ref().map(|a| a.geometry)
+    }
+
+    fn memory(&mut self, op: MemoryOp) -> Result<(), ExecError> {
+        let Some(arena) = self.arena.as_mut() else {
+            return Err(self.violation(format!("{op:?} without an arena")));
+        };
+        match arena.apply(op) {
+            Err(why) => Err(self.violation(why)),
+            // Mapped or unmapped memory holds nothing usable.
+            Ok(Changed::Pages(ids)) => {
+                let ps = self.geometry.page_size;
+                for kv in self.page_kv.iter_mut().take(ids.end).skip(ids.start) {
+                    *kv = vec![None; ps];
+                }
+                Ok(())
+            }
+            Ok(Changed::Slots(ids)) => {
+                for history in self.slot_history.iter_mut().take(ids.end).skip(ids.start) {
+                    *history = None;
+                }
+                Ok(())
+            }
+        }
+    }
+
     fn snapshot(&mut self, slot: SlotId, snapshot: SnapshotId) -> Result<(), ExecError> {
+        if !self.mapped(Some(slot), &[]) {
+            return Err(self.violation(format!("snapshot of unmapped {slot:?}")));
+        }
         let s = snapshot.0 as usize;
         let history = self.slot_history.get(slot.0 as usize).cloned().flatten();
         match history {
@@ -358,6 +424,9 @@ impl Executor for FakeExecutor {
     }
 
     fn restore(&mut self, snapshot: SnapshotId, slot: SlotId) -> Result<(), ExecError> {
+        if !self.mapped(Some(slot), &[]) {
+            return Err(self.violation(format!("restore into unmapped {slot:?}")));
+        }
         let held = self.snapshots.get(snapshot.0 as usize).cloned().flatten();
         match held {
             Some(history) if (slot.0 as usize) < self.slot_history.len() => {
@@ -380,6 +449,9 @@ impl Executor for FakeExecutor {
         let n = self.geometry.num_pages;
         if from.0 as usize >= n || to.0 as usize >= n {
             return Err(self.violation(format!("copy of page {from:?} onto {to:?}: out of range")));
+        }
+        if !self.mapped(None, &[from, to]) {
+            return Err(self.violation(format!("copy of page {from:?} onto {to:?}: not mapped")));
         }
         self.page_kv[to.0 as usize] = self.page_kv[from.0 as usize].clone();
         Ok(())

@@ -23,6 +23,12 @@
 //! or one resumed from the prefix cache, must produce the same tokens as
 //! one run alone.
 //!
+//! With an arena ([`FakeExecutor::with_arena`]) it also refuses a row or
+//! a cache op on an unmapped group, a group mapped twice or unmapped while
+//! not mapped, and more chunks mapped than the pool has; what a group held
+//! is forgotten when it is mapped or unmapped, so memory reused without
+//! its sequence's state shows at the next row.
+//!
 //! A [`FakeControl`] shared with the test records every step, injects
 //! failures, adds delay, and can gate steps one by one. [`collect`] reads a
 //! request's stream to its end (for any executor's tests).
@@ -32,6 +38,7 @@
 //! - `model.rs`: [`fake_logits`] and [`lone_run`], the reference outputs.
 //! - `streams.rs`: reading request streams to their end.
 
+mod arena;
 mod control;
 mod executor;
 mod model;

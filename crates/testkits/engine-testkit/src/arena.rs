@@ -1,0 +1,75 @@
+//! The fake's arena: which page and slot groups the engine has mapped, the
+//! map and unmap rules checked as the ops come (no group mapped twice or
+//! unmapped while not mapped, never more chunks than the pool), and the
+//! groups a row or a cache op may touch.
+
+use std::collections::HashSet;
+
+use engine::{ArenaGeometry, MemoryOp, PageId, SlotId};
+
+#[derive(Debug)]
+pub(crate) struct FakeArena {
+    pub(crate) geometry: ArenaGeometry,
+    pages: HashSet<u32>,
+    slots: HashSet<u32>,
+}
+
+/// The ids a changed group covers, for the fake to forget what they held.
+pub(crate) enum Changed {
+    Pages(std::ops::Range<usize>),
+    Slots(std::ops::Range<usize>),
+}
+
+impl FakeArena {
+    pub(crate) fn new(geometry: ArenaGeometry) -> Self {
+        FakeArena {
+            geometry,
+            pages: HashSet::new(),
+            slots: HashSet::new(),
+        }
+    }
+
+    /// Applies `op`, or says which rule it breaks.
+    pub(crate) fn apply(&mut self, op: MemoryOp) -> Result<Changed, String> {
+        let g = &self.geometry;
+        let (ppg, spg) = (g.pages_per_group, g.slots_per_group);
+        let (ok, changed) = match op {
+            MemoryOp::MapPages(n) => (self.pages.insert(n), pages(n, ppg)),
+            MemoryOp::UnmapPages(n) => (self.pages.remove(&n), pages(n, ppg)),
+            MemoryOp::MapSlots(n) => (self.slots.insert(n), slots(n, spg)),
+            MemoryOp::UnmapSlots(n) => (self.slots.remove(&n), slots(n, spg)),
+        };
+        if !ok {
+            return Err(format!("{op:?}: mapped twice or not mapped"));
+        }
+        let chunks =
+            self.pages.len() * g.chunks_per_page_group + self.slots.len() * g.chunks_per_slot_group;
+        if chunks > g.num_chunks {
+            return Err(format!(
+                "{op:?}: {chunks} chunks mapped of {}",
+                g.num_chunks
+            ));
+        }
+        Ok(changed)
+    }
+
+    pub(crate) fn page_mapped(&self, page: PageId) -> bool {
+        self.pages
+            .contains(&(page.0 / self.geometry.pages_per_group as u32))
+    }
+
+    pub(crate) fn slot_mapped(&self, slot: SlotId) -> bool {
+        self.slots
+            .contains(&(slot.0 / self.geometry.slots_per_group as u32))
+    }
+}
+
+fn pages(group: u32, per: usize) -> Changed {
+    let g = group as usize;
+    Changed::Pages(g * per..(g + 1) * per)
+}
+
+fn slots(group: u32, per: usize) -> Changed {
+    let g = group as usize;
+    Changed::Slots(g * per..(g + 1) * per)
+}
