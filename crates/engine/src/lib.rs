@@ -62,8 +62,8 @@ pub use constraint::{
 };
 pub use engine::{Drained, Engine, EngineHandle, EngineStartError, RequestStream};
 pub use executor::{
-    check_row_snapshots, in_row_order, split_rows, AllowedTokens, ArenaGeometry, BoxError,
-    CacheGeometry, ExecError, Executor, MemoryOp, PageId, RowSnapshot, RowSnapshotError,
+    check_row_snapshots, in_row_order, split_rows, AllowedTokens, ArenaGeometry, ArenaMap,
+    BoxError, CacheGeometry, ExecError, Executor, MemoryOp, PageId, RowSnapshot, RowSnapshotError,
     SampleSeed, SampleSpec, SampledToken, SlotId, SnapshotGeometry, SnapshotId, StateGeometry,
     StepRow,
 };

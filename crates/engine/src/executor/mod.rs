@@ -3,6 +3,7 @@
 //! tokens run in a step; an executor only runs the rows it is given on the
 //! device buffers those ids address, and samples where asked.
 mod allowed;
+mod arena_map;
 mod error;
 mod geometry;
 mod row_snapshots;
@@ -10,6 +11,7 @@ mod rows;
 
 pub use allowed::AllowedTokens;
 pub(crate) use allowed::PendingMask;
+pub use arena_map::{ArenaMap, Changed};
 pub use error::ExecError;
 pub use geometry::{
     ArenaGeometry, CacheGeometry, MemoryOp, PageId, SlotId, SnapshotGeometry, SnapshotId,

@@ -107,12 +107,19 @@ async fn max_num_seqs_caps_the_slots_instead_of_reserving_them() {
     // Short requests (16 + 8 positions: one page group and one slot group,
     // 5 chunks) run 9 at once; long ones (200 + 8: 7 page groups and a
     // slot group, 11 chunks) 4 at once.
-    let short: Vec<_> = (0..16).map(|i| request(prompt(i, 16), 8, i as u64)).collect();
-    let long: Vec<_> = (0..8).map(|i| request(prompt(i, 200), 8, i as u64)).collect();
+    let short: Vec<_> = (0..16)
+        .map(|i| request(prompt(i, 16), 8, i as u64))
+        .collect();
+    let long: Vec<_> = (0..8)
+        .map(|i| request(prompt(i, 200), 8, i as u64))
+        .collect();
     let s = start_arena(config(512, 64), 0);
     let most_short = run_all(&s, &short).await;
     assert!(most_short >= 9, "{most_short} short requests ran at once");
     let s = start_arena(config(512, 64), 0);
     let most_long = run_all(&s, &long).await;
-    assert!((2..=4).contains(&most_long), "{most_long} long requests ran at once");
+    assert!(
+        (2..=4).contains(&most_long),
+        "{most_long} long requests ran at once"
+    );
 }

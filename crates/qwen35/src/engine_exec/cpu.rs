@@ -11,9 +11,10 @@
 use std::path::Path;
 use std::time::Duration;
 
+use engine::executor::Changed;
 use engine::{
-    check_row_snapshots, CacheGeometry, ExecError, Executor, PageId, SampledToken, SlotId,
-    SnapshotGeometry, SnapshotId, StepPhases, StepRow,
+    check_row_snapshots, ArenaGeometry, ArenaMap, CacheGeometry, ExecError, Executor, MemoryOp,
+    PageId, SampledToken, SlotId, SnapshotGeometry, SnapshotId, StepPhases, StepRow,
 };
 
 use super::checks::{check_rows, check_starts};
@@ -45,6 +46,8 @@ pub struct CpuExecutor {
     /// Step timing on (the request timeline), and the last step's phases.
     timing: bool,
     last_phases: Option<StepPhases>,
+    /// With [`CpuExecutor::with_arena`]: the groups the engine has mapped.
+    arena: Option<ArenaMap>,
 }
 
 impl CpuExecutor {
@@ -75,7 +78,44 @@ impl CpuExecutor {
             snapshots: Vec::new(),
             timing: false,
             last_phases: None,
+            arena: None,
         })
+    }
+
+    /// The same executor with its pages and slots in an arena of the same
+    /// memory (the sizing's pages and slots, in the bytes the GPU lays them
+    /// out in): a chunk is one page, a slot takes the pages its state
+    /// weighs, and the engine maps them as requests take them, so
+    /// `num_slots` only caps the running requests. A slot's state is
+    /// dropped when its group is unmapped.
+    pub fn with_arena(mut self) -> Self {
+        let bytes = self.state_geometry();
+        let slot_chunks = bytes.slot_bytes.div_ceil(bytes.page_bytes.max(1)).max(1);
+        let g = &mut self.geometry;
+        let arena = ArenaGeometry {
+            num_chunks: g.num_pages + g.num_slots * slot_chunks,
+            chunk_bytes: bytes.page_bytes,
+            pages_per_group: 1,
+            chunks_per_page_group: 1,
+            slots_per_group: 1,
+            chunks_per_slot_group: slot_chunks,
+        };
+        g.num_pages = arena.max_pages();
+        g.max_model_len = g
+            .max_model_len
+            .min((arena.num_chunks - slot_chunks) * g.page_size);
+        self.arena = Some(ArenaMap::new(arena));
+        self
+    }
+
+    /// Refuses a slot or pages outside the mapped groups.
+    fn check_mapped(&self, slot: Option<SlotId>, pages: &[PageId]) -> Result<(), ExecError> {
+        match &self.arena {
+            Some(a) if !a.covers(slot, pages) => Err(ExecError::Refused(format!(
+                "slot {slot:?} or a page of {pages:?} is not mapped"
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// The same executor with a pool of `num_snapshots` state snapshots
@@ -114,6 +154,23 @@ impl CpuExecutor {
 impl Executor for CpuExecutor {
     fn geometry(&self) -> CacheGeometry {
         self.geometry
+    }
+
+    fn arena_geometry(&self) -> Option<ArenaGeometry> {
+        self.arena.as_ref().map(|a| a.geometry)
+    }
+
+    fn memory(&mut self, op: MemoryOp) -> Result<(), ExecError> {
+        let Some(arena) = self.arena.as_mut() else {
+            return Err(ExecError::Refused("this executor has no arena".into()));
+        };
+        // The pages' keys live in the states: only the slots hold memory.
+        if let Changed::Slots(ids) = arena.apply(op).map_err(ExecError::Refused)? {
+            for state in self.states.iter_mut().take(ids.end).skip(ids.start) {
+                *state = None;
+            }
+        }
+        Ok(())
     }
 
     fn max_row_snapshots(&self) -> usize {
@@ -157,6 +214,7 @@ impl Executor for CpuExecutor {
     }
 
     fn snapshot(&mut self, slot: SlotId, snapshot: SnapshotId) -> Result<(), ExecError> {
+        self.check_mapped(Some(slot), &[])?;
         let state = self.states.get(slot.0 as usize).and_then(Option::as_ref);
         let Some(state) = state else {
             return Err(ExecError::Refused(format!(
@@ -176,6 +234,7 @@ impl Executor for CpuExecutor {
     }
 
     fn restore(&mut self, snapshot: SnapshotId, slot: SlotId) -> Result<(), ExecError> {
+        self.check_mapped(Some(slot), &[])?;
         let Some(Some(state)) = self.snapshots.get(snapshot.0 as usize) else {
             return Err(ExecError::Refused(format!(
                 "restore of snapshot {}: nothing held there",
@@ -207,7 +266,7 @@ impl Executor for CpuExecutor {
                 from.0, to.0
             )));
         }
-        Ok(())
+        self.check_mapped(None, &[from, to])
     }
 
     fn set_step_timing(&mut self, on: bool) {
@@ -222,6 +281,9 @@ impl Executor for CpuExecutor {
         self.last_phases = None;
         let entered = std::time::Instant::now();
         check_rows(rows, &self.geometry)?;
+        for r in rows {
+            self.check_mapped(Some(r.slot), r.pages)?;
+        }
         check_starts(rows, |slot| self.states[slot].as_ref().map(|s| s.position))?;
         check_row_snapshots(rows, usize::MAX, self.snapshots.len()).map_err(ExecError::Refused)?;
         // Every check is done: from here each row runs to completion.

@@ -16,9 +16,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use engine::{
-    AdmissionPolicy, CacheGeometry, Engine, EngineConfig, EngineHandle, EngineStats, Event,
-    ExecError, Executor, FinishReason, GenerateRequest, SampledToken, SamplingParams,
-    StateGeometry, StepRow, StopParams,
+    AdmissionPolicy, ArenaGeometry, CacheGeometry, Engine, EngineConfig, EngineHandle, EngineStats,
+    Event, ExecError, Executor, FinishReason, GenerateRequest, MemoryOp, SampledToken,
+    SamplingParams, StateGeometry, StepRow, StopParams,
 };
 use engine_testkit::collect;
 use qwen35::engine_exec::{CpuExecutor, CpuSizing};
@@ -99,6 +99,14 @@ impl Executor for Gated {
         self.inner.state_geometry()
     }
 
+    fn arena_geometry(&self) -> Option<ArenaGeometry> {
+        self.inner.arena_geometry()
+    }
+
+    fn memory(&mut self, op: MemoryOp) -> Result<(), ExecError> {
+        self.inner.memory(op)
+    }
+
     fn step(&mut self, rows: &[StepRow<'_>]) -> Result<Vec<SampledToken>, ExecError> {
         let mut seen = self.gate.lock();
         seen.entered = true;
@@ -172,7 +180,15 @@ struct Run {
     starts: usize,
 }
 
-fn start(f: &Fixture, policy: AdmissionPolicy, num_pages: usize, gate: Arc<Gate>) -> EngineHandle {
+/// An engine on the gated CPU executor, its pages and slots in an arena
+/// or not.
+fn start_with(
+    f: &Fixture,
+    policy: AdmissionPolicy,
+    num_pages: usize,
+    gate: Arc<Gate>,
+    arena: bool,
+) -> EngineHandle {
     let mut config = EngineConfig::new(vec![]);
     config.max_num_batched_tokens = BUDGET;
     config.max_num_seqs = MAX_NUM_SEQS;
@@ -188,7 +204,10 @@ fn start(f: &Fixture, policy: AdmissionPolicy, num_pages: usize, gate: Arc<Gate>
         config,
         move || {
             let model = CpuModel::load(c, &w).map_err(|e| e.to_string())?;
-            let inner = CpuExecutor::new(model, sizing).map_err(|e| e.to_string())?;
+            let mut inner = CpuExecutor::new(model, sizing).map_err(|e| e.to_string())?;
+            if arena {
+                inner = inner.with_arena();
+            }
             Ok(Box::new(Gated { inner, gate }) as Box<dyn Executor>)
         },
         &prometheus::Registry::new(),
@@ -222,8 +241,18 @@ async fn run(
     num_pages: usize,
     reqs: &[GenerateRequest],
 ) -> Run {
+    run_with(f, policy, num_pages, reqs, false).await
+}
+
+async fn run_with(
+    f: &Fixture,
+    policy: AdmissionPolicy,
+    num_pages: usize,
+    reqs: &[GenerateRequest],
+    arena: bool,
+) -> Run {
     let gate = Arc::new(Gate::default());
-    let handle = start(f, policy, num_pages, gate.clone());
+    let handle = start_with(f, policy, num_pages, gate.clone(), arena);
     let mut streams = vec![handle.submit(reqs[0].clone()).expect("accepted")];
     assert!(gate.wait_entered(Duration::from_secs(30)), "no first step");
     streams.extend(
@@ -338,4 +367,26 @@ async fn cpu_kv_pressure_default_policy_keeps_greedy_tokens() {
         stats.recomputed_tokens <= 2 * (PROMPT + OUTPUT - 1) as u64,
         "{stats:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpu_kv_pressure_arena_keeps_greedy_tokens() {
+    // The pressed pool's pages and the slots' states in one arena: the
+    // requests end with the reference's tokens, on slots mapped as they run.
+    let f = Fixture::load(MODELS[0]);
+    let reqs = requests(&f);
+    let pressed = run_with(&f, AdmissionPolicy::default(), PRESSED_PAGES, &reqs, true).await;
+    let model = CpuModel::load(f.config.clone(), &f.weights).unwrap();
+    for (i, r) in reqs.iter().enumerate() {
+        assert_eq!(
+            pressed.outputs[i],
+            reference(&model, &r.prompt),
+            "arena: request {i} differs from the reference alone"
+        );
+    }
+    let stats = pressed.stats;
+    assert!(stats.steps < SERIAL_STEPS, "{stats:?}");
+    // The arena's page ids cover the pool as if it held no slot.
+    assert!(stats.pages_total > PRESSED_PAGES, "{stats:?}");
+    assert_eq!(stats.slots_total, MAX_NUM_SEQS);
 }

@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 
 use engine::sampler;
 use engine::{
-    check_row_snapshots, ArenaGeometry, BoxError, CacheGeometry, ExecError, Executor, MemoryOp,
-    PageId, SampledToken, SlotId, SnapshotGeometry, SnapshotId, StepPhases, StepRow,
+    check_row_snapshots, executor::Changed, ArenaGeometry, ArenaMap, BoxError, CacheGeometry,
+    ExecError, Executor, MemoryOp, PageId, SampledToken, SlotId, SnapshotGeometry, SnapshotId,
+    StepPhases, StepRow,
 };
 
-use crate::arena::{Changed, FakeArena};
 use crate::control::{FakeControl, FakeFailure, RowRecord};
 use crate::model::fake_logits;
 
@@ -40,7 +40,7 @@ pub struct FakeExecutor {
     /// Snapshots a row may carry ([`Executor::max_row_snapshots`]).
     row_snapshots: usize,
     /// The arena the engine maps pages and slots from (`None`: all there).
-    arena: Option<FakeArena>,
+    arena: Option<ArenaMap>,
 }
 
 /// Fingerprints of every prefix of `tokens` (`[i]`: of `tokens[..=i]`).
@@ -88,7 +88,7 @@ impl FakeExecutor {
     /// map a group before a row or a cache op touches it, and what a group
     /// held is forgotten when it is mapped or unmapped.
     pub fn with_arena(mut self, arena: ArenaGeometry) -> Self {
-        self.arena = Some(FakeArena::new(arena));
+        self.arena = Some(ArenaMap::new(arena));
         self
     }
 
@@ -108,9 +108,7 @@ impl FakeExecutor {
 
     /// Whether `slot` and `pages` are mapped (always, without an arena).
     fn mapped(&self, slot: Option<SlotId>, pages: &[PageId]) -> bool {
-        self.arena.as_ref().is_none_or(|a| {
-            slot.is_none_or(|s| a.slot_mapped(s)) && pages.iter().all(|&p| a.page_mapped(p))
-        })
+        self.arena.as_ref().is_none_or(|a| a.covers(slot, pages))
     }
 
     /// The same fake taking at most `n` snapshots inside a row (0: none,

@@ -38,7 +38,6 @@
 //! - `model.rs`: [`fake_logits`] and [`lone_run`], the reference outputs.
 //! - `streams.rs`: reading request streams to their end.
 
-mod arena;
 mod control;
 mod executor;
 mod model;

@@ -1,28 +1,29 @@
-//! The fake's arena: which page and slot groups the engine has mapped, the
-//! map and unmap rules checked as the ops come (no group mapped twice or
-//! unmapped while not mapped, never more chunks than the pool), and the
-//! groups a row or a cache op may touch.
+//! An executor's side of an arena: which page and slot groups the engine
+//! has mapped, the rules checked as the ops come (no group mapped twice or
+//! unmapped while not mapped, never more chunks than the pool), and
+//! whether a row or a cache op touches only mapped groups. Executors
+//! (and the tests' fake) keep one and refuse what breaks it.
 
 use std::collections::HashSet;
 
-use engine::{ArenaGeometry, MemoryOp, PageId, SlotId};
+use super::geometry::{ArenaGeometry, MemoryOp, PageId, SlotId};
 
 #[derive(Debug)]
-pub(crate) struct FakeArena {
-    pub(crate) geometry: ArenaGeometry,
+pub struct ArenaMap {
+    pub geometry: ArenaGeometry,
     pages: HashSet<u32>,
     slots: HashSet<u32>,
 }
 
 /// The ids a changed group covers, for the fake to forget what they held.
-pub(crate) enum Changed {
+pub enum Changed {
     Pages(std::ops::Range<usize>),
     Slots(std::ops::Range<usize>),
 }
 
-impl FakeArena {
-    pub(crate) fn new(geometry: ArenaGeometry) -> Self {
-        FakeArena {
+impl ArenaMap {
+    pub fn new(geometry: ArenaGeometry) -> Self {
+        ArenaMap {
             geometry,
             pages: HashSet::new(),
             slots: HashSet::new(),
@@ -30,7 +31,7 @@ impl FakeArena {
     }
 
     /// Applies `op`, or says which rule it breaks.
-    pub(crate) fn apply(&mut self, op: MemoryOp) -> Result<Changed, String> {
+    pub fn apply(&mut self, op: MemoryOp) -> Result<Changed, String> {
         let g = &self.geometry;
         let (ppg, spg) = (g.pages_per_group, g.slots_per_group);
         let (ok, changed) = match op {
@@ -53,12 +54,17 @@ impl FakeArena {
         Ok(changed)
     }
 
-    pub(crate) fn page_mapped(&self, page: PageId) -> bool {
+    /// Whether `slot` (if any) and every one of `pages` are mapped.
+    pub fn covers(&self, slot: Option<SlotId>, pages: &[PageId]) -> bool {
+        slot.is_none_or(|s| self.slot_mapped(s)) && pages.iter().all(|&p| self.page_mapped(p))
+    }
+
+    pub fn page_mapped(&self, page: PageId) -> bool {
         self.pages
             .contains(&(page.0 / self.geometry.pages_per_group as u32))
     }
 
-    pub(crate) fn slot_mapped(&self, slot: SlotId) -> bool {
+    pub fn slot_mapped(&self, slot: SlotId) -> bool {
         self.slots
             .contains(&(slot.0 / self.geometry.slots_per_group as u32))
     }
