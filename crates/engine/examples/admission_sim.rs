@@ -18,7 +18,7 @@ use engine::executor::{CacheGeometry, SampledToken};
 use engine::prefix_cache::PrefixCacheConfig;
 use engine::request::{RequestId, SamplingParams, StopParams};
 use engine::scheduler::{Scheduler, SchedulerConfig};
-use engine::AdmissionPolicy;
+use engine::{AdmissionPolicy, ArenaGeometry};
 
 const FIXED_MS: f64 = 15.0;
 const PER_DECODE_MS: f64 = 0.25;
@@ -41,6 +41,9 @@ struct Scenario {
     /// `max_tokens` is the output length (a benchmark); else the client
     /// sets none and the request ends at EOS.
     max_tokens_set: bool,
+    /// The pages and slots in one arena instead (`num_pages` is then the
+    /// page ids).
+    arena: Option<ArenaGeometry>,
 }
 
 #[derive(Default)]
@@ -71,7 +74,7 @@ fn run(s: &Scenario, policy: AdmissionPolicy) -> Outcome {
         row_snapshots: 0,
         admission: policy,
     };
-    let mut sched = Scheduler::new(config, &geometry);
+    let mut sched = Scheduler::with_arena(config, &geometry, s.arena);
     let mut out = Outcome::default();
     let mut next = 0;
     let mut arrival = vec![0.0; s.requests];
@@ -171,6 +174,23 @@ fn main() {
         prompt_len: 8192,
         output_len: |_| 256,
         max_tokens_set: true,
+        arena: None,
+    };
+    // The same memory as one arena (the GPU executor's layout): 3,871 pages
+    // of 1.25 MiB and 64 slots of 61 MiB less the conv state kept out of
+    // it, in 2 MiB chunks; 32 pages a group for 20 chunks, a slot for 30.
+    let h100_35b_arena = |concurrency, name| Scenario {
+        name,
+        num_pages: 4326 / 20 * 32,
+        arena: Some(ArenaGeometry {
+            num_chunks: 4326,
+            chunk_bytes: 2 << 20,
+            pages_per_group: 32,
+            chunks_per_page_group: 20,
+            slots_per_group: 1,
+            chunks_per_slot_group: 30,
+        }),
+        ..h100_35b(concurrency, name)
     };
     let scenarios = [
         // The CPU demo of the issue: 64 pages of 64, 16 at a time.
@@ -186,9 +206,12 @@ fn main() {
             prompt_len: 1000,
             output_len: |_| 64,
             max_tokens_set: true,
+            arena: None,
         },
         h100_35b(32, "35b-a3b h100 8192/256 c=32"),
         h100_35b(64, "35b-a3b h100 8192/256 c=64"),
+        h100_35b_arena(32, "35b-a3b h100 arena 8192/256 c=32"),
+        h100_35b_arena(64, "35b-a3b h100 arena 8192/256 c=64"),
         // Chat clients that set no max_tokens: outputs of 16-1,000 tokens
         // end at EOS, 2k prompts, 256 requests 64 at a time.
         Scenario {
@@ -203,6 +226,7 @@ fn main() {
             prompt_len: 2048,
             output_len: |i| 16 + (i * 397) % 985,
             max_tokens_set: false,
+            arena: None,
         },
     ];
     println!(
