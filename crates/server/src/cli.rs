@@ -119,6 +119,12 @@ pub struct Args {
     /// too. A tiny pool makes the engine preempt (tests do this).
     #[arg(long)]
     pub num_gpu_blocks_override: Option<usize>,
+    /// Reserve one state slot per --max-num-seqs up front instead of
+    /// mapping the slots' state and the KV pages on demand from one pool
+    /// (the GPU executor does that when its pages are sized from memory,
+    /// so that --max-num-seqs caps the slots instead of reserving them).
+    #[arg(long)]
+    pub no_state_arena: bool,
     /// Prefix caching (on by default): KV pages of earlier requests shared
     /// through a radix tree, resumed from recurrent-state snapshots taken
     /// at exact positions (docs/prefix-caching.md). Greedy outputs are the
@@ -302,6 +308,12 @@ mod tests {
             parse(&[]).serve_config(dir.clone(), name.clone()),
             ServeConfig::new(dir, name)
         );
+    }
+
+    #[test]
+    fn the_state_arena_is_on_unless_turned_off() {
+        assert!(!parse(&[]).no_state_arena);
+        assert!(parse(&["--no-state-arena"]).no_state_arena);
     }
 
     #[test]

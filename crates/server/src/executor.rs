@@ -9,7 +9,9 @@ use std::sync::Arc;
 use engine::Executor;
 use gdn_http::serve::{ExecutorFactory, ExecutorSpec};
 use gdn_http::startup::Startup;
-use qwen35::engine_exec::{CacheRoom, CpuExecutor, CpuSizing, GpuExecutor, GpuSizing, PagePool};
+use qwen35::engine_exec::{
+    ArenaPool, CacheRoom, CpuExecutor, CpuSizing, GpuExecutor, GpuSizing, PagePool,
+};
 use qwen35::gpu::{CudaStream, GpuModel, GpuOptions};
 use qwen35::StateDtypeRequest;
 
@@ -52,6 +54,9 @@ struct Plan {
     snapshots: Option<StateBudget>,
     /// `--mamba-ssm-cache-dtype`.
     state_dtype: StateDtypeRequest,
+    /// Pages sized from memory share one pool with the slots' state (off:
+    /// `--no-state-arena`).
+    state_arena: bool,
 }
 
 /// The executor `--device` asks for, over `spec`'s model directory (built
@@ -82,6 +87,7 @@ pub fn pick(args: &Args, spec: ExecutorSpec<'_>) -> Result<ExecutorFactory, Exec
         max_step_tokens: args.max_num_batched_tokens,
         snapshots: args.prefix_caching().then(|| args.state_budget()),
         state_dtype: args.mamba_ssm_cache_dtype,
+        state_arena: !args.no_state_arena,
     };
     Ok(Box::new(move || Ok(build(&plan, &startup)?)))
 }
@@ -155,16 +161,24 @@ fn gpu(
     stream: Arc<CudaStream>,
     startup: &Startup,
 ) -> Result<Box<dyn Executor>, ExecutorError> {
+    // A MoE model's step also holds its routed experts' rows.
+    let activation_reserve = plan.activation_reserve
+        + qwen35::Config::from_file(&plan.dir.join("config.json"))
+            .map_or(0, |c| qwen35::gpu::moe_step_bytes(&c, plan.max_step_tokens));
+    let gpu_memory_utilization = plan.gpu_memory_utilization;
     let sizing = GpuSizing {
         num_slots: plan.num_slots,
         pages: match plan.num_pages {
             Some(pages) => PagePool::Fixed(pages),
+            // Slots mapped on demand from the pages' pool: --max-num-seqs
+            // caps them instead of reserving them.
+            None if plan.state_arena => PagePool::Arena(ArenaPool::FromMemory {
+                gpu_memory_utilization,
+                activation_reserve,
+            }),
             None => PagePool::FromMemory {
-                gpu_memory_utilization: plan.gpu_memory_utilization,
-                // A MoE model's step also holds its routed experts' rows.
-                activation_reserve: plan.activation_reserve
-                    + qwen35::Config::from_file(&plan.dir.join("config.json"))
-                        .map_or(0, |c| qwen35::gpu::moe_step_bytes(&c, plan.max_step_tokens)),
+                gpu_memory_utilization,
+                activation_reserve,
             },
         },
         page_size: plan.page_size,

@@ -11,6 +11,10 @@
 //! In-step snapshots (`StepRow::snapshots`) split the step into passes
 //! (`engine::split_rows`): a forward per piece, the state copied into the
 //! snapshot's slot between them on the step stream.
+//! With [`PagePool::Arena`] the slots' recurrent state and the pages are
+//! mapped on demand from one pool ([`arena`]).
+
+mod arena;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -21,6 +25,8 @@ use engine::{
     SampleSpec, SampledToken, SlotId, StepPhases, StepRow,
 };
 use gdn_kernels::{DeviceSampler, MaskUpload, RowSampling, TokenAdjustment};
+
+pub use arena::ArenaPool;
 
 use super::checks::{check_rows, check_starts};
 use super::gpu_memory::CacheMemory;
@@ -52,6 +58,11 @@ pub enum PagePool {
         gpu_memory_utilization: f64,
         activation_reserve: usize,
     },
+    /// KV pages and the slots' recurrent state drawn on demand from one
+    /// pool of device memory ([`ArenaPool`]): the engine maps a slot's
+    /// memory only while a request runs in it, so `num_slots` caps the
+    /// slots instead of reserving them, and the pages get the rest.
+    Arena(ArenaPool),
 }
 
 /// The memory the KV pages and the snapshot pool share, which a snapshot
@@ -113,7 +124,8 @@ impl GpuExecutor {
     }
 
     /// An executor over a loaded model: allocates `num_slots + 1` slots and
-    /// the pages of `sizing.pages` plus one (the padding slot and page).
+    /// the pages of `sizing.pages` plus one (the padding slot and page), or
+    /// an arena that maps them on demand ([`PagePool::Arena`]).
     pub fn new(model: GpuModel, sizing: GpuSizing) -> Result<GpuExecutor, LoadError> {
         Self::with_snapshot_pool(model, sizing, 0)
     }
@@ -144,6 +156,9 @@ impl GpuExecutor {
         }
         let (slot_bytes, page_bytes) = model.slot_and_page_bytes(page_size);
         let num_pages = match pages {
+            PagePool::Arena(pool) => {
+                return Self::with_arena(model, sizing, pool, num_snapshots, start)
+            }
             PagePool::Fixed(n) => n,
             PagePool::FromMemory {
                 gpu_memory_utilization: u,
@@ -185,10 +200,6 @@ impl GpuExecutor {
             )));
         }
         let cache = model.new_cache(num_slots + 1 + num_snapshots, num_pages + 1, page_size)?;
-        let sampler = DeviceSampler::new(model.stream().clone())?;
-        model.stream().synchronize()?;
-        let mut startup_phases = model.load_phases().clone();
-        startup_phases.push("cache_alloc", start.elapsed());
         let geometry = CacheGeometry {
             num_slots,
             num_pages,
@@ -196,13 +207,31 @@ impl GpuExecutor {
             vocab_size: model.config.vocab_size,
             max_model_len: max_model_len.min(num_pages * page_size),
         };
+        Self::assemble(model, cache, geometry, num_snapshots, start)
+    }
+
+    /// The executor over a made cache of `geometry` (with the spare slot and
+    /// page and the snapshots' slots after the engine's), `start` being
+    /// when the cache's set-up began.
+    fn assemble(
+        model: GpuModel,
+        cache: GpuCache,
+        geometry: CacheGeometry,
+        num_snapshots: usize,
+        start: std::time::Instant,
+    ) -> Result<GpuExecutor, LoadError> {
+        let (slot_bytes, _) = model.slot_and_page_bytes(geometry.page_size);
+        let sampler = DeviceSampler::new(model.stream().clone())?;
+        model.stream().synchronize()?;
+        let mut startup_phases = model.load_phases().clone();
+        startup_phases.push("cache_alloc", start.elapsed());
         Ok(GpuExecutor {
             model,
             cache,
             geometry,
             snapshot_held: vec![None; num_snapshots],
             slot_bytes,
-            held: vec![None; num_slots],
+            held: vec![None; geometry.num_slots],
             sampler,
             masks: MaskUpload::new(),
             forward_queued: None,
@@ -227,6 +256,7 @@ impl GpuExecutor {
                 activation_reserve,
             } => Self::cache_memory(model, sizing, u, activation_reserve)
                 .map(|memory| CacheRoom::Shared(memory.room())),
+            PagePool::Arena(pool) => Self::arena_room(model, sizing, pool),
         }
     }
 
@@ -372,6 +402,14 @@ impl Executor for GpuExecutor {
         self.geometry
     }
 
+    fn arena_geometry(&self) -> Option<engine::ArenaGeometry> {
+        self.cache.arena_geometry()
+    }
+
+    fn memory(&mut self, op: engine::MemoryOp) -> Result<(), ExecError> {
+        self.memory_op(op)
+    }
+
     fn max_row_snapshots(&self) -> usize {
         if self.snapshot_held.is_empty() {
             0
@@ -399,6 +437,7 @@ impl Executor for GpuExecutor {
     fn snapshot(&mut self, slot: SlotId, snapshot: engine::SnapshotId) -> Result<(), ExecError> {
         let to = self.snapshot_slot(snapshot)?;
         let held = self.held.get(slot.0 as usize).copied().flatten();
+        // (An unmapped slot holds nothing: unmapping forgets its state.)
         let Some(tokens) = held else {
             return Err(ExecError::Refused(format!(
                 "snapshot of slot {}: no sequence's state there",
@@ -421,9 +460,9 @@ impl Executor for GpuExecutor {
                 snapshot.0
             )));
         };
-        if slot.0 as usize >= self.geometry.num_slots {
+        if slot.0 as usize >= self.geometry.num_slots || !self.cache.slot_usable(slot) {
             return Err(ExecError::Refused(format!(
-                "restore into slot {}: no such slot",
+                "restore into slot {}: no such slot, or its group is not mapped",
                 slot.0
             )));
         }
@@ -446,6 +485,12 @@ impl Executor for GpuExecutor {
         if from.0 as usize >= n || to.0 as usize >= n {
             return Err(ExecError::Refused(format!(
                 "page copy {} -> {}: beyond the {n} pages",
+                from.0, to.0
+            )));
+        }
+        if !self.cache.page_usable(from) || !self.cache.page_usable(to) {
+            return Err(ExecError::Refused(format!(
+                "page copy {} -> {}: a page whose group is not mapped",
                 from.0, to.0
             )));
         }

@@ -12,4 +12,4 @@ mod gpu;
 mod gpu_memory;
 
 pub use cpu::{CpuExecutor, CpuSizing};
-pub use gpu::{CacheRoom, GpuExecutor, GpuSizing, PagePool};
+pub use gpu::{ArenaPool, CacheRoom, GpuExecutor, GpuSizing, PagePool};

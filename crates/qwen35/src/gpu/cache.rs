@@ -4,7 +4,8 @@
 //! sequence) and `num_pages` KV-cache pages of `page_size` positions for the
 //! attention layers. Which sequence owns which slot and pages is not known
 //! here: the caller (the engine's allocator) decides and passes the ids with
-//! every step.
+//! every step. The recurrent state and the pages may live in an arena
+//! mapped on demand ([`crate::gpu::arena`]); the buffers look the same.
 
 use std::sync::Arc;
 
@@ -14,13 +15,14 @@ use gdn_kernels::{AttentionShape, DeltaNetShape, HostState, RecurrentState, Stat
 use half::bf16;
 
 use crate::error::{LoadError, RunError};
+use crate::gpu::arena::CacheArena;
 use crate::gpu::graphs::DecodeGraphs;
 
 /// The device state of one model: slots and pages (see the module docs).
 pub struct GpuCache {
     /// The model that made the cache (and captured its graphs).
     pub(crate) model_id: u64,
-    stream: Arc<CudaStream>,
+    pub(crate) stream: Arc<CudaStream>,
     pub(crate) dn: DeltaNetShape,
     pub(crate) page_size: usize,
     /// Per DeltaNet layer: `[slots, kw-1, conv_dim]` bf16.
@@ -30,10 +32,19 @@ pub struct GpuCache {
     /// Per attention layer: `[pages, page_size, Hkv, D]` bf16.
     pub(crate) keys: Vec<CudaSlice<bf16>>,
     pub(crate) values: Vec<CudaSlice<bf16>>,
-    num_slots: usize,
-    num_pages: usize,
+    pub(crate) num_slots: usize,
+    pub(crate) num_pages: usize,
     /// Captured decode steps (see `GpuModel::capture_decode_graphs`).
     pub(crate) graphs: Option<DecodeGraphs>,
+    /// Where the recurrent state and the pages live when they are mapped
+    /// on demand (`None`: ordinary allocations).
+    pub(crate) arena: Option<CacheArena>,
+}
+
+impl Drop for GpuCache {
+    fn drop(&mut self) {
+        self.leak_arena_buffers();
+    }
 }
 
 /// One slot's state copied to the host (conv and recurrent state of every
@@ -132,6 +143,7 @@ impl GpuCache {
             num_slots,
             num_pages,
             graphs: None,
+            arena: None,
         })
     }
 
@@ -161,6 +173,11 @@ impl GpuCache {
             return Err(RunError::InvalidInput(format!(
                 "slot {s} is beyond the cache's {} slots",
                 self.num_slots
+            )));
+        }
+        if !self.slot_usable(slot) {
+            return Err(RunError::InvalidInput(format!(
+                "slot {s} is in a group the arena has not mapped"
             )));
         }
         Ok(s)
@@ -207,6 +224,11 @@ impl GpuCache {
             return Err(RunError::InvalidInput(format!(
                 "page copy {f} -> {t}: beyond the cache's {} pages",
                 self.num_pages
+            )));
+        }
+        if !self.page_usable(from) || !self.page_usable(to) {
+            return Err(RunError::InvalidInput(format!(
+                "page copy {f} -> {t}: a page in a group the arena has not mapped"
             )));
         }
         if f == t {

@@ -7,6 +7,8 @@
 //! want logits. Decode-only steps can replay CUDA graphs captured up front
 //! for padded batch sizes ([`GpuModel::capture_decode_graphs`]).
 
+mod arena;
+mod arena_layout;
 mod build;
 mod cache;
 mod capture;
@@ -18,6 +20,7 @@ mod plan;
 mod step;
 mod timing;
 mod upload;
+mod vmm;
 
 use std::sync::Arc;
 
@@ -28,6 +31,8 @@ use gdn_kernels::{
 };
 use half::bf16;
 
+pub(crate) use arena::Kind as ArenaKind;
+pub(crate) use arena_layout::ArenaLayout;
 pub use cache::{GpuCache, SlotState};
 use cudarc::driver::sys;
 /// The stream type of [`GpuModel::default_stream`], for callers that hold one

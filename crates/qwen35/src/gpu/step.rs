@@ -127,6 +127,9 @@ impl GpuModel {
             padding: cache.graphs.as_ref().map(|g| g.padding),
         };
         let plan = plan(rows, bounds)?;
+        if let Some(why) = cache.unmapped(rows) {
+            return Err(StepError::Refused(why));
+        }
         for r in rows.iter().filter(|r| r.start == 0) {
             cache.zero_slot(r.slot)?;
         }

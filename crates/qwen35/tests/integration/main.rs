@@ -13,6 +13,7 @@ mod cpu_state_dtype;
 mod engine_cpu;
 mod engine_cpu_kv_pressure;
 mod engine_cpu_prefix_cache;
+mod gpu_arena;
 mod gpu_engine;
 mod gpu_executor;
 mod gpu_forward;
