@@ -182,14 +182,14 @@ pub struct Args {
     pub admission_policy: AdmissionPolicy,
 }
 
+/// An `--admission-policy` that names no policy.
+#[derive(Debug, thiserror::Error)]
+#[error("expected one of {names}, got {0:?}", names = AdmissionPolicy::NAMES.join(", "))]
+struct UnknownAdmissionPolicy(String);
+
 /// `--admission-policy`'s value.
-fn parse_admission(text: &str) -> Result<AdmissionPolicy, String> {
-    AdmissionPolicy::from_name(text).ok_or_else(|| {
-        format!(
-            "expected one of {}, got {text:?}",
-            AdmissionPolicy::NAMES.join(", ")
-        )
-    })
+fn parse_admission(text: &str) -> Result<AdmissionPolicy, UnknownAdmissionPolicy> {
+    AdmissionPolicy::from_name(text).ok_or_else(|| UnknownAdmissionPolicy(text.to_string()))
 }
 
 /// `--mamba-ssm-cache-dtype`'s value.

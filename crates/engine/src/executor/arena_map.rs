@@ -15,6 +15,19 @@ pub struct ArenaMap {
     slots: HashSet<u32>,
 }
 
+/// An op that breaks the arena's rules.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ArenaMapError {
+    #[error("{0:?}: the group is mapped already, or not mapped")]
+    State(MemoryOp),
+    #[error("{op:?}: {chunks} chunks mapped of {num_chunks}")]
+    Overdrawn {
+        op: MemoryOp,
+        chunks: usize,
+        num_chunks: usize,
+    },
+}
+
 /// The ids a changed group covers, for the fake to forget what they held.
 pub enum Changed {
     Pages(std::ops::Range<usize>),
@@ -31,7 +44,7 @@ impl ArenaMap {
     }
 
     /// Applies `op`, or says which rule it breaks.
-    pub fn apply(&mut self, op: MemoryOp) -> Result<Changed, String> {
+    pub fn apply(&mut self, op: MemoryOp) -> Result<Changed, ArenaMapError> {
         let g = &self.geometry;
         let (ppg, spg) = (g.pages_per_group, g.slots_per_group);
         let (ok, changed) = match op {
@@ -41,15 +54,16 @@ impl ArenaMap {
             MemoryOp::UnmapSlots(n) => (self.slots.remove(&n), slots(n, spg)),
         };
         if !ok {
-            return Err(format!("{op:?}: mapped twice or not mapped"));
+            return Err(ArenaMapError::State(op));
         }
         let chunks =
             self.pages.len() * g.chunks_per_page_group + self.slots.len() * g.chunks_per_slot_group;
         if chunks > g.num_chunks {
-            return Err(format!(
-                "{op:?}: {chunks} chunks mapped of {}",
-                g.num_chunks
-            ));
+            return Err(ArenaMapError::Overdrawn {
+                op,
+                chunks,
+                num_chunks: g.num_chunks,
+            });
         }
         Ok(changed)
     }

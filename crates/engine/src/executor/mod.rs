@@ -11,7 +11,7 @@ mod rows;
 
 pub use allowed::AllowedTokens;
 pub(crate) use allowed::PendingMask;
-pub use arena_map::{ArenaMap, Changed};
+pub use arena_map::{ArenaMap, ArenaMapError, Changed};
 pub use error::ExecError;
 pub use geometry::{
     ArenaGeometry, CacheGeometry, MemoryOp, PageId, SlotId, SnapshotGeometry, SnapshotId,

@@ -4,8 +4,8 @@
 //! (a sequence that waits for a running one's snapshot is passed over for
 //! the step).
 
-use super::headroom::AdmissionPolicy;
 use super::plan::Plan;
+use super::policy::AdmissionPolicy;
 use super::state::Scheduler;
 use crate::allocator::SeqCache;
 use crate::prefix_cache::{Branch, CacheOp, Hit};

@@ -62,7 +62,8 @@
 //! - `chunking.rs`: how long a prefill chunk is.
 //! - `preemption.rs`: pages for running sequences, preemption by recompute.
 //! - `admission.rs`: FCFS admission of waiting sequences, prefix-cache hits.
-//! - `headroom.rs`: the admission policies and the pages they keep free.
+//! - `policy.rs`: the admission policies.
+//! - `headroom.rs`: the pages each policy keeps free, the ratio's course.
 //! - `snapshots.rs`: the prefix cache's points on sequences and rows.
 //! - `commit.rs`: [`Scheduler::commit`], applying a step's result.
 
@@ -72,6 +73,7 @@ mod commit;
 mod headroom;
 mod plan;
 mod planning;
+mod policy;
 mod preemption;
 mod snapshots;
 mod state;
@@ -79,8 +81,8 @@ mod state;
 /// Where a prompt's snapshots go; the prefix cache's, re-exported here
 /// where callers found them first.
 pub use crate::prefix_cache::{snapshot_points, MARKER_COVERS_END};
-pub use headroom::{AdmissionPolicy, CLIP_MAX_NEW_TOKENS};
 pub use plan::{Outcome, Plan, Scheduled};
+pub use policy::{AdmissionPolicy, CLIP_MAX_NEW_TOKENS};
 pub use state::{Scheduler, SchedulerConfig};
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::headroom::{AdmissionPolicy, INIT_NEW_TOKEN_RATIO};
+use super::policy::{AdmissionPolicy, INIT_NEW_TOKEN_RATIO};
 use crate::allocator::{Allocator, SeqCache};
 use crate::executor::{ArenaGeometry, CacheGeometry};
 use crate::prefix_cache::{

@@ -165,7 +165,10 @@ impl Executor for CpuExecutor {
             return Err(ExecError::Refused("this executor has no arena".into()));
         };
         // The pages' keys live in the states: only the slots hold memory.
-        if let Changed::Slots(ids) = arena.apply(op).map_err(ExecError::Refused)? {
+        let changed = arena
+            .apply(op)
+            .map_err(|e| ExecError::Refused(e.to_string()))?;
+        if let Changed::Slots(ids) = changed {
             for state in self.states.iter_mut().take(ids.end).skip(ids.start) {
                 *state = None;
             }

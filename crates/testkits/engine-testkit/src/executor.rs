@@ -386,7 +386,7 @@ impl Executor for FakeExecutor {
             return Err(self.violation(format!("{op:?} without an arena")));
         };
         match arena.apply(op) {
-            Err(why) => Err(self.violation(why)),
+            Err(why) => Err(self.violation(why.to_string())),
             // Mapped or unmapped memory holds nothing usable.
             Ok(Changed::Pages(ids)) => {
                 let ps = self.geometry.page_size;

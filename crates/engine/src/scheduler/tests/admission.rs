@@ -49,16 +49,16 @@ fn the_reservation_admits_only_what_fits_to_the_end_and_never_preempts() {
 #[test]
 fn the_new_token_ratio_weighs_the_outputs_to_come_and_rises_after_a_preemption() {
     let mut s = scheduler_with(AdmissionPolicy::NewTokenRatio, 64, 8, 0, geometry(8, 12, 4));
-    assert_eq!(s.new_token_ratio(), headroom::INIT_NEW_TOKEN_RATIO);
+    assert_eq!(s.new_token_ratio(), policy::INIT_NEW_TOKEN_RATIO);
     // 10 + ceil(0.7 x 20) = 24 positions, 6 pages: two fit in 12.
     for id in 0..3 {
         add(&mut s, id, 10, 20);
     }
     let plan = s.schedule();
     assert_eq!(plan.first_admitted, vec![RequestId(0), RequestId(1)]);
-    let decay = (headroom::INIT_NEW_TOKEN_RATIO - headroom::MIN_NEW_TOKEN_RATIO)
-        / headroom::NEW_TOKEN_RATIO_DECAY_STEPS;
-    assert!((s.new_token_ratio() - (headroom::INIT_NEW_TOKEN_RATIO - decay)).abs() < 1e-12);
+    let decay = (policy::INIT_NEW_TOKEN_RATIO - policy::MIN_NEW_TOKEN_RATIO)
+        / policy::NEW_TOKEN_RATIO_DECAY_STEPS;
+    assert!((s.new_token_ratio() - (policy::INIT_NEW_TOKEN_RATIO - decay)).abs() < 1e-12);
     let mut run = Run::default();
     let mut before = s.new_token_ratio();
     let mut rose = false;
@@ -91,10 +91,10 @@ fn the_new_token_ratio_weighs_the_outputs_to_come_and_rises_after_a_preemption()
     assert!(rose, "the pool was meant to run out");
     assert_eq!(run.finished.len(), 3);
     // Idle again: the next request starts from the initial ratio.
-    assert_ne!(s.new_token_ratio(), headroom::INIT_NEW_TOKEN_RATIO - decay);
+    assert_ne!(s.new_token_ratio(), policy::INIT_NEW_TOKEN_RATIO - decay);
     add(&mut s, 9, 4, 2);
     s.schedule();
-    assert_eq!(s.new_token_ratio(), headroom::INIT_NEW_TOKEN_RATIO - decay);
+    assert_eq!(s.new_token_ratio(), policy::INIT_NEW_TOKEN_RATIO - decay);
 }
 
 #[test]

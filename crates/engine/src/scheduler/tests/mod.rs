@@ -9,9 +9,7 @@ use crate::executor::{CacheGeometry, SampledToken};
 use crate::prefix_cache::{CacheOp, PrefixCacheConfig};
 use crate::request::{FinishReason, RequestId, SamplingParams, StopParams};
 
-#[path = "admission_tests.rs"]
 mod admission;
-#[path = "arena_tests.rs"]
 mod arena;
 
 const EOS: u32 = 0;
@@ -27,8 +25,7 @@ fn geometry(num_slots: usize, num_pages: usize, page_size: usize) -> CacheGeomet
 }
 
 /// A scheduler under the watermark policy: the rules below are checked
-/// where admission takes the most (the reserving policies:
-/// `admission_tests.rs`).
+/// where admission takes the most (the reserving policies: `admission.rs`).
 fn scheduler(budget: usize, max_num_seqs: usize, threshold: usize, g: CacheGeometry) -> Scheduler {
     scheduler_with(
         AdmissionPolicy::Watermark,
