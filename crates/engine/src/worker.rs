@@ -24,6 +24,7 @@ use crate::request::{
 use crate::scheduler::{Outcome, Plan, Scheduler};
 use crate::timeline::{Pending, StepMark};
 
+mod request_memory;
 mod start;
 pub(crate) use start::{run, LoadError};
 

@@ -10,10 +10,13 @@ use std::sync::{mpsc, Arc};
 
 use thiserror::Error;
 
+use super::request_memory::RequestMemory;
 use super::{panic_text, Worker};
 use crate::config::EngineConfig;
 use crate::constraint::StepConstraints;
-use crate::executor::{BoxError, CacheGeometry, Executor, SnapshotGeometry, StateGeometry};
+use crate::executor::{
+    ArenaGeometry, BoxError, CacheGeometry, Executor, SnapshotGeometry, StateGeometry,
+};
 use crate::metrics::Metrics;
 use crate::prefix_cache::{PrefixCacheConfig, PrefixCacheStats};
 use crate::protocol::{Command, Shared};
@@ -60,7 +63,8 @@ pub(crate) fn run<F>(
     let state = executor.state_geometry();
     let config = &shared.config;
     let (scheduler, max_model_len) = scheduler_for(config, executor.as_ref(), geometry, snapshots);
-    publish_ready(&shared, &metrics, geometry, state, max_model_len);
+    let arena = executor.arena_geometry();
+    publish_ready(&shared, &metrics, geometry, state, arena, max_model_len);
     let constraints = step_constraints(config, geometry);
     let mut worker = Worker {
         constraints,
@@ -174,6 +178,7 @@ fn publish_ready(
     metrics: &Metrics,
     geometry: CacheGeometry,
     state: StateGeometry,
+    arena: Option<ArenaGeometry>,
     max_model_len: usize,
 ) {
     *shared.vocab_size.lock().unwrap() = Some(geometry.vocab_size);
@@ -196,7 +201,7 @@ fn publish_ready(
         );
     }
     metrics.set_state_geometry(&state, geometry.num_slots);
-    let pool = RequestMemory::new(geometry, state, max_model_len);
+    let pool = RequestMemory::new(geometry, state, arena, max_model_len);
     log::info!("{pool}");
     metrics.cache_pool_bytes.set(pool.bytes() as i64);
     metrics.max_concurrency.set(pool.max_concurrency());
@@ -236,102 +241,4 @@ fn serve_until_stopped(mut worker: Worker, inbox: mpsc::Receiver<Command>, share
         log::error!("the executor panicked while being dropped");
     }
     shared.stopped.send_replace(true);
-}
-
-/// The memory requests run in: the KV pages and the state slots, and how
-/// many requests of `max_model_len` tokens they hold at once (vLLM's
-/// "Maximum concurrency").
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct RequestMemory {
-    geometry: CacheGeometry,
-    state: StateGeometry,
-    max_model_len: usize,
-}
-
-impl RequestMemory {
-    pub(crate) fn new(geometry: CacheGeometry, state: StateGeometry, max_model_len: usize) -> Self {
-        RequestMemory {
-            geometry,
-            state,
-            max_model_len,
-        }
-    }
-
-    /// Bytes of the pages and the slots (0 for a term the executor does
-    /// not give).
-    pub(crate) fn bytes(&self) -> usize {
-        self.geometry.num_pages * self.state.page_bytes
-            + self.geometry.num_slots * self.state.slot_bytes
-    }
-
-    /// Requests of `max_model_len` tokens that fit: the pages' share,
-    /// capped by the slots.
-    pub(crate) fn max_concurrency(&self) -> f64 {
-        let g = &self.geometry;
-        let pages_each = self.max_model_len.div_ceil(g.page_size.max(1)).max(1);
-        (g.num_pages as f64 / pages_each as f64).min(g.num_slots as f64)
-    }
-}
-
-impl std::fmt::Display for RequestMemory {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let g = &self.geometry;
-        let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
-        write!(
-            f,
-            "request memory: {} KV pages of {} positions ({:.0} MiB, {} tokens) and {} state slots \
-             ({:.0} MiB), {:.0} MiB in all; maximum concurrency for {} tokens per request: {:.2}x",
-            g.num_pages,
-            g.page_size,
-            mib(g.num_pages * self.state.page_bytes),
-            g.num_pages * g.page_size,
-            g.num_slots,
-            mib(g.num_slots * self.state.slot_bytes),
-            mib(self.bytes()),
-            self.max_model_len,
-            self.max_concurrency()
-        )
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn maximum_concurrency_is_the_pages_share_capped_by_the_slots() {
-        // The 35B-A3B on an H100 at 0.95 with 64 slots: 3,871 pages of 64,
-        // 9,216 tokens a request (144 pages).
-        let geometry = CacheGeometry {
-            num_slots: 64,
-            num_pages: 3871,
-            page_size: 64,
-            vocab_size: 1,
-            max_model_len: 9216,
-        };
-        let state = StateGeometry {
-            recurrent_dtype: "float32",
-            recurrent_bytes_per_slot: 60 << 20,
-            slot_bytes: 61 << 20,
-            page_bytes: 1280 << 10,
-        };
-        let pool = RequestMemory::new(geometry, state, 9216);
-        assert!((pool.max_concurrency() - 3871.0 / 144.0).abs() < 1e-9);
-        assert_eq!(pool.bytes(), 3871 * (1280 << 10) + 64 * (61 << 20));
-        let text = pool.to_string();
-        assert!(
-            text.contains("3871 KV pages of 64 positions (4839 MiB, 247744 tokens)"),
-            "{text}"
-        );
-        assert!(
-            text.contains("maximum concurrency for 9216 tokens per request: 26.88x"),
-            "{text}"
-        );
-        // Few slots: they cap it.
-        let few = CacheGeometry {
-            num_slots: 8,
-            ..geometry
-        };
-        assert_eq!(RequestMemory::new(few, state, 9216).max_concurrency(), 8.0);
-    }
 }
