@@ -91,7 +91,7 @@ if has qwen35; then
   if [ -x .carry/bin/qwen35_lib ]; then
     { echo "### GDN_REQUIRE_GPU=1 qwen35_lib"; GDN_REQUIRE_GPU=1 .carry/bin/qwen35_lib --test-threads=1 --nocapture; } >> "$OUT/qwen35.log" 2>&1 || rc=1
   fi
-  for m in gpu_forward gpu_moe_forward gpu_steps gpu_executor gpu_engine gpu_sampling gpu_prefix_cache gpu_snapshot_share; do
+  for m in gpu_forward gpu_moe_forward gpu_steps gpu_executor gpu_engine gpu_arena gpu_sampling gpu_prefix_cache gpu_snapshot_share; do
     gate "$OUT/qwen35.log" qwen35_tests "$m"
   done
   for m in gpu_served gpu_served_structured prefix_cache_chat; do
