@@ -153,7 +153,14 @@ fn cpu(plan: &Plan, startup: &Startup) -> Result<Box<dyn Executor>, ExecutorErro
         );
         budget.snapshots(executor.model().new_state().recurrent_bytes(), room)
     });
-    Ok(Box::new(executor.with_snapshot_pool(snapshots)))
+    let executor = executor.with_snapshot_pool(snapshots);
+    // As on the GPU: the pages and the slots in one arena unless the flag
+    // or a fixed page count asks for reserved slots.
+    let executor = match plan.num_pages {
+        None if plan.state_arena => executor.with_arena(),
+        _ => executor,
+    };
+    Ok(Box::new(executor))
 }
 
 fn gpu(
