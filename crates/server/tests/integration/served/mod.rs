@@ -37,7 +37,8 @@ impl Device {
     }
 }
 
-/// The server on `dir` with `pages` KV pages of 16 positions, contexts of
+/// The server on `dir` with `pages` KV pages of 16 positions (admitted
+/// under the watermark), contexts of
 /// up to `max_model_len` and steps of `step_tokens`, once its model has
 /// loaded. The fixtures have no chat template, so the demo's is passed
 /// (embedded: the GPU machine runs the test binary away from the build's
@@ -78,6 +79,10 @@ pub async fn start(
         "16",
         "--num-gpu-blocks-override",
         &pages,
+        // The tests assert preemption and resumption on their tiny pools:
+        // the watermark is the policy that admits into them and preempts.
+        "--admission-policy",
+        "watermark",
     ]);
     let prepared = prepare(&args, executor::pick).expect("the server starts");
     let until = Instant::now() + Duration::from_secs(300);
