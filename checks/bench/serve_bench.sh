@@ -82,6 +82,7 @@ cold_start() {  # $1: server log file
   log "cold start: $(python3 -c "print(round($(date +%s.%N) - $start, 2))") s (process start to /health 200, weights in page cache)"
   sleep 0.2  # the startup line follows ready by at most a few ms
   grep -o 'startup:.*' "$1" | tee -a "$OUT/serve_bench.log"
+  grep -oE '(request memory|state arena|GPU executor): .*' "$1" | tee -a "$OUT/serve_bench.log"
   curl -s http://127.0.0.1:8000/metrics | grep '^gdn:startup_phase_seconds' >> "$OUT/serve_bench.log"
 }
 if [ -n "${COLD_START_ONLY:-}" ]; then
@@ -107,6 +108,6 @@ for set in ${sets//,/ }; do
     grep -E "Successful requests|Output token throughput|Mean TTFT|Median TTFT|P99 TTFT|Median TPOT|P99 TPOT|Median ITL|P99 ITL" "$OUT/last_client.log" | tee -a "$OUT/serve_bench.log"
   done
 done
-curl -s http://127.0.0.1:8000/metrics | grep -E "^vllm:(num_preemptions_total|num_requests_running|kv_cache_usage_perc|prefix_cache_queries_total|prefix_cache_hits_total)|^gdn:state_slots" | tee -a "$OUT/serve_bench.log"
+curl -s http://127.0.0.1:8000/metrics | grep -E "^vllm:(num_preemptions_total|num_requests_running|kv_cache_usage_perc|prefix_cache_queries_total|prefix_cache_hits_total)|^gdn:(state_slots|recomputed_tokens_total|max_concurrency|cache_pool_bytes)" | tee -a "$OUT/serve_bench.log"
 kill -TERM $server; wait $server
 log "server exit status $?"
