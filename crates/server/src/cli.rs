@@ -81,9 +81,10 @@ pub struct Args {
     #[arg(long, default_value = "5", value_parser = parse_seconds)]
     pub timeout_keep_alive: Duration,
     /// Seconds from a request's first byte to the end of its headers
-    /// (hyper's header_read_timeout); past it the client gets 408 and the
-    /// connection closes (so trickling clients cannot hold connections);
-    /// 0 turns it off.
+    /// (hyper's header_read_timeout), and the longest a request body may
+    /// go without bytes while it is read; past either the client gets 408
+    /// and the connection closes (so trickling or stalled clients cannot
+    /// hold connections); 0 turns it off.
     #[arg(long, default_value = "10", value_parser = parse_seconds)]
     pub header_read_timeout: Duration,
     #[arg(long, value_enum, default_value_t = Device::Auto)]

@@ -3,7 +3,8 @@
 //! [`Watched`] socket, the router as its service). A connection over the
 //! cap is answered with a 503 (Retry-After) and closed; an idle one is
 //! closed after the keep-alive timeout; a request head that does not
-//! arrive in time gets a 408 (see [`super::watchdog`]).
+//! arrive in time gets a 408 (see [`super::watchdog`]), and so does a body
+//! whose bytes stop arriving (see `super::body_timeout`).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -23,6 +24,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tower::ServiceExt;
 
+use super::body_timeout::TimedBody;
 use super::limits::{ConnectionLimits, MAX_HEADERS, MAX_HEADER_BYTES};
 use super::watchdog::{linger, ConnectionStage, OpenConnection, Watched};
 use crate::openai::ApiError;
@@ -130,7 +132,11 @@ async fn serve_one(
     let mut stopped = stopped;
     let stage = ConnectionStage::new();
     let io = Watched::new(stream, stage.clone(), limits, rejections, connection);
-    let service = RouterService { app, stage };
+    let service = RouterService {
+        app,
+        stage,
+        body_gap: limits.header_read_timeout,
+    };
     let conn = http.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
     let stop = async move {
@@ -180,11 +186,13 @@ async fn read_head(stream: &mut TcpStream) {
 }
 
 /// The router as one connection's hyper service: marks the connection busy
-/// while a request is served.
+/// while a request is served, and times the request's body.
 #[derive(Clone)]
 struct RouterService {
     app: Router,
     stage: Arc<ConnectionStage>,
+    /// The longest a request body may go without bytes while it is read.
+    body_gap: Option<Duration>,
 }
 
 type ServiceFuture =
@@ -199,6 +207,7 @@ impl hyper::service::Service<Request<Incoming>> for RouterService {
         self.stage.request_started();
         let app = self.app.clone();
         let stage = self.stage.clone();
+        let request = request.map(|body| TimedBody::new(body, self.body_gap));
         Box::pin(async move {
             let response = app.oneshot(request).await?;
             Ok(response.map(|body| TrackedBody { body, stage }))

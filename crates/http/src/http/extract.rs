@@ -6,6 +6,7 @@ use axum::extract::Request;
 use axum::http::{header, HeaderMap};
 use axum::response::Response;
 
+use super::body_timeout::BodyStalled;
 use crate::api::request_id::RequestId;
 use crate::api::state::{AppState, SharedState};
 use crate::api::timeline::Timeline;
@@ -14,8 +15,8 @@ use crate::openai::request::GenerationRequest;
 use crate::openai::ApiError;
 
 /// Reads a request body: 415 unless `Content-Type: application/json`, 413
-/// over `--max-request-bytes`. [`decode_json`] then gives 400 for anything
-/// serde refuses.
+/// over `--max-request-bytes`, 408 when its bytes stop arriving.
+/// [`decode_json`] then gives 400 for anything serde refuses.
 pub async fn read_body(
     state: &AppState,
     headers: &HeaderMap,
@@ -39,12 +40,15 @@ pub async fn read_body(
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(ApiError::body_too_large(limit));
     }
-    // to_bytes fails only past the limit or when the client's body breaks
-    // off (then nobody reads the answer).
-    let bytes = axum::body::to_bytes(body, limit)
+    // to_bytes fails past the limit, when the body stalls (its bytes stopped
+    // for the body timeout: 408, and the connection closes) or when the
+    // client's body breaks off (then nobody reads the answer).
+    axum::body::to_bytes(body, limit)
         .await
-        .map_err(|_| ApiError::body_too_large(limit))?;
-    Ok(bytes)
+        .map_err(|e| match BodyStalled::find(&e) {
+            Some(BodyStalled(gap)) => ApiError::body_timeout(gap),
+            None => ApiError::body_too_large(limit),
+        })
 }
 
 /// A generation route (chat, completions): reads and decodes the body

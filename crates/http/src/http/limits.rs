@@ -1,5 +1,6 @@
 //! The limits a connection is held to: how many may be open, how long a
-//! request head and an idle connection may take, and the sizes of a head.
+//! request head, a pause in its body and an idle connection may take, and
+//! the sizes of a head.
 //! Shared by the accept loop (connections.rs) and the per-connection
 //! watchdog (watchdog.rs).
 
@@ -20,8 +21,9 @@ pub const MAX_URI_BYTES: usize = 8 * 1024;
 pub struct ConnectionLimits {
     /// Open connections at most; one more is answered 503 and closed.
     pub max_connections: usize,
-    /// From a request's first byte to the end of its head (`None`: no
-    /// limit); past it, 408 and the connection closes.
+    /// From a request's first byte to the end of its head, and the longest
+    /// a body being read may go without bytes (`None`: no limit); past it,
+    /// 408 and the connection closes.
     pub header_read_timeout: Option<Duration>,
     /// How long a connection may wait for its next (or first) request
     /// (`None`: no limit).

@@ -23,6 +23,10 @@ pub struct ApiError {
     pub param: Option<String>,
     pub code: &'static str,
     pub retry_after: Option<Duration>,
+    /// The answer closes the connection (`Connection: close`): the client
+    /// either stalled or sent what a kept-alive connection should not carry
+    /// on from.
+    pub closes_connection: bool,
 }
 
 impl ApiError {
@@ -34,6 +38,7 @@ impl ApiError {
             param: None,
             code,
             retry_after: None,
+            closes_connection: false,
         }
     }
 
@@ -133,9 +138,28 @@ impl ApiError {
                 seconds(limit)
             ),
         )
+        .closing()
     }
 
-    /// The request line's target is longer than the HTTP parser takes.
+    /// The request's body stopped: no bytes of it for `--header-read-timeout`
+    /// (the connection is closed after this answer; counted with the heads'
+    /// timeouts under `request_timeout`).
+    pub fn body_timeout(limit: Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "request_timeout",
+            format!(
+                "No bytes of the request body arrived for the server's limit of {} (--header-read-timeout).",
+                seconds(limit)
+            ),
+        )
+        .closing()
+    }
+
+    /// The request line's target is longer than the server takes (the
+    /// connection is closed after this answer, as hyper does for the targets
+    /// its parser refuses).
     pub fn uri_too_long(limit: usize) -> Self {
         Self::new(
             StatusCode::URI_TOO_LONG,
@@ -143,6 +167,12 @@ impl ApiError {
             "uri_too_long",
             format!("The request target is longer than the server's limit of {limit} bytes."),
         )
+        .closing()
+    }
+
+    fn closing(mut self) -> Self {
+        self.closes_connection = true;
+        self
     }
 
     /// The request's header section is over the server's limits.
@@ -306,6 +336,11 @@ impl IntoResponse for ApiError {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
             // The openai SDKs retry 503s; say it is safe and when.
             headers.insert("x-should-retry", HeaderValue::from_static("true"));
+        }
+        if self.closes_connection {
+            // hyper closes the connection once a response saying so is out.
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp
     }

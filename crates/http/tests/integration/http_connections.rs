@@ -18,7 +18,7 @@ use tokio::net::TcpStream;
 const HEAD_TIMEOUT: Duration = Duration::from_millis(400);
 
 /// Serves `s` on a loopback port with `limits`.
-async fn listen(
+pub(crate) async fn listen(
     s: &TestServer,
     limits: ConnectionLimits,
 ) -> (SocketAddr, tokio::task::JoinHandle<ServeEnd>) {
@@ -33,7 +33,11 @@ async fn listen(
     (addr, serving)
 }
 
-fn limits(max_connections: usize, head: Duration, keep_alive: Duration) -> ConnectionLimits {
+pub(crate) fn limits(
+    max_connections: usize,
+    head: Duration,
+    keep_alive: Duration,
+) -> ConnectionLimits {
     ConnectionLimits {
         max_connections,
         header_read_timeout: Some(head),
@@ -43,14 +47,14 @@ fn limits(max_connections: usize, head: Duration, keep_alive: Duration) -> Conne
 
 /// A response as read off the wire.
 #[derive(Debug)]
-struct Raw {
-    status: u16,
-    head: String,
-    body: Vec<u8>,
+pub(crate) struct Raw {
+    pub status: u16,
+    pub head: String,
+    pub body: Vec<u8>,
 }
 
 impl Raw {
-    fn parse(bytes: &[u8]) -> Option<Raw> {
+    pub fn parse(bytes: &[u8]) -> Option<Raw> {
         let end = bytes.windows(4).position(|w| w == b"\r\n\r\n")?;
         let head = String::from_utf8_lossy(&bytes[..end]).to_ascii_lowercase();
         let status = head.get(9..12)?.parse().ok()?;
@@ -61,14 +65,14 @@ impl Raw {
         })
     }
 
-    fn header(&self, name: &str) -> Option<&str> {
+    pub fn header(&self, name: &str) -> Option<&str> {
         self.head
             .lines()
             .find_map(|l| l.strip_prefix(&format!("{name}: ")))
     }
 
     /// The OpenAI error body: `{"error": {"message", "type", "param", "code"}}`.
-    fn error(&self) -> Json {
+    pub fn error(&self) -> Json {
         let v: Json = serde_json::from_slice(&self.body).unwrap_or_else(|e| {
             panic!(
                 "{e}: {:?} {}",
@@ -87,7 +91,7 @@ impl Raw {
 
 /// Sends `request` on a fresh connection and reads until the server
 /// closes it (at most 10 s).
-async fn exchange(addr: SocketAddr, request: &[u8]) -> Raw {
+pub(crate) async fn exchange(addr: SocketAddr, request: &[u8]) -> Raw {
     let mut stream = TcpStream::connect(addr).await.unwrap();
     stream.write_all(request).await.unwrap();
     let mut bytes = Vec::new();
@@ -97,7 +101,7 @@ async fn exchange(addr: SocketAddr, request: &[u8]) -> Raw {
 }
 
 /// Reads one response with a content-length body off a kept-alive stream.
-async fn read_one(stream: &mut TcpStream) -> Raw {
+pub(crate) async fn read_one(stream: &mut TcpStream) -> Raw {
     let mut bytes = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -118,7 +122,7 @@ async fn read_one(stream: &mut TcpStream) -> Raw {
 }
 
 /// How long until the server closes `stream`, and what it sent first.
-async fn until_closed(stream: &mut TcpStream, limit: Duration) -> (Duration, Vec<u8>) {
+pub(crate) async fn until_closed(stream: &mut TcpStream, limit: Duration) -> (Duration, Vec<u8>) {
     let start = Instant::now();
     let mut bytes = Vec::new();
     let read = tokio::time::timeout(limit, async {
@@ -135,7 +139,7 @@ async fn until_closed(stream: &mut TcpStream, limit: Duration) -> (Duration, Vec
     (start.elapsed(), bytes)
 }
 
-const MODELS: &[u8] = b"GET /v1/models HTTP/1.1\r\nhost: t\r\n\r\n";
+pub(crate) const MODELS: &[u8] = b"GET /v1/models HTTP/1.1\r\nhost: t\r\n\r\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trickling_heads_are_cut_while_a_normal_client_keeps_its_latency() {

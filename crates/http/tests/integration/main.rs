@@ -9,6 +9,7 @@ mod common;
 mod log_capture;
 
 mod http_chat_rules;
+mod http_closing;
 mod http_connections;
 mod http_finish_reasons;
 mod http_ids_and_queue;
