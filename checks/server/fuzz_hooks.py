@@ -4,7 +4,8 @@ The OpenAPI document states some rules in words because no schema keyword
 can: a prompt plus max_tokens must fit the context, prompts x n is at most
 128, min_tokens is at most max_tokens, tool-call arguments given as text are
 a JSON object, a request has at most one output constraint and it must
-compile (and `structured_outputs` must name one), a tool_choice other than none needs tools (and a named one names
+compile (and `structured_outputs` must name one) and comes without
+min_tokens or ignore_eos, a tool_choice other than none needs tools (and a named one names
 one of them), and the model's chat template decides which conversations it
 renders (the demo's, Qwen3.5's, needs a user message, takes a system message
 only first and knows no developer role). A case schemathesis generates as
@@ -166,7 +167,9 @@ def _forced_tool_call(body):
 
 def _constraints(body, chat):
     """At most one output constraint (a forced tool call counts), of the
-    kind schemathesis chose, with a value that compiles."""
+    kind schemathesis chose, with a value that compiles; beside it no
+    min_tokens above 0 and no ignore_eos (the constraint decides where the
+    output ends)."""
     kept = chat and _forced_tool_call(body)
     format_ = body.get("response_format")
     if isinstance(format_, dict) and format_.get("type") in ("json_object", "json_schema"):
@@ -198,6 +201,11 @@ def _constraints(body, chat):
         else:
             body[field] = safe
             kept = True
+    if kept:
+        if isinstance(body.get("min_tokens"), int) and body["min_tokens"] > 0:
+            body["min_tokens"] = None
+        if body.get("ignore_eos") is True:
+            body["ignore_eos"] = None
 
 
 @schemathesis.hook

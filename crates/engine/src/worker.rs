@@ -366,9 +366,13 @@ impl Worker {
             (Some(constraints), Some(masks)) => constraints.finish_step(masks, &self.metrics),
             _ => Default::default(),
         };
-        let outcomes = self
+        let mut outcomes = self
             .scheduler
             .commit_with(&plan, sampled, &advanced.stopped);
+        // A failed mask allowed nothing, so its row's token was drawn
+        // blind and is no output of the constraint: it never goes out
+        // (the failure below ends the request, whatever that token did).
+        outcomes.retain(|o| !advanced.failed.iter().any(|(id, _)| *id == o.id));
         // Snapshots are taken now, while the slots hold exactly the
         // committed tokens (a finished request's slot is not reused before
         // the next plan).
@@ -384,17 +388,30 @@ impl Worker {
             self.mark_step(&plan, planned, exec, phases);
         }
         self.deliver(outcomes);
-        for (id, error) in advanced.failed {
+        self.fail_constrained(advanced.failed);
+        Ok(())
+    }
+
+    /// Ends the requests whose matcher failed this step (their token of
+    /// the step was withheld).
+    fn fail_constrained(&mut self, failed: Vec<(RequestId, impl std::fmt::Display)>) {
+        let mut clients = Vec::new();
+        for (id, error) in failed {
             log::warn!("request {id:?}: its constraint failed: {error}");
             if !self.clients.contains_key(&id) {
-                continue; // it finished with this step's token
+                continue; // its client is gone
             }
-            if let Some(client) = self.drop_request(id, "error") {
-                let failure = Failure::new(FailureCause::StepFailed, CONSTRAINT_FAILED);
-                let _ = client.events.send(Event::Failed(failure));
-            }
+            clients.extend(self.drop_request(id, "error"));
         }
-        Ok(())
+        if clients.is_empty() {
+            return;
+        }
+        // Freed before the clients hear, as for any other end.
+        self.publish();
+        for client in clients {
+            let failure = Failure::new(FailureCause::StepFailed, CONSTRAINT_FAILED);
+            let _ = client.events.send(Event::Failed(failure));
+        }
     }
 
     /// The request timeline: adds this step to the record of every request

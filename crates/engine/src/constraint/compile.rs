@@ -9,10 +9,11 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use llguidance::api::TopLevelGrammar;
+use llguidance::api::{ParserLimits, TopLevelGrammar};
 use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
 
 use super::ascii_classes::ascii_perl_classes;
+use super::first_step::check_first_step;
 use llguidance::{ParserFactory, TokenParser};
 use thiserror::Error;
 
@@ -252,11 +253,40 @@ impl Inner {
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|e| StructuredOutputsError::Vocabulary(e.to_string()))?;
         factory.quiet();
-        factory.limits_mut().max_grammar_size = limits.max_grammar_size;
+        *factory.limits_mut() = parser_limits(limits);
         Ok(Inner {
             factory,
             cache: Mutex::new(VecDeque::new()),
         })
+    }
+}
+
+/// llguidance's limits, each named here rather than left to its defaults
+/// (the values are its defaults but two): the ones checked while compiling
+/// refuse a grammar at once; the per-step ones would fail a request after
+/// tokens went out, so a grammar's first step is taken at compile time
+/// (`first_step.rs`) and one that breaks them there is refused too.
+fn parser_limits(limits: &ConstraintLimits) -> ParserLimits {
+    ParserLimits {
+        // Compile time: symbols in the grammar's productions.
+        max_grammar_size: limits.max_grammar_size,
+        // Compile time: a large lexeme (a long regex, a big alternation)
+        // has its automaton built over the whole vocabulary while
+        // compiling, with this much fuel, so one too large to build is
+        // refused then, not on a mask mid-output.
+        precompute_large_lexemes: true,
+        initial_lexer_fuel: 1_000_000,
+        // Per step: one mask's lexer work, items and automaton states.
+        step_lexer_fuel: 200_000,
+        step_max_items: 50_000,
+        max_lexer_states: 250_000,
+        // Per step: an Earley row's items. A choice list is one lexeme
+        // (see `grammar_of`), so its length does not count here.
+        max_items_in_row: 2_000,
+        // llguidance's message alone: its verbose form appends the parser
+        // state and the whole grammar (up to the text limit) to every
+        // error, which a client's 400 and a log line do not want.
+        verbose_errors: false,
     }
 }
 
@@ -316,11 +346,8 @@ impl StructuredOutputs {
             .name("gdn-grammar".into())
             .spawn(move || {
                 let parser = match source.get() {
-                    Ok(inner) => inner
-                        .factory
-                        .create_parser(grammar)
-                        .map_err(|e| e.to_string()),
-                    Err(why) => Err(why.to_string()),
+                    Ok(inner) => compile_checked(inner, kind, grammar),
+                    Err(why) => Err(invalid(why.to_string())),
                 };
                 let _ = done.send(parser);
             })
@@ -331,7 +358,7 @@ impl StructuredOutputs {
                 self.remember(key, &parser);
                 Ok(Compiled(parser))
             }
-            Ok(Err(message)) => Err(invalid(message)),
+            Ok(Err(refused)) => Err(refused),
             Err(RecvTimeoutError::Timeout) => Err(ConstraintError::CompileTimeout {
                 kind,
                 limit: timeout,
@@ -380,6 +407,24 @@ impl StructuredOutputs {
     }
 }
 
+/// Compiles `grammar` and takes its first step (a grammar that compiles
+/// but cannot be followed is refused here, not on the mask pool).
+fn compile_checked(
+    inner: &Inner,
+    kind: &'static str,
+    grammar: TopLevelGrammar,
+) -> Result<TokenParser, ConstraintError> {
+    let parser = inner
+        .factory
+        .create_parser(grammar)
+        .map_err(|e| ConstraintError::Invalid {
+            kind,
+            message: e.to_string(),
+        })?;
+    check_first_step(kind, &parser, inner.factory.tok_env().tok_trie())?;
+    Ok(parser)
+}
+
 /// The compiler's view of `spec`, and its text (the cache key, and what
 /// the size limit measures).
 fn grammar_of(spec: &ConstraintSpec) -> Result<(String, TopLevelGrammar), ConstraintError> {
@@ -408,16 +453,25 @@ fn grammar_of(spec: &ConstraintSpec) -> Result<(String, TopLevelGrammar), Constr
             if choices.is_empty() {
                 return Err(invalid("at least one choice is needed"));
             }
-            // Lark string literals are JSON strings.
-            let alternatives: Vec<String> = choices
-                .iter()
-                .map(|c| serde_json::Value::from(c.as_str()).to_string())
-                .collect();
-            let lark = format!("start: {}\n", alternatives.join(" | "));
+            // One terminal, so one lexeme: the lexer's automaton takes
+            // the alternatives, however many. As alternatives of a rule,
+            // each is an item of the parser's first row, and a list longer
+            // than llguidance's items per row (2,000) failed on the first
+            // token.
+            let alternatives: Vec<String> = choices.iter().map(|c| lark_string(c)).collect();
+            let lark = format!("start: CHOICE\nCHOICE: {}\n", alternatives.join(" | "));
             (lark.clone(), TopLevelGrammar::from_lark(lark))
         }
         ConstraintSpec::Lark(lark) => (lark.clone(), TopLevelGrammar::from_lark(lark.clone())),
     })
+}
+
+/// A Lark string literal: a JSON string, with DEL escaped too (JSON
+/// leaves it raw, llguidance's Lark lexer refuses it raw).
+fn lark_string(text: &str) -> String {
+    serde_json::Value::from(text)
+        .to_string()
+        .replace('\u{7f}', "\\u007f")
 }
 
 impl std::fmt::Debug for StructuredOutputs {

@@ -4,8 +4,12 @@
 //! which tokens may come next.
 //!
 //! - `compile.rs`: [`StructuredOutputs`], the tokenizer's trie and the
-//!   compiler with its limits (text size, grammar size, compile time) and
-//!   a bounded cache of compiled grammars keyed by their text.
+//!   compiler with its limits (text size, grammar size, compile time,
+//!   llguidance's parser limits) and a bounded cache of compiled grammars
+//!   keyed by their text.
+//! - `first_step.rs`: a compiled grammar's first step, taken at compile
+//!   time, so that one no output can follow (an empty language, a grammar
+//!   past llguidance's limits) is refused before any token is generated.
 //! - `matcher.rs`: a running request's matcher: its mask at the logits'
 //!   width, advanced with each sampled token.
 //! - `pool.rs`: the mask pool: threads that compute the step's masks while
@@ -26,9 +30,13 @@
 mod ascii_classes;
 mod compile;
 mod cost;
+mod first_step;
 mod matcher;
 mod pool;
 mod step;
+
+#[cfg(test)]
+mod refusal_tests;
 
 use std::time::Duration;
 
@@ -95,6 +103,20 @@ pub enum ConstraintError {
         kind: &'static str,
         bytes: usize,
         limit: usize,
+    },
+    /// It compiles, but no output can follow it: no token, not even EOS,
+    /// may come first (llguidance's `NoExtensionBias`: a regex or grammar
+    /// with an empty language, a schema whose `$ref`s only loop).
+    #[error("{kind} matches no output at all: nothing, not even the end of the output, may come first (llguidance: {message})")]
+    Empty { kind: &'static str, message: String },
+    /// It compiles, but its first step is past llguidance's limits (the
+    /// lexer's fuel or states, the parser's items per row): it would fail
+    /// on that step while generating.
+    #[error("{kind} is past the constraint compiler's limits at {step}: {message}")]
+    TooComplex {
+        kind: &'static str,
+        step: &'static str,
+        message: String,
     },
     /// Compiling took longer than the limit.
     #[error("{kind} took longer than {limit:?} to compile")]

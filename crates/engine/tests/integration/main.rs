@@ -10,6 +10,7 @@ mod common;
 mod engine_admission_and_ends;
 mod engine_arena;
 mod engine_basic;
+mod engine_constraint_failures;
 mod engine_constraints;
 mod engine_kv_pressure;
 mod engine_lifecycle;

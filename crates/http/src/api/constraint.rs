@@ -1,19 +1,22 @@
 //! A request's output constraint: the client's (structured outputs) or a
 //! forced tool call, placed after the reasoning block a chat prompt opens
 //! and compiled once by the engine before anything is submitted, so that
-//! a bad schema, regex or grammar is a 400 naming its field.
+//! a bad schema, regex or grammar, or one that compiles but no output can
+//! follow, is a 400 naming its field (placed after reasoning, the client's
+//! constraint is compiled alone as well: see [`chat_constraint`]).
 
 use engine::ConstraintSpec;
 
 use super::state::SharedState;
 use crate::openai::request::GenerationRequest;
 use crate::openai::validate::{
-    check_size, requested_constraint, ForcedToolCall, RequestedConstraint, ValidChat,
-    ValidationError,
+    check_length_controls, check_size, requested_constraint, ForcedToolCall, RequestedConstraint,
+    ValidChat, ValidationError,
 };
 use crate::openai::ApiError;
 use crate::text::grammar::{
-    after_reasoning, call_shape, json_rule, literal_alternation, regex_terminal, tool_call_grammar,
+    after_reasoning, after_reasoning_choice, call_shape, json_rule, regex_terminal,
+    tool_call_grammar,
 };
 
 /// The constraint of a completions request, checked.
@@ -41,7 +44,11 @@ pub fn chat_client_constraint(
             fields: vec!["tool_choice", c.field],
         }
         .into()),
-        (_, client) => Ok(client),
+        (Some(_), None) => {
+            check_length_controls(req, "tool_choice")?;
+            Ok(None)
+        }
+        (None, client) => Ok(client),
     }
 }
 
@@ -84,9 +91,13 @@ pub async fn chat_constraint(
                 spec,
             }
         }
+        // After reasoning, the grammar starts with free text, so its first
+        // step (where the engine finds a constraint that compiles but
+        // cannot be followed) says nothing of the client's: that is
+        // checked alone first.
         (None, Some(c)) if opens_reasoning => RequestedConstraint {
             field: c.field,
-            spec: after_reasoning_spec(c.spec),
+            spec: after_reasoning_spec(checked(state, c).await?),
         },
         (None, Some(c)) => c,
         (None, None) => return Ok(None),
@@ -100,7 +111,9 @@ fn after_reasoning_spec(spec: ConstraintSpec) -> ConstraintSpec {
         ConstraintSpec::JsonSchema(schema) => json_rule(schema),
         ConstraintSpec::JsonObject => json_rule(&serde_json::json!({"type": "object"})),
         ConstraintSpec::Regex(regex) => regex_terminal(regex),
-        ConstraintSpec::Choice(values) => literal_alternation(values),
+        ConstraintSpec::Choice(values) => {
+            return ConstraintSpec::Lark(after_reasoning_choice(values))
+        }
         ConstraintSpec::Lark(_) => return spec,
     };
     ConstraintSpec::Lark(after_reasoning(&body))

@@ -215,8 +215,9 @@ pub fn tool_call_grammar(calls: &[CallShape], many: bool, opens_reasoning: bool)
                     }
                 }
                 ValueShape::Literals(values) => {
-                    let values: Vec<String> = values.iter().map(|v| lark_string(v)).collect();
-                    format!("{open} ({}) {close}", values.join(" | "))
+                    let name = format!("FN_{i}_P{j}_VALUE");
+                    g.push_str(&literal_terminal(&name, values));
+                    format!("{open} {name} {close}")
                 }
                 ValueShape::Json(schema) => {
                     g.push_str(&format!("{rule}_value: {}\n", json_rule(schema)));
@@ -243,9 +244,15 @@ pub fn tool_call_grammar(calls: &[CallShape], many: bool, opens_reasoning: bool)
 }
 
 /// A grammar of the reasoning block the prompt opened, then `body` (a rule
-/// body: [`json_rule`], [`regex_terminal`], [`literal_alternation`]).
+/// body: [`json_rule`], [`regex_terminal`], or a terminal's name whose
+/// definition follows, as [`after_reasoning_choice`] writes).
 pub fn after_reasoning(body: &str) -> String {
     format!("start: think body\n{THINK_RULE}body: {body}\n")
+}
+
+/// [`after_reasoning`] of exactly one of `values`.
+pub fn after_reasoning_choice(values: &[String]) -> String {
+    after_reasoning("CHOICE") + &literal_terminal("CHOICE", values)
 }
 
 /// `%json` of a schema (a boolean schema as the object equivalent).
@@ -277,10 +284,14 @@ pub fn regex_terminal(regex: &str) -> String {
     out
 }
 
-/// Exactly one of `values`, as Lark string literals.
-pub fn literal_alternation(values: &[String]) -> String {
+/// The terminal `name`: exactly one of `values`, as Lark string literals.
+/// A terminal is one lexeme, whose automaton takes the alternatives however
+/// many; as alternatives of a rule, each would be an item of a parser row,
+/// and llguidance fails a row over 2,000 items (a list that long failed
+/// the request where it was reached).
+fn literal_terminal(name: &str, values: &[String]) -> String {
     let values: Vec<String> = values.iter().map(|v| lark_string(v)).collect();
-    format!("({})", values.join(" | "))
+    format!("{name}: {}\n", values.join(" | "))
 }
 
 /// A Lark string literal (JSON's escapes). llguidance's Lark lexer also

@@ -15,4 +15,5 @@ mod http_finish_reasons;
 mod http_ids_and_queue;
 mod http_scripted;
 mod http_structured;
+mod http_structured_refusals;
 mod http_timeline;

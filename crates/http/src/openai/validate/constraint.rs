@@ -91,7 +91,36 @@ pub fn requested_constraint(
         return Ok(None);
     };
     check_size(constraint.field, &constraint.spec, max_bytes)?;
+    check_length_controls(req, constraint.field)?;
     Ok(Some(constraint))
+}
+
+/// Refuses `min_tokens` (above 0) and `ignore_eos: true` beside a
+/// constraint (`constraint` names where it came from). A constrained
+/// output ends where the constraint does: once it has ended only EOS is
+/// allowed, so neither can be honoured there, and the engine would
+/// otherwise let the constraint win without a word. Whether a grammar's
+/// outputs can all reach `min_tokens` is not computable in general (token
+/// counts depend on how the model spells the text), so a `min_tokens`
+/// some grammars could meet is refused as well; vLLM instead lets a
+/// finished grammar end the output below `min_tokens`.
+pub fn check_length_controls(
+    req: &GenerationRequest,
+    constraint: &'static str,
+) -> Result<(), ValidationError> {
+    if req.min_tokens.is_some_and(|n| n > 0) {
+        return Err(ValidationError::LengthControlWithConstraint {
+            field: "min_tokens",
+            constraint,
+        });
+    }
+    if req.ignore_eos == Some(true) {
+        return Err(ValidationError::LengthControlWithConstraint {
+            field: "ignore_eos",
+            constraint,
+        });
+    }
+    Ok(())
 }
 
 /// Refuses a constraint whose text is longer than `max_bytes`.
@@ -444,5 +473,25 @@ mod tests {
         assert_eq!(e.param().as_deref(), Some("guided_choice"));
         let at_limit = "a".repeat(1000);
         assert!(constraint(&format!(r#""guided_grammar": "{at_limit}""#)).is_ok());
+    }
+
+    #[test]
+    fn min_tokens_and_ignore_eos_beside_a_constraint_are_refused() {
+        for (fields, param) in [
+            (r#""guided_regex": "a+", "min_tokens": 3"#, "min_tokens"),
+            (r#""guided_regex": "a+", "ignore_eos": true"#, "ignore_eos"),
+        ] {
+            let e = constraint(fields).unwrap_err();
+            assert_eq!(e.param().as_deref(), Some(param), "{fields}");
+            let message = e.to_string();
+            assert!(message.contains("with guided_regex"), "{message}");
+        }
+        // Their defaults written out are fine, and alone they are.
+        let fine = r#""guided_regex": "a+", "min_tokens": 0, "ignore_eos": false"#;
+        assert!(constraint(fine).unwrap().is_some());
+        assert_eq!(
+            constraint(r#""min_tokens": 3, "ignore_eos": true"#),
+            Ok(None)
+        );
     }
 }

@@ -75,6 +75,12 @@ pub enum ValidationError {
     EmptyConstraint {
         field: &'static str,
     },
+    /// `min_tokens` or `ignore_eos` (`field`) beside a constraint (from
+    /// `constraint`): the constraint decides where the output ends.
+    LengthControlWithConstraint {
+        field: &'static str,
+        constraint: &'static str,
+    },
     /// The constraint compiler refused it (its message).
     BadConstraint {
         field: &'static str,
@@ -176,6 +182,17 @@ impl std::fmt::Display for ValidationError {
                 f,
                 "{field} names no constraint: give one of json, regex, choice, grammar or json_object (or leave {field} out)."
             ),
+            LengthControlWithConstraint { field, constraint } => {
+                let (why, leave) = if *field == "ignore_eos" {
+                    ("with EOS, the only token allowed there", "false")
+                } else {
+                    ("which may come before min_tokens (only EOS is allowed there)", "0")
+                };
+                write!(
+                    f,
+                    "{field} cannot be used with {constraint}: a constrained output ends where its constraint ends, {why}; leave {field} out or {leave}."
+                )
+            }
             BadConstraint { field, message } => write!(f, "Invalid {field}: {message}"),
             EmptyTools => write!(f, "tools must not be an empty list (leave it out instead)."),
             BadToolType { index, kind } => {
@@ -219,6 +236,7 @@ impl ValidationError {
                 field.to_string()
             }
             Unsupported { field, .. }
+            | LengthControlWithConstraint { field, .. }
             | ConstraintTooLarge { field, .. }
             | BadConstraint { field, .. }
             | EmptyConstraint { field }

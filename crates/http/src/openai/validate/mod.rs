@@ -12,7 +12,8 @@ mod error;
 mod generation;
 pub use chat::{validate_chat, validate_messages, validate_tool_types};
 pub use constraint::{
-    check_size, requested_constraint, RequestedConstraint, DEFAULT_MAX_CONSTRAINT_BYTES,
+    check_length_controls, check_size, requested_constraint, RequestedConstraint,
+    DEFAULT_MAX_CONSTRAINT_BYTES,
 };
 pub use error::ValidationError;
 pub use generation::validate_generation;

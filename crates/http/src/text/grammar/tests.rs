@@ -62,7 +62,8 @@ fn one_named_call_without_reasoning() {
         r#"fn_0_p0: "<parameter=city>\n" PARAM_TEXT_END"#,
         r#"fn_0_p1_value: %json {"minimum":1,"type":"integer"}"#,
         r#"fn_0_p1: "<parameter=days>\n" fn_0_p1_value "\n</parameter>\n""#,
-        r#"fn_0_p2: "<parameter=unit>\n" ("C" | "F") "\n</parameter>\n""#,
+        r#"FN_0_P2_VALUE: "C" | "F""#,
+        r#"fn_0_p2: "<parameter=unit>\n" FN_0_P2_VALUE "\n</parameter>\n""#,
         r#"fn_0: "<tool_call>\n<function=get_weather>\n" fn_0_p0 fn_0_p1? fn_0_p2 "</function>\n</tool_call>""#,
         r#"PARAM_TEXT: /(.|\n)*/ & ~/(.|\n)*(<\/parameter>|<parameter=|<\/function>)(.|\n)*/ & ~/[nN][uU][lL][lL]/"#,
         r#"PARAM_TEXT_END: PARAM_TEXT "\n</parameter>\n""#,
@@ -266,8 +267,8 @@ fn client_constraints_after_reasoning() {
     );
     assert_eq!(regex_terminal("x\ny"), "/x\\ny/");
     assert_eq!(
-        literal_alternation(&["yes".into(), "say \"no\"\n".into()]),
-        "(\"yes\" | \"say \\\"no\\\"\\n\")"
+        after_reasoning_choice(&["yes".into(), "say \"no\"\n".into()]),
+        "start: think body\nthink[lazy]: /(.|\\n)*<\\/think>/\nbody: CHOICE\nCHOICE: \"yes\" | \"say \\\"no\\\"\\n\"\n"
     );
 }
 
