@@ -120,12 +120,14 @@ pub struct Args {
     /// too. A tiny pool makes the engine preempt (tests do this).
     #[arg(long)]
     pub num_gpu_blocks_override: Option<usize>,
-    /// Reserve one state slot per --max-num-seqs up front instead of
-    /// mapping the slots' state and the KV pages on demand from one pool
-    /// (the GPU executor does that when its pages are sized from memory,
-    /// so that --max-num-seqs caps the slots instead of reserving them).
+    /// Map the slots' recurrent state and the KV pages on demand from one
+    /// pool (the state arena) instead of reserving one state slot per
+    /// --max-num-seqs up front, so that --max-num-seqs caps the slots
+    /// instead of reserving them; with pages sized from memory (no
+    /// --num-gpu-blocks-override). Off by default until its GPU gate has
+    /// run on the device (docs/gpu-tests.md).
     #[arg(long)]
-    pub no_state_arena: bool,
+    pub state_arena: bool,
     /// Prefix caching (on by default): KV pages of earlier requests shared
     /// through a radix tree, resumed from recurrent-state snapshots taken
     /// at exact positions (docs/prefix-caching.md). Greedy outputs are the
@@ -312,9 +314,9 @@ mod tests {
     }
 
     #[test]
-    fn the_state_arena_is_on_unless_turned_off() {
-        assert!(!parse(&[]).no_state_arena);
-        assert!(parse(&["--no-state-arena"]).no_state_arena);
+    fn the_state_arena_is_off_unless_turned_on() {
+        assert!(!parse(&[]).state_arena);
+        assert!(parse(&["--state-arena"]).state_arena);
     }
 
     #[test]

@@ -54,8 +54,8 @@ struct Plan {
     snapshots: Option<StateBudget>,
     /// `--mamba-ssm-cache-dtype`.
     state_dtype: StateDtypeRequest,
-    /// Pages sized from memory share one pool with the slots' state (off:
-    /// `--no-state-arena`).
+    /// Pages sized from memory share one pool with the slots' state
+    /// (`--state-arena`).
     state_arena: bool,
 }
 
@@ -87,7 +87,7 @@ pub fn pick(args: &Args, spec: ExecutorSpec<'_>) -> Result<ExecutorFactory, Exec
         max_step_tokens: args.max_num_batched_tokens,
         snapshots: args.prefix_caching().then(|| args.state_budget()),
         state_dtype: args.mamba_ssm_cache_dtype,
-        state_arena: !args.no_state_arena,
+        state_arena: args.state_arena,
     };
     Ok(Box::new(move || Ok(build(&plan, &startup)?)))
 }
@@ -154,8 +154,8 @@ fn cpu(plan: &Plan, startup: &Startup) -> Result<Box<dyn Executor>, ExecutorErro
         budget.snapshots(executor.model().new_state().recurrent_bytes(), room)
     });
     let executor = executor.with_snapshot_pool(snapshots);
-    // As on the GPU: the pages and the slots in one arena unless the flag
-    // or a fixed page count asks for reserved slots.
+    // As on the GPU: the pages and the slots in one arena when the flag
+    // asks and no fixed page count does.
     let executor = match plan.num_pages {
         None if plan.state_arena => executor.with_arena(),
         _ => executor,

@@ -14,8 +14,8 @@ base="--no-enable-prefix-caching --mamba-ssm-cache-dtype float32"
 OUT=${OUT:-/tmp/gdn-out}
 for run in ${RUNS:-old new}; do
   case $run in
-    old) args="$base --no-state-arena --admission-policy watermark";;
-    new) args="$base";;
+    old) args="$base --admission-policy watermark";;
+    new) args="$base --state-arena";;
   esac
   OUT=$OUT/$run SERVER_ARGS="$args" bash checks/bench/serve_bench.sh "${SETS:-8192/256}" "${CONCS:-32,64}"
 done
