@@ -9,10 +9,12 @@
 //! - [`startup`], [`model`]: start-up timing, the model directory's text side;
 //! - [`api`]: what each route does, and the one response path of chat and
 //!   completions;
+//! - [`anthropic`]: Anthropic's Messages API, on top of chat's path;
 //! - [`http`]: the connections (cap, timeouts, answers below the routes),
 //!   the route table, request bodies and ids;
 //! - [`serve`]: start the engine, bind, serve, drain, shut down.
 
+pub mod anthropic;
 pub mod api;
 pub mod http;
 pub mod model;

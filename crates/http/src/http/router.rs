@@ -11,6 +11,8 @@ use axum::Router;
 use super::extract::{answer, read_body};
 use super::limits::MAX_URI_BYTES;
 use super::request_id::with_request_id;
+use crate::anthropic;
+use crate::api::request_id::RequestId;
 use crate::api::state::{AppState, SharedState};
 use crate::api::{chat, completions, info, tokenize};
 use crate::openai::request::{CHAT_ONLY_FIELDS, COMPLETIONS_ONLY_FIELDS};
@@ -20,6 +22,8 @@ pub fn router(state: SharedState) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(text_completions))
+        .route("/v1/messages", post(anthropic_messages))
+        .route("/v1/messages/count_tokens", post(anthropic_count_tokens))
         .route("/v1/models", get(info::models))
         .route("/health", get(info::health))
         .route("/metrics", get(info::metrics))
@@ -45,6 +49,28 @@ async fn chat_completions(State(state): State<SharedState>, req: Request) -> Res
 
 async fn text_completions(State(state): State<SharedState>, req: Request) -> Response {
     answer(state, req, CHAT_ONLY_FIELDS, completions::run).await
+}
+
+/// Anthropic's routes: the body is read here (415/413/408); the handler
+/// answers every error, these too, in Anthropic's shape.
+async fn anthropic_messages(State(state): State<SharedState>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let request_id = parts
+        .extensions
+        .get::<RequestId>()
+        .cloned()
+        .unwrap_or_else(RequestId::fresh);
+    let bytes = read_body(&state, &parts.headers, body).await;
+    anthropic::messages(state, request_id, bytes).await
+}
+
+async fn anthropic_count_tokens(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Response {
+    let bytes = read_body(&state, &headers, body).await;
+    anthropic::count_tokens(state, bytes).await
 }
 
 async fn tokenize_route(
