@@ -19,9 +19,9 @@ use crate::openai::request::{ChatTemplateView, GenerationRequest};
 use crate::openai::response::{
     random_id, ChatChoice, ChatLogprobs, ChunkChoice, Delta, FunctionOut, Message, ToolCallOut,
 };
-use crate::openai::validate::{resolve_max_tokens, validate_chat, ValidationError};
+use crate::openai::validate::{resolve_max_tokens, validate_chat, ValidChat, ValidationError};
 use crate::openai::ApiError;
-use crate::text::outparse::{tool_schemas, ChatOutputParser};
+use crate::text::outparse::{tool_schemas, ChatOutputParser, ToolSchemas};
 use crate::text::preamble::preamble_end;
 use crate::text::template::{decode_tool_call_arguments, RenderInput, TemplateError};
 
@@ -107,22 +107,32 @@ pub fn render_chat(
     })
 }
 
-/// Answers a decoded chat request (the route has read the body, checked
-/// `model` and started the timeline).
-pub async fn run(
-    state: SharedState,
-    request_id: RequestId,
-    req: GenerationRequest,
-    bytes: Bytes,
+/// A chat request submitted to the engine: what reads its output needs.
+pub struct SubmittedChat {
+    pub generation: Generation,
+    pub valid: ValidChat,
+    /// The prompt ends inside `<think>`: the output starts as reasoning.
+    pub opens_reasoning: bool,
+    /// Parameter types of the request's tools, when tool calls are parsed.
+    pub tools: Option<ToolSchemas>,
+}
+
+/// Validates, renders and submits a decoded chat request (the route has
+/// read the body, checked `model` and started the timeline). `/v1/responses`
+/// submits through here too, with the chat body it translated.
+pub async fn submit(
+    state: &SharedState,
+    request_id: &RequestId,
+    req: &GenerationRequest,
+    bytes: &[u8],
     mut timeline: Timeline,
-) -> Result<Response, ApiError> {
-    let state = &state;
-    let mut valid = validate_chat(&req, &state.model.defaults, state.model.vocab_size)?;
+) -> Result<SubmittedChat, ApiError> {
+    let mut valid = validate_chat(req, &state.model.defaults, state.model.vocab_size)?;
     state.check_accepting()?;
-    let client_constraint = chat_client_constraint(state, &req, &valid)?;
+    let client_constraint = chat_client_constraint(state, req, &valid)?;
     let rendered = render_chat(
         state,
-        &bytes,
+        bytes,
         valid.add_generation_prompt,
         valid.continue_final_message,
         req.chat_template_kwargs.as_ref(),
@@ -133,7 +143,7 @@ pub async fn run(
     let max_tokens = resolve_max_tokens(&valid.generation, rendered.ids.len(), max_model_len)?;
     valid.generation.constraint = chat_constraint(
         state,
-        &req,
+        req,
         &valid,
         client_constraint,
         rendered.opens_reasoning,
@@ -157,16 +167,33 @@ pub async fn run(
         .as_deref()
         .filter(|_| valid.tools_enabled)
         .map(tool_schemas);
+    generation.log_submitted(request_id);
+    Ok(SubmittedChat {
+        generation,
+        valid,
+        opens_reasoning: rendered.opens_reasoning,
+        tools,
+    })
+}
+
+/// Answers a decoded chat request.
+pub async fn run(
+    state: SharedState,
+    request_id: RequestId,
+    req: GenerationRequest,
+    bytes: Bytes,
+    timeline: Timeline,
+) -> Result<Response, ApiError> {
+    let state = &state;
+    let SubmittedChat {
+        generation,
+        valid,
+        opens_reasoning,
+        tools,
+    } = submit(state, &request_id, &req, &bytes, timeline).await?;
     let parsers = (0..valid.generation.n)
-        .map(|_| {
-            ChatOutputParser::new(
-                rendered.opens_reasoning,
-                valid.include_reasoning,
-                tools.clone(),
-            )
-        })
+        .map(|_| ChatOutputParser::new(opens_reasoning, valid.include_reasoning, tools.clone()))
         .collect();
-    generation.log_submitted(&request_id);
     let endpoint = ChatEndpoint {
         parsers,
         tool_call_counts: vec![0; valid.generation.n],

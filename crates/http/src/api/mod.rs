@@ -2,6 +2,8 @@
 //! completions ([`completions`]) submit engine requests ([`generate`]), with
 //! the output constraint a request asks for ([`constraint`]), and
 //! answer through one response path ([`respond`], streamed with [`sse`]);
+//! `/v1/responses` ([`responses`]) submits through chat and keeps its
+//! conversations ([`response_store`]);
 //! the small routes ([`info`], [`tokenize`]) answer from the shared state
 //! ([`state`]). The HTTP stack (routing, bodies, request ids) is
 //! [`crate::http`]'s.
@@ -14,6 +16,8 @@ pub mod info;
 pub mod logprobs;
 pub mod request_id;
 pub mod respond;
+pub mod response_store;
+pub mod responses;
 pub mod sse;
 pub mod state;
 pub mod timeline;

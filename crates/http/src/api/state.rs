@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use engine::{EngineHandle, EngineState};
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
+use super::response_store::ResponseStore;
 use crate::model::ModelFiles;
 use crate::openai::ApiError;
 use crate::startup::Startup;
@@ -69,6 +70,8 @@ pub struct AppState {
     pub created: u64,
     /// Start-up phase times (`gdn:startup_phase_seconds`).
     pub startup: Arc<Startup>,
+    /// Stored responses for `previous_response_id`.
+    pub responses: ResponseStore,
 }
 
 pub type SharedState = Arc<AppState>;

@@ -61,6 +61,28 @@ where
     F: FnOnce(SharedState, RequestId, GenerationRequest, Bytes, Timeline) -> Fut,
     Fut: std::future::Future<Output = Result<Response, ApiError>>,
 {
+    answer_body(
+        state,
+        req,
+        |state, request_id, bytes, mut timeline| async move {
+            let request: GenerationRequest = decode_json_ignoring(&bytes, ignored)?;
+            state.check_model(request.model.as_deref())?;
+            timeline.mark("decoded");
+            run(state.clone(), request_id, request, bytes, timeline).await
+        },
+    )
+    .await
+}
+
+/// A route that decodes its body itself (`/v1/responses`): reads the body
+/// (415/413/408), then `run` answers from the request's id, the raw body
+/// and its timeline; an error is counted under its reason and becomes its
+/// response.
+pub async fn answer_body<F, Fut>(state: SharedState, req: Request, run: F) -> Response
+where
+    F: FnOnce(SharedState, RequestId, Bytes, Timeline) -> Fut,
+    Fut: std::future::Future<Output = Result<Response, ApiError>>,
+{
     let mut timeline = Timeline::start(state.request_timeline);
     let (parts, body) = req.into_parts();
     let request_id = parts
@@ -71,10 +93,7 @@ where
     let answered = async {
         let bytes = read_body(&state, &parts.headers, body).await?;
         timeline.mark("body_read");
-        let request: GenerationRequest = decode_json_ignoring(&bytes, ignored)?;
-        state.check_model(request.model.as_deref())?;
-        timeline.mark("decoded");
-        run(state.clone(), request_id, request, bytes, timeline).await
+        run(state.clone(), request_id, bytes, timeline).await
     };
     match answered.await {
         Ok(response) => response,

@@ -8,13 +8,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 
-use super::extract::{answer, read_body};
+use super::extract::{answer, answer_body, read_body};
 use super::limits::MAX_URI_BYTES;
 use super::request_id::with_request_id;
 use crate::anthropic;
 use crate::api::request_id::RequestId;
 use crate::api::state::{AppState, SharedState};
-use crate::api::{chat, completions, info, tokenize};
+use crate::api::{chat, completions, info, responses, tokenize};
 use crate::openai::request::{CHAT_ONLY_FIELDS, COMPLETIONS_ONLY_FIELDS};
 use crate::openai::ApiError;
 
@@ -22,6 +22,7 @@ pub fn router(state: SharedState) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(text_completions))
+        .route("/v1/responses", post(responses_route))
         .route("/v1/messages", post(anthropic_messages))
         .route("/v1/messages/count_tokens", post(anthropic_count_tokens))
         .route("/v1/models", get(info::models))
@@ -49,6 +50,10 @@ async fn chat_completions(State(state): State<SharedState>, req: Request) -> Res
 
 async fn text_completions(State(state): State<SharedState>, req: Request) -> Response {
     answer(state, req, CHAT_ONLY_FIELDS, completions::run).await
+}
+
+async fn responses_route(State(state): State<SharedState>, req: Request) -> Response {
+    answer_body(state, req, responses::run).await
 }
 
 /// Anthropic's routes: the body is read here (415/413/408); the handler

@@ -108,6 +108,18 @@ impl ApiError {
         .with_param("model")
     }
 
+    /// `previous_response_id` names no stored response (never stored,
+    /// `store: false`, or dropped as newer ones came).
+    pub fn previous_response_not_found(id: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "previous_response_not_found",
+            format!("Previous response with id '{id}' not found."),
+        )
+        .with_param("previous_response_id")
+    }
+
     pub fn not_found_route(path: &str) -> Self {
         Self::new(
             StatusCode::NOT_FOUND,

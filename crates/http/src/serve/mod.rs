@@ -94,6 +94,7 @@ fn state_of(
         draining: Default::default(),
         created: unix_now(),
         startup,
+        responses: Default::default(),
     }))
 }
 

@@ -14,6 +14,7 @@ mod http_connections;
 mod http_finish_reasons;
 mod http_ids_and_queue;
 mod http_messages;
+mod http_responses;
 mod http_scripted;
 mod http_structured;
 mod http_structured_refusals;
