@@ -153,7 +153,9 @@ pub enum Thinking {
     Enabled {
         budget_tokens: Option<i64>,
     },
-    /// Newer clients' "the model decides": Qwen thinks.
+    /// Newer clients' "the model decides" and "between tool calls": Qwen
+    /// thinks (its template has no finer switch).
     Adaptive,
+    BetweenTools,
     Disabled,
 }
