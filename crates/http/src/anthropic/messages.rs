@@ -14,9 +14,8 @@ use super::error::reject;
 use super::request::MessagesRequest;
 use super::response::{apply, stop_reason, Blocks, MessageOut};
 use super::stream::events;
-use crate::api::chat::render_chat;
-use crate::api::constraint::{chat_client_constraint, chat_constraint};
-use crate::api::generate::{Generation, PromptSpec};
+use crate::api::chat::{self, render_chat};
+use crate::api::generate::Generation;
 use crate::api::request_id::RequestId;
 use crate::api::respond::json_response;
 use crate::api::sse::{sse_response, DisconnectGuard};
@@ -24,9 +23,9 @@ use crate::api::state::SharedState;
 use crate::api::timeline::Timeline;
 use crate::openai::decode::decode_json;
 use crate::openai::request::GenerationRequest;
-use crate::openai::validate::{resolve_max_tokens, validate_chat};
+use crate::openai::validate::validate_chat;
 use crate::openai::ApiError;
-use crate::text::outparse::{tool_schemas, ChatOutputParser};
+use crate::text::outparse::ChatOutputParser;
 
 /// Answers `POST /v1/messages` from its body (as the route read it: 415,
 /// 413 and 408 come as errors); every error in Anthropic's shape.
@@ -101,58 +100,22 @@ async fn answer(
     }
 }
 
-/// Validates, renders and submits the chat request as chat's route does;
-/// the parser reads its output as chat's would.
+/// Submits the chat request through chat's own path; the parser reads
+/// its output as chat's would.
 async fn submit(
     state: &SharedState,
     request_id: &RequestId,
     req: &GenerationRequest,
     bytes: &[u8],
-    mut timeline: Timeline,
+    timeline: Timeline,
 ) -> Result<(Generation, ChatOutputParser), ApiError> {
-    let mut valid = validate_chat(req, &state.model.defaults, state.model.vocab_size)?;
-    state.check_accepting()?;
-    let client_constraint = chat_client_constraint(state, req, &valid)?;
-    let rendered = render_chat(
-        state,
-        bytes,
-        valid.add_generation_prompt,
-        valid.continue_final_message,
-        req.chat_template_kwargs.as_ref(),
-        state.prefix_caching,
-        &mut timeline,
-    )?;
-    let max_model_len = state.max_model_len()?;
-    let max_tokens = resolve_max_tokens(&valid.generation, rendered.ids.len(), max_model_len)?;
-    valid.generation.constraint = chat_constraint(
-        state,
-        req,
-        &valid,
-        client_constraint,
-        rendered.opens_reasoning,
-    )
-    .await?;
-    let mut generation = Generation::submit(
-        &state.engine,
-        state.model.tokenizer.clone(),
-        &state.model.eos_token_ids,
-        vec![PromptSpec {
-            ids: rendered.ids,
-            max_tokens,
-            snapshot_points: rendered.preamble_end.into_iter().collect(),
-        }],
-        &valid.generation,
-    )?;
-    timeline.mark("submitted");
-    generation.set_timeline(timeline, &request_id.0);
-    generation.log_submitted(request_id);
-    let tools = req
-        .tools
-        .as_deref()
-        .filter(|_| valid.tools_enabled)
-        .map(tool_schemas);
-    let parser = ChatOutputParser::new(rendered.opens_reasoning, valid.include_reasoning, tools);
-    Ok((generation, parser))
+    let submitted = chat::submit(state, request_id, req, bytes, timeline).await?;
+    let parser = ChatOutputParser::new(
+        submitted.opens_reasoning,
+        submitted.valid.include_reasoning,
+        submitted.tools,
+    );
+    Ok((submitted.generation, parser))
 }
 
 /// The whole response, once the output finished.
