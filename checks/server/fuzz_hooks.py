@@ -134,6 +134,47 @@ def _generation(body):
         body["n"] = max(1, min(n, MAX_CHOICES, 128 // prompts))
 
 
+RESPONSES_FIELDS = {"input", "instructions", "model", "max_output_tokens", "temperature", "top_p", "stream", "store"}
+
+
+def _responses(body):
+    """/v1/responses: at most MAX_OUTPUT tokens, short texts, and a
+    conversation the template renders (system/developer items only first,
+    a user message). The fields the document leaves to the README (tools,
+    text, previous_response_id, user, ...) are read and checked by the
+    server, so a valid case carries only the documented ones."""
+    for field in list(body):
+        if field not in RESPONSES_FIELDS:
+            del body[field]
+    limit = body.get("max_output_tokens")
+    if not isinstance(limit, int) or limit > MAX_OUTPUT:
+        body["max_output_tokens"] = MAX_OUTPUT
+    body["instructions"] = _short(body.get("instructions"))
+    items = body.get("input")
+    if isinstance(items, str):
+        body["input"] = _short(items)
+        return
+    if not isinstance(items, list):
+        return
+    items = [i for i in items[:8] if isinstance(i, dict)]
+    leading = True
+    for item in items:
+        content = item.get("content")
+        if isinstance(content, list):
+            item["content"] = [{"type": p.get("type"), "text": _short(p.get("text"))}
+                               for p in content[:2] if isinstance(p, dict)]
+        else:
+            item["content"] = _short(content)
+        if item.get("role") in ("system", "developer"):
+            if not leading:
+                item["role"] = "user"
+        else:
+            leading = False
+    if not any(_is_user_query(i) for i in items):
+        items.append({"role": "user", "content": "hi"})
+    body["input"] = items
+
+
 # Output constraints that compile, by the field schemathesis chose.
 SAFE_SCHEMA = {"type": "object"}
 SAFE_REGEX = "[a-z]{0,8}"
@@ -221,5 +262,7 @@ def map_case(ctx, case):
         _conversation(body)
     if path in GENERATION:
         _constraints(body, chat=path == "/v1/chat/completions")
+    if path == "/v1/responses":
+        _responses(body)
     case.body = body
     return case
