@@ -13,26 +13,10 @@ use engine::{
 use engine_testkit::finished_tokens;
 use qwen35::engine_exec::{CpuExecutor, CpuSizing};
 use qwen35::{CpuModel, Weights};
+use qwen35_testkit::drive::cpu_greedy;
 use qwen35_testkit::{Fixture, MODELS, MOE_MODELS};
 
 const PAGE: usize = 16;
-
-/// Greedy tokens of `CpuModel::forward` on `prompt` alone (first maximum).
-fn reference(model: &CpuModel, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut state = model.new_state();
-    let mut logits = model.forward(prompt, &mut state).unwrap().pop().unwrap();
-    let mut out = vec![];
-    for _ in 0..n {
-        let best = (0..logits.len()).fold(0, |b, i| if logits[i] > logits[b] { i } else { b });
-        out.push(best as u32);
-        logits = model
-            .forward(&[best as u32], &mut state)
-            .unwrap()
-            .pop()
-            .unwrap();
-    }
-    out
-}
 
 fn start(f: &Fixture, budget: usize, sizing: CpuSizing) -> EngineHandle {
     start_with(f, budget, sizing, AdmissionPolicy::default())
@@ -137,7 +121,7 @@ async fn concurrent_chunked_requests_get_the_reference_tokens() {
         for (r, g) in reqs.iter().zip(&got) {
             assert_eq!(
                 g,
-                &reference(&model, &r.prompt, 12),
+                &cpu_greedy(&model, &r.prompt, 12),
                 "{name}: {} prompt tokens",
                 r.prompt.len()
             );
@@ -183,7 +167,7 @@ async fn preempted_requests_continue(name: &str) {
     for (r, g) in reqs.iter().zip(&got) {
         assert_eq!(
             g,
-            &reference(&model, &r.prompt, 40),
+            &cpu_greedy(&model, &r.prompt, 40),
             "{name}: {} prompt tokens",
             r.prompt.len()
         );

@@ -23,6 +23,7 @@ use engine::{
 use engine_testkit::collect;
 use qwen35::engine_exec::{CpuExecutor, CpuSizing};
 use qwen35::{CpuModel, Weights};
+use qwen35_testkit::drive::cpu_greedy;
 use qwen35_testkit::{Fixture, MODELS};
 
 const PAGE: usize = 16;
@@ -154,23 +155,6 @@ fn requests(f: &Fixture) -> Vec<GenerateRequest> {
     (0..REQUESTS)
         .map(|i| greedy(long[5 * i..5 * i + PROMPT].to_vec()))
         .collect()
-}
-
-/// Greedy tokens of `CpuModel::forward` on `prompt` alone (first maximum).
-fn reference(model: &CpuModel, prompt: &[u32]) -> Vec<u32> {
-    let mut state = model.new_state();
-    let mut logits = model.forward(prompt, &mut state).unwrap().pop().unwrap();
-    let mut out = vec![];
-    for _ in 0..OUTPUT {
-        let best = (0..logits.len()).fold(0, |b, i| if logits[i] > logits[b] { i } else { b });
-        out.push(best as u32);
-        logits = model
-            .forward(&[best as u32], &mut state)
-            .unwrap()
-            .pop()
-            .unwrap();
-    }
-    out
 }
 
 struct Run {
@@ -315,7 +299,7 @@ async fn pressed_run(f: &Fixture, policy: AdmissionPolicy) -> EngineStats {
         );
         assert_eq!(
             pressed.outputs[i],
-            reference(&model, &r.prompt),
+            cpu_greedy(&model, &r.prompt, OUTPUT),
             "{name}: request {i} differs from the reference alone"
         );
     }
@@ -380,7 +364,7 @@ async fn cpu_kv_pressure_arena_keeps_greedy_tokens() {
     for (i, r) in reqs.iter().enumerate() {
         assert_eq!(
             pressed.outputs[i],
-            reference(&model, &r.prompt),
+            cpu_greedy(&model, &r.prompt, OUTPUT),
             "arena: request {i} differs from the reference alone"
         );
     }

@@ -16,6 +16,7 @@ use engine::{
 };
 use qwen35::engine_exec::{CpuExecutor, CpuSizing};
 use qwen35::{CpuModel, Weights};
+use qwen35_testkit::drive::cpu_greedy;
 use qwen35_testkit::{Fixture, MODELS};
 
 const PAGE: usize = 16;
@@ -106,23 +107,6 @@ async fn run(handle: &EngineHandle, waves: &[Vec<GenerateRequest>]) -> Vec<(Vec<
     all
 }
 
-/// Greedy tokens of `CpuModel::forward` on `prompt` alone.
-fn reference(model: &CpuModel, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut state = model.new_state();
-    let mut logits = model.forward(prompt, &mut state).unwrap().pop().unwrap();
-    let mut out = vec![];
-    for _ in 0..n {
-        let best = (0..logits.len()).fold(0, |b, i| if logits[i] > logits[b] { i } else { b });
-        out.push(best as u32);
-        logits = model
-            .forward(&[best as u32], &mut state)
-            .unwrap()
-            .pop()
-            .unwrap();
-    }
-    out
-}
-
 /// Cache on and off give the same tokens, equal to the reference; the
 /// cache-on runs' `cached_tokens` are `expected`. The cache runs twice:
 /// snapshots at chunk boundaries, then inside the step (the default).
@@ -149,7 +133,7 @@ async fn on_equals_off(
             assert_eq!(a.0, b.0, "request {i}: cache on ({way}) and off differ");
             assert_eq!(
                 a.0,
-                reference(&model, &r.prompt, r.stop.max_tokens),
+                cpu_greedy(&model, &r.prompt, r.stop.max_tokens),
                 "request {i}"
             );
             assert_eq!(b.1.cached_tokens, 0);
@@ -214,7 +198,7 @@ async fn next_turn_resumes_after_the_previous_generation() {
     let (system, marker, questions) = parts(&f);
     // Turn 2 re-sends turn 1 and its (reference) answer, then a question.
     let turn1 = [&system[..], &questions[0], &marker].concat();
-    let answer = reference(&model, &turn1, 6);
+    let answer = cpu_greedy(&model, &turn1, 6);
     let turn2 = [&turn1[..], &answer, &questions[1], &marker].concat();
     let waves = vec![vec![greedy(turn1.clone(), 6)], vec![greedy(turn2, 6)]];
     let expected = [0, turn1.len() + answer.len() - 1];

@@ -9,6 +9,24 @@ use engine::{
     StepRow,
 };
 
+/// Greedy tokens of the CPU reference forward on `prompt` alone, `n` of
+/// them (the first maximum on a tie): what an engine's greedy run must give.
+pub fn cpu_greedy(model: &qwen35::CpuModel, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut state = model.new_state();
+    let mut logits = model.forward(prompt, &mut state).unwrap().pop().unwrap();
+    let mut out = vec![];
+    for _ in 0..n {
+        let best = (0..logits.len()).fold(0, |b, i| if logits[i] > logits[b] { i } else { b });
+        out.push(best as u32);
+        logits = model
+            .forward(&[best as u32], &mut state)
+            .unwrap()
+            .pop()
+            .unwrap();
+    }
+    out
+}
+
 /// Greedy, with the chosen token's logprob and the top 5.
 pub fn greedy() -> SamplingParams {
     SamplingParams {
