@@ -8,12 +8,10 @@
 
 use crate::common;
 
-use std::time::{Duration, Instant};
-
 use common::*;
 use engine::prefix_cache::PrefixCacheConfig;
-use engine::{ArenaGeometry, CacheGeometry, Engine, EngineConfig, GenerateRequest};
-use engine_testkit::{collect, FakeControl, FakeExecutor};
+use engine::{ArenaGeometry, CacheGeometry, EngineConfig, GenerateRequest};
+use engine_testkit::{collect, FakeExecutor};
 
 const PAGE: usize = 8;
 
@@ -36,24 +34,9 @@ fn arena_geometry() -> CacheGeometry {
 }
 
 fn start_arena(config: EngineConfig, snapshots: usize) -> Started {
-    let control = FakeControl::new();
-    let registry = prometheus::Registry::new();
-    let handle = Engine::start(
-        config,
-        FakeExecutor::factory_with_arena(arena_geometry(), arena(), snapshots, control.clone()),
-        &registry,
-    )
-    .expect("engine starts");
-    let until = Instant::now() + Duration::from_secs(10);
-    while handle.max_model_len().is_none() {
-        assert!(Instant::now() < until, "engine did not finish loading");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    Started {
-        handle,
-        control,
-        registry,
-    }
+    start_fake(config, |control| {
+        FakeExecutor::factory_with_arena(arena_geometry(), arena(), snapshots, control)
+    })
 }
 
 /// Runs `requests` all queued at once; the most rows of one step.

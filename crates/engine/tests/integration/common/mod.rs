@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use engine::{
-    CacheGeometry, Engine, EngineConfig, EngineHandle, EngineStats, Event, FinishReason,
-    GenerateRequest, SamplingParams, StopParams,
+    BoxError, CacheGeometry, Engine, EngineConfig, EngineHandle, EngineStats, Event, Executor,
+    FinishReason, GenerateRequest, SamplingParams, StopParams,
 };
 use engine_testkit::{FakeControl, FakeExecutor};
 
@@ -36,14 +36,18 @@ pub struct Started {
 }
 
 pub fn start(config: EngineConfig, geometry: CacheGeometry) -> Started {
+    start_fake(config, |control| FakeExecutor::factory(geometry, control))
+}
+
+/// The engine over the fake `factory` makes with the run's control, once
+/// the executor has loaded.
+pub fn start_fake<F>(config: EngineConfig, factory: impl FnOnce(FakeControl) -> F) -> Started
+where
+    F: FnOnce() -> Result<Box<dyn Executor>, BoxError> + Send + 'static,
+{
     let control = FakeControl::new();
     let registry = prometheus::Registry::new();
-    let handle = Engine::start(
-        config,
-        FakeExecutor::factory(geometry, control.clone()),
-        &registry,
-    )
-    .expect("engine starts");
+    let handle = Engine::start(config, factory(control.clone()), &registry).expect("engine starts");
     let until = Instant::now() + Duration::from_secs(10);
     while handle.max_model_len().is_none() {
         assert!(Instant::now() < until, "engine did not finish loading");
@@ -182,27 +186,7 @@ pub fn start_with_row_snapshots(
     num_snapshots: usize,
     row_snapshots: usize,
 ) -> Started {
-    let control = FakeControl::new();
-    let registry = prometheus::Registry::new();
-    let handle = Engine::start(
-        config,
-        FakeExecutor::factory_with_row_snapshots(
-            geometry,
-            num_snapshots,
-            row_snapshots,
-            control.clone(),
-        ),
-        &registry,
-    )
-    .expect("engine starts");
-    let until = Instant::now() + Duration::from_secs(10);
-    while handle.max_model_len().is_none() {
-        assert!(Instant::now() < until, "engine did not finish loading");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    Started {
-        handle,
-        control,
-        registry,
-    }
+    start_fake(config, |control| {
+        FakeExecutor::factory_with_row_snapshots(geometry, num_snapshots, row_snapshots, control)
+    })
 }
