@@ -62,14 +62,7 @@ fn the_new_token_ratio_weighs_the_outputs_to_come_and_rises_after_a_preemption()
     let mut run = Run::default();
     let mut before = s.new_token_ratio();
     let mut rose = false;
-    let sampled = plan.rows.iter().filter(|r| r.sample).count();
-    let tokens = (0..sampled)
-        .map(|i| SampledToken {
-            token: fake_token(RequestId(i as u64), 0),
-            logprob: 0.0,
-            top_logprobs: Vec::new(),
-        })
-        .collect();
+    let tokens = fake_sampled(&s, &plan);
     s.commit(&plan, tokens);
     // The two grow to 8 pages each: 16 > 12, so one is preempted, and the
     // ratio then rises to what the running ones used of their budgets.

@@ -111,6 +111,19 @@ fn fake_token(id: RequestId, output_len: usize) -> u32 {
     1 + ((id.0 as usize * 31 + output_len * 7) % 50) as u32
 }
 
+/// The fake tokens of `plan`'s sampling rows, in row order.
+fn fake_sampled(s: &Scheduler, plan: &Plan) -> Vec<SampledToken> {
+    plan.rows
+        .iter()
+        .filter(|r| r.sample)
+        .map(|r| SampledToken {
+            token: fake_token(r.id, s.seqs[&r.id].output_len()),
+            logprob: 0.0,
+            top_logprobs: Vec::new(),
+        })
+        .collect()
+}
+
 /// What the checks saw during a run.
 #[derive(Default)]
 struct Run {
@@ -185,16 +198,7 @@ fn step_checked(
     assert_eq!(slots.len(), plan.rows.len(), "a slot twice in one step");
     check(s, &plan, run.steps);
     run.first_admitted.extend(&plan.first_admitted);
-    let sampled = plan
-        .rows
-        .iter()
-        .filter(|r| r.sample)
-        .map(|r| SampledToken {
-            token: fake_token(r.id, s.seqs[&r.id].output_len()),
-            logprob: 0.0,
-            top_logprobs: Vec::new(),
-        })
-        .collect();
+    let sampled = fake_sampled(s, &plan);
     for outcome in s.commit(&plan, sampled) {
         if let Some(reason) = outcome.finish {
             run.finished
@@ -351,16 +355,7 @@ fn drive_steps(s: &mut Scheduler, n: usize) -> Vec<RequestId> {
     let mut running = Vec::new();
     for _ in 0..n {
         let plan = s.schedule();
-        let sampled = plan
-            .rows
-            .iter()
-            .filter(|r| r.sample)
-            .map(|r| SampledToken {
-                token: fake_token(r.id, s.seqs[&r.id].output_len()),
-                logprob: 0.0,
-                top_logprobs: Vec::new(),
-            })
-            .collect();
+        let sampled = fake_sampled(s, &plan);
         s.commit(&plan, sampled);
         running = s.running.clone();
     }
